@@ -1,0 +1,120 @@
+"""What every skill shares: parameter types, scope, findings, output caps."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import duckdb
+from pydantic import BaseModel, Field
+
+from nsightful.profiles.errors import InvalidRequest
+
+DEFAULT_LIMIT = 20  # rows: keeps a result well under ~20,000 characters
+MAX_LIMIT = 500  # rows: beyond this a model's context is the bottleneck, use query_sql
+
+ProfileRef = Annotated[str, Field(
+    description="Profile id returned by load_profile, or a path to an nsys .sqlite/.nsys-rep export")]
+DeviceParam = Annotated[int | None, Field(
+    description="CUDA device id to restrict to; omit for all devices", ge=0)]
+StartParam = Annotated[int | None, Field(
+    description="Window start in ns on the profile clock (as in start_ns of results); omit for the start "
+                "of the default window", ge=0)]
+EndParam = Annotated[int | None, Field(
+    description="Window end in ns on the profile clock; omit for the end of the default window", ge=0)]
+LimitParam = Annotated[int, Field(
+    description=f"Maximum rows to return (1-{MAX_LIMIT}); results say truncated=true when more exist",
+    ge=1, le=MAX_LIMIT)]
+
+
+class ProfileParams(BaseModel):
+    profile: ProfileRef
+
+
+class ScopedParams(ProfileParams):
+    device: DeviceParam = None
+    start_ns: StartParam = None
+    end_ns: EndParam = None
+
+
+WindowBasis = Literal["capture", "gpu_active", "requested"]
+
+
+class Scope(BaseModel):
+    """What a result covers: echoed in every result."""
+    profile: str
+    devices: list[int] = Field(description="devices included")
+    start_ns: int
+    end_ns: int
+    duration_ns: int
+    window_basis: WindowBasis = Field(
+        description="capture: whole capture; gpu_active: first to last GPU activity; requested: start_ns/end_ns")
+
+
+Severity = Literal["high", "medium", "low", "info"]
+
+
+class Finding(BaseModel):
+    """A problem a detector found, tied to a root cause in the book."""
+    root_cause: str = Field(description="id of the entry in the root-cause book (nsightful://book/{id})")
+    severity: Severity
+    title: str = Field(description="one line: what was found")
+    evidence: dict[str, int | float | str] = Field(description="the figures that decided it, units in keys")
+    time_at_stake_ns: int = Field(description="estimated time that fixing it could recover, ns")
+    device: int | None = None
+
+
+def devices_of(con: duckdb.DuckDBPyConnection) -> list[int]:
+    return [r[0] for r in con.execute("SELECT device_id FROM gpus ORDER BY device_id").fetchall()]
+
+
+def resolve_scope(con: duckdb.DuckDBPyConnection, params: ScopedParams,
+                  default: Literal["capture", "gpu_active"] = "capture") -> Scope:
+    """Check device and window against the profile; raise InvalidRequest with the valid values."""
+    devices = devices_of(con)
+    if params.device is not None and params.device not in devices:
+        listed = ", ".join(map(str, devices)) or "none: the profile has no GPU activity"
+        raise InvalidRequest(f"device {params.device} is not in this profile (devices: {listed})")
+    cap_start, cap_end, gpu_start, gpu_end = con.execute(
+        "SELECT capture_start_ns, capture_end_ns, gpu_start_ns, gpu_end_ns FROM meta").fetchone()
+    if cap_start is None:
+        raise InvalidRequest("this profile has no timed events at all, so there is no window to analyse; "
+                             "re-capture with `nsys profile --trace=cuda,nvtx`")
+    basis: WindowBasis = default
+    lo, hi = (gpu_start, gpu_end) if default == "gpu_active" and gpu_start is not None else (cap_start, cap_end)
+    if default == "gpu_active" and gpu_start is None:
+        basis = "capture"
+    if params.start_ns is not None or params.end_ns is not None:
+        lo = params.start_ns if params.start_ns is not None else lo
+        hi = params.end_ns if params.end_ns is not None else hi
+        basis = "requested"
+        if hi <= lo:
+            raise InvalidRequest(f"the window {lo}..{hi} ns is empty: end_ns must be greater than start_ns")
+        if hi <= cap_start or lo >= cap_end:
+            raise InvalidRequest(f"the window {lo}..{hi} ns lies outside the capture ({cap_start}..{cap_end} ns); "
+                                 "pick start_ns/end_ns inside it")
+        lo, hi = max(lo, cap_start), min(hi, cap_end)
+    chosen = devices if params.device is None else [params.device]
+    return Scope(profile=params.profile, devices=chosen, start_ns=lo, end_ns=hi,
+                 duration_ns=hi - lo, window_basis=basis)
+
+
+def scope_args(scope: Scope) -> dict[str, object]:
+    """Bound SQL parameters for a scope: $start, $end, $devices (a list)."""
+    return {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices}
+
+
+def fetch_capped(con: duckdb.DuckDBPyConnection, sql: str, args: dict[str, object], limit: int
+                 ) -> tuple[list[tuple], bool]:
+    """Run `sql` (which must end with `LIMIT $limit`) for limit + 1 rows; say whether rows were cut."""
+    rows = con.execute(sql, {**args, "limit": limit + 1}).fetchall()
+    return rows[:limit], len(rows) > limit
+
+
+def pct(part: float, whole: float) -> float:
+    """part/whole in percent, rounded to 0.01; 0 when whole is 0."""
+    return round(100.0 * part / whole, 2) if whole else 0.0
+
+
+def ms(ns: float | int | None) -> str:
+    """ns as a short human string in ms, for render()."""
+    return "-" if ns is None else f"{ns / 1e6:,.3f} ms"
