@@ -1,0 +1,49 @@
+"""Profiles: open an Nsight Systems export as a cached DuckDB profile model."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from nsightful.profiles import cache, source
+from nsightful.profiles.duck import open_model
+from nsightful.profiles.ingest import Builder, Progress
+
+
+@dataclass
+class Profile:
+    path: Path  # what the user pointed at
+    fingerprint: str
+    model_path: Path
+    con: duckdb.DuckDBPyConnection = field(repr=False)
+    _scratch: Path | None = field(default=None, repr=False)  # --no-cache build directory
+
+    def close(self) -> None:
+        self.con.close()
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def open_profile(path: str | Path, *, cache_dir: Path | None = None, use_cache: bool = True,
+                 progress: Progress | None = None,
+                 on_builder: Callable[[Builder], None] | None = None) -> Profile:
+    """Open an export (.sqlite, or .nsys-rep/.qdrep when nsys is installed) as a read-only model."""
+    target = source.check_file(Path(path))
+    directory = cache_dir or cache.cache_dir()
+    sqlite_path = target
+    if target.suffix.lower() in source.REPORT_SUFFIXES:
+        sqlite_path = source.convert_report(target, directory)
+    key = source.fingerprint(sqlite_path)
+    scratch = None
+    if use_cache:
+        model = cache.build_cached(sqlite_path, key, directory, progress, on_builder)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix="nsightful-"))
+        model = cache.model_path(scratch, key)
+        cache.build_to(sqlite_path, key, model, progress, on_builder)
+    return Profile(path=target, fingerprint=key, model_path=model, con=open_model(model), _scratch=scratch)

@@ -1,0 +1,399 @@
+"""Build the profile model (see profiles.model) from a raw nsys SQLite export into a DuckDB file.
+
+Small tables (strings, enums, threads, hardware, metadata) are read with the stdlib sqlite3 so
+that text which is not UTF-8 survives; the large activity tables are scanned by DuckDB's SQLite
+scanner, two at a time (the scanner reads one table on one core).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import duckdb
+
+from nsightful.profiles.duck import OFFLINE
+from nsightful.profiles.errors import LoadCancelled
+from nsightful.profiles.model import MODEL_VERSION, TABLES
+from nsightful.profiles.raw import RawExport
+
+BUILD_SETTINGS = {
+    "memory_limit": "1200MB",  # keeps peak RSS of a multi-GB export near 1.5 GB; DuckDB spills past it
+    "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
+}
+
+Progress = Callable[[int, int, str], None]
+
+PID_SQL = "(({col} >> 24) & 16777215)"  # globalPid/globalTid -> OS pid
+TID_SQL = "({col} & 16777215)"  # globalTid -> OS tid
+
+NCCL_COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
+                    "AllToAll", "Send", "Recv")
+# Kernel categories, decided once per distinct name: NCCL by name prefix, copy-like by the
+# memcpy/memset/copy/fill wording PyTorch and CUDA use for data-movement kernels.
+KERNEL_CATEGORY_SQL = """
+CASE WHEN value IS NULL THEN 'other'
+     WHEN value ILIKE '%nccl%' THEN 'nccl'
+     WHEN regexp_matches(lower(value), 'memcpy|memset|copy|fill_kernel') THEN 'copy'
+     ELSE 'compute' END"""
+API_KIND_SQL = """
+CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
+     WHEN regexp_matches(name, '^(cuda|cu)Launch') THEN 'launch'
+     WHEN name ILIKE '%synchronize%' THEN 'sync'
+     WHEN name ILIKE '%memcpy%' THEN 'memcpy'
+     WHEN name ILIKE '%memset%' THEN 'memset'
+     WHEN regexp_matches(name, '^(cuModuleLoad|cuLibraryLoad|cudaLibraryLoad|cuModuleGetFunction)') THEN 'module'
+     WHEN regexp_matches(lower(name), 'malloc|free|hostalloc|memalloc|memfree') THEN 'alloc'
+     ELSE 'other' END"""
+
+
+def api_join(*kinds: str) -> str:
+    """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id).
+
+    Filtering by kind keeps the join one-to-one: a correlation id names one call of that kind.
+    """
+    listed = ", ".join(f"'{k}'" for k in kinds)
+    return (f"LEFT JOIN (SELECT pid, correlation_id, tid, name, start_ns, end_ns FROM cuda_api "
+            f"WHERE kind IN ({listed})) a ON a.pid = {PID_SQL.format(col='r.globalPid')} "
+            "AND a.correlation_id = r.correlationId")
+
+
+def _label(name: str, prefix: str) -> str:
+    short = name[len(prefix):] if name.startswith(prefix) else name
+    return short.lower()
+
+
+def _direction(name: str) -> str:
+    short = name.removeprefix("CUDA_MEMCPY_KIND_")
+    return "unknown" if short == "UNKNOWN" else re.sub(r"([A-Z])TO([A-Z])", r"\g<1>2\g<2>", short)
+
+
+class Builder:
+    """One build of one export; `interrupt()` from another thread stops it."""
+
+    def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None):
+        self.raw, self.out, self.progress = raw, out, progress
+        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS})
+        self.cancelled = threading.Event()
+        self.enum_source = "profile"
+        self.done = 0
+
+    def interrupt(self) -> None:
+        self.cancelled.set()
+        self.con.interrupt()
+
+    def step(self, label: str) -> None:
+        if self.cancelled.is_set():
+            raise LoadCancelled(f"loading {self.raw.path} was cancelled")
+        self.done += 1
+        if self.progress:
+            self.progress(self.done, TOTAL_STEPS, label)
+
+    def sql(self, query: str, cur: duckdb.DuckDBPyConnection | None = None) -> None:
+        try:
+            (cur or self.con).execute(query)
+        except duckdb.InterruptException as exc:
+            raise LoadCancelled(f"loading {self.raw.path} was cancelled") from exc
+
+    def cols(self, table: str) -> set[str]:
+        return set(self.raw.columns(table))
+
+    def col(self, table: str, name: str, default: str = "NULL") -> str:
+        return f'r."{name}"' if name in self.cols(table) else default
+
+    def src(self, table: str) -> str:
+        return f'raw."{self.raw.real_name(table)}"'
+
+    # --- small tables, read with sqlite3 -------------------------------------------------------
+    def load_list(self, table: str, columns: list[str], rows: list[tuple]) -> None:
+        decl = ", ".join(columns)
+        self.sql(f"CREATE TABLE {table} ({decl})")
+        if rows:
+            self.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(columns))})", rows)
+
+    def strings(self) -> None:
+        rows = self.raw.rows("StringIds", "id, value") if self.raw.has("StringIds") else []
+        ids = [r[0] for r in rows]
+        values = [r[1] if isinstance(r[1], str) else None for r in rows]
+        self.sql("CREATE TABLE _strings (id BIGINT, value VARCHAR)")
+        self.con.execute("INSERT INTO _strings SELECT unnest($ids), unnest($values)", {"ids": ids, "values": values})
+
+    def enums(self) -> None:
+        self.sql("CREATE TABLE enums (enum VARCHAR, code BIGINT, name VARCHAR, label VARCHAR)")
+        labels = {
+            "ENUM_CUDA_MEMCPY_OPER": _direction,
+            "ENUM_CUDA_MEM_KIND": lambda n: _label(n, "CUDA_MEMOPR_MEMORY_KIND_"),
+            "ENUM_CUPTI_SYNC_TYPE": lambda n: _label(n, "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_"),
+            "ENUM_NSYS_EVENT_TYPE": lambda n: n,
+        }
+        for table, to_label in labels.items():
+            codes, from_profile = self.raw.enum(table)
+            if not from_profile and self.needs_enum(table):
+                self.enum_source = "profile+builtin"
+            rows = [(table, code, name, to_label(name)) for code, name in codes.items()]
+            if rows:
+                self.con.executemany("INSERT INTO enums VALUES (?, ?, ?, ?)", rows)
+
+    def needs_enum(self, table: str) -> bool:
+        users = {"ENUM_CUDA_MEMCPY_OPER": "CUPTI_ACTIVITY_KIND_MEMCPY", "ENUM_CUDA_MEM_KIND": "CUPTI_ACTIVITY_KIND_MEMCPY",
+                 "ENUM_CUPTI_SYNC_TYPE": "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "ENUM_NSYS_EVENT_TYPE": "NVTX_EVENTS"}
+        return self.raw.has(users[table])
+
+    def processes_threads(self) -> None:
+        procs = []
+        if {"pid", "name"} <= self.cols("PROCESSES"):
+            procs = sorted({(int(pid), name) for pid, name in self.raw.rows("PROCESSES", "pid, name")})
+        self.load_list("processes", ["pid BIGINT", "name VARCHAR"], procs)
+        self.sql("CREATE TABLE threads (pid BIGINT, tid BIGINT, name VARCHAR)")
+        if {"nameId", "globalTid"} <= self.cols("ThreadNames"):
+            self.sql(f"""INSERT INTO threads SELECT DISTINCT {PID_SQL.format(col='r.globalTid')},
+                         {TID_SQL.format(col='r.globalTid')}, s.value
+                         FROM {self.src('ThreadNames')} r LEFT JOIN _strings s ON s.id = r.nameId""")
+
+    # --- activity tables, scanned by DuckDB ------------------------------------------------------
+    def cuda_api(self, cur: duckdb.DuckDBPyConnection) -> None:
+        t = "CUPTI_ACTIVITY_KIND_RUNTIME"
+        self.sql("""CREATE TABLE cuda_api (pid BIGINT, tid BIGINT, correlation_id BIGINT, name VARCHAR,
+                    start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT, kind VARCHAR, return_value BIGINT)""", cur)
+        if not self.raw.has(t):
+            return
+        self.sql(f"""CREATE TABLE _api_names AS
+            SELECT id, name, {API_KIND_SQL} AS kind FROM (
+              SELECT id, regexp_replace(value, '_v[0-9]+$', '') AS name FROM _strings
+              WHERE id IN (SELECT DISTINCT nameId FROM {self.src(t)}))""", cur)
+        self.sql(f"""INSERT INTO cuda_api SELECT {PID_SQL.format(col='r.globalTid')}, {TID_SQL.format(col='r.globalTid')},
+                r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'),
+                {self.col(t, 'returnValue')}
+            FROM {self.src(t)} r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
+    def kernels(self, cur: duckdb.DuckDBPyConnection) -> None:
+        t = "CUPTI_ACTIVITY_KIND_KERNEL"
+        columns = ", ".join(f"{c[0]} {c[1]}" for c in _table("kernels").columns)
+        self.sql(f"CREATE TABLE kernels ({columns})", cur)
+        if not self.raw.has(t):
+            return
+        pattern = "|".join(NCCL_COLLECTIVES)
+        self.sql(f"""CREATE TABLE _kernel_names AS
+            SELECT id, value, {KERNEL_CATEGORY_SQL} AS category,
+                   CASE WHEN value ILIKE '%nccl%' THEN nullif(regexp_extract(value, '({pattern})', 1), '') END
+                     AS nccl_collective
+            FROM _strings WHERE id IN (SELECT DISTINCT shortName FROM {self.src(t)}
+                                      UNION SELECT DISTINCT demangledName FROM {self.src(t)})""", cur)
+        self.sql(f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
+                {PID_SQL.format(col='r.globalPid')} AS pid, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
+                s.value, coalesce(d.value, s.value), r.gridX, r.gridY, r.gridZ, r.blockX, r.blockY, r.blockZ,
+                r.registersPerThread, r.staticSharedMemory, r.dynamicSharedMemory,
+                {self.col(t, 'graphId')}, nullif({self.col(t, 'graphNodeId')}, 0),
+                coalesce(d.category, s.category), coalesce(d.nccl_collective, s.nccl_collective),
+                a.name, a.start_ns, a.end_ns
+            FROM {self.src(t)} r
+            LEFT JOIN _kernel_names s ON s.id = r.shortName
+            LEFT JOIN _kernel_names d ON d.id = r.demangledName
+            {api_join('launch', 'graph')}""", cur)
+
+    def memcpy(self, cur: duckdb.DuckDBPyConnection) -> None:
+        t = "CUPTI_ACTIVITY_KIND_MEMCPY"
+        self.sql("""CREATE TABLE memcpy (device_id INTEGER, stream_id INTEGER, pid BIGINT, tid BIGINT,
+                    correlation_id BIGINT, start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT, bytes BIGINT,
+                    direction VARCHAR, src_kind VARCHAR, dst_kind VARCHAR, src_device_id INTEGER,
+                    dst_device_id INTEGER, api_name VARCHAR)""", cur)
+        if not self.raw.has(t):
+            return
+        self.sql(f"""INSERT INTO memcpy SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
+                a.tid, r.correlationId, r.start, r."end", r."end" - r.start, r.bytes,
+                coalesce(op.label, 'unknown'), coalesce(sk.label, 'unknown'), coalesce(dk.label, 'unknown'),
+                {self.col(t, 'srcDeviceId')}, {self.col(t, 'dstDeviceId')}, a.name
+            FROM {self.src(t)} r
+            LEFT JOIN enums op ON op.enum = 'ENUM_CUDA_MEMCPY_OPER' AND op.code = r.copyKind
+            LEFT JOIN enums sk ON sk.enum = 'ENUM_CUDA_MEM_KIND' AND sk.code = r.srcKind
+            LEFT JOIN enums dk ON dk.enum = 'ENUM_CUDA_MEM_KIND' AND dk.code = r.dstKind
+            {api_join('memcpy')}""", cur)
+
+    def memset(self, cur: duckdb.DuckDBPyConnection) -> None:
+        t = "CUPTI_ACTIVITY_KIND_MEMSET"
+        self.sql("""CREATE TABLE memset (device_id INTEGER, stream_id INTEGER, pid BIGINT, tid BIGINT,
+                    correlation_id BIGINT, start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT, bytes BIGINT,
+                    mem_kind VARCHAR)""", cur)
+        if not self.raw.has(t):
+            return
+        self.sql(f"""INSERT INTO memset SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')}, a.tid,
+                r.correlationId, r.start, r."end", r."end" - r.start, r.bytes, coalesce(mk.label, 'unknown')
+            FROM {self.src(t)} r
+            LEFT JOIN enums mk ON mk.enum = 'ENUM_CUDA_MEM_KIND' AND mk.code = {self.col(t, 'memKind')}
+            {api_join('memset')}""", cur)
+
+    def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
+        t = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+        self.sql("""CREATE TABLE sync (device_id INTEGER, stream_id INTEGER, pid BIGINT, tid BIGINT,
+                    correlation_id BIGINT, start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT, sync_type VARCHAR,
+                    api_name VARCHAR)""", cur)
+        if not self.raw.has(t):
+            return
+        self.sql(f"""INSERT INTO sync SELECT nullif(r.deviceId, 4294967295), nullif(r.streamId, 4294967295), {PID_SQL.format(col='r.globalPid')}, a.tid,
+                r.correlationId, r.start, r."end", r."end" - r.start, coalesce(st.label, 'unknown'), a.name
+            FROM {self.src(t)} r
+            LEFT JOIN enums st ON st.enum = 'ENUM_CUPTI_SYNC_TYPE' AND st.code = r.syncType
+            {api_join('sync', 'memcpy')}""", cur)
+
+    def nvtx_stage(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Scan NVTX_EVENTS once (the largest table of most exports) into a staging table."""
+        t = "NVTX_EVENTS"
+        self.sql("""CREATE TABLE _nvtx (gtid BIGINT, start_ns BIGINT, end_ns BIGINT, etype VARCHAR, text VARCHAR,
+                    domain_id BIGINT)""", cur)
+        if not self.raw.has(t):
+            return
+        self.sql(f"""INSERT INTO _nvtx SELECT r.globalTid, r.start, r."end", e.label, coalesce(r.text, s.value),
+                {self.col(t, "domainId", "0")}
+            FROM {self.src(t)} r JOIN enums e ON e.enum = 'ENUM_NSYS_EVENT_TYPE' AND e.code = r.eventType
+            LEFT JOIN _strings s ON s.id = {self.col(t, "textId")}
+            WHERE e.label IN ('NvtxPushPopRange', 'NvtxStartEndRange', 'NvtxMark', 'NvtxtPushPopRange',
+                              'NvtxtStartEndRange', 'NvtxtMark', 'NvtxDomainCreate')""", cur)
+
+    def nvtx(self) -> None:
+        """Final NVTX table. Push/pop ranges nest per thread, so a range's depth is the running count
+        of opens minus closes before it, in time order (closes first, outer ranges first on ties)."""
+        self.sql("""CREATE TABLE _depth AS
+            WITH pp AS (SELECT rowid AS rid, gtid, start_ns, end_ns FROM _nvtx
+                        WHERE etype LIKE '%PushPop%' AND end_ns >= start_ns),
+            events AS (SELECT rid, gtid, start_ns AS t, 1 AS step, end_ns AS tie FROM pp
+                       UNION ALL SELECT NULL, gtid, end_ns, -1, 0 FROM pp)
+            SELECT rid, (sum(step) OVER (PARTITION BY gtid ORDER BY t, step, tie DESC) - 1)::INTEGER AS depth
+            FROM events QUALIFY rid IS NOT NULL""")
+        self.sql("""CREATE TABLE nvtx AS
+            WITH domains AS (SELECT domain_id, any_value(text) AS name FROM _nvtx
+                             WHERE etype = 'NvtxDomainCreate' GROUP BY domain_id)
+            SELECT ((n.gtid >> 24) & 16777215)::BIGINT AS pid, (n.gtid & 16777215)::BIGINT AS tid,
+                   d.name AS domain, n.text, n.start_ns, CASE WHEN n.end_ns >= n.start_ns THEN n.end_ns END AS end_ns,
+                   CASE WHEN n.end_ns >= n.start_ns THEN n.end_ns - n.start_ns END AS duration_ns,
+                   CASE WHEN etype LIKE '%PushPop%' THEN 'push_pop' WHEN etype LIKE '%StartEnd%' THEN 'start_end'
+                        ELSE 'mark' END AS kind, x.depth
+            FROM _nvtx n LEFT JOIN _depth x ON x.rid = n.rowid
+            LEFT JOIN domains d ON d.domain_id = n.domain_id AND n.domain_id <> 0
+            WHERE n.etype <> 'NvtxDomainCreate'""")
+
+    def os_runtime(self, cur: duckdb.DuckDBPyConnection) -> None:
+        t = "OSRT_API"
+        self.sql("""CREATE TABLE os_runtime (pid BIGINT, tid BIGINT, name VARCHAR, start_ns BIGINT, end_ns BIGINT,
+                    duration_ns BIGINT)""", cur)
+        if self.raw.has(t):
+            self.sql(f"""INSERT INTO os_runtime SELECT {PID_SQL.format(col='r.globalTid')},
+                    {TID_SQL.format(col='r.globalTid')}, s.value, r.start, r."end", r."end" - r.start
+                FROM {self.src(t)} r LEFT JOIN _strings s ON s.id = r.nameId""", cur)
+
+    def cpu_samples(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self.sql("CREATE TABLE cpu_samples (pid BIGINT, tid BIGINT, time_ns BIGINT, cpu INTEGER)", cur)
+        if {"start", "globalTid"} <= self.cols("COMPOSITE_EVENTS"):
+            self.sql(f"""INSERT INTO cpu_samples SELECT {PID_SQL.format(col='r.globalTid')},
+                    {TID_SQL.format(col='r.globalTid')}, r.start, {self.col('COMPOSITE_EVENTS', 'cpu')}
+                FROM {self.src('COMPOSITE_EVENTS')} r""", cur)
+
+    def sched(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self.sql("CREATE TABLE sched (pid BIGINT, tid BIGINT, time_ns BIGINT, cpu INTEGER, is_sched_in BOOLEAN)", cur)
+        if {"start", "globalTid", "isSchedIn"} <= self.cols("SCHED_EVENTS"):
+            self.sql(f"""INSERT INTO sched SELECT {PID_SQL.format(col='r.globalTid')},
+                    {TID_SQL.format(col='r.globalTid')}, r.start, r.cpu, r.isSchedIn <> 0
+                FROM {self.src('SCHED_EVENTS')} r""", cur)
+
+    # --- derived: devices, metadata, capabilities ----------------------------------------------
+    def gpus(self) -> None:
+        from nsightful.profiles.hardware import gpu_rows
+        devices = [r[0] for r in self.con.execute(
+            """SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL SELECT device_id FROM memcpy
+               UNION ALL SELECT device_id FROM memset) WHERE device_id IS NOT NULL ORDER BY 1""").fetchall()]
+        columns = [f"{c[0]} {c[1]}" for c in _table("gpus").columns]
+        self.load_list("gpus", columns, gpu_rows(self.raw, devices))
+
+    def meta(self, source_path: Path, source_bytes: int, fingerprint: str) -> None:
+        from nsightful.profiles.hardware import meta_row
+        columns = [f"{c[0]} {c[1]}" for c in _table("meta").columns]
+        windows = self.con.execute(WINDOW_SQL).fetchone()
+        row = meta_row(self.raw, source_path, source_bytes, fingerprint, MODEL_VERSION, self.enum_source, windows)
+        self.load_list("meta", columns, [row])
+
+    def capabilities(self) -> None:
+        from nsightful.profiles.hardware import CAPTURE_FLAGS
+        rows = []
+        for data, (table, flag) in CAPTURE_FLAGS.items():
+            count = self.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            rows.append((data, count > 0, count, flag))
+        self.load_list("capabilities", ["data VARCHAR", "present BOOLEAN", "rows BIGINT", "capture_flag VARCHAR"],
+                       rows)
+
+
+WINDOW_SQL = """
+WITH spans AS (
+  SELECT min(start_ns) s, max(end_ns) e FROM kernels UNION ALL SELECT min(start_ns), max(end_ns) FROM memcpy
+  UNION ALL SELECT min(start_ns), max(end_ns) FROM memset),
+host AS (
+  SELECT min(start_ns) s, max(end_ns) e FROM cuda_api UNION ALL SELECT min(start_ns), max(coalesce(end_ns, start_ns))
+  FROM nvtx UNION ALL SELECT min(start_ns), max(end_ns) FROM os_runtime UNION ALL SELECT min(start_ns), max(end_ns)
+  FROM sync UNION ALL SELECT min(time_ns), max(time_ns) FROM sched UNION ALL SELECT min(time_ns), max(time_ns)
+  FROM cpu_samples)
+SELECT (SELECT min(s) FROM (SELECT s FROM spans UNION ALL SELECT s FROM host)),
+       (SELECT max(e) FROM (SELECT e FROM spans UNION ALL SELECT e FROM host)),
+       (SELECT min(s) FROM spans), (SELECT max(e) FROM spans)
+"""
+
+TOTAL_STEPS = 9
+
+
+def _table(name: str):
+    return next(t for t in TABLES if t.name == name)
+
+
+def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None = None,
+          on_builder: Callable[[Builder], None] | None = None) -> None:
+    """Write the model of `raw` into the DuckDB file `out` (which must not exist)."""
+    from nsightful.profiles.duck import load_sqlite_scanner
+    b = Builder(raw, out, progress)
+    if on_builder:
+        on_builder(b)
+    try:
+        load_sqlite_scanner(b.con)
+        b.sql(f"ATTACH '{_quote(raw.path)}' AS raw (TYPE sqlite, READ_ONLY)")
+        b.step("strings and enums")
+        b.strings()
+        b.enums()
+        b.processes_threads()
+
+        def host_side(cur: duckdb.DuckDBPyConnection) -> None:
+            b.step("NVTX ranges")
+            b.nvtx_stage(cur)
+            b.step("OS runtime, CPU samples, scheduling")
+            b.os_runtime(cur)
+            b.cpu_samples(cur)
+            b.sched(cur)
+
+        def gpu_side(cur: duckdb.DuckDBPyConnection) -> None:
+            b.step("CUDA API calls")
+            b.cuda_api(cur)
+            b.step("kernels")
+            b.kernels(cur)
+            b.step("memcpy, memset, sync")
+            b.memcpy(cur)
+            b.memset(cur)
+            b.sync(cur)
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = [pool.submit(fn, b.con.cursor()) for fn in (host_side, gpu_side)]
+            for f in futures:
+                f.result()
+        b.step("NVTX nesting")
+        b.nvtx()
+        b.step("devices, metadata, capabilities")
+        b.gpus()
+        b.meta(raw.path, raw.path.stat().st_size, fingerprint)
+        b.capabilities()
+        for helper in ("_strings", "_api_names", "_kernel_names", "_nvtx", "_depth", "enums"):
+            b.sql(f"DROP TABLE IF EXISTS {helper}")
+        b.sql("DETACH raw")
+        b.step("writing the model")
+        b.sql("CHECKPOINT")
+    finally:
+        b.con.close()
+
+
+def _quote(path: Path) -> str:
+    return str(path).replace("'", "''")
