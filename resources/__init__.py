@@ -1,0 +1,1 @@
+"""Packaged data: the root-cause book and the veteran question list."""
