@@ -1,5 +1,10 @@
 """Analysis skills: one module per skill, each exposed as one MCP tool."""
 
+from __future__ import annotations
+
+from importlib import import_module
+from types import ModuleType
+
 TOOL_NAMES = (
     "profile_summary",
     "gpu_utilization",
@@ -18,3 +23,8 @@ TOOL_NAMES = (
     "triage",
     "answer_questions",
 )
+
+
+def skills() -> dict[str, ModuleType]:
+    """name -> module for every skill (each has Params, Result, run, render)."""
+    return {name: import_module(f"nsightful.tools.{name}") for name in TOOL_NAMES}

@@ -1,0 +1,50 @@
+# nsightful: `make demo` shows it on a sample profile, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSPECTOR_VERSION := 2.12.0
+INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
+DEMO := out/demo.sqlite
+
+.PHONY: demo test lint bench clean install dev inspector
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nsightful needs Python >= 3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.dev: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev
+
+$(INSPECTOR):
+	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm) \
+		|| (echo "npm is needed for the MCP Inspector tests: install Node.js" && exit 1)
+	npm install --silent --no-audit --no-fund --prefix .tools/inspector @modelcontextprotocol/inspector@$(INSPECTOR_VERSION)
+
+inspector: $(INSPECTOR)
+
+demo: $(VENV)/.installed
+	@mkdir -p out
+	$(BIN)/nsightful synth $(DEMO) --preset demo --force
+	$(BIN)/nsightful triage $(DEMO)
+
+test: $(VENV)/.dev $(INSPECTOR)
+	$(BIN)/ruff check profiles tools server resources tests bench
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check profiles tools server resources tests bench
+
+bench: $(VENV)/.installed
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .tools out .pytest_cache

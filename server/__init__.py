@@ -1,0 +1,3 @@
+"""MCP wiring (tools, resources, prompts, transports) and the command line."""
+
+__version__ = "0.1.0"

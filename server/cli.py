@@ -1,0 +1,154 @@
+"""The `nsightful` command: serve over MCP, run any tool from the shell, triage, make samples."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from nsightful.profiles import open_profile
+from nsightful.profiles.errors import NsightfulError
+from nsightful.server import __version__
+
+EXIT_USAGE = 2
+
+
+def _add_profile_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", type=Path, help="where built models are kept (default: $NSIGHTFUL_CACHE_DIR "
+                                                  "or $XDG_CACHE_HOME/nsightful)")
+    p.add_argument("--no-cache", action="store_true", help="build the model in a temporary folder, keep nothing")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="nsightful", description="Read NVIDIA Nsight Systems profiles, for people "
+                                                               "and AI assistants (MCP).")
+    ap.add_argument("--version", action="version", version=f"nsightful {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    serve.add_argument("--root", action="append", type=Path, default=[],
+                       help="folder profiles may be read from (repeatable; default: the working directory)")
+    _add_profile_options(serve)
+
+    tool = sub.add_parser("tool", help="run one analysis tool on a profile")
+    tool.add_argument("name", help="tool name, e.g. gpu_idle_gaps (see `nsightful tools`)")
+    tool.add_argument("profile", help="path of an nsys .sqlite/.nsys-rep export")
+    tool.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
+                      help="a tool parameter, e.g. -p device=0 -p min_gap_ns=2000000")
+    tool.add_argument("--json", action="store_true", help="print the structured result as JSON")
+    _add_profile_options(tool)
+
+    sub.add_parser("tools", help="list the tools and what each answers")
+
+    triage = sub.add_parser("triage", help="rank the problems in a profile, with root causes and fixes")
+    triage.add_argument("profile")
+    fmt = triage.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="structured result as JSON")
+    fmt.add_argument("--markdown", action="store_true", help="markdown, for a pull request or issue")
+    _add_profile_options(triage)
+
+    synth = sub.add_parser("synth", help="write a sample profile with planted problems and their ground truth")
+    from nsightful.profiles import synth as synth_module
+    synth_module.add_arguments(synth)
+    return ap
+
+
+def _parse_params(module, profile: str, pairs: list[str]):
+    values: dict[str, object] = {"profile": profile}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise NsightfulError(f"--param {pair!r} is not KEY=VALUE; e.g. -p device=0")
+        if key not in module.Params.model_fields:
+            valid = ", ".join(k for k in module.Params.model_fields if k != "profile")
+            raise NsightfulError(f"{key!r} is not a parameter of this tool (parameters: {valid or 'none'})")
+        values[key] = value
+    try:
+        return module.Params(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise NsightfulError(f"parameter {where}: {first['msg']}") from exc
+
+
+def _skill(name: str):
+    from nsightful.tools import TOOL_NAMES, skills
+    if name not in TOOL_NAMES:
+        raise NsightfulError(f"there is no tool {name!r} (tools: {', '.join(TOOL_NAMES)})")
+    return skills()[name]
+
+
+def _run_tool(args, name: str, pairs: list[str]):
+    module = _skill(name)
+    params = _parse_params(module, args.profile, pairs)
+    profile = open_profile(args.profile, cache_dir=args.cache_dir, use_cache=not args.no_cache)
+    try:
+        return module, module.run(profile.con, params)
+    finally:
+        profile.close()
+
+
+def cmd_tool(args) -> int:
+    module, result = _run_tool(args, args.name, args.param)
+    print(result.model_dump_json(indent=2) if args.json else module.render(result))
+    return 0
+
+
+def cmd_tools(_args) -> int:
+    from nsightful.tools import skills
+    for name, module in skills().items():
+        print(f"{name:24} {module.__doc__.strip().splitlines()[0]}")
+    return 0
+
+
+def cmd_triage(args) -> int:
+    module, result = _run_tool(args, "triage", [])
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    elif args.markdown:
+        print(module.render_markdown(result))
+    else:
+        print(module.render(result))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from nsightful.server.app import build_server
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    roots = args.root or [Path.cwd()]
+    missing = [str(r) for r in roots if not r.is_dir()]
+    if missing:
+        raise NsightfulError(f"--root {', '.join(missing)} is not a folder; pass existing folders")
+    mcp = build_server(roots, cache_dir=args.cache_dir, use_cache=not args.no_cache)
+    if args.transport == "http":
+        mcp.run("streamable-http", host=args.host, port=args.port)
+    else:
+        mcp.run("stdio")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage}
+    try:
+        if args.command == "synth":
+            from nsightful.profiles import synth
+            return synth.run_cli(args)
+        return commands[args.command](args)
+    except NsightfulError as exc:
+        print(f"nsightful: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("nsightful: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

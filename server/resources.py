@@ -1,0 +1,131 @@
+"""MCP resources, prompts and completions: the book, the questions, the schema, loaded profiles."""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError
+from mcp_types import Completion, PromptReference, ResourceTemplateReference
+from pydantic import Field
+
+from nsightful.profiles.errors import NsightfulError
+from nsightful.profiles.model import describe_schema
+from nsightful.resources import book
+from nsightful.server.store import ProfileStore
+
+MAX_COMPLETIONS = 100  # the protocol's cap on values per completion
+
+
+def _questions_text(questions: list[book.Question]) -> str:
+    lines = []
+    for q in questions:
+        how = f"answered by: {', '.join(q.answered_by)}" if q.answered_by else "not answerable from a profile"
+        lines.append(f"- [{q.id}] ({q.phase}) {q.text}\n  {how}")
+        if q.cannot_because:
+            lines.append(f"  limit: {q.cannot_because}\n  ask or capture: {q.ask_or_capture}")
+    return "\n".join(lines)
+
+
+def _guard(fn):
+    """Turn our named errors into MCP resource errors (one sentence, no traceback)."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except NsightfulError as exc:
+            raise ResourceError(str(exc)) from exc
+    return wrapped
+
+
+def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
+    from nsightful.tools import profile_summary
+
+    @mcp.resource("nsightful://book", name="book", mime_type="text/markdown")
+    def book_index() -> str:
+        """The root-cause book: one line per known cause of slow GPU jobs."""
+        return book.render_index()
+
+    @mcp.resource("nsightful://book/{id}", name="book-entry", mime_type="text/markdown")
+    @_guard
+    def book_entry(id: str) -> str:  # noqa: A002 - the URI template names it id
+        """One root cause: symptom, mechanism, signals, fixes and how to verify."""
+        return book.render_entry(book.get_entry(id))
+
+    @mcp.resource("nsightful://questions", name="questions", mime_type="text/markdown")
+    def questions() -> str:
+        """The veteran questions, every phase, with the tools that answer each."""
+        return _questions_text(book.load_questions())
+
+    @mcp.resource("nsightful://questions/{phase}", name="questions-phase", mime_type="text/markdown")
+    @_guard
+    def questions_phase(phase: str) -> str:
+        """The veteran questions of one phase."""
+        return _questions_text(book.questions_for_phase(phase))
+
+    @mcp.resource("nsightful://schema", name="schema", mime_type="text/plain")
+    def schema() -> str:
+        """The profile model that query_sql runs on: tables, columns, units."""
+        return describe_schema()
+
+    @mcp.resource("nsightful://profiles/{id}", name="profile", mime_type="application/json")
+    @_guard
+    def profile(id: str) -> str:  # noqa: A002
+        """Summary of a loaded profile."""
+        found = store.find(id)
+        if found is None:
+            loaded = ", ".join(store.profiles) or "none"
+            raise book.UnknownEntry(f"no profile '{id}' is loaded (loaded: {loaded}); call load_profile first")
+        pid, prof = found
+        with prof.con.cursor() as cur:
+            return profile_summary.run(cur, profile_summary.Params(profile=pid)).model_dump_json(indent=1)
+
+    @mcp.completion()
+    async def complete(ref, argument, context):
+        if isinstance(ref, ResourceTemplateReference):
+            options = {"id": list(book.load_book()) if "book" in ref.uri else list(store.profiles),
+                       "phase": list(book.PHASES)}.get(argument.name, [])
+        elif isinstance(ref, PromptReference) and argument.name in ("profile", "before", "after"):
+            options = list(store.profiles)
+        else:
+            return None
+        matches = [o for o in options if o.startswith(argument.value or "")]
+        return Completion(values=matches[:MAX_COMPLETIONS], total=len(matches),
+                          has_more=len(matches) > MAX_COMPLETIONS)
+
+    register_prompts(mcp)
+
+
+def register_prompts(mcp: MCPServer) -> None:
+    @mcp.prompt()
+    def triage_profile(
+        path: Annotated[str, Field(description="Path of the nsys .sqlite/.nsys-rep export")],
+    ) -> str:
+        """Find out why a GPU job is slow: triage a profile and explain the top causes."""
+        return (f"Load the Nsight Systems profile at {path} with load_profile, then call triage on it. "
+                "For the top three findings, read the cited nsightful://book/{id} entry and explain: what the "
+                "evidence figures show, the root cause, the fix in concrete code or flags, and how to verify it by "
+                "re-profiling. Then list what the profile cannot tell and how to capture it. Quote numbers with "
+                "units and the scope (devices, window) they cover.")
+
+    @mcp.prompt()
+    def explain_finding(
+        profile: Annotated[str, Field(description="Loaded profile id or path")],
+        finding: Annotated[str, Field(description="Root-cause id of the finding, e.g. gpu-bubbles")],
+    ) -> str:
+        """Explain one finding in depth with evidence from the profile."""
+        return (f"Read nsightful://book/{finding}. For profile {profile}, call each tool named in that entry's "
+                "signals and report the figures against the thresholds. Say whether the evidence confirms the "
+                "root cause, what else could explain it, which fix to try first and what a re-profile should show.")
+
+    @mcp.prompt()
+    def verify_fix(
+        before: Annotated[str, Field(description="Profile (id or path) captured before the change")],
+        after: Annotated[str, Field(description="Profile (id or path) captured after the change")],
+    ) -> str:
+        """Compare two profiles to check that a fix worked and introduced no new bottleneck."""
+        return (f"Run triage, gpu_utilization, iterations and top_kernels on {before} and on {after}. "
+                "Compare like for like (same devices, steady-state iterations): GPU busy %, idle time in gaps, "
+                "iteration time, the findings that disappeared and any new ones. Conclude whether the fix worked, "
+                "by how much, and what to look at next.")
