@@ -27,6 +27,7 @@ BUILD_SETTINGS = {
 
 Progress = Callable[[int, int, str], None]
 
+NO_ID = 4294967295  # (uint32)-1: nsys' "no device/stream" in sync records
 PID_SQL = "(({col} >> 24) & 16777215)"  # globalPid/globalTid -> OS pid
 TID_SQL = "({col} & 16777215)"  # globalTid -> OS tid
 
@@ -138,7 +139,8 @@ class Builder:
                 self.con.executemany("INSERT INTO enums VALUES (?, ?, ?, ?)", rows)
 
     def needs_enum(self, table: str) -> bool:
-        users = {"ENUM_CUDA_MEMCPY_OPER": "CUPTI_ACTIVITY_KIND_MEMCPY", "ENUM_CUDA_MEM_KIND": "CUPTI_ACTIVITY_KIND_MEMCPY",
+        users = {"ENUM_CUDA_MEMCPY_OPER": "CUPTI_ACTIVITY_KIND_MEMCPY",
+                 "ENUM_CUDA_MEM_KIND": "CUPTI_ACTIVITY_KIND_MEMCPY",
                  "ENUM_CUPTI_SYNC_TYPE": "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "ENUM_NSYS_EVENT_TYPE": "NVTX_EVENTS"}
         return self.raw.has(users[table])
 
@@ -164,7 +166,8 @@ class Builder:
             SELECT id, name, {API_KIND_SQL} AS kind FROM (
               SELECT id, regexp_replace(value, '_v[0-9]+$', '') AS name FROM _strings
               WHERE id IN (SELECT DISTINCT nameId FROM {self.src(t)}))""", cur)
-        self.sql(f"""INSERT INTO cuda_api SELECT {PID_SQL.format(col='r.globalTid')}, {TID_SQL.format(col='r.globalTid')},
+        self.sql(f"""INSERT INTO cuda_api
+            SELECT {PID_SQL.format(col='r.globalTid')}, {TID_SQL.format(col='r.globalTid')},
                 r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'),
                 {self.col(t, 'returnValue')}
             FROM {self.src(t)} r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
@@ -231,7 +234,8 @@ class Builder:
                     api_name VARCHAR)""", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO sync SELECT nullif(r.deviceId, 4294967295), nullif(r.streamId, 4294967295), {PID_SQL.format(col='r.globalPid')}, a.tid,
+        self.sql(f"""INSERT INTO sync SELECT nullif(r.deviceId, {NO_ID}), nullif(r.streamId, {NO_ID}),
+                {PID_SQL.format(col='r.globalPid')}, a.tid,
                 r.correlationId, r.start, r."end", r."end" - r.start, coalesce(st.label, 'unknown'), a.name
             FROM {self.src(t)} r
             LEFT JOIN enums st ON st.enum = 'ENUM_CUPTI_SYNC_TYPE' AND st.code = r.syncType

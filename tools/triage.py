@@ -111,7 +111,8 @@ def classify(con: duckdb.DuckDBPyConnection, idle_pct: float | None, host_flags:
     else:
         bound = max(shares, key=shares.get)
         reason = f"largest device-time share: {bound.split('-')[0]} at {shares[bound]:.1f}% (idle {idle:.1f}%)"
-    return Classification(bound=bound, compute_pct=shares["compute-bound"], transfer_pct=shares["memory/transfer-bound"],
+    return Classification(bound=bound, compute_pct=shares["compute-bound"],
+                          transfer_pct=shares["memory/transfer-bound"],
                           communication_pct=shares["communication-bound"], idle_pct=round(idle, 2), reason=reason)
 
 

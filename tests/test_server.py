@@ -1,0 +1,214 @@
+"""End-to-end: the MCP server through real clients (in-process SDK client in both protocol modes,
+a stdio subprocess, streamable HTTP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import jsonschema
+import pytest
+from mcp.client import Client
+from mcp.client.stdio import StdioServerParameters
+
+from nsightful.server.app import build_server
+from nsightful.tools import TOOL_NAMES
+from conftest import FIXTURE_FILES, FIXTURES
+
+LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile"}
+MAX_RESULT_CHARS = 20_000  # the budget every default result must fit (structured + text)
+MODES = ["legacy", "auto"]
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def server(cache_root):
+    return build_server([FIXTURES], cache_dir=cache_root)
+
+
+def _text(result) -> str:
+    return "".join(c.text for c in result.content if getattr(c, "text", None))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
+async def test_server_lists_every_tool_with_schemas(server, mode):
+    async with Client(server, mode=mode) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(tools) == set(TOOL_NAMES) | LIFECYCLE_TOOLS
+    for tool in tools.values():
+        assert tool.description and tool.output_schema, tool.name
+        assert tool.annotations.read_only_hint is (tool.name != "close_profile")
+        for name, prop in tool.input_schema["properties"].items():
+            assert prop.get("description"), f"{tool.name}.{name} has no description"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fixture", FIXTURE_FILES, ids=[p.stem for p in FIXTURE_FILES])
+async def test_server_every_tool_on_every_fixture(server, mode, fixture, snapshot):
+    """Each tool returns a result that validates against its output schema and fits the budget,
+    or (only where the profile has no data for it) a one-sentence error."""
+    outcomes = {}
+    async with Client(server, mode=mode) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        loaded = await client.call_tool("load_profile", {"path": str(fixture)})
+        assert not loaded.is_error, _text(loaded)
+        pid = loaded.structured_content["profile"]
+        for name in TOOL_NAMES:
+            args = {"profile": pid, **({"sql": "SELECT count(*) AS n FROM kernels"} if name == "query_sql" else {})}
+            result = await client.call_tool(name, args)
+            if result.is_error:
+                message = _text(result)
+                assert "\n" not in message and "Traceback" not in message
+                outcomes[name] = {"error": message}
+                continue
+            jsonschema.validate(result.structured_content, tools[name].output_schema)
+            size = len(json.dumps(result.structured_content)) + len(_text(result))
+            assert size < MAX_RESULT_CHARS or name == "describe_schema", f"{name}: {size} chars"
+            outcomes[name] = result.structured_content
+    if mode == "legacy":
+        assert outcomes == snapshot
+
+
+@pytest.mark.anyio
+async def test_server_errors_are_one_sentence_and_server_keeps_serving(server):
+    async with Client(server) as client:
+        outside = await client.call_tool("load_profile", {"path": "/etc/passwd"})
+        assert outside.is_error and "outside the allowed roots" in _text(outside)
+        unknown = await client.call_tool("top_kernels", {"profile": "nope"})
+        assert unknown.is_error and "no profile is loaded with id 'nope'" in _text(unknown)
+        path = str(FIXTURES / "nsysai_mock.sqlite")
+        bad_device = await client.call_tool("top_kernels", {"profile": path, "device": 7})
+        assert bad_device.is_error and "device 7 is not in this profile (devices: 0)" in _text(bad_device)
+        bad_window = await client.call_tool("gpu_utilization", {"profile": path, "start_ns": 10, "end_ns": 5})
+        assert bad_window.is_error and "empty" in _text(bad_window)
+        refused = await client.call_tool("query_sql", {"profile": path, "sql": "COPY kernels TO '/tmp/x.csv'"})
+        assert refused.is_error and "only SELECT" in _text(refused)
+        still = await client.call_tool("top_kernels", {"profile": path})
+        assert not still.is_error and still.structured_content["kernel_count"] == 2
+        listed = await client.call_tool("list_profiles", {})
+        assert [p["profile"] for p in listed.structured_content["profiles"]] == ["nsysai_mock"]
+        closed = await client.call_tool("close_profile", {"profile": "nsysai_mock"})
+        assert closed.structured_content == {"closed": "nsysai_mock"}
+
+
+@pytest.mark.anyio
+async def test_server_load_reports_progress(tmp_path):
+    server = build_server([FIXTURES], cache_dir=tmp_path)
+    seen = []
+
+    async def on_progress(progress, total, message):
+        seen.append((progress, total, message))
+
+    async with Client(server, mode="legacy") as client:
+        result = await client.call_tool("load_profile", {"path": str(FIXTURES / "nsysai_mock.sqlite")},
+                                        progress_callback=on_progress)
+    assert not result.is_error
+    assert seen and seen[-1][0] == seen[-1][1] and all(t == seen[0][1] for _, t, _ in seen)
+
+
+@pytest.mark.anyio
+async def test_server_resources_and_prompts(server):
+    async with Client(server) as client:
+        uris = {str(r.uri) for r in (await client.list_resources()).resources}
+        templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
+        assert {"nsightful://book", "nsightful://questions", "nsightful://schema"} <= uris
+        assert {"nsightful://book/{id}", "nsightful://questions/{phase}", "nsightful://profiles/{id}"} <= templates
+        entry = await client.read_resource("nsightful://book/gpu-bubbles")
+        assert "GPU bubbles" in entry.contents[0].text
+        phase = await client.read_resource("nsightful://questions/communication")
+        assert "q22" in phase.contents[0].text
+        schema = await client.read_resource("nsightful://schema")
+        assert "kernels:" in schema.contents[0].text
+        prompts = {p.name for p in (await client.list_prompts()).prompts}
+        assert prompts == {"triage_profile", "explain_finding", "verify_fix"}
+        prompt = await client.get_prompt("triage_profile", {"path": "/profiles/run.sqlite"})
+        assert "/profiles/run.sqlite" in prompt.messages[0].content.text
+        from mcp_types import ResourceTemplateReference
+        done = await client.complete(ResourceTemplateReference(uri="nsightful://book/{id}"),
+                                     {"name": "id", "value": "nccl-"})
+        assert done.completion.values == ["nccl-on-compute-stream", "nccl-serialization", "nccl-straggler"]
+
+
+def _nsightful_cmd() -> list[str]:
+    return [sys.executable, "-m", "nsightful.server.cli"]
+
+
+@pytest.mark.anyio
+async def test_server_stdio_round_trip(cache_root):
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "nsightful.server.cli", "serve", "--root", str(FIXTURES),
+                                         "--cache-dir", str(cache_root)])
+    async with Client(params) as client:
+        result = await client.call_tool("top_kernels", {"profile": str(FIXTURES / "nsysai_mock.sqlite"), "limit": 1})
+    assert not result.is_error
+    assert result.structured_content["kernel_count"] == 2 and len(result.structured_content["rows"]) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.anyio
+async def test_server_streamable_http_round_trip(cache_root):
+    port = _free_port()
+    proc = subprocess.Popen([*_nsightful_cmd(), "serve", "--transport", "http", "--port", str(port), "--root",
+                             str(FIXTURES), "--cache-dir", str(cache_root)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            await anyio.sleep(0.2)
+        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            result = await client.call_tool("gpu_utilization", {"profile": str(FIXTURES / "nsysai_mock.sqlite")})
+        assert not result.is_error and result.structured_content["scope"]["devices"] == [0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+INSPECTOR = Path(__file__).resolve().parents[1] / ".tools/inspector/node_modules/.bin/mcp-inspector"
+
+
+def _inspector(cache_root, *args: str) -> dict:
+    if not INSPECTOR.exists():
+        pytest.fail("the MCP Inspector is not installed: run `make test` (it installs it with npm)")
+    cmd = [str(INSPECTOR), "--cli", sys.executable, "-m", "nsightful.server.cli", "serve", "--root", str(FIXTURES),
+           "--cache-dir", str(cache_root), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "CI": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_server_inspector_lists_tools_and_calls(cache_root):
+    listed = _inspector(cache_root, "--method", "tools/list")
+    assert {t["name"] for t in listed["tools"]} == set(TOOL_NAMES) | LIFECYCLE_TOOLS
+    path = str(FIXTURES / "nsysai_h100_2gpu_1s.sqlite")
+    for tool in ("top_kernels", "gpu_idle_gaps", "triage"):
+        called = _inspector(cache_root, "--method", "tools/call", "--tool-name", tool, "--tool-arg", f"profile={path}")
+        assert not called.get("isError"), called
+        assert called["structuredContent"]
+
+
+def test_server_inspector_reads_resources_and_prompts(cache_root):
+    resources = _inspector(cache_root, "--method", "resources/list")
+    assert "nsightful://book" in {r["uri"] for r in resources["resources"]}
+    entry = _inspector(cache_root, "--method", "resources/read", "--uri", "nsightful://book/nccl-straggler")
+    assert "straggler" in entry["contents"][0]["text"].lower()
+    prompts = _inspector(cache_root, "--method", "prompts/list")
+    assert {p["name"] for p in prompts["prompts"]} == {"triage_profile", "explain_finding", "verify_fix"}
