@@ -239,7 +239,7 @@ class Builder:
                 r.correlationId, r.start, r."end", r."end" - r.start, coalesce(st.label, 'unknown'), a.name
             FROM {self.src(t)} r
             LEFT JOIN enums st ON st.enum = 'ENUM_CUPTI_SYNC_TYPE' AND st.code = r.syncType
-            {api_join('sync', 'memcpy')}""", cur)
+            {api_join('sync', 'memcpy', 'other')}""", cur)
 
     def nvtx_stage(self, cur: duckdb.DuckDBPyConnection) -> None:
         """Scan NVTX_EVENTS once (the largest table of most exports) into a staging table."""
