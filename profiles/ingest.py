@@ -54,12 +54,13 @@ CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
 def api_join(*kinds: str) -> str:
     """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id).
 
-    Filtering by kind keeps the join one-to-one: a correlation id names one call of that kind.
+    Older exports record both the runtime call and the driver call it makes under one correlation
+    id; the outermost (earliest) call is kept so the join stays one-to-one.
     """
     listed = ", ".join(f"'{k}'" for k in kinds)
-    return (f"LEFT JOIN (SELECT pid, correlation_id, tid, name, start_ns, end_ns FROM cuda_api "
-            f"WHERE kind IN ({listed})) a ON a.pid = {PID_SQL.format(col='r.globalPid')} "
-            "AND a.correlation_id = r.correlationId")
+    return (f"LEFT JOIN (SELECT DISTINCT ON (pid, correlation_id) pid, correlation_id, tid, name, start_ns, end_ns "
+            f"FROM cuda_api WHERE kind IN ({listed}) ORDER BY pid, correlation_id, start_ns) a "
+            f"ON a.pid = {PID_SQL.format(col='r.globalPid')} AND a.correlation_id = r.correlationId")
 
 
 def _label(name: str, prefix: str) -> str:

@@ -78,10 +78,12 @@ def _parse_params(module, profile: str, pairs: list[str]):
 
 
 def _skill(name: str):
-    from nsightful.tools import TOOL_NAMES, skills
+    from importlib import import_module
+
+    from nsightful.tools import TOOL_NAMES
     if name not in TOOL_NAMES:
         raise NsightfulError(f"there is no tool {name!r} (tools: {', '.join(TOOL_NAMES)})")
-    return skills()[name]
+    return import_module(f"nsightful.tools.{name}")
 
 
 def _run_tool(args, name: str, pairs: list[str]):
