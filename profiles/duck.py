@@ -30,6 +30,9 @@ def load_sqlite_scanner(con: duckdb.DuckDBPyConnection) -> None:
 
 def open_model(path: Path) -> duckdb.DuckDBPyConnection:
     """A read-only connection to a built model, with file and network access from SQL switched off."""
-    con = duckdb.connect(str(path), read_only=True, config={**OFFLINE, "enable_external_access": False})
-    con.execute("SET lock_configuration = true")
+    con = duckdb.connect(str(path), read_only=True, config={**OFFLINE, "enable_external_access": False,
+                                                            "enable_progress_bar": False})
+    # A second open of one file in one process shares the first's (already locked) database.
+    if not con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+        con.execute("SET lock_configuration = true")
     return con

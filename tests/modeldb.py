@@ -1,0 +1,70 @@
+"""Tiny in-memory profile models for unit tests.
+
+make_model(kernels=[{...}], nvtx=[{...}], ...) creates every table of profiles.model.TABLES in an
+in-memory DuckDB, inserts the given rows (dicts; missing columns are NULL, duration_ns is filled in
+from start_ns/end_ns when absent), then derives what ingest derives: one `gpus` row per device seen
+in kernels/memcpy/memset (unless `gpus` is given), the `meta` row with capture and GPU windows (any
+field overridable through `meta={...}`) and the `capabilities` rows.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from nsightful.profiles.hardware import CAPTURE_FLAGS
+from nsightful.profiles.model import MODEL_VERSION, TABLES
+
+_TABLES = {t.name: t for t in TABLES}
+_DERIVED = ("meta", "capabilities")
+
+_WINDOW_SQL = """
+WITH gpu AS (
+  SELECT start_ns s, end_ns e FROM kernels UNION ALL SELECT start_ns, end_ns FROM memcpy
+  UNION ALL SELECT start_ns, end_ns FROM memset),
+host AS (
+  SELECT start_ns s, end_ns e FROM cuda_api UNION ALL SELECT start_ns, coalesce(end_ns, start_ns) FROM nvtx
+  UNION ALL SELECT start_ns, end_ns FROM os_runtime UNION ALL SELECT start_ns, end_ns FROM sync
+  UNION ALL SELECT time_ns, time_ns FROM sched UNION ALL SELECT time_ns, time_ns FROM cpu_samples),
+every AS (SELECT * FROM gpu UNION ALL SELECT * FROM host)
+SELECT (SELECT min(s) FROM every), (SELECT max(e) FROM every), (SELECT min(s) FROM gpu), (SELECT max(e) FROM gpu)
+"""
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict]) -> None:
+    columns = [c[0] for c in _TABLES[table].columns]
+    for row in rows:
+        unknown = set(row) - set(columns)
+        if unknown:
+            raise ValueError(f"{table} has no column(s) {sorted(unknown)}")
+        row = dict(row)
+        if "duration_ns" in columns and "duration_ns" not in row and row.get("end_ns") is not None:
+            row["duration_ns"] = row["end_ns"] - row["start_ns"]
+        con.execute(f"INSERT INTO {table} VALUES ({', '.join('?' * len(columns))})",
+                    [row.get(c) for c in columns])
+
+
+def make_model(meta: dict | None = None, **tables: list[dict]) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection holding the model tables with the given rows."""
+    unknown = set(tables) - (set(_TABLES) - set(_DERIVED))
+    if unknown:
+        raise ValueError(f"unknown or derived table(s): {sorted(unknown)}")
+    con = duckdb.connect(":memory:")
+    for table in TABLES:
+        con.execute(f"CREATE TABLE {table.name} ({', '.join(f'{c[0]} {c[1]}' for c in table.columns)})")
+    for name, rows in tables.items():
+        _insert(con, name, rows)
+    if "gpus" not in tables:
+        devices = con.execute("""SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL
+            SELECT device_id FROM memcpy UNION ALL SELECT device_id FROM memset)
+            WHERE device_id IS NOT NULL ORDER BY 1""").fetchall()
+        _insert(con, "gpus", [{"device_id": d} for (d,) in devices])
+    cap_start, cap_end, gpu_start, gpu_end = con.execute(_WINDOW_SQL).fetchone()
+    row = {"source_path": "memory", "source_bytes": 0, "fingerprint": "test", "model_version": MODEL_VERSION,
+           "enum_source": "profile", "capture_start_ns": cap_start, "capture_end_ns": cap_end,
+           "duration_ns": None if cap_start is None else cap_end - cap_start,
+           "gpu_start_ns": gpu_start, "gpu_end_ns": gpu_end, **(meta or {})}
+    _insert(con, "meta", [row])
+    for data, (table, flag) in CAPTURE_FLAGS.items():
+        count = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        _insert(con, "capabilities", [{"data": data, "present": count > 0, "rows": count, "capture_flag": flag}])
+    return con
