@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 
 from nsightful.profiles import cache, source
-from nsightful.profiles.duck import open_model
+from nsightful.profiles.duck import close_model, open_model
 from nsightful.profiles.ingest import Builder, Progress
 
 
@@ -24,7 +24,7 @@ class Profile:
     _scratch: Path | None = field(default=None, repr=False)  # --no-cache build directory
 
     def close(self) -> None:
-        self.con.close()
+        close_model(self.model_path, self.con)
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
 

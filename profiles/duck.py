@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import duckdb
@@ -28,11 +29,31 @@ def load_sqlite_scanner(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"LOAD '{_scanner_path()}'")
 
 
+_shared: dict[Path, tuple[duckdb.DuckDBPyConnection, int]] = {}
+_shared_lock = threading.Lock()
+
+
 def open_model(path: Path) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to a built model, with file and network access from SQL switched off."""
-    con = duckdb.connect(str(path), read_only=True, config={**OFFLINE, "enable_external_access": False,
-                                                            "enable_progress_bar": False})
-    # A second open of one file in one process shares the first's (already locked) database.
-    if not con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
-        con.execute("SET lock_configuration = true")
-    return con
+    """A read-only connection to a built model, with file and network access from SQL switched off.
+
+    DuckDB allows one configuration per database file in a process, so every open of the same
+    model shares one base connection and gets its own cursor; `close_model` releases it.
+    """
+    with _shared_lock:
+        base, users = _shared.get(path, (None, 0))
+        if base is None:
+            base = duckdb.connect(str(path), read_only=True, config={**OFFLINE, "enable_external_access": False})
+            base.execute("SET enable_progress_bar = false")
+            base.execute("SET lock_configuration = true")
+        _shared[path] = (base, users + 1)
+        return base.cursor()
+
+
+def close_model(path: Path, con: duckdb.DuckDBPyConnection) -> None:
+    con.close()
+    with _shared_lock:
+        base, users = _shared.pop(path, (None, 0))
+        if base is not None and users > 1:
+            _shared[path] = (base, users - 1)
+        elif base is not None:
+            base.close()
