@@ -381,10 +381,14 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
             b.memset(cur)
             b.sync(cur)
 
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            futures = [pool.submit(fn, b.con.cursor()) for fn in (host_side, gpu_side)]
-            for f in futures:
-                f.result()
+        cursors = [b.con.cursor(), b.con.cursor()]
+        try:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                for future in [pool.submit(fn, cur) for fn, cur in zip((host_side, gpu_side), cursors, strict=True)]:
+                    future.result()
+        finally:
+            for cur in cursors:
+                cur.close()
         b.step("NVTX nesting")
         b.nvtx()
         b.step("devices, metadata, capabilities")
