@@ -1,0 +1,249 @@
+"""gpu_idle_gaps: idle stretches per device, host activity during them, periodicity, findings."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from conftest import FIXTURE_IDS, FIXTURES, planted
+from modeldb import make_model
+
+from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools import gpu_idle_gaps as gg
+
+ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
+MS = 1_000_000
+
+
+def k(s: int, e: int, name: str = "k", device: int = 0, stream: int = 7, tid: int | None = 7) -> dict:
+    return {"device_id": device, "stream_id": stream, "pid": 1, "tid": tid, "start_ns": s, "end_ns": e,
+            "short_name": name, "name": name}
+
+
+def api(s: int, e: int, kind: str, name: str, tid: int = 7) -> dict:
+    return {"pid": 1, "tid": tid, "name": name, "kind": kind, "start_ns": s, "end_ns": e}
+
+
+def run(con, **kw) -> gg.Result:
+    return gg.run(con, gg.Params(profile="t", **kw))
+
+
+def gap(device, start, end, before, before_end, after, after_start, activity, nvtx=(), **host) -> gg.Gap:
+    figures = {f"host_{k}_ns": host.get(k, 0) for k in ("sync", "memcpy", "launch", "other")}
+    return gg.Gap(device=device, stream=None, start_ns=start, end_ns=end, duration_ns=end - start,
+                  kernel_before=before, kernel_before_end_ns=before_end, kernel_after=after,
+                  kernel_after_start_ns=after_start, **figures, host_os_runtime_ns=host.get("os", 0),
+                  host_activity=activity, nvtx=list(nvtx), periodic=False, period_ns=None)
+
+
+def tiny_model():
+    """Device 0: gaps 2.5-6 ms (host in poll), 7.5-8 ms (host in a copy call), 8.4-20 ms (host in a sync);
+    device 1 (another thread, which traced nothing): 1-12 ms."""
+    return make_model(
+        kernels=[k(1 * MS, 2 * MS, "a"), k(1_500_000, 2_500_000, "b", stream=8), k(6 * MS, 7 * MS, "c"),
+                 k(7 * MS, 7_500_000, "d"), k(20 * MS, 21 * MS, "e"),
+                 k(0, 1 * MS, "x", device=1, tid=9), k(12 * MS, 13 * MS, "y", device=1, tid=9)],
+        memcpy=[{"device_id": 0, "stream_id": 3, "start_ns": 8 * MS, "end_ns": 8_400_000, "bytes": 4,
+                 "direction": "H2D"}],
+        cuda_api=[api(7_900_000, 7_950_000, "memcpy", "cudaMemcpyAsync"),
+                  api(9 * MS, 19 * MS, "sync", "cudaStreamSynchronize"),
+                  api(19_500_000, 19_510_000, "launch", "cudaLaunchKernel")],
+        os_runtime=[{"pid": 1, "tid": 7, "name": "poll", "start_ns": 3 * MS, "end_ns": 3_500_000}],
+        nvtx=[{"pid": 1, "tid": 7, "text": "step", "start_ns": 0, "end_ns": 30 * MS, "kind": "push_pop", "depth": 0},
+              {"pid": 1, "tid": 7, "text": "wait", "start_ns": 8_500_000, "end_ns": 19_600_000, "kind": "push_pop",
+               "depth": 1},
+              {"pid": 1, "tid": 7, "text": "tiny", "start_ns": 3 * MS, "end_ns": 3_100_000, "kind": "push_pop",
+               "depth": 1}])
+
+
+# --- unit ------------------------------------------------------------------------------------------
+def test_gpu_idle_gaps_whole_result_on_tiny_model():
+    result = run(tiny_model())
+    assert result.scope.window_basis == "gpu_active" and (result.scope.start_ns, result.scope.end_ns) == (0, 21 * MS)
+    assert result.gaps == [
+        gap(0, 8_400_000, 20 * MS, "d", 7_500_000, "e", 20 * MS, "sync", ["wait", "step"], sync=10 * MS,
+            launch=10_000),
+        gap(1, 1 * MS, 12 * MS, "x", 1 * MS, "y", 12 * MS, "nothing traced"),
+        gap(0, 2_500_000, 6 * MS, "b", 2_500_000, "c", 6 * MS, "nothing traced", ["step"], os=500_000)]
+    assert result.devices == [
+        gg.DeviceGaps(device=0, gap_count=2, gap_time_ns=15_100_000, gap_window_pct=71.9, largest_ns=11_600_000,
+                      sync_gap_ns=11_600_000, nothing_traced_gap_ns=3_500_000, periodic_gap_count=0,
+                      gc_like_gap_count=0, gc_like_gap_ns=0, gc_like_period_ns=None),
+        gg.DeviceGaps(device=1, gap_count=1, gap_time_ns=11 * MS, gap_window_pct=52.38, largest_ns=11 * MS,
+                      sync_gap_ns=0, nothing_traced_gap_ns=11 * MS, periodic_gap_count=0, gc_like_gap_count=0,
+                      gc_like_gap_ns=0, gc_like_period_ns=None)]
+    assert (result.gap_count, result.gap_time_ns, result.lanes, result.gap_window_pct) == (3, 26_100_000, 2, 62.14)
+    assert result.histogram == [gg.Bucket(label="2-5 ms", count=1, total_ns=3_500_000),
+                                gg.Bucket(label="10-50 ms", count=2, total_ns=22_600_000)]
+    assert result.by_host_activity == [gg.ActivityShare(host_activity="nothing traced", count=2, total_ns=14_500_000),
+                                       gg.ActivityShare(host_activity="sync", count=1, total_ns=11_600_000)]
+    assert (result.periodic_groups, result.truncated, result.note) == ([], False, None)
+    assert [(f.root_cause, f.severity, f.device, f.time_at_stake_ns) for f in result.findings] == [
+        ("gpu-bubbles", "high", 0, 15_100_000), ("excessive-synchronization", "medium", 0, 11_600_000),
+        ("gpu-bubbles", "high", 1, 11 * MS)]
+    assert "8.400" not in gg.render(result) and "sync" in gg.render(result)
+
+
+@pytest.mark.parametrize("min_gap, expected", [
+    (1 * MS, [(8_400_000, 20 * MS), (1 * MS, 12 * MS), (2_500_000, 6 * MS)]),
+    (400_000, [(8_400_000, 20 * MS), (1 * MS, 12 * MS), (2_500_000, 6 * MS), (7_500_000, 8 * MS)]),
+    (11_500_000, [(8_400_000, 20 * MS)]),
+])
+def test_gpu_idle_gaps_min_gap_filters(min_gap, expected):
+    result = run(tiny_model(), min_gap_ns=min_gap)
+    assert [(g.start_ns, g.end_ns) for g in result.gaps] == expected
+
+
+def test_gpu_idle_gaps_host_in_a_copy_call_reads_memcpy_at_the_10_percent_boundary():
+    half_ms = run(tiny_model(), min_gap_ns=400_000).gaps[-1]
+    assert (half_ms.host_memcpy_ns, half_ms.host_activity) == (50_000, "memcpy")  # exactly 10% of 0.5 ms
+
+
+def test_gpu_idle_gaps_device_and_window_restrict():
+    assert [g.device for g in run(tiny_model(), device=1).gaps] == [1]
+    result = run(tiny_model(), start_ns=2 * MS, end_ns=10 * MS)
+    # inside 2-10 ms device 0 ran b, c, d and the copy: only the 2.5-6 ms gap is bounded by work
+    assert [(g.device, g.start_ns, g.end_ns) for g in result.gaps] == [(0, 2_500_000, 6 * MS)]
+
+
+def test_gpu_idle_gaps_limit_truncates_but_totals_stay():
+    result = run(tiny_model(), limit=1)
+    assert (len(result.gaps), result.truncated, result.gap_count, result.gap_time_ns) == (1, True, 3, 26_100_000)
+
+
+def test_gpu_idle_gaps_per_stream_lanes():
+    result = run(tiny_model(), per_stream=True, min_gap_ns=400_000)
+    assert {(g.device, g.stream, g.start_ns, g.end_ns) for g in result.gaps} == {
+        (0, 7, 2 * MS, 6 * MS), (0, 7, 7_500_000, 20 * MS), (1, 7, 1 * MS, 12 * MS)}
+    assert result.lanes == 4 and result.findings == []  # streams 3, 7, 8 of device 0 and 7 of device 1
+
+
+def periodic_model(starts_ms: list[int], length_ms: dict[int, int] | None = None):
+    """One kernel per start, 8 ms long unless `length_ms` says otherwise: 2 ms gaps between 10 ms slots."""
+    lengths = length_ms or {}
+    return make_model(kernels=[k(s * MS, (s + lengths.get(s, 8)) * MS, tid=None) for s in starts_ms])
+
+
+def test_gpu_idle_gaps_periodic_gaps_and_gc_finding():
+    result = run(periodic_model([0, 10, 20, 30, 40, 53]))
+    assert [(g.start_ns // MS, g.duration_ns // MS, g.periodic, g.period_ns) for g in result.gaps] == [
+        (48, 5, False, None), (8, 2, True, 10 * MS), (18, 2, True, 10 * MS), (28, 2, True, 10 * MS),
+        (38, 2, True, 10 * MS)]
+    assert result.periodic_groups == [gg.PeriodicGroup(
+        device=0, stream=None, count=4, mean_duration_ns=2 * MS, period_ns=10 * MS, total_ns=8 * MS,
+        first_start_ns=8 * MS, host_activity="nothing traced")]
+    assert result.note and "launch" in result.note  # no launch call traced: host activity cannot be seen
+    gc = [f for f in result.findings if f.root_cause == "gc-pauses"]
+    assert [(f.severity, f.device, f.time_at_stake_ns, f.evidence["gc_like_period_ns"]) for f in gc] == [
+        ("medium", 0, 8 * MS, 10 * MS)]
+
+
+@pytest.mark.parametrize("starts_ms, length_ms, periodic", [
+    ([0, 10], {}, False),  # a single 2 ms gap
+    ([0, 10, 20], {}, True),  # twice at the same length and spacing
+    ([0, 10, 20, 50], {20: 28}, False),  # 2 ms gaps at 8, 18 and 48 ms: 10 then 30 ms apart
+    ([0, 10, 20, 30, 40, 50, 60, 70, 80, 90], {80: 13}, True),  # one odd interval among eight steady ones
+])
+def test_gpu_idle_gaps_periodic_needs_a_steady_interval(starts_ms, length_ms, periodic):
+    gaps = [g for g in run(periodic_model(starts_ms, length_ms)).gaps if g.duration_ns == 2 * MS]
+    assert gaps and all(g.periodic == periodic for g in gaps)
+
+
+# --- golden: gaps from an independent sweep over the raw export -----------------------------------------
+def raw_gaps(stem: str, min_gap: int = 1_000_000) -> dict[int, list[tuple[int, int]]]:
+    con = sqlite3.connect(f"file:{FIXTURES / f'{stem}.sqlite'}?mode=ro", uri=True)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    ops = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+           if t in tables]
+    rows = con.execute(" UNION ALL ".join(f'SELECT deviceId, start, "end" FROM {t} WHERE "end" > start'
+                                          for t in ops)).fetchall()
+    out: dict[int, list[tuple[int, int]]] = {}
+    for device in sorted({r[0] for r in rows}):
+        reach, found = None, []
+        for _, s, e in sorted(r for r in rows if r[0] == device):
+            if reach is not None and s - reach >= min_gap:
+                found.append((reach, s))
+            reach = e if reach is None else max(reach, e)
+        out[device] = found
+    return out
+
+
+@pytest.mark.parametrize("stem", ["clue_t4_report4", "fuser_h200_crossentropy", "pipit_saxpy_mpi_a100",
+                                  "nsysai_mfu_2gpu_before", "nsysai_mock"])
+def test_gpu_idle_gaps_match_an_independent_sweep_of_the_raw_export(open_fixture, stem):
+    result = run(open_fixture(stem).con, limit=500)
+    expected = raw_gaps(stem)
+    assert {(g.device, g.start_ns, g.end_ns) for g in result.gaps} == {
+        (d, s, e) for d, found in expected.items() for s, e in found}
+    assert {d.device: (d.gap_count, d.gap_time_ns) for d in result.devices} == {
+        d: (len(found), sum(e - s for s, e in found)) for d, found in expected.items()}
+
+
+# --- planted problems on the synthetic sample ---------------------------------------------------------
+def test_gpu_idle_gaps_finds_every_planted_gap_exactly(demo):
+    profile, truth = demo
+    result = run(profile.con, limit=500)
+    assert {(g.device, g.start_ns, g.end_ns) for g in result.gaps} == {
+        (g["device"], g["start_ns"], g["end_ns"]) for g in truth["gpu_gaps"]}
+
+
+def test_gpu_idle_gaps_planted_idle_gaps_with_their_host_activity(demo):
+    profile, truth = demo
+    plants = planted(truth, "idle_gap")
+    assert {p["host_activity"] for p in plants} == {"nothing traced", "os_runtime:poll"}
+    for plant in plants:
+        result = run(profile.con, device=plant["device"])
+        [found] = [g for g in result.gaps if g.start_ns == plant["start_ns"]]
+        assert (found.device, found.duration_ns) == (plant["device"], plant["duration_ns"])
+        assert found.host_activity == "nothing traced" and found.nvtx[0] == plant["phase"] and not found.periodic
+        if plant["host_activity"] == "os_runtime:poll":
+            assert found.host_os_runtime_ns == plant["host_end_ns"] - plant["host_start_ns"]
+    largest = run(profile.con).gaps[0]  # the 20 ms gap is the largest of the profile
+    assert (largest.device, largest.duration_ns) == (plants[0]["device"], plants[0]["duration_ns"]) == (0, 20 * MS)
+
+
+def test_gpu_idle_gaps_gc_pauses_are_periodic(demo):
+    profile, truth = demo
+    result = run(profile.con, limit=500)
+    by_place = {(g.device, g.start_ns, g.end_ns): g for g in result.gaps}
+    pauses = planted(truth, "gc_pause")
+    assert pauses
+    for pause in pauses:
+        found = by_place[(pause["device"], pause["gpu_idle_start_ns"], pause["gpu_idle_end_ns"])]
+        assert found.periodic and found.period_ns and found.host_activity == "nothing traced"
+    gc_devices = {f.device for f in result.findings if f.root_cause == "gc-pauses"}
+    assert gc_devices == {p["device"] for p in pauses}
+    assert {f.device for f in result.findings if f.root_cause == "gpu-bubbles"} == set(truth["devices"])
+
+
+def test_gpu_idle_gaps_quiet_on_clean(clean):
+    profile, _ = clean
+    result = run(profile.con)
+    assert (result.gap_count, result.gaps, result.findings) == (0, [], [])
+
+
+# --- errors and bounds ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, message", [
+    ({"device": 9}, "device 9 is not in this profile"),
+    ({"start_ns": 5 * MS, "end_ns": 5 * MS}, "is empty"),
+    ({"start_ns": 100 * MS, "end_ns": 200 * MS}, "outside the capture"),
+])
+def test_gpu_idle_gaps_rejects_bad_scope(kw, message):
+    with pytest.raises(InvalidRequest, match=message):
+        run(tiny_model(), **kw)
+
+
+def test_gpu_idle_gaps_rejects_a_too_small_min_gap():
+    with pytest.raises(ValueError):
+        gg.Params(profile="t", min_gap_ns=10)
+
+
+def test_gpu_idle_gaps_empty_export_has_no_window(open_fixture):
+    with pytest.raises(InvalidRequest):
+        run(open_fixture("dynamicvit_empty_export").con)
+
+
+@pytest.mark.parametrize("stem", ACTIVE_FIXTURES)
+def test_gpu_idle_gaps_default_result_is_small(open_fixture, stem):
+    result = run(open_fixture(stem).con)
+    assert len(result.model_dump_json()) < 20_000 and gg.render(result)

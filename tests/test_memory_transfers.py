@@ -1,0 +1,188 @@
+"""memory_transfers: per-direction volume and bandwidth, pageable vs pinned, exposed copy time, syncing copies."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from conftest import FIXTURE_IDS, FIXTURES, planted
+from modeldb import make_model
+
+from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools import memory_transfers as mt
+
+ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
+
+
+def k(s: int, e: int, stream: int = 7) -> dict:
+    return {"device_id": 0, "stream_id": stream, "pid": 1, "start_ns": s, "end_ns": e, "short_name": "k", "name": "k"}
+
+
+def copy(s: int, e: int, direction: str, nbytes: int, src: str, dst: str, corr: int | None = None,
+         api: str | None = None, device: int = 0) -> dict:
+    return {"device_id": device, "stream_id": 3, "pid": 1, "tid": 1 if api else None, "correlation_id": corr,
+            "start_ns": s, "end_ns": e, "bytes": nbytes, "direction": direction, "src_kind": src, "dst_kind": dst,
+            "api_name": api}
+
+
+def call(s: int, e: int, name: str, corr: int | None = None) -> dict:
+    kind = "sync" if "Synchronize" in name else "memcpy"
+    return {"pid": 1, "tid": 1, "correlation_id": corr, "name": name, "kind": kind, "start_ns": s, "end_ns": e}
+
+
+def tiny_model():
+    """Kernels cover 100-400 and 700-800 ns on device 0; device 1 runs one untraced copy and no kernel."""
+    return make_model(
+        kernels=[k(100, 300), k(200, 400, stream=8), k(700, 800)],
+        memcpy=[copy(0, 250, "H2D", 1000, "pageable", "device", 1, "cudaMemcpy"),
+                copy(350, 750, "H2D", 4000, "pinned", "device", 2, "cudaMemcpyAsync"),
+                copy(900, 910, "D2H", 4, "device", "pinned", 3, "cudaMemcpyAsync"),  # .item(): async + sync
+                copy(950, 960, "D2H", 8, "device", "pageable", 4, "cudaMemcpy"),  # synchronous call
+                copy(970, 1000, "D2H", 2048, "device", "pinned", 5, "cudaMemcpyAsync"),  # not small
+                copy(1100, 1110, "D2H", 16, "device", "pinned", 8, "cudaMemcpyAsync"),  # no sync follows
+                copy(150, 260, "D2D", 10_000, "device", "device"),
+                copy(0, 100, "H2D", 500, "pinned", "device", device=1)],
+        cuda_api=[call(0, 300, "cudaMemcpy", 1), call(340, 345, "cudaMemcpyAsync", 2),
+                  call(880, 890, "cudaMemcpyAsync", 3), call(900, 912, "cudaStreamSynchronize"),
+                  call(940, 962, "cudaMemcpy", 4), call(965, 968, "cudaMemcpyAsync", 5),
+                  call(968, 1005, "cudaStreamSynchronize"), call(1050, 1060, "cudaMemcpyAsync", 8)])
+
+
+def run(con, **kw) -> mt.Result:
+    return mt.run(con, mt.Params(profile="t", **kw))
+
+
+def bw(nbytes: int, ns: int) -> float | None:
+    return round(nbytes / ns, 3) if ns else None
+
+
+def row(direction, device, n, nbytes, ns, window_pct, pageable, pinned, exposed) -> mt.DirectionRow:
+    return mt.DirectionRow(
+        direction=direction, device=device, count=n, bytes=nbytes, time_ns=ns, bandwidth_gb_per_s=bw(nbytes, ns),
+        window_pct=window_pct, pageable_count=pageable[0], pageable_bytes=pageable[1], pageable_time_ns=pageable[2],
+        pageable_bandwidth_gb_per_s=bw(pageable[1], pageable[2]), pinned_count=pinned[0], pinned_bytes=pinned[1],
+        pinned_time_ns=pinned[2], pinned_bandwidth_gb_per_s=bw(pinned[1], pinned[2]), exposed_time_ns=exposed,
+        exposed_pct=round(100 * exposed / ns, 2))
+
+
+# --- unit ------------------------------------------------------------------------------------------
+def test_memory_transfers_whole_result_on_tiny_model():
+    result = run(tiny_model())
+    assert result.scope.duration_ns == 1110
+    assert result.rows == [
+        row("H2D", None, 3, 5500, 750, 33.78, (1, 1000, 250), (2, 4500, 500), 100 + 300 + 100),
+        row("D2D", None, 1, 10_000, 110, 4.95, (0, 0, 0), (0, 0, 0), 0),
+        row("D2H", None, 4, 2076, 60, 2.7, (1, 8, 10), (3, 2068, 50), 60)]
+    assert (result.copy_count, result.copy_bytes, result.copy_time_ns) == (8, 17_576, 920)
+    assert (result.sync_copy_calls, result.sync_copy_api_ns) == (2, 300 + 22)
+    # small D2H: the async copy + its sync (10 + 12) and the synchronous copy (22); the last one never waits
+    assert (result.small_d2h_count, result.small_d2h_blocking, result.small_d2h_blocked_ns) == (3, 2, 44)
+    assert [(f.root_cause, f.severity, f.device, f.time_at_stake_ns) for f in result.findings] == [
+        ("excessive-h2d-transfers", "high", None, 500)]
+    assert "H2D" in mt.render(result)
+
+
+def test_memory_transfers_per_device_rows():
+    result = run(tiny_model(), per_device=True)
+    assert [(r.direction, r.device, r.count, r.time_ns, r.exposed_time_ns, r.window_pct) for r in result.rows] == [
+        ("H2D", 0, 2, 650, 400, 58.56), ("D2D", 0, 1, 110, 0, 9.91), ("H2D", 1, 1, 100, 100, 9.01),
+        ("D2H", 0, 4, 60, 60, 5.41)]
+    assert {(f.root_cause, f.device) for f in result.findings} == {
+        ("excessive-h2d-transfers", 0), ("excessive-h2d-transfers", 1)}
+
+
+@pytest.mark.parametrize("kernels, exposed", [
+    ([], 400),  # no kernel at all
+    ([(0, 1000)], 0),  # one kernel covers the copy
+    ([(300, 400), (500, 600), (550, 700)], 400 - 50 - 200),  # 350-400 and 500-700 covered
+    ([(360, 370), (360, 380), (365, 390), (700, 760)], 400 - 30 - 50),  # overlapping kernels count once
+])
+def test_memory_transfers_exposed_time_is_copy_minus_kernel_union(kernels, exposed):
+    con = make_model(kernels=[k(s, e, stream=i) for i, (s, e) in enumerate(kernels)],
+                     memcpy=[copy(350, 750, "H2D", 4000, "pinned", "device")])
+    assert run(con).rows[0].exposed_time_ns == exposed
+
+
+def test_memory_transfers_limit_and_device():
+    capped = run(tiny_model(), limit=1)
+    assert ([r.direction for r in capped.rows], capped.truncated, capped.total_rows) == (["H2D"], True, 3)
+    assert [(r.direction, r.count) for r in run(tiny_model(), device=1).rows] == [("H2D", 1)]
+
+
+def test_memory_transfers_pageable_finding_uses_the_pinned_bandwidth():
+    pageable = [copy(i * 100, i * 100 + 50, "H2D", 2 << 20, "pageable", "device") for i in range(3)]
+    pinned = [copy(1000, 1025, "H2D", 2 << 20, "pinned", "device")]
+    [finding] = run(make_model(memcpy=pageable + pinned)).findings[:1]
+    # 6 MiB at the pinned 2 MiB / 25 ns would take 75 ns of the 150 spent
+    assert (finding.root_cause, finding.device, finding.time_at_stake_ns) == ("pageable-host-memory", 0, 75)
+
+
+# --- golden: independent SQL on the raw export ------------------------------------------------------------
+RAW_BYTES_SQL = """
+SELECT replace(substr(o.name, length('CUDA_MEMCPY_KIND_') + 1), 'TO', '2') AS direction, count(*), sum(m.bytes)
+FROM CUPTI_ACTIVITY_KIND_MEMCPY m JOIN ENUM_CUDA_MEMCPY_OPER o ON o.id = m.copyKind
+GROUP BY direction ORDER BY direction
+"""
+
+
+@pytest.mark.parametrize("stem", ["nsysai_h100_2gpu_1s", "clue_t4_report4", "fuser_h200_crossentropy",
+                                  "nsysai_mfu_2gpu_before", "nsysai_mock"])
+def test_memory_transfers_bytes_per_direction_match_raw_sql(open_fixture, stem):
+    raw = sqlite3.connect(f"file:{FIXTURES / f'{stem}.sqlite'}?mode=ro", uri=True)
+    result = run(open_fixture(stem).con, limit=100)
+    expected = [tuple(r) for r in raw.execute(RAW_BYTES_SQL)]
+    assert sorted((r.direction, r.count, r.bytes) for r in result.rows) == expected
+
+
+# --- planted problems on the synthetic sample ---------------------------------------------------------
+def test_memory_transfers_finds_planted_pageable_copies(demo):
+    profile, truth = demo
+    plants = planted(truth, "pageable_h2d")
+    assert len(plants) == len(truth["devices"])
+    for plant in plants:
+        result = run(profile.con, device=plant["device"])
+        [h2d] = [r for r in result.rows if r.direction == "H2D"]
+        assert (h2d.pageable_count, h2d.pageable_bytes, h2d.pageable_time_ns) == (
+            plant["count"], plant["bytes"], plant["copy_time_ns"])
+        assert (h2d.pinned_count, h2d.pinned_bytes) == (plant["pinned_count"], plant["pinned_bytes"])
+        assert h2d.pageable_bandwidth_gb_per_s < h2d.pinned_bandwidth_gb_per_s
+        assert [f.device for f in result.findings if f.root_cause == "pageable-host-memory"] == [plant["device"]]
+
+
+def test_memory_transfers_finds_planted_small_blocking_d2h(demo):
+    profile, truth = demo
+    for plant in planted(truth, "small_d2h"):
+        result = run(profile.con, device=plant["device"])
+        assert (result.small_d2h_count, result.small_d2h_blocking) == (plant["count"], plant["count"])
+        # blocked = time in the syncs (the truth) plus the copy calls themselves (<= 10 us each in the sample)
+        assert plant["blocked_ns"] < result.small_d2h_blocked_ns <= plant["blocked_ns"] + plant["count"] * 10_000
+        assert [f.device for f in result.findings if f.root_cause == "blocking-d2h-sync"] == [plant["device"]]
+
+
+def test_memory_transfers_quiet_on_clean(clean):
+    profile, _ = clean
+    result = run(profile.con)
+    assert result.small_d2h_count == 0 and result.findings == []
+    assert all(r.pageable_count == 0 for r in result.rows)
+
+
+# --- errors and bounds ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, message", [
+    ({"device": 9}, "device 9 is not in this profile"),
+    ({"start_ns": 500, "end_ns": 100}, "is empty"),
+    ({"start_ns": 10**6, "end_ns": 2 * 10**6}, "outside the capture"),
+])
+def test_memory_transfers_rejects_bad_scope(kw, message):
+    with pytest.raises(InvalidRequest, match=message):
+        run(tiny_model(), **kw)
+
+
+def test_memory_transfers_empty_export_has_no_window(open_fixture):
+    with pytest.raises(InvalidRequest):
+        run(open_fixture("dynamicvit_empty_export").con)
+
+
+@pytest.mark.parametrize("stem", ACTIVE_FIXTURES)
+def test_memory_transfers_default_result_is_small(open_fixture, stem):
+    result = run(open_fixture(stem).con)
+    assert len(result.model_dump_json()) < 20_000 and mt.render(result)

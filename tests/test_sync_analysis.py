@@ -1,0 +1,163 @@
+"""sync_analysis: blocking calls per API and thread, host time blocked, GPU idle while the host waited."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from conftest import FIXTURE_IDS, FIXTURES, planted
+from modeldb import make_model
+
+from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools import sync_analysis as sa
+
+ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
+
+
+def k(s: int, e: int, device: int, tid: int) -> dict:
+    return {"device_id": device, "stream_id": 7, "pid": 1, "tid": tid, "start_ns": s, "end_ns": e,
+            "short_name": "k", "name": "k"}
+
+
+def call(s: int, e: int, name: str, tid: int, pid: int = 1) -> dict:
+    kind = "memcpy" if "Memcpy" in name else "sync"
+    return {"pid": pid, "tid": tid, "name": name, "kind": kind, "start_ns": s, "end_ns": e}
+
+
+def tiny_model():
+    """Thread 1 launches on devices 0 and 1, thread 2 on device 0, thread 3 nothing (its process: 0 and 1);
+    process 2 put no work on any device."""
+    return make_model(
+        kernels=[k(0, 100, 0, 1), k(300, 400, 0, 2), k(150, 250, 1, 1), k(600, 700, 1, 1)],
+        memcpy=[{"device_id": 0, "stream_id": 3, "pid": 1, "start_ns": 500, "end_ns": 520, "bytes": 8,
+                 "direction": "H2D"}],
+        cuda_api=[call(50, 350, "cudaDeviceSynchronize", 1), call(450, 650, "cudaStreamSynchronize", 1),
+                  call(100, 300, "cudaEventSynchronize", 2), call(380, 420, "cudaMemcpy", 2),
+                  call(420, 430, "cudaMemcpyAsync", 2), call(600, 700, "cuCtxSynchronize", 3),
+                  call(0, 50, "cudaDeviceSynchronize", 5, pid=2)],
+        threads=[{"pid": 1, "tid": 1, "name": "main"}, {"pid": 1, "tid": 2, "name": "worker"}])
+
+
+def run(con, **kw) -> sa.Result:
+    return sa.run(con, sa.Params(profile="t", **kw))
+
+
+def api(name, kind, blocked, idle) -> sa.ApiRow:
+    return sa.ApiRow(api_name=name, scope_kind=kind, count=1, blocked_ns=blocked, mean_ns=float(blocked),
+                     max_ns=blocked, gpu_idle_ns=idle, gpu_idle_pct=round(100 * idle / blocked, 2))
+
+
+# --- unit ------------------------------------------------------------------------------------------
+def test_sync_analysis_whole_result_on_tiny_model():
+    result = run(tiny_model())
+    assert (result.scope.start_ns, result.scope.end_ns) == (0, 700)
+    assert (result.call_count, result.blocked_ns, result.gpu_idle_ns) == (5, 840, 450)
+    assert result.apis == [
+        api("cudaDeviceSynchronize", "device", 300, 100),  # devices 0+1 busy 50-100, 150-250, 300-350
+        api("cudaEventSynchronize", "event", 200, 200),  # device 0 ran nothing in 100-300
+        api("cudaStreamSynchronize", "stream", 200, 130),  # copy 500-520 on 0, kernel 600-650 on 1
+        api("cuCtxSynchronize", "device", 100, 0),  # thread 3 counts with its process's devices
+        api("cudaMemcpy", "copy", 40, 20)]
+    assert result.threads == [
+        sa.ThreadRow(pid=1, tid=1, thread_name="main", devices=[0, 1], count=2, blocked_ns=500,
+                     blocked_window_pct=71.43, device_syncs=1, steady_device_syncs=1, device_sync_ns=300,
+                     gpu_idle_ns=230),
+        sa.ThreadRow(pid=1, tid=2, thread_name="worker", devices=[0], count=2, blocked_ns=240,
+                     blocked_window_pct=34.29, device_syncs=0, steady_device_syncs=0, device_sync_ns=0,
+                     gpu_idle_ns=220),
+        sa.ThreadRow(pid=1, tid=3, thread_name=None, devices=[0, 1], count=1, blocked_ns=100,
+                     blocked_window_pct=14.29, device_syncs=1, steady_device_syncs=0,  # ends with the last kernel
+                     device_sync_ns=100, gpu_idle_ns=0)]
+    assert [(f.root_cause, f.severity, f.device) for f in result.findings] == [
+        ("excessive-synchronization", "medium", None), ("excessive-synchronization", "high", 0),
+        ("excessive-synchronization", "medium", None)]
+    assert not result.truncated and "cudaEventSynchronize" in sa.render(result)
+
+
+def test_sync_analysis_device_scope_keeps_threads_of_that_device():
+    result = run(tiny_model(), device=1)  # thread 2 launched only on device 0: out
+    assert [(t.tid, t.devices, t.gpu_idle_ns) for t in result.threads] == [(1, [1], 300 - 100 + 200 - 50), (3, [1], 0)]
+
+
+def test_sync_analysis_window_clips_calls():
+    result = run(tiny_model(), start_ns=200, end_ns=300)
+    # device sync 200-300 (device 1 busy to 250), event sync 200-300 (device 0 idle)
+    assert [(a.api_name, a.blocked_ns, a.gpu_idle_ns) for a in result.apis] == [
+        ("cudaDeviceSynchronize", 100, 50), ("cudaEventSynchronize", 100, 100)]
+
+
+def test_sync_analysis_limit_truncates():
+    result = run(tiny_model(), limit=1)
+    assert ([a.api_name for a in result.apis], len(result.threads), result.truncated) == (
+        ["cudaDeviceSynchronize"], 1, True)
+
+
+@pytest.mark.parametrize("starts, expected", [
+    ([500, 1500], []),  # two device syncs, 0.2% of the window blocked
+    ([0, 500, 1500, 10_000], []),  # ... plus one before the first and one after the last kernel
+    ([500, 1500, 2500], [("excessive-synchronization", "low", 0)]),  # recurring inside the workload
+])
+def test_sync_analysis_recurring_device_syncs(starts, expected):
+    calls = [call(s, s + 10, "cudaDeviceSynchronize", 1) for s in starts]
+    con = make_model(kernels=[k(0, 10_000, 0, 1)], cuda_api=calls)
+    assert [(f.root_cause, f.severity, f.device) for f in run(con).findings] == expected
+
+
+# --- golden: independent SQL on the raw export ------------------------------------------------------------
+RAW_SQL = """
+SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+WHERE s.value LIKE 'cudaStreamSynchronize%'
+"""
+
+
+@pytest.mark.parametrize("stem", ["nsysai_h100_2gpu_1s", "clue_t4_report4", "nsysai_mock"])
+def test_sync_analysis_stream_sync_count_matches_raw_sql(open_fixture, stem):
+    raw = sqlite3.connect(f"file:{FIXTURES / f'{stem}.sqlite'}?mode=ro", uri=True)
+    [expected] = raw.execute(RAW_SQL).fetchone()
+    result = run(open_fixture(stem).con)
+    assert expected > 0
+    assert [a.count for a in result.apis if a.api_name == "cudaStreamSynchronize"] == [expected]
+
+
+# --- planted problems on the synthetic sample ---------------------------------------------------------
+def test_sync_analysis_finds_planted_device_syncs(demo):
+    profile, truth = demo
+    plants = planted(truth, "device_sync")
+    assert len(plants) == len(truth["devices"])
+    for plant in plants:
+        result = run(profile.con, device=plant["device"])
+        [thread] = result.threads
+        assert (thread.devices, thread.device_syncs, thread.device_sync_ns) == (
+            [plant["device"]], plant["count"], plant["blocked_ns"])
+        assert thread.steady_device_syncs >= plant["count"] - 1  # the last may close the run
+        [finding] = [f for f in result.findings if f.root_cause == "excessive-synchronization"]
+        assert (finding.device, finding.evidence["device_syncs"]) == (plant["device"], plant["count"])
+        assert [f.device for f in result.findings if f.root_cause == "blocking-d2h-sync"] == [plant["device"]]
+
+
+def test_sync_analysis_quiet_on_clean(clean):
+    profile, _ = clean
+    result = run(profile.con)
+    assert (result.call_count, result.findings) == (0, [])
+
+
+# --- errors and bounds ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, message", [
+    ({"device": 9}, "device 9 is not in this profile"),
+    ({"start_ns": 300, "end_ns": 300}, "is empty"),
+    ({"start_ns": 10_000, "end_ns": 20_000}, "outside the capture"),
+])
+def test_sync_analysis_rejects_bad_scope(kw, message):
+    with pytest.raises(InvalidRequest, match=message):
+        run(tiny_model(), **kw)
+
+
+def test_sync_analysis_empty_export_has_no_window(open_fixture):
+    with pytest.raises(InvalidRequest):
+        run(open_fixture("dynamicvit_empty_export").con)
+
+
+@pytest.mark.parametrize("stem", ACTIVE_FIXTURES)
+def test_sync_analysis_default_result_is_small(open_fixture, stem):
+    result = run(open_fixture(stem).con)
+    assert len(result.model_dump_json()) < 20_000 and sa.render(result)

@@ -1,0 +1,84 @@
+"""Interval union in SQL, shared by the skills that ask "when was the GPU busy?".
+
+Everything here is CTE text: no value is formatted in (the window and devices stay the bound
+parameters `$start`, `$end`, `$devices`), and the names, sources and keys passed to the functions
+must be constants of the calling module. Compose with `"WITH " + GPU_WORK + ",\n" + gaps(...)`.
+
+- GPU_WORK: `gpu_work(device_id, stream_id, kind, start_ns, end_ns)`, every kernel ('kernel'), memcpy
+  ('memcpy') and memset ('memset') of the devices in `$devices` that overlaps [$start, $end), clipped
+  to it; zero-length operations are dropped.
+- islands(name, source, keys): `name(<keys>, start_ns, end_ns)`, the union of the intervals of
+  `source(<keys>, start_ns, end_ns)` per key as disjoint maximal islands (overlapping or touching
+  intervals merge), so busy time = sum(end_ns - start_ns).
+- gaps(name, source, keys): `name(<keys>, start_ns, end_ns)`, the idle stretches between consecutive
+  islands of a key (positive length; none before the first or after the last interval).
+- overlaps(name, probes, events, keys, payload): `name(probe_id, <payload>, start_ns, end_ns)`, the
+  pieces where a probe `probes(probe_id, <keys>, start_ns, end_ns)` and an event `events(<keys>, start_ns,
+  end_ns, <payload>)` with the same keys overlap (positive length). Summing piece lengths gives the
+  overlap time; merging a probe's pieces with islands() gives its intersection with the events' union.
+  It joins on time buckets of `$bucket_ns` by equality instead of a range join: an event no longer
+  than a bucket joins on the bucket it starts in (probes cover their buckets and the one before), a
+  longer one on every bucket it covers (pieces clipped to the bucket). No sort; rows grow with the
+  buckets a probe or long event covers and the events per bucket, so pick $bucket_ns near the typical
+  event length.
+- BUSY: GPU_WORK plus `busy(device_id, start_ns, end_ns)`, the device busy islands (any work).
+"""
+
+from __future__ import annotations
+
+GPU_WORK = """gpu_work AS (
+  SELECT device_id, stream_id, kind, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
+  FROM (SELECT device_id, stream_id, 'kernel' AS kind, start_ns, end_ns FROM kernels
+        UNION ALL SELECT device_id, stream_id, 'memcpy', start_ns, end_ns FROM memcpy
+        UNION ALL SELECT device_id, stream_id, 'memset', start_ns, end_ns FROM memset)
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
+
+
+def islands(name: str, source: str, keys: str) -> str:
+    """A row opens a new island when it starts after every end before it (in start order); a running
+    count of openings numbers the islands."""
+    return f"""{name}_open AS (
+  SELECT {keys}, start_ns, end_ns, coalesce(start_ns > max(end_ns) OVER (
+           PARTITION BY {keys} ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+         true)::INTEGER AS opens
+  FROM {source}),
+{name}_numbered AS (
+  SELECT {keys}, start_ns, end_ns,
+         sum(opens) OVER (PARTITION BY {keys} ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING) AS island
+  FROM {name}_open),
+{name} AS (
+  SELECT {keys}, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM {name}_numbered
+  GROUP BY {keys}, island)"""
+
+
+def gaps(name: str, source: str, keys: str) -> str:
+    """A gap runs from the latest end so far (in start order) to the next start, when that is later."""
+    return f"""{name}_next AS (
+  SELECT {keys}, max(end_ns) OVER w AS reach_ns, lead(start_ns) OVER w AS next_start_ns FROM {source}
+  WINDOW w AS (PARTITION BY {keys} ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)),
+{name} AS (
+  SELECT {keys}, reach_ns AS start_ns, next_start_ns AS end_ns FROM {name}_next WHERE next_start_ns > reach_ns)"""
+
+
+def overlaps(name: str, probes: str, events: str, keys: str, payload: str = "") -> str:
+    """`keys` and `payload` are comma-separated column lists (payload may be empty)."""
+    on = " AND ".join(f"p.{k.strip()} = e.{k.strip()}" for k in keys.split(","))
+    cols = "".join(f"e.{c.strip()}, " for c in payload.split(",") if c.strip())
+    buckets = "unnest(range(start_ns // $bucket_ns{lead}, (end_ns - 1) // $bucket_ns + 1)) AS bucket"
+    return f"""{name}_short AS (
+  SELECT p.probe_id, {cols}greatest(e.start_ns, p.start_ns) AS start_ns, least(e.end_ns, p.end_ns) AS end_ns
+  FROM (SELECT *, {buckets.format(lead=" - 1")} FROM {probes}) p
+  JOIN (SELECT *, start_ns // $bucket_ns AS bucket FROM {events} WHERE end_ns - start_ns <= $bucket_ns) e
+    ON {on} AND p.bucket = e.bucket),
+{name}_long AS (
+  SELECT p.probe_id, {cols}greatest(e.start_ns, p.start_ns, p.bucket * $bucket_ns) AS start_ns,
+         least(e.end_ns, p.end_ns, (p.bucket + 1) * $bucket_ns) AS end_ns
+  FROM (SELECT *, {buckets.format(lead="")} FROM {probes}) p
+  JOIN (SELECT *, {buckets.format(lead="")} FROM {events} WHERE end_ns - start_ns > $bucket_ns) e
+    ON {on} AND p.bucket = e.bucket),
+{name} AS (
+  SELECT * FROM {name}_short WHERE end_ns > start_ns
+  UNION ALL SELECT * FROM {name}_long WHERE end_ns > start_ns)"""
+
+
+BUSY = GPU_WORK + ",\n" + islands("busy", "gpu_work", "device_id")
