@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -64,10 +65,11 @@ async def _load(store: ProfileStore, ref: str, ctx: Context | None):
     if found:
         return found
     builders: list[Builder] = []
+    token = anyio.lowlevel.current_token()  # the builder reports from threads anyio did not start
 
     def progress(done: int, total: int, label: str) -> None:
         if ctx is not None:
-            anyio.from_thread.run(ctx.report_progress, done, total, label)
+            anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
 
     try:
         return await anyio.to_thread.run_sync(lambda: store.load(ref, progress, builders.append),

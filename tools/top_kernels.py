@@ -14,10 +14,20 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.tools.common import (
-    DEFAULT_LIMIT, Finding, LimitParam, Scope, ScopedParams, fetch_capped, ms, pct, resolve_scope, scope_args,
+    DEFAULT_LIMIT,
+    Finding,
+    LimitParam,
+    Scope,
+    ScopedParams,
+    fetch_capped,
+    ms,
+    pct,
+    resolve_scope,
+    scope_args,
 )
 
 HOTSPOT_PCT = 30.0  # one kernel above this share of GPU time is worth optimising on its own
+# NCCL kernels are excluded: their time includes waiting for peers (see nccl_breakdown).
 
 
 class Params(ScopedParams):
@@ -91,7 +101,8 @@ def findings(result: Result) -> list[Finding]:
                     title=f"{row.name} takes {row.kernel_time_pct:.1f}% of kernel time",
                     evidence={"kernel_time_pct": row.kernel_time_pct, "total_ns": row.total_ns, "count": row.count},
                     time_at_stake_ns=row.total_ns // 2, device=row.device)
-            for row in result.rows if row.kernel_time_pct > HOTSPOT_PCT and result.kernel_count > 1]
+            for row in result.rows
+            if row.kernel_time_pct > HOTSPOT_PCT and result.kernel_count > 1 and row.category != "nccl"]
 
 
 def render(result: Result) -> str:

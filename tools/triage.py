@@ -146,9 +146,13 @@ def render(result: Result) -> str:
              f"{c.communication_pct:.1f}%  idle {c.idle_pct:.1f}%", ""]
     if not result.findings:
         lines.append("No detector fired: nothing above its threshold.")
+    explained: set[str] = set()
     for f in result.findings:
-        where = f" (device {f.device})" if f.device is not None else ""
-        lines.append(f"{f.rank}. [{f.severity}] {f.title}{where}: ~{ms(f.time_at_stake_ns)} at stake")
+        lines.append(f"{f.rank}. [{f.severity}] {f.title}: ~{ms(f.time_at_stake_ns)} at stake")
+        if f.root_cause in explained:
+            lines.append(f"   cause: {f.root_cause} (see above)")
+            continue
+        explained.add(f.root_cause)
         lines.append(f"   cause: {f.book_title} <{f.book_uri}>")
         lines.append(f"   fix: {f.fix}")
         lines.append(f"   verify: {f.verify}")

@@ -1,0 +1,122 @@
+"""triage and answer_questions: planted problems found and ranked, clean sample quiet, book ids resolve,
+answers checked against independent SQL on the raw export."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from conftest import FIXTURE_IDS, FIXTURES, planted
+
+from nsightful.resources import book
+from nsightful.tools import answer_questions, triage
+
+# planted kind -> the root cause triage must name for it
+PLANTED_CAUSES = {
+    "idle_gap": "gpu-bubbles",
+    "gc_pause": "gc-pauses",
+    "tiny_kernels": "small-kernel-overhead",
+    "pageable_h2d": "pageable-host-memory",
+    "small_d2h": "blocking-d2h-sync",
+    "device_sync": "excessive-synchronization",
+    "nccl_straggler": "nccl-straggler",
+    "slow_first_iteration": "profiler-window-on-warmup",
+}
+
+
+@pytest.fixture(scope="module")
+def demo_triage(demo):
+    profile, truth = demo
+    return triage.run(profile.con, triage.Params(profile="demo")), truth
+
+
+@pytest.mark.parametrize("kind, cause", sorted(PLANTED_CAUSES.items()))
+def test_triage_finds_each_planted_problem(demo_triage, kind, cause):
+    result, truth = demo_triage
+    assert planted(truth, kind), f"the demo sample plants no {kind}"
+    causes = {f.root_cause for f in result.findings}
+    assert cause in causes, f"planted {kind} not reported as {cause} (found: {sorted(causes)})"
+
+
+def test_triage_names_the_straggler_device(demo_triage):
+    result, truth = demo_triage
+    straggler = planted(truth, "nccl_straggler")[0]["device"]
+    assert [f.device for f in result.findings if f.root_cause == "nccl-straggler"] == [straggler]
+
+
+def test_triage_ranks_by_time_at_stake_and_cites_the_book(demo_triage):
+    result, _ = demo_triage
+    stakes = [f.time_at_stake_ns for f in result.findings]
+    assert stakes == sorted(stakes, reverse=True)
+    assert [f.rank for f in result.findings] == list(range(1, len(result.findings) + 1))
+    for f in result.findings:
+        entry = book.get_entry(f.root_cause)
+        assert f.book_uri == f"nsightful://book/{entry.id}" and f.fix == entry.fixes[0] and f.verify == entry.verify
+
+
+def test_triage_clean_sample_is_quiet(clean):
+    profile, _ = clean
+    result = triage.run(profile.con, triage.Params(profile="clean"))
+    loud = [f"{f.root_cause}: {f.title}" for f in result.findings if f.severity in ("high", "medium")]
+    assert loud == []
+    assert result.classification.bound == "compute-bound"
+
+
+@pytest.mark.parametrize("stem", FIXTURE_IDS)
+def test_triage_every_fixture_resolves_its_book_ids(open_fixture, stem):
+    result = triage.run(open_fixture(stem).con, triage.Params(profile=stem))
+    for f in result.findings:
+        book.get_entry(f.root_cause)
+    if stem == "dynamicvit_empty_export":
+        assert result.classification.bound == "no GPU activity" and result.findings == []
+        assert {m.data for m in result.missing} >= {"kernels", "nvtx"}
+
+
+def test_triage_markdown_has_a_row_per_finding(demo_triage):
+    result, _ = demo_triage
+    text = triage.render_markdown(result)
+    assert sum(line.startswith("| ") and "nsightful://book/" in line for line in text.splitlines()) == len(
+        result.findings)
+
+
+def _raw(stem: str) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{FIXTURES / stem}.sqlite?mode=ro", uri=True)
+
+
+def _answers(open_fixture, stem: str) -> dict[str, answer_questions.Answer]:
+    result = answer_questions.run(open_fixture(stem).con, answer_questions.Params(profile=stem))
+    return {a.id: a for a in result.answers}
+
+
+def test_answer_questions_from_a_real_profile(open_fixture):
+    answers = _answers(open_fixture, "nsysai_h100_2gpu_1s")
+    raw = _raw("nsysai_h100_2gpu_1s")
+    tiny = raw.execute('SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE "end" - start < 10000').fetchone()[0]
+    h2d = raw.execute("SELECT count(*), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 1").fetchone()
+    assert answers["q01-gpu-hardware"].evidence == {"devices": [0, 1]}
+    assert answers["q13-small-kernels"].evidence["tiny_count"] == tiny
+    assert answers["q16-h2d-volume"].evidence == {"count": h2d[0], "bytes": h2d[1]}
+    assert answers["q12-dominant-kernel"].value.startswith("yes: the largest")
+    assert answers["q22-dominant-collective"].value == "no NCCL kernels in this profile"
+    assert answers["q04-batch-and-sequence"].status == "needs_user" and answers["q04-batch-and-sequence"].how
+
+
+def test_answer_questions_every_question_has_one_status(open_fixture):
+    result = answer_questions.run(open_fixture("fuser_h200_crossentropy").con,
+                                  answer_questions.Params(profile="fuser"))
+    assert len(result.answers) == len(book.load_questions())
+    assert result.answered + result.not_in_profile + result.needs_user == len(result.answers)
+    for a in result.answers:
+        assert (a.value is not None) == (a.status == "answered")
+        assert a.status == "answered" or a.how
+
+
+def test_answer_questions_empty_profile_answers_nothing_from_data(open_fixture):
+    result = answer_questions.run(open_fixture("dynamicvit_empty_export").con,
+                                  answer_questions.Params(profile="empty", phase="kernels"))
+    assert result.answered == 0 and {a.phase for a in result.answers} == {"kernels"}
+
+
+def test_answer_questions_unknown_phase_names_the_valid_ones(open_fixture):
+    with pytest.raises(book.UnknownPhase, match="orientation"):
+        answer_questions.run(open_fixture("nsysai_mock").con, answer_questions.Params(profile="m", phase="nope"))
