@@ -14,12 +14,12 @@ from pathlib import Path
 import anyio
 import jsonschema
 import pytest
+from conftest import FIXTURE_FILES, FIXTURES
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from nsightful.server.app import build_server
 from nsightful.tools import TOOL_NAMES
-from conftest import FIXTURE_FILES, FIXTURES
 
 LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile"}
 MAX_RESULT_CHARS = 20_000  # the budget every default result must fit (structured + text)
