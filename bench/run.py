@@ -23,7 +23,8 @@ SOURCE = SHARED / "fixtures/nsys/nsysai_h100_2gpu_1s.sqlite"
 BIG = Path(os.environ.get("NSIGHTFUL_BENCH_PROFILE", "/tmp/nsightful-bench/big.sqlite"))
 COPIES = 500
 REPEATS = 5
-TOOL_ARGS = {"query_sql": {"sql": "SELECT device_id, count(*), sum(duration_ns) FROM kernels GROUP BY 1"}}
+TOOL_ARGS = {"query_sql": {"sql": "SELECT device_id, count(*), sum(duration_ns) FROM kernels GROUP BY 1"},
+             "find_kernels": {"pattern": "gemm"}}
 
 CHILD = r"""
 import json, resource, sys, time
@@ -63,7 +64,7 @@ def make_profile() -> None:
 def child(cache: Path, mode: str) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD, str(BIG), str(cache), mode, json.dumps(TOOL_ARGS),
                            str(REPEATS)], check=True, capture_output=True, text=True)
-    return json.loads(done.stdout)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def machine() -> str:

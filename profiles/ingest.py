@@ -24,6 +24,7 @@ BUILD_SETTINGS = {
     "memory_limit": "1200MB",  # keeps peak RSS of a multi-GB export near 1.5 GB; DuckDB spills past it
     "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
 }
+NO_PROGRESS_BAR = "SET enable_progress_bar = false"  # progress goes to MCP notifications, never to stdout
 
 Progress = Callable[[int, int, str], None]
 
@@ -79,6 +80,7 @@ class Builder:
     def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None):
         self.raw, self.out, self.progress = raw, out, progress
         self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS})
+        self.con.execute(NO_PROGRESS_BAR)
         self.cancelled = threading.Event()
         self.enum_source = "profile"
         self.done = 0
@@ -382,6 +384,8 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
             b.sync(cur)
 
         cursors = [b.con.cursor(), b.con.cursor()]
+        for cur in cursors:
+            cur.execute(NO_PROGRESS_BAR)
         try:
             with ThreadPoolExecutor(max_workers=2) as pool:
                 for future in [pool.submit(fn, cur) for fn, cur in zip((host_side, gpu_side), cursors, strict=True)]:

@@ -190,33 +190,69 @@ ANSWERERS: dict[str, Answerer] = {
 }
 
 
-def _headline(con, tool: str, pid: str) -> str | None:
-    from nsightful.tools import skills
-    module = skills()[tool]
+def _bound(con):
+    from nsightful.tools.triage import classify
+    c = classify(con, None, set())
+    if c.bound == "no GPU activity":
+        return None
+    return f"{c.bound}: {c.reason}", c.model_dump(exclude={"bound", "reason"})
+
+
+def _utilization(con):
+    from nsightful.tools import gpu_utilization as gu
     try:
-        result = module.run(con, module.Params(profile=pid))
+        result = gu.run(con, gu.Params(profile="-"))
     except InvalidRequest:
         return None
-    return module.render(result).splitlines()[0]
+    per_device = {d.device: d.busy_pct for d in result.devices}
+    text = ", ".join(f"device {d} {p:.1f}%" for d, p in per_device.items())
+    return f"busy (kernels, copies, memsets) over the GPU-active window: {text}", {"busy_pct": per_device}
 
 
-def answer(con, q: book.Question, pid: str) -> Answer:
+ANSWERERS["q30-bound-type"] = _bound
+ANSWERERS["q07-gpu-utilization"] = _utilization
+COSTLY_TOOLS = {"triage"}  # runs every detector: pointed to, not run, per question
+
+
+class _Headlines:
+    """First line of each tool's rendered result, each tool run at most once per call."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, pid: str):
+        self.con, self.pid, self.lines = con, pid, {}
+
+    def __call__(self, tool: str) -> str | None:
+        if tool not in self.lines:
+            from nsightful.tools import skills
+            module = skills()[tool]
+            try:
+                result = module.run(self.con, module.Params(profile=self.pid))
+                self.lines[tool] = module.render(result).splitlines()[0]
+            except InvalidRequest:
+                self.lines[tool] = None
+        return self.lines[tool]
+
+
+def answer(con, q: book.Question, headline: _Headlines) -> Answer:
     base = {"id": q.id, "phase": q.phase}
     found = ANSWERERS[q.id](con) if q.id in ANSWERERS else None
     if found:
-        return Answer(**base, status="answered", value=found[0], evidence=found[1], tool=q.answered_by[0],
-                      how=None)
-    if q.answered_by and q.id not in ANSWERERS and (line := _headline(con, q.answered_by[0], pid)):
-        return Answer(**base, status="answered", value=line, tool=q.answered_by[0], how=None)
-    if q.answered_by:
-        return Answer(**base, status="not_in_profile", value=None, tool=q.answered_by[0],
+        return Answer(**base, status="answered", value=found[0], evidence=found[1], tool=q.answered_by[0], how=None)
+    tool = q.answered_by[0] if q.answered_by else None
+    if tool in COSTLY_TOOLS:
+        return Answer(**base, status="needs_user", value=None, tool=tool,
+                      how=q.ask_or_capture or "run triage: it ranks the findings, each with fix and verification")
+    if tool and q.id not in ANSWERERS and (line := headline(tool)):
+        return Answer(**base, status="answered", value=line, tool=tool, how=None)
+    if tool:
+        return Answer(**base, status="not_in_profile", value=None, tool=tool,
                       how=q.ask_or_capture or "re-capture with `nsys profile --trace=cuda,nvtx,osrt`")
     return Answer(**base, status="needs_user", value=None, tool=None, how=q.ask_or_capture)
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     questions = book.questions_for_phase(params.phase) if params.phase else book.load_questions()
-    answers = [answer(con, q, params.profile) for q in questions]
+    headline = _Headlines(con, params.profile)
+    answers = [answer(con, q, headline) for q in questions]
     count = {s: sum(a.status == s for a in answers) for s in ("answered", "not_in_profile", "needs_user")}
     return Result(profile=params.profile, answers=answers, **count)
 
