@@ -15,9 +15,10 @@ from pathlib import Path
 
 import duckdb
 
-from nsightful.profiles.duck import OFFLINE
+from nsightful.profiles.duck import OFFLINE, load_sqlite_scanner
 from nsightful.profiles.errors import LoadCancelled
-from nsightful.profiles.model import MODEL_VERSION, TABLES
+from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_rows, meta_row
+from nsightful.profiles.model import MODEL_VERSION, ddl
 from nsightful.profiles.raw import RawExport
 
 BUILD_SETTINGS = {
@@ -112,11 +113,13 @@ class Builder:
         return f'raw."{self.raw.real_name(table)}"'
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
-    def load_list(self, table: str, columns: list[str], rows: list[tuple]) -> None:
-        decl = ", ".join(columns)
-        self.sql(f"CREATE TABLE {table} ({decl})")
+    def create(self, table: str, cur: duckdb.DuckDBPyConnection | None = None) -> None:
+        self.sql(ddl(table), cur)
+
+    def load_list(self, table: str, rows: list[tuple]) -> None:
+        self.create(table)
         if rows:
-            self.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(columns))})", rows)
+            self.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
 
     def strings(self) -> None:
         rows = self.raw.rows("StringIds", "id, value") if self.raw.has("StringIds") else []
@@ -151,8 +154,8 @@ class Builder:
         procs = []
         if {"pid", "name"} <= self.cols("PROCESSES"):
             procs = sorted({(int(pid), name) for pid, name in self.raw.rows("PROCESSES", "pid, name")})
-        self.load_list("processes", ["pid BIGINT", "name VARCHAR"], procs)
-        self.sql("CREATE TABLE threads (pid BIGINT, tid BIGINT, name VARCHAR)")
+        self.load_list("processes", procs)
+        self.create("threads")
         if {"nameId", "globalTid"} <= self.cols("ThreadNames"):
             self.sql(f"""INSERT INTO threads SELECT DISTINCT {PID_SQL.format(col='r.globalTid')},
                          {TID_SQL.format(col='r.globalTid')}, s.value
@@ -161,8 +164,7 @@ class Builder:
     # --- activity tables, scanned by DuckDB ------------------------------------------------------
     def cuda_api(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_RUNTIME"
-        self.sql("""CREATE TABLE cuda_api (pid BIGINT, tid BIGINT, correlation_id BIGINT, name VARCHAR,
-                    start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT, kind VARCHAR, return_value BIGINT)""", cur)
+        self.create("cuda_api", cur)
         if not self.raw.has(t):
             return
         self.sql(f"""CREATE TABLE _api_names AS
@@ -176,8 +178,7 @@ class Builder:
             FROM {self.src(t)} r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
     def kernels(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_KERNEL"
-        columns = ", ".join(f"{c[0]} {c[1]}" for c in _table("kernels").columns)
-        self.sql(f"CREATE TABLE kernels ({columns})", cur)
+        self.create("kernels", cur)
         if not self.raw.has(t):
             return
         pattern = "|".join(NCCL_COLLECTIVES)
@@ -201,10 +202,7 @@ class Builder:
 
     def memcpy(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMCPY"
-        self.sql("""CREATE TABLE memcpy (device_id INTEGER, stream_id INTEGER, pid BIGINT, tid BIGINT,
-                    correlation_id BIGINT, start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT, bytes BIGINT,
-                    direction VARCHAR, src_kind VARCHAR, dst_kind VARCHAR, src_device_id INTEGER,
-                    dst_device_id INTEGER, api_name VARCHAR)""", cur)
+        self.create("memcpy", cur)
         if not self.raw.has(t):
             return
         self.sql(f"""INSERT INTO memcpy SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
@@ -219,9 +217,7 @@ class Builder:
 
     def memset(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMSET"
-        self.sql("""CREATE TABLE memset (device_id INTEGER, stream_id INTEGER, pid BIGINT, tid BIGINT,
-                    correlation_id BIGINT, start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT, bytes BIGINT,
-                    mem_kind VARCHAR)""", cur)
+        self.create("memset", cur)
         if not self.raw.has(t):
             return
         self.sql(f"""INSERT INTO memset SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')}, a.tid,
@@ -232,9 +228,7 @@ class Builder:
 
     def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
-        self.sql("""CREATE TABLE sync (device_id INTEGER, stream_id INTEGER, pid BIGINT, tid BIGINT,
-                    correlation_id BIGINT, start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT, sync_type VARCHAR,
-                    api_name VARCHAR)""", cur)
+        self.create("sync", cur)
         if not self.raw.has(t):
             return
         self.sql(f"""INSERT INTO sync SELECT nullif(r.deviceId, {NO_ID}), nullif(r.streamId, {NO_ID}),
@@ -268,7 +262,8 @@ class Builder:
                        UNION ALL SELECT NULL, gtid, end_ns, -1, 0 FROM pp)
             SELECT rid, (sum(step) OVER (PARTITION BY gtid ORDER BY t, step, tie DESC) - 1)::INTEGER AS depth
             FROM events QUALIFY rid IS NOT NULL""")
-        self.sql("""CREATE TABLE nvtx AS
+        self.create("nvtx")
+        self.sql("""INSERT INTO nvtx
             WITH domains AS (SELECT domain_id, any_value(text) AS name FROM _nvtx
                              WHERE etype = 'NvtxDomainCreate' GROUP BY domain_id)
             SELECT ((n.gtid >> 24) & 16777215)::BIGINT AS pid, (n.gtid & 16777215)::BIGINT AS tid,
@@ -282,22 +277,21 @@ class Builder:
 
     def os_runtime(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "OSRT_API"
-        self.sql("""CREATE TABLE os_runtime (pid BIGINT, tid BIGINT, name VARCHAR, start_ns BIGINT, end_ns BIGINT,
-                    duration_ns BIGINT)""", cur)
+        self.create("os_runtime", cur)
         if self.raw.has(t):
             self.sql(f"""INSERT INTO os_runtime SELECT {PID_SQL.format(col='r.globalTid')},
                     {TID_SQL.format(col='r.globalTid')}, s.value, r.start, r."end", r."end" - r.start
                 FROM {self.src(t)} r LEFT JOIN _strings s ON s.id = r.nameId""", cur)
 
     def cpu_samples(self, cur: duckdb.DuckDBPyConnection) -> None:
-        self.sql("CREATE TABLE cpu_samples (pid BIGINT, tid BIGINT, time_ns BIGINT, cpu INTEGER)", cur)
+        self.create("cpu_samples", cur)
         if {"start", "globalTid"} <= self.cols("COMPOSITE_EVENTS"):
             self.sql(f"""INSERT INTO cpu_samples SELECT {PID_SQL.format(col='r.globalTid')},
                     {TID_SQL.format(col='r.globalTid')}, r.start, {self.col('COMPOSITE_EVENTS', 'cpu')}
                 FROM {self.src('COMPOSITE_EVENTS')} r""", cur)
 
     def sched(self, cur: duckdb.DuckDBPyConnection) -> None:
-        self.sql("CREATE TABLE sched (pid BIGINT, tid BIGINT, time_ns BIGINT, cpu INTEGER, is_sched_in BOOLEAN)", cur)
+        self.create("sched", cur)
         if {"start", "globalTid", "isSchedIn"} <= self.cols("SCHED_EVENTS"):
             self.sql(f"""INSERT INTO sched SELECT {PID_SQL.format(col='r.globalTid')},
                     {TID_SQL.format(col='r.globalTid')}, r.start, r.cpu, r.isSchedIn <> 0
@@ -305,28 +299,22 @@ class Builder:
 
     # --- derived: devices, metadata, capabilities ----------------------------------------------
     def gpus(self) -> None:
-        from nsightful.profiles.hardware import gpu_rows
         devices = [r[0] for r in self.con.execute(
             """SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL SELECT device_id FROM memcpy
                UNION ALL SELECT device_id FROM memset) WHERE device_id IS NOT NULL ORDER BY 1""").fetchall()]
-        columns = [f"{c[0]} {c[1]}" for c in _table("gpus").columns]
-        self.load_list("gpus", columns, gpu_rows(self.raw, devices))
+        self.load_list("gpus", gpu_rows(self.raw, devices))
 
     def meta(self, source_path: Path, source_bytes: int, fingerprint: str) -> None:
-        from nsightful.profiles.hardware import meta_row
-        columns = [f"{c[0]} {c[1]}" for c in _table("meta").columns]
         windows = self.con.execute(WINDOW_SQL).fetchone()
         row = meta_row(self.raw, source_path, source_bytes, fingerprint, MODEL_VERSION, self.enum_source, windows)
-        self.load_list("meta", columns, [row])
+        self.load_list("meta", [row])
 
     def capabilities(self) -> None:
-        from nsightful.profiles.hardware import CAPTURE_FLAGS
         rows = []
         for data, (table, flag) in CAPTURE_FLAGS.items():
             count = self.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
             rows.append((data, count > 0, count, flag))
-        self.load_list("capabilities", ["data VARCHAR", "present BOOLEAN", "rows BIGINT", "capture_flag VARCHAR"],
-                       rows)
+        self.load_list("capabilities", rows)
 
 
 WINDOW_SQL = """
@@ -346,14 +334,9 @@ SELECT (SELECT min(s) FROM (SELECT s FROM spans UNION ALL SELECT s FROM host)),
 TOTAL_STEPS = 9
 
 
-def _table(name: str):
-    return next(t for t in TABLES if t.name == name)
-
-
 def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None = None,
           on_builder: Callable[[Builder], None] | None = None) -> None:
     """Write the model of `raw` into the DuckDB file `out` (which must not exist)."""
-    from nsightful.profiles.duck import load_sqlite_scanner
     b = Builder(raw, out, progress)
     if on_builder:
         on_builder(b)

@@ -160,6 +160,12 @@ TABLES: tuple[Table, ...] = (
 TABLE_NAMES = tuple(t.name for t in TABLES)
 
 
+def ddl(name: str) -> str:
+    """CREATE TABLE statement for a model table, from the columns listed above."""
+    table = next(t for t in TABLES if t.name == name)
+    return f"CREATE TABLE {name} ({', '.join(f'{c} {typ}' for c, typ, _ in table.columns)})"
+
+
 def describe_schema() -> str:
     """The model as text: one block per table, a line per column."""
     out = [__doc__.strip(), ""]

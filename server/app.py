@@ -18,7 +18,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from nsightful.profiles.errors import LoadCancelled, NsightfulError
+from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.ingest import Builder
 from nsightful.server import __version__
 from nsightful.server.store import ProfileStore
@@ -152,7 +152,7 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
             pid, profile = await _load(store, path, ctx)
             with profile.con.cursor() as cur:
                 result = summary.run(cur, summary.Params(profile=pid))
-        except (NsightfulError, LoadCancelled) as exc:
+        except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         loaded = LoadResult(profile=pid, path=str(profile.path), summary=result.model_dump(mode="json"))
         return _text_result(f"loaded {profile.path} as '{pid}'\n{summary.render(result)}", loaded)

@@ -5,6 +5,8 @@ in-memory DuckDB, inserts the given rows (dicts; missing columns are NULL, durat
 from start_ns/end_ns when absent), then derives what ingest derives: one `gpus` row per device seen
 in kernels/memcpy/memset (unless `gpus` is given), the `meta` row with capture and GPU windows (any
 field overridable through `meta={...}`) and the `capabilities` rows.
+
+union_ns(intervals) is the independent reference for interval unions: a plain Python sweep.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import duckdb
 
 from nsightful.profiles.hardware import CAPTURE_FLAGS
-from nsightful.profiles.model import MODEL_VERSION, TABLES
+from nsightful.profiles.model import MODEL_VERSION, TABLES, ddl
 
 _TABLES = {t.name: t for t in TABLES}
 _DERIVED = ("meta", "capabilities")
@@ -50,7 +52,7 @@ def make_model(meta: dict | None = None, **tables: list[dict]) -> duckdb.DuckDBP
         raise ValueError(f"unknown or derived table(s): {sorted(unknown)}")
     con = duckdb.connect(":memory:")
     for table in TABLES:
-        con.execute(f"CREATE TABLE {table.name} ({', '.join(f'{c[0]} {c[1]}' for c in table.columns)})")
+        con.execute(ddl(table.name))
     for name, rows in tables.items():
         _insert(con, name, rows)
     if "gpus" not in tables:
@@ -68,3 +70,14 @@ def make_model(meta: dict | None = None, **tables: list[dict]) -> duckdb.DuckDBP
         count = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
         _insert(con, "capabilities", [{"data": data, "present": count > 0, "rows": count, "capture_flag": flag}])
     return con
+
+
+def union_ns(intervals: list[tuple[int, int]]) -> int:
+    """Length of the union of [start, end) intervals, by a sweep in start order."""
+    total, reach = 0, None
+    for s, e in sorted(intervals):
+        if reach is None or s > reach:
+            total, reach = total + e - s, e
+        elif e > reach:
+            total, reach = total + e - reach, e
+    return total

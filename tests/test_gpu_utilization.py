@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 from conftest import FIXTURE_IDS, FIXTURES, dump, planted
-from modeldb import make_model
+from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools import gpu_utilization as gu
@@ -28,16 +28,6 @@ def run(con, **kw) -> gu.Result:
 
 
 # --- independent reference: sweep over plain Python tuples -----------------------------------------
-def union_ns(intervals: list[tuple[int, int]]) -> int:
-    total, reach = 0, None
-    for s, e in sorted(intervals):
-        if reach is None or s > reach:
-            total, reach = total + e - s, e
-        elif e > reach:
-            total, reach = total + e - reach, e
-    return total
-
-
 def at_least_two_ns(intervals: list[tuple[int, int]]) -> int:
     events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
     total, running, last = 0, 0, None

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 from conftest import FIXTURE_IDS, FIXTURES, dump, planted
-from modeldb import make_model
+from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools import nccl_breakdown as nb
@@ -29,16 +29,6 @@ def nccl(s: int, e: int, device: int = 0, stream: int = 21, coll: str = "AllRedu
 
 def run(con, **kw) -> nb.Result:
     return nb.run(con, nb.Params(profile="t", **kw))
-
-
-def union_ns(intervals: list[tuple[int, int]]) -> int:
-    total, reach = 0, None
-    for s, e in sorted(intervals):
-        if reach is None or s > reach:
-            total, reach = total + e - s, e
-        elif e > reach:
-            total, reach = total + e - reach, e
-    return total
 
 
 def overlap_ns(probe: tuple[int, int], others: list[tuple[int, int]]) -> int:

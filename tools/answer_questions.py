@@ -99,28 +99,30 @@ def _length(con):
     return f"capture {ms(duration)}, GPU active {ms(gpu)}", {"duration_ns": duration, "gpu_active_ns": gpu}
 
 
+TOP_KERNELS_SQL = """SELECT short_name, sum(duration_ns) AS t, 100.0 * sum(duration_ns) / sum(sum(duration_ns))
+                     OVER () FROM kernels GROUP BY 1 ORDER BY 2 DESC LIMIT $n"""
+
+
 def _top5(con):
-    rows = con.execute("""SELECT short_name, sum(duration_ns) t, 100.0 * sum(duration_ns) / sum(sum(duration_ns))
-                          OVER () FROM kernels GROUP BY 1 ORDER BY 2 DESC LIMIT 5""").fetchall()
+    rows = con.execute(TOP_KERNELS_SQL, {"n": 5}).fetchall()
     if not rows:
         return None
     return "; ".join(f"{n} {p:.1f}%" for n, _, p in rows), {"top_ns": [t for _, t, _ in rows]}
 
 
 def _dominant(con):
-    found = _top5(con)
-    if found is None:
+    top = con.execute(TOP_KERNELS_SQL, {"n": 1}).fetchone()
+    if top is None:
         return None
-    name, _, share = con.execute("""SELECT short_name, sum(duration_ns), 100.0 * sum(duration_ns) /
-        sum(sum(duration_ns)) OVER () FROM kernels GROUP BY 1 ORDER BY 2 DESC LIMIT 1""").fetchone()
+    name, _, share = top
     verdict = "yes" if share > DOMINANT_KERNEL_PCT else "no"
     return f"{verdict}: the largest, {name}, is {share:.1f}% of kernel time", {"kernel_time_pct": round(share, 2)}
 
 
 def _small(con):
-    n, tiny, tiny_ns, total_ns = _one(con, f"""SELECT count(*), count(*) FILTER (duration_ns < {SMALL_KERNEL_NS}),
-        coalesce(sum(duration_ns) FILTER (duration_ns < {SMALL_KERNEL_NS}), 0), coalesce(sum(duration_ns), 0)
-        FROM kernels""")
+    n, tiny, tiny_ns, total_ns = con.execute("""SELECT count(*), count(*) FILTER (duration_ns < $tiny),
+        coalesce(sum(duration_ns) FILTER (duration_ns < $tiny), 0), coalesce(sum(duration_ns), 0)
+        FROM kernels""", {"tiny": SMALL_KERNEL_NS}).fetchone()
     if not n:
         return None
     return (f"{tiny:,} of {n:,} kernels ({100 * tiny / n:.1f}%) run under 10 us, {ms(tiny_ns)} of {ms(total_ns)}",

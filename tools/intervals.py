@@ -21,6 +21,8 @@ must be constants of the calling module. Compose with `"WITH " + GPU_WORK + ",\n
   longer one on every bucket it covers (pieces clipped to the bucket). No sort; rows grow with the
   buckets a probe or long event covers and the events per bucket, so pick $bucket_ns near the typical
   event length.
+- covered(name, pieces): `name(probe_id, ns)`, per probe the length of the union of its overlap
+  pieces (from overlaps()): each piece adds what lies past the furthest end before it.
 - BUSY: GPU_WORK plus `busy(device_id, start_ns, end_ns)`, the device busy islands (any work).
 """
 
@@ -82,3 +84,12 @@ def overlaps(name: str, probes: str, events: str, keys: str, payload: str = "") 
 
 
 BUSY = GPU_WORK + ",\n" + islands("busy", "gpu_work", "device_id")
+
+
+def covered(name: str, pieces: str) -> str:
+    return f"""{name}_reach AS (
+  SELECT probe_id, start_ns, end_ns, max(end_ns) OVER (PARTITION BY probe_id ORDER BY start_ns, end_ns
+         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end FROM {pieces}),
+{name} AS (
+  SELECT probe_id, sum(greatest(0, end_ns - greatest(start_ns, coalesce(before_end, start_ns)))) AS ns
+  FROM {name}_reach GROUP BY probe_id)"""

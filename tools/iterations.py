@@ -32,7 +32,7 @@ from nsightful.tools.common import (
     resolve_scope,
     scope_args,
 )
-from nsightful.tools.intervals import overlaps
+from nsightful.tools.intervals import covered, overlaps
 
 PREFERRED = "(?i)iteration|step|iter|batch"  # names that usually mark one training step
 MIN_REPEATS = 3  # fewer repeats on every thread cannot show a steady state
@@ -133,11 +133,7 @@ probes AS (SELECT row_number() OVER () AS probe_id, i.*, d.device_id
            FROM its i, (SELECT unnest($devices) AS device_id) d),
 events AS (SELECT device_id, start_ns, end_ns FROM kernels WHERE device_id IN (SELECT unnest($devices))
            AND end_ns > $lo AND start_ns < $hi AND end_ns > start_ns),
-""" + overlaps("pieces", "probes", "events", "device_id") + """,
-reach AS (SELECT probe_id, start_ns, end_ns, max(end_ns) OVER (PARTITION BY probe_id ORDER BY start_ns, end_ns
-          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end FROM pieces),
-cov AS (SELECT probe_id, sum(greatest(0, end_ns - greatest(start_ns, coalesce(before_end, start_ns)))) AS ns
-        FROM reach GROUP BY probe_id)
+""" + overlaps("pieces", "probes", "events", "device_id") + ",\n" + covered("cov", "pieces") + """
 SELECT p.idx, sum(coalesce(c.ns, 0)) FROM probes p LEFT JOIN cov c USING (probe_id) GROUP BY p.idx
 """
 

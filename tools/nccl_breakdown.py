@@ -27,7 +27,7 @@ from nsightful.tools.common import (
     resolve_scope,
     scope_args,
 )
-from nsightful.tools.intervals import overlaps
+from nsightful.tools.intervals import covered, overlaps
 
 OVERLAP_MIN_PCT = 50.0  # book nccl-serialization: overlapped_pct well below 50% means collectives take turns
 EXPOSED_MIN_PCT = 10.0  # ... and only when the exposed time is a sizeable share of the window
@@ -97,7 +97,7 @@ class Result(BaseModel):
 
 
 # Per NCCL kernel: the pieces of other kernels of its device that overlap it (bucketed hash join, see
-# intervals.overlaps), then their union length: each piece adds what lies past the furthest end before it.
+# intervals.overlaps), then their union length (intervals.covered).
 SQL = """
 WITH k AS (
   SELECT device_id, stream_id, category = 'nccl' AS is_nccl, coalesce(nccl_collective, 'other') AS coll,
@@ -107,13 +107,7 @@ WITH k AS (
 probes AS (SELECT row_number() OVER () AS probe_id, device_id, stream_id, coll, start_ns, end_ns FROM k WHERE is_nccl),
 others AS (SELECT device_id, start_ns, end_ns FROM k WHERE NOT is_nccl
            AND device_id IN (SELECT device_id FROM probes)),
-""" + overlaps("pieces", "probes", "others", "device_id") + """,
-reach AS (
-  SELECT probe_id, start_ns, end_ns, max(end_ns) OVER (PARTITION BY probe_id ORDER BY start_ns, end_ns
-         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end FROM pieces),
-covered AS (
-  SELECT probe_id, sum(greatest(0, end_ns - greatest(start_ns, coalesce(before_end, start_ns)))) AS ns
-  FROM reach GROUP BY probe_id),
+""" + overlaps("pieces", "probes", "others", "device_id") + ",\n" + covered("covered", "pieces") + """,
 n AS (SELECT p.*, p.end_ns - p.start_ns AS dur, coalesce(c.ns, 0) AS covered
       FROM probes p LEFT JOIN covered c USING (probe_id))
 SELECT grouping(device_id), coll, stream_id, device_id, count(DISTINCT device_id), count(*), sum(dur), avg(dur),
