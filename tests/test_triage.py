@@ -120,3 +120,36 @@ def test_answer_questions_empty_profile_answers_nothing_from_data(open_fixture):
 def test_answer_questions_unknown_phase_names_the_valid_ones(open_fixture):
     with pytest.raises(book.UnknownPhase, match="orientation"):
         answer_questions.run(open_fixture("nsysai_mock").con, answer_questions.Params(profile="m", phase="nope"))
+
+
+FA3 = "void cutlass::device_kernel<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwd<2, cute::tuple<int>>>>(T1)"
+FA3_BETA = "void flash::compute_attn_ws<Ktraits_fp8<128, 128, 128, 12>, true>(Flash_fwd_params)"
+FA2 = "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::half_t>>(params)"
+
+
+@pytest.mark.parametrize("name, version, hint", [
+    (FA3, "3 (Hopper)", "flash-attn 3"),
+    (FA3_BETA, "3 (Hopper)", "flash-attn 3"),
+    (FA2, "2", "flash-attn 2"),
+    ("fmha_cutlassF_f16_aligned_64x64_rf_sm80(params)", "unknown", "another fused attention"),
+])
+def test_answer_questions_flash_version_agrees_with_profile_summary(name, version, hint):
+    from modeldb import make_model
+
+    from nsightful.tools import profile_summary
+    con = make_model(kernels=[{"device_id": 0, "stream_id": 7, "pid": 1, "start_ns": 0, "end_ns": 50,
+                               "short_name": name.split("(")[0][-40:], "name": name, "category": "compute"}])
+    answers = {a.id: a for a in answer_questions.run(con, answer_questions.Params(profile="t")).answers}
+    assert answers["q15-flashattention"].value.startswith(f"yes, version {version}")
+    summary = profile_summary.run(con, profile_summary.Params(profile="t"))
+    [flash] = [lib for lib in summary.libraries if lib.library.startswith("FlashAttention")]
+    assert hint in flash.version_hint
+
+
+def test_answer_questions_flash_version_on_a_real_profile(open_fixture):
+    raw = _raw("nsysai_mfu_2gpu_after")
+    [(name,)] = raw.execute("""SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s
+                               ON s.id = k.demangledName WHERE s.value LIKE '%flash%'""").fetchall()
+    assert name.startswith("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<")  # the flash-attn 2 layout
+    answers = _answers(open_fixture, "nsysai_mfu_2gpu_after")
+    assert answers["q15-flashattention"].value == "yes, version 2 by kernel names: flash_fwd_kernel"

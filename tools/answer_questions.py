@@ -8,7 +8,6 @@ other answerable questions take the headline of the first tool that answers them
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, Field
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.resources import book
 from nsightful.tools.common import ProfileParams, ms
+from nsightful.tools.profile_summary import FA2_RE, FA3_RE
 
 SMALL_KERNEL_NS = 10_000  # 10 us: below this launch cost rivals the kernel (veteran question 13)
 DOMINANT_KERNEL_PCT = 30.0  # veteran question 12
@@ -130,12 +130,16 @@ def _small(con):
 
 
 def _flash(con):
-    names = [r[0] for r in con.execute("""SELECT DISTINCT short_name FROM kernels WHERE lower(name) LIKE '%flash%'
-                                          OR name LIKE '%fmha%' ORDER BY 1 LIMIT 5""").fetchall()]
-    if not names:
+    rows = con.execute("""SELECT DISTINCT short_name, regexp_matches(name, $fa3), regexp_matches(name, $fa2)
+                          FROM kernels WHERE lower(name) LIKE '%flash%' OR name LIKE '%fmha%'""",
+                       {"fa3": FA3_RE, "fa2": FA2_RE}).fetchall()
+    if not rows:
         has_kernels = _one(con, "SELECT count(*) FROM kernels")[0]
         return ("no FlashAttention kernels in this capture", {}) if has_kernels else None
-    version = "3 (Hopper)" if any(re.search(r"sm90|hopper|fa3", n, re.I) for n in names) else "2 or earlier"
+    names = sorted({r[0] for r in rows})[:5]
+    # the same naming rules as profile_summary's library hints, so both tools agree
+    version = ("3 (Hopper)" if any(r[1] for r in rows) else "2" if any(r[2] for r in rows)
+               else "unknown (fused attention without flash-attn 2/3 names)")
     return f"yes, version {version} by kernel names: {', '.join(names)}", {"kernels": names}
 
 
