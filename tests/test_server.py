@@ -215,3 +215,22 @@ def test_server_inspector_reads_resources_and_prompts(cache_root):
     assert "straggler" in entry["contents"][0]["text"].lower()
     prompts = _inspector(cache_root, "--method", "prompts/list")
     assert {p["name"] for p in prompts["prompts"]} == {"triage_profile", "explain_finding", "verify_fix"}
+
+
+@pytest.fixture(scope="module")
+def eight_gpus(tmp_path_factory, cache_root):
+    from nsightful.profiles import open_profile, synth
+    path = tmp_path_factory.mktemp("eight") / "demo8.sqlite"
+    synth.write_sample(path, synth.demo(devices=8))
+    profile = open_profile(path, cache_dir=cache_root)
+    yield profile
+    profile.close()
+
+
+@pytest.mark.parametrize("name", TOOL_NAMES)
+def test_server_default_results_fit_the_budget_on_eight_gpus(eight_gpus, name):
+    """Per-device rows and findings grow with the node: a full 8-GPU node must still fit a model's context."""
+    from nsightful.tools import skills
+    module = skills()[name]
+    result = module.run(eight_gpus.con, module.Params(profile="p", **REQUIRED_ARGS.get(name, {})))
+    assert len(result.model_dump_json()) + len(module.render(result)) < MAX_RESULT_CHARS

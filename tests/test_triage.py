@@ -153,3 +153,19 @@ def test_answer_questions_flash_version_on_a_real_profile(open_fixture):
     assert name.startswith("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<")  # the flash-attn 2 layout
     answers = _answers(open_fixture, "nsysai_mfu_2gpu_after")
     assert answers["q15-flashattention"].value == "yes, version 2 by kernel names: flash_fwd_kernel"
+
+
+def test_triage_limit_keeps_the_costliest_findings(demo):
+    profile, _ = demo
+    everything = triage.run(profile.con, triage.Params(profile="demo", limit=100))
+    top = triage.run(profile.con, triage.Params(profile="demo", limit=3))
+    assert everything.total_findings == len(everything.findings) > 3 and not everything.truncated
+    assert top.truncated and top.total_findings == everything.total_findings
+    leads = {}
+    for f in everything.findings:
+        leads.setdefault(f.root_cause, f)
+    expected = list(leads.values())[:3]  # each cause's costliest, before any per-device repeat
+    assert [(f.root_cause, f.device, f.time_at_stake_ns) for f in top.findings] == [
+        (f.root_cause, f.device, f.time_at_stake_ns) for f in expected]
+    assert [f.rank for f in top.findings] == [1, 2, 3]
+    assert f"{everything.total_findings - 3} smaller findings" in triage.render(top)

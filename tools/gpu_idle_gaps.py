@@ -21,7 +21,6 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.tools.common import (
-    DEFAULT_LIMIT,
     Finding,
     LimitParam,
     Scope,
@@ -42,6 +41,7 @@ BUBBLES_PCT = 10.0  # book gpu-bubbles: gaps worth chasing once they pass ~10% o
 SYNC_GAP_PCT = 1.0  # idle gaps spent in host syncs above this share of the window: a sync problem
 BUCKETS_MS = ((0, 1), (1, 2), (2, 5), (5, 10), (10, 50), (50, 100), (100, None))  # histogram, ms
 NVTX_NAMES = 3  # innermost ranges reported per gap
+GAP_ROWS = 10  # default rows: the largest gaps tell the story; totals, histogram and groups cover all
 KERNEL_HORIZON_NS = 1_000_000_000  # kernel_before/after: the nearest kernel within this distance
 OVERLAP_BUCKETS = 20_000  # time buckets for the gap x host-call join: bounds its rows, keeps calls in one
 GC_MAX_PAUSE_NS = 100_000_000  # a collection pass takes ms to tens of ms; longer periodic gaps are other waits
@@ -51,7 +51,7 @@ HostActivity = Literal["sync", "memcpy", "launch", "other", "mixed", "nothing tr
 class Params(ScopedParams):
     min_gap_ns: Annotated[int, Field(description="Shortest idle stretch reported, ns", ge=1000)] = 1_000_000
     per_stream: Annotated[bool, Field(description="Gaps per (device, stream) instead of per device")] = False
-    limit: LimitParam = DEFAULT_LIMIT
+    limit: LimitParam = GAP_ROWS
 
 
 class Gap(BaseModel):

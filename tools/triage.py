@@ -9,7 +9,7 @@ communication_pct (NCCL kernels) and idle_pct (100 - union busy %, from gpu_util
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import duckdb
 from pydantic import BaseModel, Field
@@ -21,13 +21,15 @@ from nsightful.tools.common import Finding, ProfileParams, ms, pct
 DETECTORS = ("gpu_utilization", "gpu_idle_gaps", "top_kernels", "kernel_launch_overhead", "memory_transfers",
              "sync_analysis", "nccl_breakdown", "thread_utilization", "iterations", "nvtx_breakdown")
 IDLE_DOMINATED_PCT = 40.0  # idle above this share of the active window outweighs any kernel-level tuning
+MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
 Bound = Literal["compute-bound", "memory/transfer-bound", "communication-bound", "host-bound", "idle-dominated",
                 "no GPU activity"]
 
 
 class Params(ProfileParams):
-    pass
+    limit: Annotated[int, Field(description="Most findings returned, costliest first; the rest are counted in "
+                                            "total_findings", ge=1, le=MAX_FINDINGS)] = 10
 
 
 class RankedFinding(Finding):
@@ -58,7 +60,9 @@ class Classification(BaseModel):
 class Result(BaseModel):
     profile: str
     classification: Classification
-    findings: list[RankedFinding]
+    findings: list[RankedFinding] = Field(description="at most `limit`, ranked by time at stake")
+    total_findings: int = Field(description="findings before the limit")
+    truncated: bool
     missing: list[Missing] = Field(description="what the profile cannot tell, and the nsys flag that captures it")
     skipped: list[str] = Field(description="detectors that could not run on this profile, with why")
 
@@ -79,20 +83,31 @@ def _confidence(f: Finding) -> Literal["high", "medium", "low"]:
     return {"high": "high", "medium": "medium"}.get(f.severity, "low")
 
 
-def _rank(found: list[tuple[str, Finding]]) -> list[RankedFinding]:
+def _rank(found: list[tuple[str, Finding]], limit: int) -> tuple[list[RankedFinding], int]:
+    """The `limit` findings to show, costliest first, and how many there were in all.
+
+    One per (root cause, device), the costliest kept. When cut, every root cause's costliest
+    finding is kept before any per-device repeat, so eight devices with the same problem cannot
+    push a different cause off the list.
+    """
     best: dict[tuple[str, int | None], tuple[str, Finding]] = {}
     for tool, f in found:
         key = (f.root_cause, f.device)
         if key not in best or f.time_at_stake_ns > best[key][1].time_at_stake_ns:
             best[key] = (tool, f)
     ordered = sorted(best.values(), key=lambda tf: (-tf[1].time_at_stake_ns, SEVERITY_RANK[tf[1].severity]))
+    leads, repeats, seen = [], [], set()
+    for tf in ordered:
+        (repeats if tf[1].root_cause in seen else leads).append(tf)
+        seen.add(tf[1].root_cause)
+    chosen = {id(tf) for tf in (leads + repeats)[:limit]}
     out = []
-    for i, (tool, f) in enumerate(ordered, start=1):
+    for tool, f in (tf for tf in ordered if id(tf) in chosen):
         entry = book.get_entry(f.root_cause)
-        out.append(RankedFinding(**f.model_dump(), rank=i, source_tool=tool, confidence=_confidence(f),
+        out.append(RankedFinding(**f.model_dump(), rank=len(out) + 1, source_tool=tool, confidence=_confidence(f),
                                  book_uri=book.entry_uri(entry.id), book_title=entry.title, fix=entry.fixes[0],
                                  verify=entry.verify))
-    return out
+    return out, len(ordered)
 
 
 def classify(con: duckdb.DuckDBPyConnection, idle_pct: float | None, host_flags: set[str]) -> Classification:
@@ -132,11 +147,12 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         found.extend((name, f) for f in result.findings)
         if name == "gpu_utilization":
             idle_pct = getattr(result, "idle_pct", None)
-    ranked = _rank(found)
+    ranked, total = _rank(found, params.limit)
     missing = [Missing(data=d, capture_flag=f) for d, f in
                con.execute("SELECT data, capture_flag FROM capabilities WHERE NOT present ORDER BY data").fetchall()]
-    return Result(profile=params.profile, classification=classify(con, idle_pct, {f.root_cause for f in ranked}),
-                  findings=ranked, missing=missing, skipped=skipped)
+    causes = {f.root_cause for _, f in found}
+    return Result(profile=params.profile, classification=classify(con, idle_pct, causes), findings=ranked,
+                  total_findings=total, truncated=total > len(ranked), missing=missing, skipped=skipped)
 
 
 def render(result: Result) -> str:
@@ -156,6 +172,8 @@ def render(result: Result) -> str:
         lines.append(f"   cause: {f.book_title} <{f.book_uri}>")
         lines.append(f"   fix: {f.fix}")
         lines.append(f"   verify: {f.verify}")
+    if result.truncated:
+        lines.append(f"... {result.total_findings - len(result.findings)} smaller findings: raise `limit` to see them")
     if result.missing:
         lines.append("")
         lines.append("Not in this profile: " + "; ".join(f"{m.data} ({m.capture_flag})" for m in result.missing))
@@ -173,6 +191,8 @@ def render_markdown(result: Result) -> str:
             fix = f.fix.replace("|", "\\|")
             lines.append(f"| {f.rank} | {f.severity} | {f.title.replace('|', '/')} | {ms(f.time_at_stake_ns)} | "
                          f"[{f.root_cause}]({f.book_uri}) | {fix} |")
+    if result.truncated:
+        lines += ["", f"{result.total_findings - len(result.findings)} smaller findings not shown."]
     if result.missing:
         lines += ["", "**Not in this profile:** " + "; ".join(f"{m.data} (`{m.capture_flag}`)" for m in result.missing)]
     return "\n".join(lines)
