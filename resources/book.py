@@ -2,6 +2,11 @@
 
 Each entry is one `book/<id>.md` file: TOML front matter between `+++` lines, then a markdown body.
 Adding a file adds an entry; there is no registry to edit.
+
+Fixes are written per program family (`for`): pytorch, python (any Python program), cuda (C, C++, CUDA C,
+CUDA Fortran), offload (OpenMP/OpenACC offload) and generic; a fix with `when` fits only findings that carry
+that tag (e.g. copies that are already pinned). `applies_to` names the families in which the cause can
+occur at all (default: every program).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from nsightful.profiles.errors import NsightfulError
 
+Family = Literal["pytorch", "python", "cuda", "offload", "generic"]
+FAMILIES: tuple[str, ...] = get_args(Family)
 Phase = Literal["orientation", "gpu-utilization", "kernels", "memory", "communication", "system",
                 "hypothesis", "verification", "meta"]
 PHASES: tuple[str, ...] = get_args(Phase)
@@ -48,17 +55,46 @@ class Signal(_Strict):
     threshold: str = _NonEmpty
 
 
+class Fix(_Strict):
+    family: Family = Field(alias="for")
+    when: str | None = None
+    text: str = _NonEmpty
+
+
 class Entry(_Strict):
     id: str = _NonEmpty
     title: str = _NonEmpty
     symptom: str = _NonEmpty
     mechanism: str = _NonEmpty
     signals: tuple[Signal, ...] = _NonEmpty
-    fixes: tuple[str, ...] = _NonEmpty
+    applies_to: tuple[Family, ...] = ("generic",)
+    fixes: tuple[Fix, ...] = _NonEmpty
     verify: str = _NonEmpty
     related_questions: tuple[str, ...] = _NonEmpty
     sources: tuple[str, ...] = _NonEmpty
     body: str = _NonEmpty
+
+    @model_validator(mode="after")
+    def _has_a_fix_for_every_family_it_applies_to(self) -> Entry:
+        plain = {f.family for f in self.fixes if f.when is None}
+        missing = [family for family in self.applies_to if family not in plain]
+        if missing:
+            raise ValueError(f"no fix without `when` for {', '.join(missing)} (applies_to needs one per family)")
+        return self
+
+    def applies(self, chain: tuple[str, ...]) -> bool:
+        """Whether the cause can occur in a program whose fix families are `chain` (most specific first)."""
+        return "generic" in self.applies_to or bool(set(chain) & set(self.applies_to))
+
+    def fix_for(self, chain: tuple[str, ...], tags: tuple[str, ...] | list[str] = ()) -> Fix:
+        """The first fix of the most specific family in `chain` that has one: a fix whose `when` is among
+        `tags` before a plain one. `chain` should end with 'generic'."""
+        for family in chain:
+            mine = [f for f in self.fixes if f.family == family]
+            chosen = [f for f in mine if f.when in tags] or [f for f in mine if f.when is None]
+            if chosen:
+                return chosen[0]
+        return next(f for f in self.fixes if f.when is None and f.family in self.applies_to)
 
 
 class Question(_Strict):
@@ -161,7 +197,7 @@ def render_entry(entry: Entry) -> str:
         "## Signals",
         "\n".join(_signals_table(entry.signals)),
         "## Fixes",
-        "\n".join(f"- {fix}" for fix in entry.fixes),
+        "\n".join(f"- **{fix.family}**{f' ({fix.when})' if fix.when else ''}: {fix.text}" for fix in entry.fixes),
         "## Verify",
         entry.verify,
         "## In detail",

@@ -30,7 +30,7 @@ def test_book_entry_fields_are_all_non_empty(item):
         assert value, f"{item.id}: {name} is empty"
     for signal in item.signals:
         assert signal.tool and signal.figure and signal.threshold
-    assert all(fix.strip() for fix in item.fixes)
+    assert all(fix.text.strip() for fix in item.fixes)
 
 
 @_by_id(ENTRIES)
@@ -64,7 +64,7 @@ def test_book_render_entry_contains_fixes_and_signals(item):
     assert text.startswith(f"# {item.title}")
     assert book.entry_uri(item.id) in text
     for fix in item.fixes:
-        assert fix in text
+        assert fix.text in text
     for signal in item.signals:
         assert f"`{signal.tool}`" in text
 

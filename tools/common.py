@@ -59,8 +59,11 @@ class Finding(BaseModel):
     severity: Severity
     title: str = Field(description="one line: what was found")
     evidence: dict[str, int | float | str] = Field(description="the figures that decided it, units in keys")
-    time_at_stake_ns: int = Field(description="estimated time that fixing it could recover, ns")
-    device: int | None = None
+    time_at_stake_ns: int = Field(description="device time in the analysed window that fixing it could recover, on "
+                                              "`device`, ns; never more than the window; 0 when the data cannot say")
+    device: int | None = Field(None, description="the device whose time is at stake; null only when nothing is")
+    tags: list[str] = Field(default_factory=list, description="what kind of case this is (e.g. 'pinned', "
+                                                             "'gemm-fp32'): picks the fitting fix from the book")
 
 
 def devices_of(con: duckdb.DuckDBPyConnection) -> list[int]:

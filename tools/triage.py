@@ -105,7 +105,8 @@ def _rank(found: list[tuple[str, Finding]], limit: int) -> tuple[list[RankedFind
     for tool, f in (tf for tf in ordered if id(tf) in chosen):
         entry = book.get_entry(f.root_cause)
         out.append(RankedFinding(**f.model_dump(), rank=len(out) + 1, source_tool=tool, confidence=_confidence(f),
-                                 book_uri=book.entry_uri(entry.id), book_title=entry.title, fix=entry.fixes[0],
+                                 book_uri=book.entry_uri(entry.id), book_title=entry.title,
+                                 fix=entry.fix_for(("pytorch", "python", "generic"), f.tags).text,
                                  verify=entry.verify))
     return out, len(ordered)
 
