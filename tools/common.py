@@ -36,7 +36,7 @@ class ScopedParams(ProfileParams):
     end_ns: EndParam = None
 
 
-WindowBasis = Literal["capture", "gpu_active", "requested"]
+WindowBasis = Literal["capture", "gpu_active", "requested", "steady_state"]
 
 
 class Scope(BaseModel):
@@ -47,7 +47,8 @@ class Scope(BaseModel):
     end_ns: int
     duration_ns: int
     window_basis: WindowBasis = Field(
-        description="capture: whole capture; gpu_active: first to last GPU activity; requested: start_ns/end_ns")
+        description="capture: whole capture; gpu_active: first to last GPU activity; requested: start_ns/end_ns; "
+                    "steady_state: the steady iterations (triage)")
 
 
 Severity = Literal["high", "medium", "low", "info"]

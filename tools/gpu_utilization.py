@@ -7,7 +7,7 @@ kernel_busy_ns/_pct = the same union over kernels only; overlap_ns/_pct = time w
 once on the device. streams: per-stream union of its kernels/memcpy/memset / window. timeline: the window
 cut into `buckets` equal slices, busy_pct of each; idle_concentration_pct = share of the device's idle
 time that falls in its worst 20% of slices (about 20 when idle is spread evenly, near 100 when it sits in
-one stretch). Times in ns.
+one stretch). No findings: why the devices are idle is gpu_idle_gaps' question. Times in ns.
 """
 
 from __future__ import annotations
@@ -31,10 +31,8 @@ from nsightful.tools.common import (
 )
 from nsightful.tools.intervals import GPU_WORK
 
-BUSY_PCT_MIN = 80.0  # below this over the GPU-active window the device is starved (book: gpu-bubbles)
 NO_GPU_NOTE = ("the profile has no GPU activity (no kernel, memcpy or memset), so there is no utilization to "
                "measure; re-capture with `nsys profile --trace=cuda`")
-SEVERE_BUSY_PCT = 40.0  # idle most of the time: the bubbles outweigh any kernel-level tuning
 WORST_SHARE = 0.2  # fraction of slices whose idle time idle_concentration_pct measures
 CONCENTRATED_PCT = 50.0  # half the idle time in the worst fifth of slices: a few long stalls, not jitter
 MIN_BUCKETS_FOR_PATTERN = 5  # with fewer slices "worst 20%" is a single slice and says nothing
@@ -181,17 +179,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     bucket_count=params.buckets, bucket_ns=scope.duration_ns // params.buckets, devices=devices,
                     truncated=any(d.stream_count > params.limit for d in devices),
                     note=None if devices else NO_GPU_NOTE)
-    result.findings = findings(result)
     return result
-
-
-def findings(result: Result) -> list[Finding]:
-    return [Finding(root_cause="gpu-bubbles", severity="high" if d.busy_pct < SEVERE_BUSY_PCT else "medium",
-                    title=f"device {d.device} is idle {100 - d.busy_pct:.1f}% of the window ({d.idle_pattern})",
-                    evidence={"busy_pct": d.busy_pct, "idle_ns": d.idle_ns, "window_ns": result.scope.duration_ns,
-                              "idle_concentration_pct": d.idle_concentration_pct},
-                    time_at_stake_ns=d.idle_ns, device=d.device)
-            for d in result.devices if d.busy_pct < BUSY_PCT_MIN]
 
 
 def render(result: Result) -> str:

@@ -9,7 +9,8 @@ all its kernels), launched_kernel_ns the GPU time of their kernels, launch_to_ke
 launch_api_ns / launched_kernel_ns. queue_delay = kernel start_ns - launch_end_ns over non-graph traced
 launches (negative when the kernel starts before the call returns): median, p90, max. Graph launches:
 cuda_api calls of kind 'graph' in the window by the processes in scope, and kernels with a graph id/node
-id or a graph launch API. Times in ns.
+id or a graph launch API. Findings: the idle time launching costs the devices (launch-bound gaps, between
+tiny kernels or not), from the idle attribution (tools/idle_causes.py). Times in ns.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field
 
+from nsightful.tools import attribution, idle_causes, program
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -32,15 +34,12 @@ from nsightful.tools.common import (
     scope_args,
 )
 
-TINY_MIN_COUNT = 1000  # book small-kernel-overhead: "thousands of kernels under 10 us"
-TINY_MIN_PCT = 50.0  # ... that are most kernels in the window
-MIN_TRACED_LAUNCHES = 100  # fewer traced launches say little about launch cost vs GPU time
-QUEUE_TINY_NS = 10_000  # median queue delay below ~one launch: nothing queued ahead, the GPU waits for the host
-QUEUE_AHEAD_NS = 1_000_000  # kernels queued this long: the host runs ahead and slow launches are back-pressure
+ROOT_CAUSES = {"small-kernel-overhead", "cpu-bottleneck"}  # the idle findings this tool shows
 
 
 class Params(ScopedParams):
-    threshold_ns: Annotated[int, Field(description="Kernels shorter than this count as tiny, ns", ge=1)] = 10_000
+    threshold_ns: Annotated[int, Field(description="Kernels shorter than this count as tiny, ns", ge=1)] = (
+        attribution.TINY_KERNEL_NS)
     limit: LimitParam = DEFAULT_LIMIT
 
 
@@ -153,37 +152,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         top_tiny=[TinyKernel(name=r[0], count=r[1], total_ns=int(r[2]), mean_ns=round(r[3], 1), max_ns=r[4])
                   for r in rows],
         truncated=truncated, total_rows=rows[0][5] if rows else 0)
-    result.findings = findings(result)
+    found = idle_causes.findings(attribution.attribute(con, scope), program.detect(con))
+    result.findings = [f for f in found if f.root_cause in ROOT_CAUSES]
     return result
-
-
-def findings(result: Result) -> list[Finding]:
-    """Per device: small-kernel-overhead when tiny kernels are many and most kernels, or launching takes
-    longer than the launched kernels run (unless kernels queue > 1 ms: then slow launches are the host
-    waiting for queue space, not overhead); cpu-bottleneck when, on top of that, kernels start right after
-    their launch returns (median queue delay under 10 us)."""
-    out = []
-    for d in result.devices:
-        many_tiny = d.tiny_count > TINY_MIN_COUNT and d.tiny_kernel_pct > TINY_MIN_PCT
-        queue = d.queue_delay_median_ns
-        launch_bound = (d.launch_calls >= MIN_TRACED_LAUNCHES and d.launch_api_ns > d.launched_kernel_ns
-                        and (queue is None or queue < QUEUE_AHEAD_NS))
-        evidence = {"tiny_count": d.tiny_count, "tiny_kernel_pct": d.tiny_kernel_pct, "tiny_time_pct": d.tiny_time_pct,
-                    "launch_api_ns": d.launch_api_ns, "launched_kernel_ns": d.launched_kernel_ns}
-        if many_tiny or launch_bound:
-            out.append(Finding(
-                root_cause="small-kernel-overhead", severity="high" if many_tiny and launch_bound else "medium",
-                title=f"device {d.device}: {d.tiny_count:,} kernels under {result.threshold_ns / 1000:g} us "
-                      f"({d.tiny_kernel_pct:.0f}% of kernels, {d.tiny_time_pct:.1f}% of kernel time)",
-                evidence=evidence, time_at_stake_ns=d.tiny_launch_api_ns, device=d.device))
-        if (many_tiny or launch_bound) and queue is not None and queue < QUEUE_TINY_NS:
-            out.append(Finding(
-                root_cause="cpu-bottleneck", severity="medium",
-                title=f"device {d.device}: kernels start a median {queue / 1000:.1f} us after their launch returns "
-                      "- the GPU waits for the host",
-                evidence={**evidence, "queue_delay_median_ns": queue},
-                time_at_stake_ns=max(d.launch_api_ns - d.launched_kernel_ns, 0), device=d.device))
-    return out
 
 
 def render(result: Result) -> str:

@@ -8,7 +8,12 @@ device ran no kernel (copy interval minus the union of that device's kernels). S
 traced copy calls whose name lacks 'Async' (cudaMemcpy, ...): distinct calls and their host duration.
 Small D2H: D2H copies of <= 1 KiB; blocking when the call is synchronous, or asynchronous and followed by
 a sync call on the same thread starting within 100 us after it returns (the .item() pattern);
-blocked_ns = the copy call's duration, plus that sync's for an asynchronous copy.
+blocked_ns = the copy call's duration, plus that sync's for an asynchronous copy (the idle time such reads
+cost the devices is blocking-d2h-sync in gpu_idle_gaps).
+Findings, per device and disjoint: pageable-host-memory claims the exposed pageable copy time that pinned
+memory would save (at the pinned bandwidth measured for that direction on the device, or half of it when
+none is measured) plus the idle time of gaps the host spent in pageable copies (tools/attribution.py);
+excessive-h2d-transfers claims the rest of the exposed H2D time.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field
 
+from nsightful.tools import attribution
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -34,9 +40,11 @@ from nsightful.tools.intervals import gaps, overlaps
 
 SMALL_D2H_BYTES = 1024  # a scalar or a handful of values read back: .item(), .cpu() of a metric
 FOLLOW_NS = 100_000  # a sync starting this soon after the copy call belongs to the same host read
-SMALL_D2H_MIN = 3  # recurring, not a one-off read at the end of the run
 PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
 PAGEABLE_MIN_BYTES = 1 << 20  # ... moving enough data for staging to matter
+LARGE_COPY_PCT = 5.0  # one pageable copy this long (share of the window) matters however few there are
+PINNED_SPEEDUP = 2.0  # without a pinned copy to compare: pinned copies run at least 2x pageable (no staging)
+MIN_STAKE_PCT = 1.0  # a copy finding must be worth 1% of the window
 H2D_WINDOW_PCT = 5.0  # book excessive-h2d-transfers: H2D time above ~5% of the time
 EXPOSED_SHARE = 0.5  # most of the H2D time with no kernel running: the copy is on the critical path
 HOST_SIDE = ("H2D", "D2H", "H2H", "H2A", "A2H", "UVM_H2D", "UVM_D2H")
@@ -83,6 +91,12 @@ class Result(BaseModel):
     findings: list[Finding] = []
 
 
+class _Pageable(BaseModel):
+    """Per (device, direction) figures the findings need beyond a DirectionRow."""
+    largest_ns: int
+    async_count: int = Field(description="pageable copies issued with an *Async call: they block the host anyway")
+
+
 COPIES = """
 WITH c AS (
   SELECT row_number() OVER () AS copy_id, device_id, pid, correlation_id, direction, bytes, start_ns, end_ns,
@@ -118,6 +132,11 @@ FROM exposed GROUP BY ALL ORDER BY sum(duration_ns) DESC, direction, device LIMI
 BUCKET_SQL = """
 SELECT greatest(1000, ($end - $start) // 100000, coalesce(avg(duration_ns), 0))::BIGINT FROM memcpy
 WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end
+"""
+
+PAGEABLE_SQL = COPIES + """
+SELECT device_id, direction, max(duration_ns), count(*) FILTER (WHERE api_name LIKE '%Async%') FROM c
+WHERE host_kind = 'pageable' GROUP BY ALL
 """
 
 SYNC_COPY_SQL = COPIES + """
@@ -171,8 +190,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
     args = scope_args(scope)
     bucket = con.execute(BUCKET_SQL, args).fetchone()[0]
-    rows, truncated = fetch_capped(con, DIRECTIONS_SQL, {**args, "per_device": params.per_device, "bucket_ns": bucket},
-                                   params.limit)
+    directions = {**args, "bucket_ns": bucket}
+    rows, truncated = fetch_capped(con, DIRECTIONS_SQL, {**directions, "per_device": params.per_device}, params.limit)
     count, nbytes, ns = con.execute(COPIES + " SELECT count(*), coalesce(sum(bytes), 0), "
                                     "coalesce(sum(duration_ns), 0) FROM c", args).fetchone()
     sync_calls, sync_ns = con.execute(SYNC_COPY_SQL, args).fetchone()
@@ -183,55 +202,72 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         rows=[_row(r, scope.duration_ns * per_row_devices) for r in rows], truncated=truncated,
         total_rows=rows[0][12] if rows else 0, sync_copy_calls=sync_calls, sync_copy_api_ns=int(sync_ns),
         small_d2h_count=small, small_d2h_blocking=blocking, small_d2h_blocked_ns=blocked)
-    result.findings = findings(result)
+    per_device = [_row(r, scope.duration_ns) for r in con.execute(
+        DIRECTIONS_SQL, {**directions, "per_device": True, "limit": 10_000}).fetchall()]
+    pageable = {(d, dr): _Pageable(largest_ns=n, async_count=a)
+                for d, dr, n, a in con.execute(PAGEABLE_SQL, args).fetchall()}
+    idle = attribution.attribute(con, scope) if count else {}
+    result.findings = findings(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()},
+                               scope.duration_ns)
     return result
 
 
-def _pageable_cost(row: DirectionRow) -> int:
-    """Pageable copy time minus what the same bytes take at the pinned bandwidth (half when unknown)."""
-    pinned = row.pinned_bandwidth_gb_per_s
-    if pinned and row.pageable_bandwidth_gb_per_s and pinned > row.pageable_bandwidth_gb_per_s:
-        return int(row.pageable_time_ns - row.pageable_bytes / pinned)
-    return row.pageable_time_ns // 2
+def _pageable_saving(row: DirectionRow) -> int:
+    """Exposed pageable copy time that pinned copies would not take (PINNED_SPEEDUP when none to compare)."""
+    exposed = row.pageable_time_ns * row.exposed_pct / 100
+    pinned, pageable = row.pinned_bandwidth_gb_per_s, row.pageable_bandwidth_gb_per_s
+    speedup = pinned / pageable if pinned and pageable and pinned > pageable else PINNED_SPEEDUP
+    return int(exposed * (1 - 1 / speedup))
 
 
-def findings(result: Result) -> list[Finding]:
-    """Per row: pageable-host-memory (recurring pageable copies), excessive-h2d-transfers (H2D time above
-    5% of the window); per scope: blocking-d2h-sync (recurring small blocking D2H copies)."""
-    only = result.scope.devices[0] if len(result.scope.devices) == 1 else None
+def findings(rows: list[DirectionRow], pageable: dict[tuple[int, str], _Pageable], idle_ns: dict[int, int],
+             window_ns: int) -> list[Finding]:
+    """Per device: pageable-host-memory (recurring pageable copies, or one long one, or idle spent in them),
+    then excessive-h2d-transfers (H2D time above 5% of the window) for the exposed H2D time left."""
     out = []
-    for r in result.rows:
-        device = r.device if r.device is not None else only
-        recurring = r.pageable_count >= PAGEABLE_MIN_COUNT and r.pageable_bytes >= PAGEABLE_MIN_BYTES
-        if r.direction in HOST_SIDE and recurring:
-            out.append(Finding(
-                root_cause="pageable-host-memory", severity="medium",
-                title=f"{r.pageable_count} {r.direction} copies ({r.pageable_bytes / 2**20:,.1f} MiB) from pageable "
-                      f"memory at {r.pageable_bandwidth_gb_per_s} GB/s "
-                      f"(pinned: {r.pinned_bandwidth_gb_per_s or '-'} GB/s)",
-                evidence={"pageable_count": r.pageable_count, "pageable_bytes": r.pageable_bytes,
-                          "pageable_time_ns": r.pageable_time_ns,
-                          "pageable_bandwidth_gb_per_s": r.pageable_bandwidth_gb_per_s or 0,
-                          "pinned_bandwidth_gb_per_s": r.pinned_bandwidth_gb_per_s or 0},
-                time_at_stake_ns=_pageable_cost(r), device=device))
-        if r.direction == "H2D" and r.window_pct >= H2D_WINDOW_PCT:
-            out.append(Finding(
-                root_cause="excessive-h2d-transfers",
-                severity="high" if r.exposed_pct >= 100 * EXPOSED_SHARE else "medium",
-                title=f"H2D copies take {r.window_pct:.1f}% of the window, {r.exposed_pct:.0f}% of it with no "
-                      "kernel running",
-                evidence={"count": r.count, "bytes": r.bytes, "time_ns": r.time_ns, "window_pct": r.window_pct,
-                          "exposed_time_ns": r.exposed_time_ns},
-                time_at_stake_ns=r.exposed_time_ns, device=device))
-    if result.small_d2h_blocking >= SMALL_D2H_MIN:
-        out.append(Finding(
-            root_cause="blocking-d2h-sync", severity="medium",
-            title=f"{result.small_d2h_blocking} small D2H copies blocked the host for "
-                  f"{ms(result.small_d2h_blocked_ns)}",
-            evidence={"small_d2h_blocking": result.small_d2h_blocking,
-                      "small_d2h_blocked_ns": result.small_d2h_blocked_ns, "small_d2h_count": result.small_d2h_count},
-            time_at_stake_ns=result.small_d2h_blocked_ns, device=only))
+    for device in sorted({r.device for r in rows}):
+        mine = [r for r in rows if r.device == device]
+        host = [r for r in mine if r.direction in HOST_SIDE and r.pageable_count]
+        saving = {r.direction: _pageable_saving(r) for r in host}
+        stake = sum(saving.values()) + idle_ns.get(device, 0)
+        extra = [pageable.get((device, r.direction)) for r in host]
+        largest = max((x.largest_ns for x in extra if x), default=0)
+        recurring = any(r.pageable_count >= PAGEABLE_MIN_COUNT and r.pageable_bytes >= PAGEABLE_MIN_BYTES for r in host)
+        large = pct(largest, window_ns) >= LARGE_COPY_PCT
+        if (recurring or large or idle_ns.get(device, 0)) and pct(stake, window_ns) >= MIN_STAKE_PCT:
+            tags = (["large-single"] if large and not recurring else []) + (
+                ["async-blocking"] if any(x and x.async_count for x in extra) else [])
+            out.append(_pageable_finding(device, host, stake, idle_ns.get(device, 0), largest, tags))
+        out += [_h2d_finding(device, r, saving.get("H2D", 0), window_ns) for r in mine
+                if r.direction == "H2D" and r.window_pct >= H2D_WINDOW_PCT
+                and pct(r.exposed_time_ns - saving.get("H2D", 0), window_ns) >= MIN_STAKE_PCT]
     return out
+
+
+def _pageable_finding(device: int, host: list[DirectionRow], stake: int, idle: int, largest: int,
+                      tags: list[str]) -> Finding:
+    count, nbytes = sum(r.pageable_count for r in host), sum(r.pageable_bytes for r in host)
+    return Finding(
+        root_cause="pageable-host-memory", severity="high" if stake and idle >= stake // 2 else "medium",
+        title=f"device {device}: {count} copies ({nbytes / 2**20:,.1f} MiB) from pageable memory at "
+              f"{', '.join(f'{r.direction} {r.pageable_bandwidth_gb_per_s} GB/s' for r in host)}; pinned memory "
+              f"would save ~{ms(stake)}",
+        evidence={"pageable_count": count, "pageable_bytes": nbytes, "largest_copy_ns": largest,
+                  "idle_in_pageable_copies_ns": idle,
+                  "pinned_bandwidth_gb_per_s": max((r.pinned_bandwidth_gb_per_s or 0 for r in host), default=0)},
+        time_at_stake_ns=stake, device=device, tags=tags)
+
+
+def _h2d_finding(device: int, r: DirectionRow, pageable_saving: int, window_ns: int) -> Finding:
+    stake = r.exposed_time_ns - pageable_saving
+    return Finding(
+        root_cause="excessive-h2d-transfers", severity="high" if r.exposed_pct >= 100 * EXPOSED_SHARE else "medium",
+        title=f"device {device}: H2D copies take {r.window_pct:.1f}% of the window ({r.bytes / 2**30:,.2f} GiB at "
+              f"{r.bandwidth_gb_per_s} GB/s), {r.exposed_pct:.0f}% of it with no kernel running",
+        evidence={"count": r.count, "bytes": r.bytes, "time_ns": r.time_ns, "window_pct": r.window_pct,
+                  "exposed_time_ns": r.exposed_time_ns, "pinned_bytes": r.pinned_bytes,
+                  "pageable_bytes": r.pageable_bytes},
+        time_at_stake_ns=stake, device=device, tags=["pinned" if r.pinned_bytes >= r.pageable_bytes else "pageable"])
 
 
 def render(result: Result) -> str:

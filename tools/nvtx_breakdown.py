@@ -7,7 +7,9 @@ kernel of a device in scope belongs to every range of its launching thread (same
 its launch call's start: kernel_count, gpu_ns = sum of their durations, gpu_span_ns = sum over ranges of
 first kernel start to last kernel end. Phases: the shallowest push/pop depth where names matching two or
 more of dataload / forward / backward / optimizer (name regexes; the rest 'other') hold half the CPU time;
-per phase count, cpu_ns, gpu_ns and cpu_pct = share of the cpu time at that depth. Times in ns.
+per phase count, cpu_ns, gpu_ns and cpu_pct = share of the cpu time at that depth. No findings: CPU time in
+a range costs nothing unless the GPU waits; the GPU idle time inside data-loading ranges is
+dataloader-starvation in gpu_idle_gaps. Times in ns.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ PHASES = (  # checked in this order: "optimizer.zero_grad" is optimizer work, no
     ("dataload", re.compile(r"data|load|batch", re.I)),
 )
 PHASE_ORDER = ("dataload", "forward", "backward", "optimizer", "other")
-DATALOAD_PCT = 10.0  # book dataloader-starvation: dataload above ~10% of the step starves the GPU
 PHASE_COVER_PCT = 50.0  # named phases must hold half the CPU time of a depth: a stray "load" name is no split
 FINE_BUCKET_NS = 50_000  # launch/range join buckets: most framework op ranges are shorter than 50 us,
 COARSE_BUCKET_NS = 5_000_000  # most step/phase ranges shorter than 5 ms; few candidates per bucket either way
@@ -161,20 +162,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     result = Result(scope=scope, has_nvtx=bool(groups), note=note, range_count=sum(g.count for g in groups),
                     rows=rows[:params.limit], truncated=len(rows) > params.limit, total_rows=len(rows),
                     phase_depth=phase_depth, phases=phases)
-    result.findings = findings(result)
     return result
-
-
-def findings(result: Result) -> list[Finding]:
-    phase = {p.phase: p for p in result.phases}
-    out = []
-    if "dataload" in phase and phase["dataload"].cpu_pct > DATALOAD_PCT:
-        p = phase["dataload"]
-        out.append(Finding(root_cause="dataloader-starvation", severity="high" if p.cpu_pct > 2 * DATALOAD_PCT
-                           else "medium", title=f"data loading takes {p.cpu_pct:.1f}% of the step's NVTX time",
-                           evidence={"dataload_cpu_pct": p.cpu_pct, "dataload_cpu_ns": p.cpu_ns,
-                                     "phase_depth": result.phase_depth or 0}, time_at_stake_ns=p.cpu_ns))
-    return out
 
 
 def render(result: Result) -> str:

@@ -1,14 +1,15 @@
 """Where does the host block waiting for the GPU, and does the GPU sit idle while it waits?
 
-Blocking calls: CUDA API calls of kind 'sync' (cudaDeviceSynchronize, cudaStreamSynchronize,
-cudaEventSynchronize, cuCtxSynchronize, ...) and synchronous copies (copy calls without 'Async') that
-overlap the window, clipped to it, made by threads that put GPU work on the devices in scope (a thread
-that launched nothing counts with its process's devices). blocked_ns sums call durations;
+Synchronization calls: CUDA API calls of kind 'sync' (cudaDeviceSynchronize, cudaStreamSynchronize,
+cudaEventSynchronize, cuCtxSynchronize, ...; copies are not counted here, memory_transfers shows the
+synchronous ones) that overlap the window, clipped to it, made by threads that put GPU work on the devices
+in scope (a thread that launched nothing counts with its process's devices). blocked_ns sums call durations;
 blocked_window_pct = blocked_ns / window. gpu_idle_ns = per call, the time inside it when none of the
 devices that thread (process) launched to ran a kernel, memcpy or memset (call interval minus the union
-of their work), summed. scope_kind: device (device/context syncs), stream, event, copy, other.
+of their work), summed. scope_kind: device (device/context syncs), stream, event, other.
 steady_device_syncs: device syncs between the first and last GPU work of the thread's devices in the
-window (not setup or teardown). Small blocking D2H copies: as memory_transfers. Times in ns.
+window (not setup or teardown). Findings: the idle time the syncs and read-backs cost the devices, from the
+idle attribution (tools/idle_causes.py). Times in ns.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal
 import duckdb
 from pydantic import BaseModel, Field
 
+from nsightful.tools import attribution, idle_causes, program
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -30,13 +32,10 @@ from nsightful.tools.common import (
     scope_args,
 )
 from nsightful.tools.intervals import GPU_WORK, gaps, overlaps
-from nsightful.tools.memory_transfers import SMALL_D2H_MIN, small_d2h
 
-DEVICE_SYNC_MIN = 3  # device-wide syncs that recur: more than a setup/teardown sync or two
-BLOCKED_PCT = 5.0  # book excessive-synchronization: host time blocked above ~5% of the step
-IDLE_SHARE_HIGH = 0.5  # the GPU idled through half the wait: the sync drained the queue
 OVERLAP_BUCKETS = 20_000  # time buckets for the call x idle-stretch join
-ScopeKind = Literal["device", "stream", "event", "copy", "other"]
+ROOT_CAUSES = {"excessive-synchronization", "blocking-d2h-sync"}  # the idle findings this tool shows
+ScopeKind = Literal["device", "stream", "event", "other"]
 
 
 class Params(ScopedParams):
@@ -77,8 +76,6 @@ class Result(BaseModel):
     apis: list[ApiRow] = Field(description="by blocked time, at most `limit`")
     threads: list[ThreadRow] = Field(description="by blocked time, at most `limit`")
     truncated: bool = Field(description="true when apis or threads were cut at `limit`")
-    small_d2h_blocking: int = Field(description="small D2H copies that blocked the host (see memory_transfers)")
-    small_d2h_blocked_ns: int
     findings: list[Finding] = []
 
 
@@ -90,12 +87,11 @@ thread_devices AS (SELECT DISTINCT pid, tid, device_id FROM launches WHERE tid I
 process_devices AS (SELECT DISTINCT pid, device_id FROM launches),
 raw_calls AS (
   SELECT row_number() OVER () AS call_id, pid, tid, name,
-         CASE WHEN kind = 'memcpy' THEN 'copy' WHEN regexp_matches(name, '(Device|Ctx)Synchronize') THEN 'device'
+         CASE WHEN regexp_matches(name, '(Device|Ctx)Synchronize') THEN 'device'
               WHEN name LIKE '%StreamSynchronize%' THEN 'stream' WHEN name LIKE '%EventSynchronize%' THEN 'event'
               ELSE 'other' END AS scope_kind,
          greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
-  FROM cuda_api WHERE (kind = 'sync' OR (kind = 'memcpy' AND name NOT LIKE '%Async%'))
-    AND end_ns > $start AND start_ns < $end),
+  FROM cuda_api WHERE kind = 'sync' AND end_ns > $start AND start_ns < $end),
 call_devices AS (
   SELECT * FROM (
     SELECT c.call_id, d.device_id FROM raw_calls c JOIN thread_devices d ON d.pid = c.pid AND d.tid = c.tid
@@ -149,48 +145,14 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     args = {**scope_args(scope), "bucket_ns": max(1000, scope.duration_ns // OVERLAP_BUCKETS)}
     count, blocked, idle, apis, threads = con.execute(SQL, args).fetchone()
     apis, threads = apis or [], threads or []
-    _, blocking, blocked_d2h = small_d2h(con, scope)
-    result = Result(
+    found = idle_causes.findings(attribution.attribute(con, scope), program.detect(con))
+    return Result(
         scope=scope, call_count=count, blocked_ns=int(blocked), gpu_idle_ns=int(idle),
         apis=[ApiRow(**a, gpu_idle_pct=pct(a["gpu_idle_ns"], a["blocked_ns"])) for a in apis[:params.limit]],
         threads=[ThreadRow(**t, blocked_window_pct=pct(t["blocked_ns"], scope.duration_ns))
                  for t in threads[:params.limit]],
         truncated=len(apis) > params.limit or len(threads) > params.limit,
-        small_d2h_blocking=blocking, small_d2h_blocked_ns=blocked_d2h)
-    result.findings = findings(result)
-    return result
-
-
-def findings(result: Result) -> list[Finding]:
-    """Per thread: excessive-synchronization when device-wide syncs recur between its first and last GPU
-    work (3 or more) or the host is blocked above 5% of the window; per scope: blocking-d2h-sync for
-    recurring small blocking D2H copies."""
-    only = result.scope.devices[0] if len(result.scope.devices) == 1 else None
-    out = []
-    for t in result.threads:
-        if t.steady_device_syncs < DEVICE_SYNC_MIN and t.blocked_window_pct < BLOCKED_PCT:
-            continue
-        drained = t.gpu_idle_ns >= IDLE_SHARE_HIGH * t.blocked_ns
-        severity = "high" if drained and t.blocked_window_pct >= BLOCKED_PCT else (
-            "medium" if t.blocked_window_pct >= BLOCKED_PCT or drained else "low")
-        out.append(Finding(
-            root_cause="excessive-synchronization", severity=severity,
-            title=f"thread {t.tid} ({t.thread_name or 'unnamed'}) blocks {t.blocked_window_pct:.1f}% of the window in "
-                  f"{t.count} sync calls ({t.device_syncs} device-wide); GPU idle {ms(t.gpu_idle_ns)} meanwhile",
-            evidence={"sync_calls": t.count, "device_syncs": t.device_syncs,
-                      "steady_device_syncs": t.steady_device_syncs, "device_sync_ns": t.device_sync_ns,
-                      "blocked_ns": t.blocked_ns,
-                      "blocked_window_pct": t.blocked_window_pct, "gpu_idle_ns": t.gpu_idle_ns},
-            time_at_stake_ns=t.gpu_idle_ns, device=t.devices[0] if len(t.devices) == 1 else only))
-    if result.small_d2h_blocking >= SMALL_D2H_MIN:
-        out.append(Finding(
-            root_cause="blocking-d2h-sync", severity="medium",
-            title=f"{result.small_d2h_blocking} small D2H copies blocked the host for "
-                  f"{ms(result.small_d2h_blocked_ns)}",
-            evidence={"small_d2h_blocking": result.small_d2h_blocking,
-                      "small_d2h_blocked_ns": result.small_d2h_blocked_ns},
-            time_at_stake_ns=result.small_d2h_blocked_ns, device=only))
-    return out
+        findings=[f for f in found if f.root_cause in ROOT_CAUSES])
 
 
 def render(result: Result) -> str:
@@ -205,6 +167,5 @@ def render(result: Result) -> str:
                  for t in result.threads)
     if result.truncated:
         lines.append("... more API names or threads: raise `limit` to see them")
-    lines.append(f"small blocking D2H copies: {result.small_d2h_blocking} ({ms(result.small_d2h_blocked_ns)})")
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
     return "\n".join(lines)

@@ -7,7 +7,10 @@ spacing of consecutive samples of a thread), at most the window; 'cuda_api' = un
 CUDA API calls except synchronization calls, plus OS-runtime calls that are not waits (poll, futex,
 sleep, ... excluded); a launch call that waits for a full launch queue still counts, so this basis is traced
 activity, not CPU time. busy_pct = busy_ns / window. With `device`, only threads of processes that launched
-kernels on it. Threads above 90% are flagged (sched and cpu_samples bases only).
+kernels on it. blocked_ns = the thread's time inside blocking CUDA calls (a synchronize or a synchronous copy
+spins on a CPU by default, so it shows as busy); net_busy_pct discounts it. Findings: cpu-bottleneck as the
+idle attribution measures it (the devices' idle time while the host launches or works on the CPU outside
+CUDA calls, on a starved device; tools/idle_causes.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools import attribution, idle_causes, program
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -31,7 +35,6 @@ from nsightful.tools.common import (
     scope_args,
 )
 
-BUSY_PCT = 90.0  # book cpu-bottleneck: one thread above 90% busy cannot launch work any faster
 WAIT_CALLS = "wait|poll|select|sleep|futex|pause|sem_|pthread_join|pthread_cond|accept|recv|epoll"  # blocking
 Basis = Literal["sched", "cpu_samples", "cuda_api"]
 BASIS_MEANING = {
@@ -55,6 +58,9 @@ class ThreadRow(BaseModel):
     name: str | None = Field(description="thread name, null when the profile did not record it")
     busy_ns: int
     busy_pct: float
+    blocked_ns: int = Field(description="time inside blocking CUDA calls (syncs, synchronous copies) in the window")
+    net_busy_pct: float = Field(description="(busy_ns - blocked_ns) / window: busy outside blocking calls, where a "
+                                            "spinning wait would otherwise count as work")
 
 
 class Result(BaseModel):
@@ -101,9 +107,21 @@ busy AS (
   SELECT pid, tid, sum(greatest(0, end_ns - greatest(start_ns, coalesce(before_end, start_ns)))) AS busy_ns
   FROM reach GROUP BY pid, tid)"""
 
-TAIL_SQL = """
-SELECT b.pid, b.tid, t.name, b.busy_ns, count(*) OVER () FROM busy b
+# Time inside blocking CUDA calls (syncs, synchronous copies) per thread, as a union (nested runtime/driver
+# records of older exports would otherwise count twice).
+TAIL_SQL = """,
+bcalls AS (
+  SELECT pid, tid, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns FROM cuda_api
+  WHERE (kind = 'sync' OR (kind = 'memcpy' AND name NOT LIKE '%Async%')) AND end_ns > $start AND start_ns < $end),
+breach AS (
+  SELECT pid, tid, start_ns, end_ns, max(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns, end_ns
+         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end FROM bcalls),
+blocked AS (
+  SELECT pid, tid, sum(greatest(0, end_ns - greatest(start_ns, coalesce(before_end, start_ns)))) AS blocked_ns
+  FROM breach GROUP BY pid, tid)
+SELECT b.pid, b.tid, t.name, b.busy_ns, coalesce(x.blocked_ns, 0), count(*) OVER () FROM busy b
 LEFT JOIN (SELECT pid, tid, any_value(name) AS name FROM threads GROUP BY ALL) t ON t.pid = b.pid AND t.tid = b.tid
+LEFT JOIN blocked x ON x.pid = b.pid AND x.tid = b.tid
 WHERE b.busy_ns > 0 ORDER BY b.busy_ns DESC, b.pid, b.tid LIMIT $limit
 """
 
@@ -138,28 +156,20 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         sql, args = API_SQL, {**args, "waits": WAIT_CALLS}
     del args["devices"]
     rows, truncated = fetch_capped(con, sql + TAIL_SQL, args, params.limit)
-    out = [ThreadRow(pid=r[0], tid=r[1], name=r[2], busy_ns=int(r[3]), busy_pct=pct(r[3], scope.duration_ns))
-           for r in rows]
-    total = rows[0][4] if rows else 0
-    result = Result(scope=scope, basis=basis, basis_meaning=BASIS_MEANING[basis], sample_period_ns=period,
-                    thread_count=total, rows=out, truncated=truncated, total_rows=total)
-    result.findings = findings(result)
-    return result
-
-
-def findings(result: Result) -> list[Finding]:
-    return [Finding(root_cause="cpu-bottleneck", severity="high" if r.busy_pct >= 97.5 else "medium",
-                    title=f"thread {r.name or r.tid} (pid {r.pid}) is busy {r.busy_pct:.1f}% of the window",
-                    evidence={"busy_pct": r.busy_pct, "busy_ns": r.busy_ns, "tid": r.tid, "basis": result.basis},
-                    time_at_stake_ns=r.busy_ns // 2)
-            for r in result.rows if r.busy_pct > BUSY_PCT and result.basis != "cuda_api"]
+    out = [ThreadRow(pid=r[0], tid=r[1], name=r[2], busy_ns=int(r[3]), busy_pct=pct(r[3], scope.duration_ns),
+                     blocked_ns=int(r[4]), net_busy_pct=pct(max(0, r[3] - r[4]), scope.duration_ns)) for r in rows]
+    total = rows[0][5] if rows else 0
+    found = idle_causes.findings(attribution.attribute(con, scope), program.detect(con)) if scope.devices else []
+    return Result(scope=scope, basis=basis, basis_meaning=BASIS_MEANING[basis], sample_period_ns=period,
+                  thread_count=total, rows=out, truncated=truncated, total_rows=total,
+                  findings=[f for f in found if f.root_cause == "cpu-bottleneck"])
 
 
 def render(result: Result) -> str:
     lines = [f"{result.thread_count} busy thread(s) over {ms(result.scope.duration_ns)}; basis {result.basis}: "
              f"{result.basis_meaning}"]
-    lines.extend(f"{r.busy_pct:6.2f}%  {ms(r.busy_ns):>14}  pid {r.pid} tid {r.tid}  {r.name or '(unnamed)'}"
-                 for r in result.rows)
+    lines.extend(f"{r.busy_pct:6.2f}%  {ms(r.busy_ns):>14}  (outside blocking calls {r.net_busy_pct:.1f}%)  "
+                 f"pid {r.pid} tid {r.tid}  {r.name or '(unnamed)'}" for r in result.rows)
     if result.truncated:
         lines.append(f"... {result.total_rows - len(result.rows)} more threads: raise `limit` to see them")
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)

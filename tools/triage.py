@@ -1,10 +1,13 @@
-"""Why is this GPU job slow? Every detector, findings ranked by the time they cost, with the fix.
+"""Why is this GPU job slow? Every detector on one window, findings ranked by the device time they cost, with
+the fix that fits the program.
 
-Runs each detector skill on the whole profile with its defaults and ranks their findings by
-time_at_stake_ns (one per root cause and device, the costliest kept). The run is classified
-from device-time shares over the GPU-active window, summed over devices in scope:
-compute_pct (compute kernels), transfer_pct (memcpy + memset + copy kernels),
-communication_pct (NCCL kernels) and idle_pct (100 - union busy %, from gpu_utilization).
+Window: with window='auto', the steady state when iterations are found (from the first steady iteration to
+the end of the last; the warmup iteration and the setup before it are left out and said so), else the
+GPU-active window; start_ns/end_ns override it. Every detector runs on that window and devices. time at stake
+is device time in the window that the fix could recover, per device; causes never share nanoseconds, so a
+device's findings add up to at most the window (the warmup finding counts the first iteration, outside it).
+The fix shown is the book's first fix for the detected program's family (tools/program.py), or generic.
+The run is classified by tools/shares.py.
 """
 
 from __future__ import annotations
@@ -16,18 +19,19 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.resources import book
-from nsightful.tools.common import Finding, ProfileParams, ms, pct
+from nsightful.tools import iterations, program, shares
+from nsightful.tools.common import Finding, Scope, ScopedParams, ms, resolve_scope
+from nsightful.tools.program import Program
+from nsightful.tools.shares import Classification
 
-DETECTORS = ("gpu_utilization", "gpu_idle_gaps", "top_kernels", "kernel_launch_overhead", "memory_transfers",
-             "sync_analysis", "nccl_breakdown", "thread_utilization", "iterations", "nvtx_breakdown")
-IDLE_DOMINATED_PCT = 40.0  # idle above this share of the active window outweighs any kernel-level tuning
+WINDOW_DETECTORS = ("gpu_idle_gaps", "memory_transfers", "top_kernels", "nccl_breakdown")
 MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
-Bound = Literal["compute-bound", "memory/transfer-bound", "communication-bound", "host-bound", "idle-dominated",
-                "no GPU activity"]
 
 
-class Params(ProfileParams):
+class Params(ScopedParams):
+    window: Annotated[Literal["auto", "gpu_active", "capture"], Field(
+        description="auto: steady-state iterations when found, else GPU-active; ignored with start_ns/end_ns")] = "auto"
     limit: Annotated[int, Field(description="Most findings returned, costliest first; the rest are counted in "
                                             "total_findings", ge=1, le=MAX_FINDINGS)] = 10
 
@@ -35,11 +39,10 @@ class Params(ProfileParams):
 class RankedFinding(Finding):
     rank: int
     source_tool: str = Field(description="the tool whose detector raised it")
-    confidence: Literal["high", "medium", "low"] = Field(description="high: direct measurement above threshold; "
-                                                                     "medium/low: inferred")
     book_uri: str
     book_title: str
-    fix: str = Field(description="the first fix from the book entry")
+    fix: str = Field(description="the book's first fix for this program's family (fix_for), else the generic one")
+    fix_for: str = Field(description="the fix family used: pytorch, python, cuda, offload or generic")
     verify: str = Field(description="how to confirm the fix, from the book entry")
 
 
@@ -48,54 +51,45 @@ class Missing(BaseModel):
     capture_flag: str
 
 
-class Classification(BaseModel):
-    bound: Bound
-    compute_pct: float
-    transfer_pct: float
-    communication_pct: float
-    idle_pct: float
-    reason: str
-
-
 class Result(BaseModel):
     profile: str
+    program: Program
+    window: Scope
+    window_note: str = Field(description="how the window was chosen and what it leaves out")
     classification: Classification
     findings: list[RankedFinding] = Field(description="at most `limit`, ranked by time at stake")
     total_findings: int = Field(description="findings before the limit")
     truncated: bool
+    time_at_stake_ns: int = Field(description="sum over all findings (each device's share <= its window)")
     missing: list[Missing] = Field(description="what the profile cannot tell, and the nsys flag that captures it")
     skipped: list[str] = Field(description="detectors that could not run on this profile, with why")
 
 
-SHARES_SQL = """
-WITH w AS (SELECT gpu_start_ns AS s, gpu_end_ns AS e, (SELECT count(*) FROM gpus) AS n FROM meta),
-busy AS (
-  SELECT category AS cat, duration_ns AS d FROM kernels
-  UNION ALL SELECT 'copy', duration_ns FROM memcpy UNION ALL SELECT 'copy', duration_ns FROM memset)
-SELECT coalesce(sum(d) FILTER (WHERE cat = 'compute' OR cat = 'other'), 0),
-       coalesce(sum(d) FILTER (WHERE cat = 'copy'), 0), coalesce(sum(d) FILTER (WHERE cat = 'nccl'), 0),
-       (SELECT (e - s) * n FROM w)
-FROM busy
-"""
+def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str, list[Finding]]:
+    """The analysis window, how it was chosen, and the warmup findings found on the way."""
+    if params.start_ns is not None or params.end_ns is not None or params.window != "auto":
+        default = "capture" if params.window == "capture" else "gpu_active"
+        scope = resolve_scope(con, params, default=default)
+        return scope, f"{scope.window_basis} window, as asked", []
+    gpu = resolve_scope(con, params, default="gpu_active")
+    found = iterations.run(con, iterations.Params(profile=params.profile, device=params.device))
+    steady = iterations.steady_window(found)
+    if steady is None:
+        why = found.note or "no steady iterations"
+        return gpu, f"GPU-active window ({why})", []
+    scope = gpu.model_copy(update={"start_ns": steady[0], "end_ns": steady[1], "duration_ns": steady[1] - steady[0],
+                                   "window_basis": "steady_state"})
+    left = steady[0] - gpu.start_ns
+    note = (f"steady state: {found.iteration_count} iterations by {found.method}; left out {ms(left)} before "
+            f"the first steady iteration (setup and warmup)")
+    return scope, note, found.findings
 
 
-def _confidence(f: Finding) -> Literal["high", "medium", "low"]:
-    return {"high": "high", "medium": "medium"}.get(f.severity, "low")
-
-
-def _rank(found: list[tuple[str, Finding]], limit: int) -> tuple[list[RankedFinding], int]:
-    """The `limit` findings to show, costliest first, and how many there were in all.
-
-    One per (root cause, device), the costliest kept. When cut, every root cause's costliest
-    finding is kept before any per-device repeat, so eight devices with the same problem cannot
-    push a different cause off the list.
-    """
-    best: dict[tuple[str, int | None], tuple[str, Finding]] = {}
-    for tool, f in found:
-        key = (f.root_cause, f.device)
-        if key not in best or f.time_at_stake_ns > best[key][1].time_at_stake_ns:
-            best[key] = (tool, f)
-    ordered = sorted(best.values(), key=lambda tf: (-tf[1].time_at_stake_ns, SEVERITY_RANK[tf[1].severity]))
+def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) -> list[RankedFinding]:
+    """The `limit` costliest findings; when cut, each root cause's costliest finding is kept before any
+    per-device repeat, so eight devices with one problem cannot push a different cause off the list."""
+    ordered = sorted(found, key=lambda tf: (-tf[1].time_at_stake_ns, SEVERITY_RANK[tf[1].severity], tf[1].root_cause,
+                                            tf[1].device if tf[1].device is not None else -1))
     leads, repeats, seen = [], [], set()
     for tf in ordered:
         (repeats if tf[1].root_cause in seen else leads).append(tf)
@@ -104,63 +98,53 @@ def _rank(found: list[tuple[str, Finding]], limit: int) -> tuple[list[RankedFind
     out = []
     for tool, f in (tf for tf in ordered if id(tf) in chosen):
         entry = book.get_entry(f.root_cause)
-        out.append(RankedFinding(**f.model_dump(), rank=len(out) + 1, source_tool=tool, confidence=_confidence(f),
-                                 book_uri=book.entry_uri(entry.id), book_title=entry.title,
-                                 fix=entry.fix_for(("pytorch", "python", "generic"), f.tags).text,
-                                 verify=entry.verify))
-    return out, len(ordered)
-
-
-def classify(con: duckdb.DuckDBPyConnection, idle_pct: float | None, host_flags: set[str]) -> Classification:
-    compute, copy, nccl, capacity = con.execute(SHARES_SQL).fetchone()
-    if not capacity:
-        return Classification(bound="no GPU activity", compute_pct=0, transfer_pct=0, communication_pct=0,
-                              idle_pct=0, reason="the profile has no kernels, copies or memsets")
-    shares = {"compute-bound": pct(compute, capacity), "memory/transfer-bound": pct(copy, capacity),
-              "communication-bound": pct(nccl, capacity)}
-    idle = idle_pct if idle_pct is not None else max(0.0, 100 - sum(shares.values()))
-    if idle >= IDLE_DOMINATED_PCT:
-        host = host_flags & {"cpu-bottleneck", "small-kernel-overhead", "excessive-synchronization"}
-        bound: Bound = "host-bound" if host else "idle-dominated"
-        reason = (f"devices idle {idle:.1f}% of the active window"
-                  + (f", and the host shows {', '.join(sorted(host))}" if host else ", host cause not evident"))
-    else:
-        bound = max(shares, key=shares.get)
-        reason = f"largest device-time share: {bound.split('-')[0]} at {shares[bound]:.1f}% (idle {idle:.1f}%)"
-    return Classification(bound=bound, compute_pct=shares["compute-bound"],
-                          transfer_pct=shares["memory/transfer-bound"],
-                          communication_pct=shares["communication-bound"], idle_pct=round(idle, 2), reason=reason)
+        fix = entry.fix_for(chain, f.tags)
+        out.append(RankedFinding(**f.model_dump(), rank=len(out) + 1, source_tool=tool,
+                                 book_uri=book.entry_uri(entry.id), book_title=entry.title, fix=fix.text,
+                                 fix_for=fix.family, verify=entry.verify))
+    return out
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     from nsightful.tools import skills
     modules = skills()
-    found: list[tuple[str, Finding]] = []
+    prog = program.detect(con)
+    chain = tuple(prog.fix_chain)
+    scope, note, warmup = _window(con, params)
+    found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
     skipped: list[str] = []
-    idle_pct = None
-    for name in DETECTORS:
+    for name in WINDOW_DETECTORS:
         module = modules[name]
         try:
-            result = module.run(con, module.Params(profile=params.profile))
+            result = module.run(con, module.Params(profile=params.profile, device=params.device,
+                                                   start_ns=scope.start_ns, end_ns=scope.end_ns))
         except InvalidRequest as exc:
             skipped.append(f"{name}: {exc}")
             continue
         found.extend((name, f) for f in result.findings)
-        if name == "gpu_utilization":
-            idle_pct = getattr(result, "idle_pct", None)
-    ranked, total = _rank(found, params.limit)
+    classification = shares.classify(con, scope, {f.root_cause for _, f in found})
+    if classification.bound in ("no GPU activity", "too little GPU activity"):
+        found = []
+    foreign = [(t, f) for t, f in found if not book.get_entry(f.root_cause).applies(chain)]
+    skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
+    found = [tf for tf in found if tf not in foreign]
     missing = [Missing(data=d, capture_flag=f) for d, f in
                con.execute("SELECT data, capture_flag FROM capabilities WHERE NOT present ORDER BY data").fetchall()]
-    causes = {f.root_cause for _, f in found}
-    return Result(profile=params.profile, classification=classify(con, idle_pct, causes), findings=ranked,
-                  total_findings=total, truncated=total > len(ranked), missing=missing, skipped=skipped)
+    ranked = _rank(found, chain, params.limit)
+    return Result(profile=params.profile, program=prog, window=scope, window_note=note,
+                  classification=classification, findings=ranked, total_findings=len(found),
+                  truncated=len(found) > len(ranked), time_at_stake_ns=sum(f.time_at_stake_ns for _, f in found),
+                  missing=missing, skipped=skipped)
 
 
 def render(result: Result) -> str:
     c = result.classification
+    p = result.program
     lines = [f"{c.bound}: {c.reason}",
-             f"  compute {c.compute_pct:.1f}%  transfer {c.transfer_pct:.1f}%  communication "
-             f"{c.communication_pct:.1f}%  idle {c.idle_pct:.1f}%", ""]
+             f"  compute {c.compute_pct:.1f}%  transfer {c.transfer_pct:.1f}%  communication {c.communication_pct:.1f}%"
+             f"  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
+             f"window: {ms(result.window.duration_ns)} on device(s) {result.window.devices}, {result.window_note}",
+             f"program: {p.kind} ({p.decided_by}); fixes for {p.fix_chain[0]}", ""]
     if not result.findings:
         lines.append("No detector fired: nothing above its threshold.")
     explained: set[str] = set()
@@ -171,19 +155,19 @@ def render(result: Result) -> str:
             continue
         explained.add(f.root_cause)
         lines.append(f"   cause: {f.book_title} <{f.book_uri}>")
-        lines.append(f"   fix: {f.fix}")
+        lines.append(f"   fix ({f.fix_for}): {f.fix}")
         lines.append(f"   verify: {f.verify}")
     if result.truncated:
         lines.append(f"... {result.total_findings - len(result.findings)} smaller findings: raise `limit` to see them")
     if result.missing:
-        lines.append("")
-        lines.append("Not in this profile: " + "; ".join(f"{m.data} ({m.capture_flag})" for m in result.missing))
+        lines += ["", "Not in this profile: " + "; ".join(f"{m.data} ({m.capture_flag})" for m in result.missing)]
     return "\n".join(lines)
 
 
 def render_markdown(result: Result) -> str:
     c = result.classification
     lines = ["## nsightful triage", "", f"**{c.bound}**: {c.reason}", "",
+             f"Program: {result.program.kind}. Window: {ms(result.window.duration_ns)}, {result.window_note}.", "",
              "| share | % |", "|---|---|", f"| compute | {c.compute_pct:.1f} |", f"| transfer | {c.transfer_pct:.1f} |",
              f"| communication | {c.communication_pct:.1f} |", f"| idle | {c.idle_pct:.1f} |", ""]
     if result.findings:

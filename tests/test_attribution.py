@@ -1,0 +1,147 @@
+"""attribution: every idle nanosecond of a device gets exactly one cause; the causes add up to the idle time."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from conftest import FIXTURE_IDS, FIXTURES
+from modeldb import make_model, union_ns
+
+from nsightful.tools import attribution, common
+
+T = 1_000_000  # the tiny timeline starts here, so launch calls can come before it
+ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
+
+
+def kernel(n: int, s: int, e: int, launch: tuple[int, int]) -> dict:
+    return {"device_id": 0, "stream_id": 7, "pid": 1, "tid": 7, "correlation_id": n, "start_ns": T + s,
+            "end_ns": T + e, "short_name": f"k{n}", "name": f"k{n}", "category": "compute",
+            "launch_api": "cudaLaunchKernel", "launch_start_ns": T + launch[0], "launch_end_ns": T + launch[1]}
+
+
+def call(name: str, kind: str, s: int, e: int, corr: int | None = None) -> dict:
+    return {"pid": 1, "tid": 7, "correlation_id": corr, "name": name, "kind": kind, "start_ns": T + s, "end_ns": T + e}
+
+
+def copy(corr: int, s: int, e: int, direction: str, src: str, dst: str, nbytes: int) -> dict:
+    return {"device_id": 0, "stream_id": 7, "pid": 1, "tid": 7, "correlation_id": corr, "start_ns": T + s,
+            "end_ns": T + e, "bytes": nbytes, "direction": direction, "src_kind": src, "dst_kind": dst}
+
+
+def timeline():
+    """One device, one launching thread, one gap of each cause (see the comments for how each is built)."""
+    kernels = [
+        kernel(1, 0, 10_000, (-5_000, -1_000)),
+        kernel(2, 20_000, 30_000, (-800, -500)),  # queued: launched before the device went idle at 10 us
+        kernel(3, 40_000, 45_000, (32_000, 35_000)),  # sync: a device synchronize was running at 30 us
+        kernel(4, 55_000, 58_000, (50_000, 52_000)),  # readback: a synchronize right after a 4-byte D2H copy
+        kernel(5, 62_000, 100_000, (60_000, 61_000)),  # launch_tiny: k4 is a 3 us kernel
+        kernel(6, 120_000, 150_000, (105_000, 108_000)),  # launch: a short gap before a late launch
+        kernel(7, 250_000, 300_000, (200_000, 210_000)),  # jit: a module load inside a long gap
+        kernel(8, 400_000, 450_000, (390_000, 395_000)),  # alloc: cudaMalloc covers 80% of the gap
+        kernel(9, 550_000, 600_000, (545_000, 548_000)),  # host_comm: inside an MPI_Send NVTX range
+        kernel(10, 700_000, 750_000, (692_000, 695_000)),  # host_wait: inside poll()
+        kernel(11, 850_000, 900_000, (842_000, 845_000)),  # host_cpu: the thread ran on a CPU
+        kernel(12, 1_000_000, 1_050_000, (995_000, 998_000)),  # host_untraced: nothing seen
+        kernel(13, 1_090_000, 1_130_000, (1_085_000, 1_088_000)),  # pageable_copy: a pageable cudaMemcpy ran
+        kernel(14, 1_170_000, 1_200_000, (1_165_000, 1_168_000)),  # sync_copy: a pinned cudaMemcpy ran
+    ]
+    memcpy = [copy(50, 45_000, 46_000, "D2H", "device", "pinned", 4),
+              copy(51, 1_050_000, 1_070_000, "H2D", "pageable", "device", 1 << 20),
+              copy(52, 1_130_000, 1_150_000, "H2D", "pinned", "device", 1 << 20)]
+    cuda_api = [call("cudaDeviceSynchronize", "sync", 25_000, 31_000),
+                call("cudaMemcpyAsync", "memcpy", 41_000, 42_000, 50),
+                call("cudaStreamSynchronize", "sync", 42_500, 47_000),
+                call("cuModuleLoadData", "module", 160_000, 170_000),
+                call("cudaMalloc", "alloc", 300_000, 380_000),
+                call("cudaMemcpy", "memcpy", 1_040_000, 1_080_000, 51),
+                call("cudaMemcpy", "memcpy", 1_125_000, 1_160_000, 52)]
+    cuda_api += [call("cudaLaunchKernel", "launch", k["launch_start_ns"] - T, k["launch_end_ns"] - T,
+                      k["correlation_id"]) for k in kernels]
+    return make_model(
+        kernels=kernels, memcpy=memcpy, cuda_api=cuda_api,
+        nvtx=[{"pid": 1, "tid": 7, "text": "MPI_Send", "start_ns": T + 450_000, "end_ns": T + 540_000,
+               "kind": "push_pop", "depth": 0}],
+        os_runtime=[{"pid": 1, "tid": 7, "name": "poll", "start_ns": T + 600_000, "end_ns": T + 690_000}],
+        sched=[{"pid": 1, "tid": 7, "time_ns": T + 750_000, "cpu": 0, "is_sched_in": True},
+               {"pid": 1, "tid": 7, "time_ns": T + 840_000, "cpu": 0, "is_sched_in": False}])
+
+
+def scope(con, **kw) -> common.Scope:
+    return common.resolve_scope(con, common.ScopedParams(profile="t", **kw), default="gpu_active")
+
+
+EXPECTED = {"queued": 10_000, "sync": 10_000, "readback": 9_000, "launch_tiny": 4_000, "launch": 20_000,
+            "jit": 100_000, "alloc": 100_000, "host_comm": 100_000, "host_wait": 100_000, "host_cpu": 100_000,
+            "host_untraced": 100_000, "pageable_copy": 20_000, "sync_copy": 20_000}
+
+
+def test_attribution_one_cause_per_gap_on_a_tiny_timeline():
+    con = timeline()
+    [idle] = attribution.attribute(con, scope(con)).values()
+    assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == {c: (ns, 1) for c, ns in EXPECTED.items()}
+    assert idle.idle_ns == sum(EXPECTED.values()) and idle.window_ns == 1_200_000
+    assert (idle.causes["sync"].api, idle.causes["readback"].api) == ("cudaDeviceSynchronize", "cudaStreamSynchronize")
+
+
+def test_attribution_window_clips_gaps_and_adds_the_edges():
+    con = timeline()
+    [idle] = attribution.attribute(con, scope(con, start_ns=T + 5_000, end_ns=T + 60_000)).values()
+    # k1 is cut at 5 us; the window ends inside the launch_tiny gap (58-62 us): the launch after it lies
+    # outside the window, so that stretch is judged by host activity alone, and none was traced
+    assert {c: t.ns for c, t in idle.causes.items()} == {"queued": 10_000, "sync": 10_000, "readback": 9_000,
+                                                          "host_untraced": 2_000}
+
+
+def test_attribution_long_wait_after_a_sync_is_not_the_syncs():
+    """The host resumed 5 ms after the synchronize returned: other host work, not the sync, made the gap."""
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 6_000_000, 6_010_000, (5_990_000,
+                                                                                                       5_995_000))],
+                     cuda_api=[call("cudaDeviceSynchronize", "sync", 5_000, 11_000)])
+    [idle] = attribution.attribute(con, scope(con)).values()
+    assert {c: t.ns for c, t in idle.causes.items()} == {"host_untraced": 5_990_000}
+
+
+@pytest.mark.parametrize("starts_ms, periodic", [
+    ([10, 20, 30, 40], 4),  # four 2 ms gaps every 10 ms, host on a CPU: a periodic pattern
+    ([10, 20], 0),  # two are not a pattern
+    ([10, 14, 30, 36], 0),  # no steady period
+])
+def test_attribution_periodic_host_gaps(starts_ms, periodic):
+    """The device is busy except for 2 ms gaps at `starts_ms`, in which the host runs on a CPU."""
+    ms = 1_000_000
+    edges = [0, *[t for s in starts_ms for t in (s * ms, s * ms + 2 * ms)], 50 * ms]
+    kernels = [kernel(i, a, b, (a - 1_000, a - 500) if i else (-5_000, -1_000))
+               for i, (a, b) in enumerate(zip(edges[::2], edges[1::2], strict=True))]
+    sched = [{"pid": 1, "tid": 7, "time_ns": T + s * ms + d, "cpu": 0, "is_sched_in": d == 0}
+             for s in starts_ms for d in (0, 1_980_000)]
+    con = make_model(kernels=kernels, sched=sched)
+    [idle] = attribution.attribute(con, scope(con)).values()
+    assert (idle.causes["host_cpu"].gaps, idle.causes["host_cpu"].periodic_gaps) == (len(starts_ms), periodic)
+
+
+# --- golden: real exports -----------------------------------------------------------------------------------
+RAW_WORK_SQL = """
+SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = ?
+UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = ?
+"""
+
+
+@pytest.mark.parametrize("stem", ACTIVE_FIXTURES)
+def test_attribution_causes_add_up_to_the_idle_time_of_the_raw_export(open_fixture, stem):
+    """Idle = window - union of the device's work, read independently from the raw export."""
+    con = open_fixture(stem).con
+    s = scope(con)
+    raw = sqlite3.connect(f"file:{FIXTURES / stem}.sqlite?mode=ro", uri=True)
+    tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master")}
+    for device, idle in attribution.attribute(con, s).items():
+        sql = RAW_WORK_SQL if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables else RAW_WORK_SQL.split("UNION ALL")[0]
+        if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
+            sql += ' UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = ?'
+        params = [device] * sql.count("?")
+        work = [(max(a, s.start_ns), min(b, s.end_ns)) for a, b in raw.execute(sql, params)
+                if b > s.start_ns and a < s.end_ns and b > a]
+        assert idle.idle_ns == s.duration_ns - union_ns(work)
+        assert sum(t.ns for t in idle.causes.values()) == idle.idle_ns
+        assert all(0 <= t.long_ns <= t.ns and t.periodic_ns <= t.long_ns for t in idle.causes.values())

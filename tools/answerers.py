@@ -1,0 +1,333 @@
+"""Answers to the veteran questions, each read from the tools' results on triage's window (no SQL of its own).
+
+An answerer returns (value, evidence) when the data gives a real answer to its question, else None. Every
+tool runs at most once per answer_questions call (Evidence keeps its result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+import duckdb
+from pydantic import BaseModel
+
+from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools.common import ms, pct
+
+DOMINANT_KERNEL_PCT = 30.0  # veteran question 12
+HOT_THREAD_PCT = 90.0  # veteran question 25
+WARMUP_RATIO = 1.5  # as iterations: a first iteration this much slower than the steady median is warmup
+MIN_ITERATIONS = 3  # fewer cannot show a steady state or its spread
+SPREAD_STEADY = 1.2  # p90/p10 of iteration times under this: the steps are even
+Answer = tuple[str, dict[str, Any]] | None
+
+
+class Evidence:
+    """The tools' results for one profile, on triage's window, each computed once."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, profile: str):
+        self.con, self.profile, self._results = con, profile, {}
+
+    @cached_property
+    def triage(self) -> BaseModel | None:
+        return self.tool("triage", window_scoped=False, limit=100)
+
+    def tool(self, name: str, window_scoped: bool = True, **params: Any) -> Any:
+        """The tool's result (None when it cannot run here), on triage's window unless told otherwise."""
+        from nsightful.tools import skills
+        if window_scoped and self.triage is not None:
+            w = self.triage.window
+            params = {"start_ns": w.start_ns, "end_ns": w.end_ns, **params}
+        key = (name, tuple(sorted(params.items())))
+        if key not in self._results:
+            module = skills()[name]
+            try:
+                self._results[key] = module.run(self.con, module.Params(profile=self.profile, **params))
+            except InvalidRequest:
+                self._results[key] = None
+        return self._results[key]
+
+    @property
+    def summary(self) -> Any:
+        return self.tool("profile_summary", window_scoped=False)
+
+    def finding(self, *causes: str) -> list:
+        return [f for f in (self.triage.findings if self.triage else []) if f.root_cause in causes]
+
+
+def _hardware(e: Evidence) -> Answer:
+    devices = e.summary.devices
+    names = sorted({d.name for d in devices if d.name})
+    if not names:
+        return None
+    return f"{len(devices)} device(s): {', '.join(names)}", {"devices": [d.device for d in devices]}
+
+
+def _parallelism(e: Evidence) -> Answer:
+    nccl, devices = e.tool("nccl_breakdown"), e.summary.devices
+    if not devices:
+        return None
+    kinds = sorted({r.collective for r in nccl.rows}) if nccl else []
+    if not kinds:
+        hint = "no NCCL collectives: single-GPU work, or communication outside this capture"
+    elif set(kinds) <= {"AllReduce"}:
+        hint = "AllReduce only: plain data parallel (DDP)"
+    elif {"AllGather", "ReduceScatter"} & set(kinds):
+        hint = "AllGather/ReduceScatter: sharded data parallel (FSDP/ZeRO) or tensor parallel"
+    else:
+        hint = f"{', '.join(kinds)}: point-to-point or all-to-all (pipeline, sequence or expert parallel)"
+    return f"{len(devices)} device(s), {e.summary.process_count} process(es); {hint}", {"collectives": kinds}
+
+
+def _framework(e: Evidence) -> Answer:
+    p = e.triage.program
+    if p.kind == "unknown":
+        return None
+    return (f"{p.kind} ({p.decided_by}); frameworks seen: {', '.join(p.frameworks) or 'none'}",
+            {"kind": p.kind, "frameworks": p.frameworks})
+
+
+def _length(e: Evidence) -> Answer:
+    s, it = e.summary, e.tool("iterations", window_scoped=False)
+    if s.capture is None:
+        return None
+    found = bool(it and it.iteration_count)
+    steps = f", {it.iteration_count} iterations by {it.method}" if found else ", no iterations found"
+    active = ms(s.gpu_active.duration_ns) if s.gpu_active else "none"
+    return (f"capture {ms(s.capture.duration_ns)}, GPU active {active}{steps}",
+            {"duration_ns": s.capture.duration_ns, "iterations": it.iteration_count if it else 0})
+
+
+def _warmup(e: Evidence) -> Answer:
+    it = e.tool("iterations", window_scoped=False)
+    if not it or it.iteration_count < MIN_ITERATIONS:
+        return None
+    both = it.first_vs_steady and it.first_vs_steady > WARMUP_RATIO
+    verdict = "both: the first iteration is warmup" if both else "steady state"
+    return (f"{verdict} (first {ms(it.first_ns)} vs steady median {ms(it.steady_median_ns)}); triage analyses: "
+            f"{e.triage.window_note}", {"first_vs_steady": it.first_vs_steady})
+
+
+def _utilization(e: Evidence) -> Answer:
+    gaps = e.tool("gpu_idle_gaps")
+    if not gaps or not gaps.devices:
+        return None
+    busy = {d.device: d.busy_pct for d in gaps.devices}
+    return (f"busy (kernels, copies, memsets) over {ms(gaps.scope.duration_ns)}: "
+            + ", ".join(f"device {d} {b:.1f}%" for d, b in busy.items()), {"busy_pct": busy})
+
+
+def _idle_gaps(e: Evidence) -> Answer:
+    gaps = e.tool("gpu_idle_gaps")
+    if not gaps or not gaps.devices:
+        return None
+    causes = {c.cause: c.idle_ns for d in gaps.devices for c in d.by_cause[:3]}
+    top = ", ".join(f"{c} {ms(n)}" for c, n in sorted(causes.items(), key=lambda kv: -kv[1])[:3])
+    return (f"{gaps.gap_count} gaps of {ms(gaps.min_gap_ns)} or more ({ms(gaps.gap_time_ns)}); idle by cause: {top}",
+            {"gap_count": gaps.gap_count, "gap_time_ns": gaps.gap_time_ns})
+
+
+def _idle_distribution(e: Evidence) -> Answer:
+    util = e.tool("gpu_utilization")
+    if not util or not util.devices:
+        return None
+    patterns = {d.device: d.idle_pattern for d in util.devices}
+    return (", ".join(f"device {d}: {p} ({u.idle_concentration_pct:.0f}% of idle in the worst fifth)"
+                      for (d, p), u in zip(patterns.items(), util.devices, strict=True)), {"pattern": patterns})
+
+
+def _streams(e: Evidence) -> Answer:
+    util = e.tool("gpu_utilization")
+    if not util or not util.devices:
+        return None
+    return ("; ".join(f"device {d.device}: {d.stream_count} stream(s), busiest "
+                      f"{d.streams[0].busy_pct:.1f}% of the window" for d in util.devices if d.streams),
+            {"streams": {d.device: d.stream_count for d in util.devices}})
+
+
+def _top5(e: Evidence) -> Answer:
+    top = e.tool("top_kernels", limit=5)
+    if not top or not top.rows:
+        return None
+    return "; ".join(f"{r.display_name} {r.kernel_time_pct:.1f}%" for r in top.rows), {
+        "top_ns": [r.total_ns for r in top.rows]}
+
+
+def _dominant(e: Evidence) -> Answer:
+    top = e.tool("top_kernels", limit=5)
+    if not top or not top.rows:
+        return None
+    r = top.rows[0]
+    verdict = "yes" if r.kernel_time_pct > DOMINANT_KERNEL_PCT else "no"
+    return (f"{verdict}: the largest, {r.display_name} ({r.kind}), is {r.kernel_time_pct:.1f}% of kernel time",
+            {"kernel_time_pct": r.kernel_time_pct})
+
+
+def _small(e: Evidence) -> Answer:
+    k, gaps = e.tool("kernel_launch_overhead"), e.tool("gpu_idle_gaps")
+    if not k or not k.kernel_count:
+        return None
+    idle = sum(c.idle_ns for d in gaps.devices for c in d.by_cause if c.cause == "launch_tiny") if gaps else 0
+    return (f"{k.tiny_count:,} of {k.kernel_count:,} kernels ({k.tiny_kernel_pct:.1f}%) run under "
+            f"{k.threshold_ns / 1000:g} us; the devices idle {ms(idle)} waiting for their launches",
+            {"tiny_count": k.tiny_count, "kernel_count": k.kernel_count, "launch_idle_ns": idle})
+
+
+def _flash(e: Evidence) -> Answer:
+    libs = {lib.library: lib for lib in e.summary.libraries}
+    flash = libs.get("FlashAttention / fused attention")
+    if flash is None:
+        return ("no FlashAttention kernels in this capture", {}) if e.summary.devices else None
+    hint = flash.version_hint or ""
+    version = ("3 (Hopper)" if "flash-attn 3" in hint else "2" if "flash-attn 2" in hint
+               else "unknown (fused attention without flash-attn 2/3 names)")
+    return f"yes, version {version} by kernel names: {flash.example}", {"kernels": flash.kernel_count}
+
+
+def _h2d(e: Evidence) -> Answer:
+    m = e.tool("memory_transfers", limit=50)
+    if not m or not m.copy_count:
+        return None
+    rows = [r for r in m.rows if r.direction == "H2D"]
+    if not rows:
+        return "no host-to-device copies in the window", {"count": 0, "bytes": 0}
+    r = rows[0]
+    return (f"{r.count:,} H2D copies, {r.bytes / 2**20:,.1f} MiB in {ms(r.time_ns)} ({r.window_pct:.1f}% of the "
+            f"window), {r.exposed_pct:.0f}% of it with no kernel running", {"count": r.count, "bytes": r.bytes})
+
+
+def _pinned(e: Evidence) -> Answer:
+    m, it = e.tool("memory_transfers", limit=50), e.tool("iterations")
+    rows = [r for r in m.rows if r.direction == "H2D"] if m else []
+    if not rows:
+        return None
+    r, steps = rows[0], (it.iteration_count if it and it.iteration_count else 0)
+    share = pct(r.pinned_bytes, r.bytes)
+    per_step = f", {r.pageable_count / steps:.1f} pageable copies per iteration" if steps and r.pageable_count else ""
+    verdict = "yes" if r.pageable_bytes == 0 else "mostly" if share >= 90 else "no"
+    return (f"{verdict}: {share:.1f}% of H2D bytes come from pinned memory ({r.pageable_count} pageable copies, "
+            f"{r.pageable_bytes / 2**20:,.1f} MiB{per_step})",
+            {"pinned_bytes": r.pinned_bytes, "pageable_bytes": r.pageable_bytes, "pageable_count": r.pageable_count})
+
+
+def _d2h(e: Evidence) -> Answer:
+    m = e.tool("memory_transfers", limit=50)
+    if not m or not m.copy_count:
+        return None
+    reads = e.finding("blocking-d2h-sync")
+    cost = sum(f.time_at_stake_ns for f in reads)
+    return (f"{m.small_d2h_count} small D2H copies, {m.small_d2h_blocking} of them blocking the host; the devices "
+            f"idle {ms(cost)} after read-backs", {"small_d2h": m.small_d2h_count, "readback_idle_ns": cost})
+
+
+def _nccl(field: Callable[[Any], Answer]) -> Callable[[Evidence], Answer]:
+    def answer(e: Evidence) -> Answer:
+        nccl = e.tool("nccl_breakdown")
+        if nccl is None:
+            return None
+        if not nccl.has_nccl:
+            return "no NCCL kernels in this profile", {}
+        return field(nccl)
+    return answer
+
+
+def _nccl_balance(n: Any) -> Answer:
+    a = n.arrival
+    if a is None or not a.matched:
+        return None
+    return f"{a.verdict} (median skew {ms(a.median_skew_ns)} over {a.matched} collectives)", {
+        "straggler_device": a.straggler_device, "median_skew_ns": a.median_skew_ns}
+
+
+def _hot_thread(e: Evidence) -> Answer:
+    t = e.tool("thread_utilization", limit=3)
+    if not t or t.basis == "cuda_api" or not t.rows:
+        return None
+    r = t.rows[0]
+    verdict = "yes" if r.net_busy_pct > HOT_THREAD_PCT else "no"
+    return (f"{verdict}: the busiest, {r.name or r.tid}, is busy {r.busy_pct:.1f}% ({r.net_busy_pct:.1f}% outside "
+            f"blocking CUDA calls)", {"busy_pct": r.busy_pct, "net_busy_pct": r.net_busy_pct})
+
+
+def _gc(e: Evidence) -> Answer:
+    if "python" not in e.triage.program.fix_chain:
+        return f"not a Python program ({e.triage.program.kind}): no Python collector", {}
+    found = e.finding("gc-pauses")
+    if found:
+        return f"likely: {found[0].title}", {"gc_like_ns": sum(f.time_at_stake_ns for f in found)}
+    return "no periodic idle gaps with the host outside CUDA calls", {}
+
+
+def _first_iteration(e: Evidence) -> Answer:
+    it = e.tool("iterations", window_scoped=False)
+    if not it or it.iteration_count < MIN_ITERATIONS:
+        return None
+    return (f"first {ms(it.first_ns)}, {it.first_vs_steady}x the steady median {ms(it.steady_median_ns)}",
+            {"first_vs_steady": it.first_vs_steady})
+
+
+def _device_sync(e: Evidence) -> Answer:
+    s = e.tool("sync_analysis", limit=50)
+    if s is None or not e.summary.table_rows.get("cuda_api"):
+        return None
+    calls = [a for a in s.apis if a.scope_kind == "device"]
+    n = sum(a.count for a in calls)
+    return ((f"yes: {n:,} device-wide synchronize calls blocking the host {ms(sum(a.blocked_ns for a in calls))}"
+             if n else "no device-wide synchronize calls in the window"), {"count": n})
+
+
+def _compile(e: Evidence) -> Answer:
+    p = e.triage.program
+    if p.kind != "pytorch":
+        return f"not a PyTorch program ({p.kind})", {}
+    if "Triton" not in p.frameworks:
+        return "no Triton kernels: eager mode", {"triton": False}
+    cost = sum(f.time_at_stake_ns for f in e.finding("torch-compile-recompilation"))
+    return f"yes (Triton kernels run); compiling inside the analysed window costs {ms(cost)} of device idle", {
+        "triton": True, "compile_idle_ns": cost}
+
+
+def _bound(e: Evidence) -> Answer:
+    c = e.triage.classification
+    if c.bound == "no GPU activity":
+        return None
+    return f"{c.bound}: {c.reason}", c.model_dump(exclude={"bound", "reason"})
+
+
+def _expected(e: Evidence) -> Answer:
+    if not e.triage.findings:
+        return None
+    f, w = e.triage.findings[0], e.triage.window
+    return (f"at most {ms(f.time_at_stake_ns)} of device {f.device}'s {ms(w.duration_ns)} window "
+            f"({pct(f.time_at_stake_ns, w.duration_ns):.1f}%) from the top finding ({f.root_cause}): an upper bound",
+            {"time_at_stake_ns": f.time_at_stake_ns, "window_ns": w.duration_ns})
+
+
+def _enough_iterations(e: Evidence) -> Answer:
+    it = e.tool("iterations", window_scoped=False)
+    if not it or not it.iteration_count:
+        return None
+    enough = it.iteration_count >= MIN_ITERATIONS
+    even = it.spread_ratio is not None and it.spread_ratio < SPREAD_STEADY
+    return (f"{it.iteration_count} iterations ({'enough' if enough else 'too few'}), p90/p10 spread "
+            f"{it.spread_ratio} ({'even' if even else 'uneven'})", {"iterations": it.iteration_count})
+
+
+ANSWERERS: dict[str, Callable[[Evidence], Answer]] = {
+    "q01-gpu-hardware": _hardware, "q02-gpu-count-parallelism": _parallelism, "q03-framework": _framework,
+    "q05-profile-length": _length, "q06-warmup-or-steady": _warmup, "q07-gpu-utilization": _utilization,
+    "q08-idle-gaps": _idle_gaps, "q09-idle-distribution": _idle_distribution, "q10-stream-balance": _streams,
+    "q11-top-kernels": _top5, "q12-dominant-kernel": _dominant, "q13-small-kernels": _small,
+    "q15-flashattention": _flash, "q16-h2d-volume": _h2d, "q17-pin-memory": _pinned, "q18-unexpected-d2h": _d2h,
+    "q20-nccl-share": _nccl(lambda n: (f"{n.window_pct:.1f}% of the window per device", {"window_pct": n.window_pct})),
+    "q21-nccl-overlap": _nccl(lambda n: (f"{n.overlapped_pct:.1f}% of NCCL time overlaps compute; "
+                                         f"{ms(n.exposed_ns)} exposed", {"overlapped_pct": n.overlapped_pct})),
+    "q22-dominant-collective": _nccl(lambda n: ("; ".join(f"{r.collective} x{r.count:,} {ms(r.total_ns)}"
+                                                          for r in n.rows[:3]), {"rows": len(n.rows)})),
+    "q23-rank-balance": _nccl(_nccl_balance), "q25-hot-cpu-thread": _hot_thread, "q26-gc-pauses": _gc,
+    "q27-slow-first-iteration": _first_iteration, "q28-device-synchronize": _device_sync, "q29-torch-compile": _compile,
+    "q30-bound-type": _bound, "q35-expected-speedup": _expected, "meta-enough-iterations": _enough_iterations,
+    "meta-right-workload": _warmup,
+}

@@ -1,0 +1,293 @@
+"""Why is each device idle? Every idle nanosecond of a device in the window, attributed to one cause.
+
+A device's idle time is the window minus the union of its kernels, copies and memsets (intervals.GPU_WORK),
+cut into gaps (the stretches before its first and after its last operation in the window included). Each
+gap gets exactly one cause, so causes never share nanoseconds and their sum is the device's idle time:
+
+- queued: the operation after the gap had been launched before the gap began (its launch call returned
+  first): the device waited on something other than the host (an event, another stream or device).
+- sync / readback / pageable_copy / sync_copy: the host was inside a blocking call when the device ran dry
+  and resumed launching soon after it returned (within SYNC_RESUME_MAX_NS), so nothing more was queued: a
+  synchronize call; a device-to-host copy, or a synchronize right after one (the .item() pattern); a copy
+  from pageable host memory, or a synchronize right after one; another synchronous copy.
+- launch_tiny / launch: a short gap (<= LAUNCH_GAP_MAX_NS) before a work item the host launched only after
+  the device had gone idle: the cost of launching, between tiny kernels or not.
+- jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges) inside the gap.
+- alloc: device-memory allocation or free calls cover most of the gap.
+- host_comm: the launching threads were inside communication NVTX ranges (MPI_*, SHMEM) for most of the gap.
+- host_wait: the launching threads sat in OS-runtime waits (poll, read, futex, ...) or inside data-loading
+  NVTX ranges (data, fetch, collate, ...) for most of the gap.
+- host_cpu: scheduler data or CPU samples show the launching threads on a CPU, outside CUDA calls, for
+  most of the gap.
+- host_untraced: none of the above can be seen (no CUDA call, no host data).
+
+Longer gaps are judged by what the launching threads (those that put work on the device) did during the
+gap: a heavy activity (jit, alloc, waits) covering most of it outranks the blocking call that began it,
+because removing the call alone would not remove the gap. Times are integer ns clipped to the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import duckdb
+
+from nsightful.tools.common import Scope
+from nsightful.tools.intervals import gaps, overlaps
+
+Cause = Literal["queued", "sync", "readback", "pageable_copy", "sync_copy", "launch_tiny", "launch", "jit", "alloc",
+                "host_comm", "host_wait", "host_cpu", "host_untraced"]
+CAUSES: tuple[str, ...] = Cause.__args__  # type: ignore[attr-defined]
+
+LAUNCH_GAP_MAX_NS = 50_000  # 50 us: eager frameworks spend up to this much host time per op; longer is other work
+TINY_KERNEL_NS = 10_000  # 10 us: below this a kernel runs shorter than its launch costs (book small-kernel-overhead)
+FOLLOW_NS = 100_000  # 100 us: a synchronize this soon after a device-to-host copy waits for that copy's result
+DOMINANT_SHARE = 0.5  # a host activity covering half a gap explains it
+BUBBLE_MIN_NS = 1_000_000  # 1 ms: shorter idle stretches are launch jitter, not bubbles (book gpu-bubbles)
+PAUSE_MAX_NS = 100_000_000  # a collection pass takes ms to tens of ms; longer periodic gaps are other waits
+SIMILAR_RATIO = 1.2  # gap lengths (and periods) within 20% of each other count as the same pattern
+PERIODIC_MIN_GAPS = 3  # a pattern needs three gaps (two intervals) to show a period
+STEADY_SHARE = 0.75  # share of start-to-start intervals within 20% of the median for a periodic group
+SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; longer, other host work dominates
+LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
+HOST_PROBE_BUCKET_NS = 1_000_000  # overlap-join buckets for the long gaps x host events join
+WAIT_CALLS = "wait|poll|select|sleep|futex|pause|sem_|pthread_join|pthread_cond|accept|recv|read|epoll"
+JIT_RANGES = (r"(?i)(^|[^a-z])(jit|nvrtc|ptxas)|Xla(Emit|Optimize|Compile|Autotun)|compile(Fusion|Kernel|_fx)|"
+              r"triton\.compile|inductor")
+DATA_RANGES = r"(?i)data|fetch|collate|prefetch|get_batch|next_batch"  # input-pipeline NVTX ranges
+COMM_RANGES = r"^(MPI_|PMPI_|shmem_|nvshmem_|UCX|ucp_)"  # host-side communication libraries' NVTX ranges
+JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
+
+WORK = """api_ends AS (
+  SELECT pid, correlation_id, max(end_ns) AS end_ns FROM cuda_api WHERE kind IN ('memcpy', 'memset') GROUP BY ALL),
+ops AS MATERIALIZED (
+  SELECT device_id, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns, launch_end_ns, tiny
+  FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny FROM kernels
+        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false FROM memcpy m LEFT JOIN api_ends a
+          ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false FROM memset m LEFT JOIN api_ends a
+          ON a.pid = m.pid AND a.correlation_id = m.correlation_id)
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
+edges AS (SELECT unnest($devices) AS device_id, $start AS start_ns, $start AS end_ns
+          UNION ALL SELECT unnest($devices), $end, $end),
+lanes AS (SELECT device_id, start_ns, end_ns FROM ops UNION ALL SELECT device_id, start_ns, end_ns FROM edges),
+""" + gaps("raw_gaps", "lanes", "device_id") + """,
+gapset AS MATERIALIZED (
+  SELECT row_number() OVER (ORDER BY device_id, start_ns) AS gap_id, device_id, start_ns, end_ns,
+         end_ns - start_ns AS duration_ns FROM raw_gaps),
+nxt AS (SELECT g.gap_id, min(o.launch_end_ns) AS launch_end_ns, bool_or(o.tiny) AS tiny
+        FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.start_ns = g.end_ns GROUP BY g.gap_id),
+prv AS (SELECT g.gap_id, bool_or(o.tiny) AS tiny
+        FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.end_ns = g.start_ns GROUP BY g.gap_id),
+launchers AS (
+  SELECT DISTINCT device_id, pid, tid FROM (
+    SELECT device_id, pid, tid FROM kernels UNION ALL SELECT device_id, pid, tid FROM memcpy
+    UNION ALL SELECT device_id, pid, tid FROM memset)
+  WHERE tid IS NOT NULL AND device_id IN (SELECT unnest($devices))),
+threads_in AS (SELECT DISTINCT pid, tid FROM launchers),"""
+
+# Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
+BLOCKING = """
+calls0 AS (
+  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, m.direction,
+         coalesce('pageable' IN (m.src_kind, m.dst_kind), false) AS pageable
+  FROM cuda_api a JOIN threads_in t ON t.pid = a.pid AND t.tid = a.tid
+  LEFT JOIN memcpy m ON a.kind = 'memcpy' AND m.pid = a.pid AND m.correlation_id = a.correlation_id
+  WHERE a.kind IN ('sync', 'memcpy') AND a.end_ns > $start AND a.start_ns < $end),
+bcalls AS MATERIALIZED (
+  SELECT * FROM (
+    SELECT pid, tid, start_ns, end_ns, name, CASE
+      WHEN kind = 'memcpy' AND (name NOT LIKE '%Async%' OR pageable) AND direction = 'D2H' THEN 'readback'
+      WHEN kind = 'memcpy' AND pageable THEN 'pageable_copy'
+      WHEN kind = 'memcpy' AND name NOT LIKE '%Async%' THEN 'sync_copy'
+      WHEN kind = 'sync' AND start_ns - prev_end <= $follow AND prev_copy = 'D2H' THEN 'readback'
+      WHEN kind = 'sync' AND start_ns - prev_end <= $follow AND prev_copy = 'pageable' THEN 'pageable_copy'
+      WHEN kind = 'sync' THEN 'sync' END AS cause
+    FROM (SELECT *, lag(CASE WHEN kind <> 'memcpy' THEN NULL WHEN direction = 'D2H' THEN 'D2H'
+                             WHEN pageable THEN 'pageable' END) OVER w AS prev_copy,
+                 lag(end_ns) OVER w AS prev_end
+          FROM calls0 WINDOW w AS (PARTITION BY pid, tid ORDER BY start_ns, end_ns)))
+  WHERE cause IS NOT NULL),
+at_start AS (
+  SELECT gap_id, arg_max(cause, b_start) AS cause, arg_max(name, b_start) AS api, arg_max(b_end, b_start) AS b_end
+  FROM (
+    SELECT gl.gap_id, b.cause, b.name, b.start_ns AS b_start, b.end_ns AS b_end, gl.start_ns AS g0
+    FROM (SELECT g.gap_id, g.start_ns, l.pid, l.tid FROM gapset g JOIN launchers l USING (device_id)) gl
+    ASOF JOIN bcalls b ON b.pid = gl.pid AND b.tid = gl.tid AND b.start_ns <= gl.start_ns)
+  WHERE b_end > g0 GROUP BY gap_id),"""
+
+# What the launching threads did during the gaps that are neither queued nor short.
+HOST = """
+long_gaps AS (
+  SELECT g.gap_id AS probe_id, g.device_id, g.start_ns, g.end_ns FROM gapset g LEFT JOIN nxt n USING (gap_id)
+  WHERE g.duration_ns > $launch_gap_max AND NOT coalesce(n.launch_end_ns <= g.start_ns, false)),
+sched_on AS (
+  SELECT pid, tid, time_ns AS start_ns, next_ns AS end_ns FROM (
+    SELECT pid, tid, time_ns, is_sched_in, lead(time_ns) OVER w AS next_ns, lead(is_sched_in) OVER w AS next_in
+    FROM sched JOIN threads_in USING (pid, tid) WINDOW w AS (PARTITION BY pid, tid ORDER BY time_ns, is_sched_in))
+  WHERE is_sched_in AND NOT next_in AND next_ns > $start AND time_ns < $end),
+sample_period AS (
+  SELECT coalesce(median(d), 0)::BIGINT AS ns FROM (
+    SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
+    FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
+host_events AS (
+  SELECT l.device_id, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
+                           WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
+                           WHEN a.kind IN ('launch', 'graph') AND a.end_ns - a.start_ns >= $lazy THEN 'lazy'
+                           WHEN a.kind IN ('launch', 'graph', 'memcpy', 'memset') THEN 'launch'
+                           ELSE 'api' END AS what, a.start_ns, a.end_ns
+  FROM cuda_api a JOIN launchers l ON l.pid = a.pid AND l.tid = a.tid WHERE a.end_ns > $start AND a.start_ns < $end
+  UNION ALL
+  SELECT l.device_id, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait' ELSE 'api' END, o.start_ns, o.end_ns
+  FROM os_runtime o JOIN launchers l ON l.pid = o.pid AND l.tid = o.tid WHERE o.end_ns > $start AND o.start_ns < $end
+  UNION ALL
+  SELECT l.device_id, 'jit', n.start_ns, n.end_ns FROM nvtx n JOIN launchers l ON l.pid = n.pid AND l.tid = n.tid
+  WHERE n.end_ns > $start AND n.start_ns < $end AND regexp_matches(coalesce(n.text, ''), $jit_ranges)
+    AND NOT contains(n.text, 'Compiled Region')
+  UNION ALL
+  SELECT l.device_id, CASE WHEN regexp_matches(n.text, $comm_ranges) THEN 'comm' ELSE 'wait' END, n.start_ns, n.end_ns
+  FROM nvtx n JOIN launchers l ON l.pid = n.pid AND l.tid = n.tid
+  WHERE n.end_ns > $start AND n.start_ns < $end
+    AND (regexp_matches(coalesce(n.text, ''), $comm_ranges) OR regexp_matches(coalesce(n.text, ''), $data_ranges))
+  UNION ALL
+  SELECT l.device_id, 'cpu', s.start_ns, s.end_ns FROM sched_on s JOIN launchers l USING (pid, tid)
+  UNION ALL
+  SELECT l.device_id, 'cpu', c.time_ns, c.time_ns + (SELECT ns FROM sample_period) FROM cpu_samples c
+  JOIN launchers l USING (pid, tid) WHERE NOT EXISTS (SELECT 1 FROM sched LIMIT 1)
+    AND c.time_ns >= $start AND c.time_ns < $end),
+""" + overlaps("touch", "long_gaps", "host_events", "device_id", "what") + """,
+host AS (
+  SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'alloc') AS alloc_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'jit') AS jit_ns,
+         count(*) FILTER (WHERE what IN ('module', 'lazy')) AS modules,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'wait') AS wait_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'comm') AS comm_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'launch') AS launch_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'cpu') AS cpu_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'api')) AS api_ns
+  FROM touch GROUP BY probe_id),"""
+
+LABELLED = "WITH " + WORK + BLOCKING + HOST + """
+labelled AS MATERIALIZED (
+  SELECT g.*, s.api AS blocked_in, g.end_ns - s.b_end AS resume_ns, CASE
+    WHEN n.launch_end_ns <= g.start_ns THEN 'queued'
+    WHEN g.duration_ns <= $launch_gap_max AND s.cause IS NOT NULL THEN s.cause
+    WHEN g.duration_ns <= $launch_gap_max AND n.launch_end_ns IS NULL THEN 'host_untraced'
+    WHEN g.duration_ns <= $launch_gap_max THEN
+      CASE WHEN coalesce(n.tiny, false) OR coalesce(p.tiny, false) THEN 'launch_tiny' ELSE 'launch' END
+    WHEN h.jit_ns > 0 OR h.modules > 0 THEN 'jit'
+    WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'
+    WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
+    WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
+    WHEN s.cause IS NOT NULL AND g.end_ns - s.b_end <= $resume_max THEN s.cause
+    WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
+    WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
+    ELSE 'host_untraced' END AS cause
+  FROM gapset g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id) LEFT JOIN at_start s USING (gap_id)
+  LEFT JOIN host h USING (gap_id))"""
+
+
+
+def periodic(name: str, source: str, keys: str) -> str:
+    """CTEs ending in `name(gap_id, <keys>, grp, periodic, period_ns)` for `source(gap_id, <keys>, start_ns,
+    duration_ns)`: gaps of similar length (each within $similar of the next shorter one) on a key form a
+    group; a group is periodic when it has >= $min_gaps gaps and >= $steady_share of its start-to-start
+    intervals lie within $similar of their median (period_ns)."""
+    return f"""{name}_chained AS (
+  SELECT *, sum(opens) OVER (PARTITION BY {keys} ORDER BY duration_ns, gap_id ROWS UNBOUNDED PRECEDING) AS grp
+  FROM (SELECT gap_id, {keys}, start_ns, duration_ns, coalesce(duration_ns > $similar * lag(duration_ns) OVER (
+          PARTITION BY {keys} ORDER BY duration_ns, gap_id), true)::INTEGER AS opens FROM {source})),
+{name}_spaced AS (
+  SELECT *, start_ns - lag(start_ns) OVER (PARTITION BY {keys}, grp ORDER BY start_ns) AS interval_ns
+  FROM {name}_chained),
+{name}_steady AS (
+  SELECT {keys}, grp, count(*) AS n, median(interval_ns)::BIGINT AS period_ns, list(interval_ns) AS intervals
+  FROM {name}_spaced GROUP BY ALL),
+{name} AS (
+  SELECT s.gap_id, {", ".join(f"s.{k.strip()}" for k in keys.split(","))}, s.grp,
+         st.n >= $min_gaps AND len(list_filter(st.intervals, i -> i IS NOT NULL
+           AND abs(i - st.period_ns) <= ($similar - 1) * st.period_ns))
+           >= $steady_share * len(list_filter(st.intervals, i -> i IS NOT NULL)) AS periodic, st.period_ns
+  FROM {name}_spaced s JOIN {name}_steady st USING ({keys}, grp))"""
+
+
+TOTALS_SQL = LABELLED + """,
+host_gaps AS (SELECT gap_id, device_id, start_ns, duration_ns FROM labelled
+              WHERE cause IN ('host_untraced', 'host_cpu') AND duration_ns BETWEEN $gc_min AND $gc_max),
+""" + periodic("pauses", "host_gaps", "device_id") + """
+SELECT l.device_id, l.cause, count(*) AS gaps, sum(l.duration_ns)::BIGINT AS ns,
+       coalesce(sum(l.duration_ns) FILTER (WHERE l.duration_ns >= $bubble_min), 0)::BIGINT AS long_ns,
+       coalesce(sum(l.duration_ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
+       count(*) FILTER (WHERE p.periodic) AS periodic_gaps, median(p.period_ns) FILTER (WHERE p.periodic)::BIGINT,
+       mode(l.blocked_in) FILTER (WHERE l.cause IN ('sync', 'readback', 'pageable_copy', 'sync_copy')) AS api
+FROM labelled l LEFT JOIN pauses p USING (gap_id) GROUP BY ALL ORDER BY l.device_id, ns DESC
+"""
+
+
+def args(scope: Scope) -> dict[str, object]:
+    """Bound parameters of LABELLED and periodic() for a scope (callers add their own)."""
+    return {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "tiny": TINY_KERNEL_NS,
+            "follow": FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
+            "waits": WAIT_CALLS, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES, "jit_ranges": JIT_RANGES,
+            "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
+            "resume_max": SYNC_RESUME_MAX_NS, "similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS,
+            "steady_share": STEADY_SHARE}
+
+
+@dataclass(frozen=True)
+class CauseTime:
+    ns: int
+    gaps: int
+    long_ns: int = 0  # in gaps of at least BUBBLE_MIN_NS
+    periodic_ns: int = 0  # in periodic host gaps of BUBBLE_MIN_NS..PAUSE_MAX_NS (host_untraced/host_cpu only)
+    periodic_gaps: int = 0
+    period_ns: int | None = None
+    api: str | None = None  # the blocking call's API name, most often seen, for the blocking causes
+
+
+@dataclass(frozen=True)
+class DeviceIdle:
+    device: int
+    window_ns: int
+    idle_ns: int
+    causes: dict[str, CauseTime] = field(default_factory=dict)
+
+    def ns(self, *causes: str) -> int:
+        return sum(self.causes[c].ns for c in causes if c in self.causes)
+
+    @property
+    def busy_pct(self) -> float:
+        return round(100.0 * (self.window_ns - self.idle_ns) / self.window_ns, 2) if self.window_ns else 0.0
+
+
+def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, DeviceIdle]:
+    """Idle time per device and cause over the scope (cached: the model is read-only)."""
+    fingerprint = con.execute("SELECT fingerprint FROM meta").fetchone()
+    key = (fingerprint[0] if fingerprint else None, tuple(scope.devices), scope.start_ns, scope.end_ns)
+    if key[0] is None or key[0] == "test":
+        return _attribute(con, scope)
+    return _cached(key, con, scope)
+
+
+_cache: dict[tuple, dict[int, DeviceIdle]] = {}
+CACHE_ENTRIES = 64  # scopes remembered across calls: a triage run asks for one, a session for a few
+
+
+def _cached(key: tuple, con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, DeviceIdle]:
+    if key not in _cache:
+        if len(_cache) >= CACHE_ENTRIES:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = _attribute(con, scope)
+    return _cache[key]
+
+
+def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, DeviceIdle]:
+    totals = {"bubble_min": BUBBLE_MIN_NS, "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
+    rows = con.execute(TOTALS_SQL, {**args(scope), **totals}).fetchall()
+    found: dict[int, dict[str, CauseTime]] = {d: {} for d in scope.devices}
+    for device, cause, count, ns, long_ns, periodic_ns, periodic_gaps, period, api in rows:
+        found[device][cause] = CauseTime(ns=int(ns), gaps=count, long_ns=int(long_ns), periodic_ns=int(periodic_ns),
+                                         periodic_gaps=periodic_gaps, period_ns=period, api=api)
+    return {d: DeviceIdle(device=d, window_ns=scope.duration_ns, idle_ns=sum(c.ns for c in causes.values()),
+                          causes=causes) for d, causes in found.items()}
