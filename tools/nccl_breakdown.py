@@ -33,13 +33,15 @@ Arrival (needs two or more devices in scope; omit `device` to compare all):
   share >= LAST_SHARE_MIN_PCT and median_skew_ns >= skew_threshold_ns = max(MIN_SKEW_NS,
   SKEW_TRANSFER_RATIO x median_transfer_ns); `verdict` says which test failed otherwise.
 
-Findings, per device, with disjoint time at stake: nccl-straggler on each waiting device (its
-straggler_wait_ns). The rest of its exposed NCCL time, pool = exposed_ns - straggler_wait_ns, goes to at
-most one finding, first match wins: nccl-on-compute-stream (a shared stream; stake = the exposed NCCL time
-on shared streams, within the pool: a shared stream forbids any overlap, so it is fixed first), then
-compute-communication-imbalance (no straggler, NCCL >= NCCL_SHARE_PCT of the window, median skew at or above
-the threshold; stake = wait_ns within the pool: waiting for varying late ranks), then nccl-serialization
-(overlapped_pct < OVERLAP_MIN_PCT and pool >= EXPOSED_MIN_PCT of the window; stake = pool). Times in ns.
+Findings, per device, with disjoint time at stake (each capped at the window): nccl-straggler on each
+waiting device (its straggler_wait_ns). The rest of its exposed NCCL time, pool = exposed_ns -
+straggler_wait_ns, goes to at most one finding, first match wins:
+1. nccl-on-compute-stream: shared streams hold >= SHARED_MIN_PCT of the device's exposed NCCL time; stake =
+   that time within the pool. First because a shared stream forbids overlap whatever else is tuned.
+2. compute-communication-imbalance: no straggler, NCCL >= NCCL_SHARE_PCT of the window on the device and a
+   median skew at or above the threshold; stake = wait_ns within the pool (waiting for varying late ranks).
+3. nccl-serialization: overlapped_pct < OVERLAP_MIN_PCT and pool >= EXPOSED_MIN_PCT of the window; stake = pool.
+Times in ns.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from nsightful.tools.intervals import covered, overlaps
 OVERLAP_MIN_PCT = 50.0  # book nccl-serialization: overlapped_pct well below 50% means collectives take turns
 EXPOSED_MIN_PCT = 10.0  # ... and only when the exposed time is a sizeable share of the window
 NCCL_SHARE_PCT = 20.0  # book compute-communication-imbalance: NCCL above 20% of the window is a red flag
+SHARED_MIN_PCT = 50.0  # shared streams holding most of a device's exposed NCCL time: the stream layout decides
 STRAGGLER_HIGH_PCT = 10.0  # waiting a tenth of the window or more for one rank is a high-severity loss
 BUCKET_NS = 1_000_000  # overlap join buckets: NCCL kernels span a few, most compute kernels fit in one
 MAX_SHIFT = 3  # instances: a window or capture edge cuts the collective in flight at each end, with room to spare
@@ -365,8 +368,9 @@ def _straggler(result: Result) -> list[Finding]:
 
 def _shared(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
     shared = [s for s in result.nccl_on_compute_stream if s.device == d.device]
-    stake = min(pool, sum(s.exposed_ns for s in shared))
-    if not shared or stake <= 0:
+    exposed = sum(s.exposed_ns for s in shared)
+    stake = min(pool, exposed)
+    if not shared or pct(exposed, d.exposed_ns) < SHARED_MIN_PCT or stake <= 0:
         return None
     streams = ", ".join(str(s.stream) for s in shared)
     return Finding(
