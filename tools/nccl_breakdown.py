@@ -1,14 +1,47 @@
-"""How much time goes to NCCL communication, how much of it is hidden under compute, and are ranks balanced?
+"""Where does each device's NCCL time go: hidden under compute, exposed, or waiting for a rank that arrives last?
 
-NCCL kernels (kernels.category = 'nccl') of the devices in scope, clipped to the window (default:
+Time: NCCL kernels (kernels.category = 'nccl') of the devices in scope, clipped to the window (default:
 GPU-active). Rows per (collective type, stream) over those devices: count, total_ns (sum of clipped
 durations), mean_ns, window_pct = total_ns / (window x devices in scope). overlapped_ns = time of each
 NCCL kernel during which its device also ran a non-NCCL kernel (intersection with the union of the
 other kernels' intervals on that device); overlapped_pct = overlapped_ns / total_ns; exposed_ns =
-total_ns - overlapped_ns (communication not hidden by compute). devices: the same per device;
-spread_ns = max - min of per-device NCCL time, spread_pct = spread / mean; the device with the least
-NCCL time is the likely straggler (the late rank waits least). nccl_on_compute_stream lists streams that
-carry both NCCL and non-NCCL kernels. Times in ns.
+total_ns - overlapped_ns (communication not hidden by compute). devices: the same per device, with
+window_pct = nccl_ns / window; spread_ns = max - min of per-device NCCL time, spread_pct = spread / mean
+(data only: the late rank is read from arrival, not from totals). nccl_on_compute_stream lists streams
+that carry both NCCL and non-NCCL kernels, with the exposed NCCL time on them.
+
+Arrival (needs two or more devices in scope; omit `device` to compare all):
+- Matching, per collective type (nccl_collective, 'other' when unnamed): the NCCL kernels of each device
+  that overlap the window, numbered in start order; the devices that ran the type are its participants
+  (at least two). The device with the most instances is the reference; every other participant is
+  shifted by the s in -MAX_SHIFT..MAX_SHIFT instances that minimises the median |end difference| between
+  its instance k + s and the reference's instance k (smaller |s| on ties): a collective ends on every rank
+  within microseconds, while the starts differ by the very skew measured here, so ends align the
+  sequences even when the window or the capture cut a collective on some devices only. Instance k of the
+  reference and the shifted instances form one matched collective when every participant has one and all
+  of them still run when the last one starts (min end >= max start, true of any real collective); every
+  other kernel is left out and counted in unmatched_kernels.
+- Per matched collective: arrival = kernel start (unclipped) per device; skew_ns = last - first arrival;
+  the last arriver (lowest device id on an exact tie); transfer_ns = the last arriver's kernel duration
+  (the collective's own time once every rank is there). median_skew_ns, p90_skew_ns (linear
+  interpolation) and median_transfer_ns over matched collectives.
+- Per device: collectives it took part in, last_count and last_share_pct = last_count / collectives;
+  wait_ns = its NCCL kernel time before the last arrival ([own start, min(last arrival, own end)) clipped
+  to the window), summed over matched collectives; straggler_wait_ns = the same over the collectives the
+  straggler arrived last to.
+- Straggler: the device with the highest last_share_pct, named only when matched >= MIN_MATCHED, its
+  share >= LAST_SHARE_MIN_PCT and median_skew_ns >= skew_threshold_ns = max(MIN_SKEW_NS,
+  SKEW_TRANSFER_RATIO x median_transfer_ns); `verdict` says which test failed otherwise.
+
+Findings, per device, with disjoint time at stake (each capped at the window): nccl-straggler on each
+waiting device (its straggler_wait_ns). The rest of its exposed NCCL time, pool = exposed_ns -
+straggler_wait_ns, goes to at most one finding, first match wins:
+1. nccl-on-compute-stream: shared streams hold >= SHARED_MIN_PCT of the device's exposed NCCL time; stake =
+   that time within the pool. First because a shared stream forbids overlap whatever else is tuned.
+2. compute-communication-imbalance: no straggler, NCCL >= NCCL_SHARE_PCT of the window on the device and a
+   median skew at or above the threshold; stake = wait_ns within the pool (waiting for varying late ranks).
+3. nccl-serialization: overlapped_pct < OVERLAP_MIN_PCT and pool >= EXPOSED_MIN_PCT of the window; stake = pool.
+Times in ns.
 """
 
 from __future__ import annotations
@@ -31,10 +64,16 @@ from nsightful.tools.intervals import covered, overlaps
 
 OVERLAP_MIN_PCT = 50.0  # book nccl-serialization: overlapped_pct well below 50% means collectives take turns
 EXPOSED_MIN_PCT = 10.0  # ... and only when the exposed time is a sizeable share of the window
-STRAGGLER_SPREAD_PCT = 25.0  # per-device NCCL time differing this much from the mean: one rank is late
-STRAGGLER_HIGH_PCT = 10.0  # the waiting costs the other ranks a tenth of the window or more
 NCCL_SHARE_PCT = 20.0  # book compute-communication-imbalance: NCCL above 20% of the window is a red flag
+SHARED_MIN_PCT = 50.0  # shared streams holding most of a device's exposed NCCL time: the stream layout decides
+STRAGGLER_HIGH_PCT = 10.0  # waiting a tenth of the window or more for one rank is a high-severity loss
 BUCKET_NS = 1_000_000  # overlap join buckets: NCCL kernels span a few, most compute kernels fit in one
+MAX_SHIFT = 3  # instances: a window or capture edge cuts the collective in flight at each end, with room to spare
+MIN_MATCHED = 10  # below this, two evenly matched ranks show a 3-in-4 last share by chance in over 1 run in 10
+LAST_SHARE_MIN_PCT = 75.0  # a clear majority: 1.5x the even share of two ranks, 3x that of four
+MIN_SKEW_NS = 100_000  # 0.1 ms: below this, launch and host-scheduling jitter decide who arrives last
+SKEW_TRANSFER_RATIO = 0.5  # a wait under half the collective's own transfer time is not worth chasing
+WORST_SHOWN = 5  # most skewed collectives listed: enough to find them on a timeline
 
 
 NO_NCCL = ("no NCCL kernels in this window (a single-GPU run, or communication not captured: trace every rank "
@@ -65,7 +104,9 @@ class DeviceNccl(BaseModel):
     mean_ns: float
     window_pct: float
     overlapped_ns: int
+    overlapped_pct: float
     exposed_ns: int
+    collectives: list[str] = Field(description="collective types it ran")
 
 
 class SharedStream(BaseModel):
@@ -73,6 +114,39 @@ class SharedStream(BaseModel):
     stream: int | None
     nccl_kernels: int
     compute_kernels: int = Field(description="non-NCCL kernels on the same stream")
+    exposed_ns: int = Field(description="exposed NCCL time on this stream")
+
+
+class DeviceArrival(BaseModel):
+    device: int
+    collectives: int = Field(description="matched collectives it took part in")
+    last_count: int = Field(description="matched collectives it arrived last to")
+    last_share_pct: float = Field(description="last_count / collectives")
+    wait_ns: int = Field(description="its NCCL kernel time before the last rank arrived, in the window")
+    straggler_wait_ns: int = Field(description="wait_ns over the collectives the straggler arrived last to")
+
+
+class SkewedCollective(BaseModel):
+    collective: str
+    first_arrival_ns: int
+    last_arrival_ns: int
+    skew_ns: int
+    last_device: int
+    transfer_ns: int = Field(description="the last arriver's kernel duration")
+
+
+class Arrival(BaseModel):
+    matched: int = Field(description="collectives matched across their devices")
+    matched_kernels: int
+    unmatched_kernels: int = Field(description="NCCL kernels in the window left out of every matched collective")
+    median_skew_ns: int
+    p90_skew_ns: int
+    median_transfer_ns: int
+    skew_threshold_ns: int = Field(description="median skew needed to name a straggler")
+    devices: list[DeviceArrival]
+    worst: list[SkewedCollective] = Field(description=f"the {WORST_SHOWN} most skewed collectives at most")
+    straggler_device: int | None = Field(description="the device that arrives last, when arrival is unbalanced")
+    verdict: str = Field(description="why a straggler is or is not named")
 
 
 class Result(BaseModel):
@@ -91,13 +165,14 @@ class Result(BaseModel):
     devices: list[DeviceNccl]
     spread_ns: int = Field(description="max - min per-device NCCL time (0 with one device)")
     spread_pct: float = Field(description="spread_ns / mean per-device NCCL time")
-    least_nccl_device: int | None = Field(description="device with the least NCCL time: the likely late rank")
     nccl_on_compute_stream: list[SharedStream]
+    arrival: Arrival | None = Field(description="per-collective arrival across devices; null without NCCL")
     findings: list[Finding] = []
 
 
 # Per NCCL kernel: the pieces of other kernels of its device that overlap it (bucketed hash join, see
-# intervals.overlaps), then their union length (intervals.covered).
+# intervals.overlaps), then their union length (intervals.covered). Grouping bits: 1 = per (collective,
+# stream), 6 = per device, 4 = per (device, stream).
 SQL = """
 WITH k AS (
   SELECT device_id, stream_id, category = 'nccl' AS is_nccl, coalesce(nccl_collective, 'other') AS coll,
@@ -110,9 +185,9 @@ others AS (SELECT device_id, start_ns, end_ns FROM k WHERE NOT is_nccl
 """ + overlaps("pieces", "probes", "others", "device_id") + ",\n" + covered("covered", "pieces") + """,
 n AS (SELECT p.*, p.end_ns - p.start_ns AS dur, coalesce(c.ns, 0) AS covered
       FROM probes p LEFT JOIN covered c USING (probe_id))
-SELECT grouping(device_id), coll, stream_id, device_id, count(DISTINCT device_id), count(*), sum(dur), avg(dur),
-       sum(covered)
-FROM n GROUP BY GROUPING SETS ((coll, stream_id), (device_id)) ORDER BY 1, 4, 7 DESC, 2, 3
+SELECT grouping(coll, stream_id, device_id), coll, stream_id, device_id, count(DISTINCT device_id), count(*),
+       sum(dur), avg(dur), sum(covered), list(DISTINCT coll ORDER BY coll)
+FROM n GROUP BY GROUPING SETS ((coll, stream_id), (device_id), (device_id, stream_id)) ORDER BY 1, 4, 7 DESC, 2, 3
 """
 
 SHARED_SQL = """
@@ -122,13 +197,104 @@ GROUP BY ALL HAVING count(*) FILTER (WHERE category = 'nccl') > 0 AND count(*) F
 ORDER BY ALL
 """
 
+# Matching as in the module docstring: n numbers instances, parts names participants and the reference,
+# best picks each device's shift, matched keeps the complete, simultaneous groups.
+MATCH = """
+WITH n AS (
+  SELECT device_id, coalesce(nccl_collective, 'other') AS coll, start_ns, end_ns,
+         row_number() OVER (PARTITION BY device_id, coalesce(nccl_collective, 'other') ORDER BY start_ns, end_ns) AS k
+  FROM kernels WHERE category = 'nccl' AND device_id IN (SELECT unnest($devices))
+    AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
+parts AS (
+  SELECT coll, count(*) AS parts, arg_max(device_id, (instances, -device_id)) AS ref
+  FROM (SELECT coll, device_id, count(*) AS instances FROM n GROUP BY ALL) GROUP BY coll HAVING count(*) >= 2),
+cost AS (
+  SELECT d.coll, d.device_id, s.shift, median(abs(d.end_ns - r.end_ns)) AS cost
+  FROM n r JOIN parts p ON p.coll = r.coll AND p.ref = r.device_id
+  CROSS JOIN (SELECT unnest(range(-$max_shift, $max_shift + 1)) AS shift) s
+  JOIN n d ON d.coll = r.coll AND d.k = r.k + s.shift
+  GROUP BY ALL),
+best AS (SELECT coll, device_id, arg_min(shift, (cost, abs(shift), shift)) AS shift FROM cost GROUP BY ALL),
+aligned AS (SELECT n.device_id, n.coll, n.start_ns, n.end_ns, n.k - b.shift AS idx
+            FROM n JOIN best b USING (coll, device_id)),
+matched AS (
+  SELECT a.coll, a.idx, count(*) AS ranks, min(a.start_ns) AS first_ns, max(a.start_ns) AS last_ns,
+         arg_max(a.device_id, (a.start_ns, -a.device_id)) AS last_device,
+         arg_max(a.end_ns - a.start_ns, (a.start_ns, -a.device_id)) AS transfer_ns
+  FROM aligned a JOIN parts p USING (coll)
+  GROUP BY a.coll, a.idx, p.parts HAVING count(*) = p.parts AND min(a.end_ns) >= max(a.start_ns))
+"""
 
-def _spread(devices: list[DeviceNccl], scope: Scope) -> tuple[int, float, int | None]:
+SUMMARY_SQL = MATCH + """
+SELECT count(*), coalesce(sum(ranks), 0), median(last_ns - first_ns), quantile_cont(last_ns - first_ns, 0.9),
+       median(transfer_ns), (SELECT count(*) FROM n)
+FROM matched
+"""
+
+# Per (device, last arriver): collectives, and the device's wait inside them for that last arriver.
+WAIT_SQL = MATCH + """
+SELECT a.device_id, m.last_device, count(*),
+       sum(greatest(0, least(m.last_ns, a.end_ns, $end) - greatest(a.start_ns, $start)))
+FROM aligned a JOIN matched m USING (coll, idx) GROUP BY ALL ORDER BY ALL
+"""
+
+WORST_SQL = MATCH + """
+SELECT coll, first_ns, last_ns, last_ns - first_ns AS skew, last_device, transfer_ns
+FROM matched ORDER BY skew DESC, first_ns, coll LIMIT $limit
+"""
+
+
+def _spread(devices: list[DeviceNccl], scope: Scope) -> tuple[int, float]:
     if len(scope.devices) < 2 or not devices:
-        return 0, 0.0, None
+        return 0, 0.0
     totals = {d: 0 for d in scope.devices} | {d.device: d.nccl_ns for d in devices}
     spread = max(totals.values()) - min(totals.values())
-    return spread, pct(spread, sum(totals.values()) / len(totals)), min(totals, key=lambda d: (totals[d], d))
+    return spread, pct(spread, sum(totals.values()) / len(totals))
+
+
+def _verdict(arrival: Arrival, scope: Scope) -> tuple[int | None, str]:
+    """The straggler, or None, and why."""
+    if len(scope.devices) < 2:
+        return None, "arrival compares devices and this scope has one: omit `device` to compare all of them"
+    if arrival.matched < MIN_MATCHED:
+        return None, (f"only {arrival.matched} collectives matched across devices: too few to tell a habit from "
+                      f"chance (at least {MIN_MATCHED} needed)")
+    top = max(arrival.devices, key=lambda a: (a.last_share_pct, a.last_count, -a.device))
+    said = f"device {top.device} arrives last to {top.last_count} of {top.collectives} collectives " \
+           f"({top.last_share_pct:.1f}%)"
+    if top.last_share_pct < LAST_SHARE_MIN_PCT:
+        return None, f"balanced: no device arrives last to {LAST_SHARE_MIN_PCT:.0f}% of collectives; most often {said}"
+    if arrival.median_skew_ns < arrival.skew_threshold_ns:
+        return None, (f"{said}, but the median skew {ms(arrival.median_skew_ns)} is below "
+                      f"{ms(arrival.skew_threshold_ns)}: too small to matter")
+    return top.device, f"straggler: {said}; median skew {ms(arrival.median_skew_ns)}"
+
+
+def _arrival(con: duckdb.DuckDBPyConnection, args: dict[str, object], scope: Scope, limit: int) -> Arrival:
+    args = {**args, "max_shift": MAX_SHIFT}
+    matched, matched_kernels, median_skew, p90_skew, transfer, kernels = con.execute(SUMMARY_SQL, args).fetchone()
+    waits = con.execute(WAIT_SQL, args).fetchall()
+    devices = []
+    for device in sorted({r[0] for r in waits}):
+        mine = [r for r in waits if r[0] == device]
+        taken, last = sum(r[2] for r in mine), sum(r[2] for r in mine if r[1] == device)
+        devices.append(DeviceArrival(device=device, collectives=taken, last_count=last,
+                                     last_share_pct=pct(last, taken), wait_ns=int(sum(r[3] for r in mine)),
+                                     straggler_wait_ns=0))
+    worst = [SkewedCollective(collective=r[0], first_arrival_ns=r[1], last_arrival_ns=r[2], skew_ns=r[3],
+                              last_device=r[4], transfer_ns=r[5])
+             for r in con.execute(WORST_SQL, {**args, "limit": min(limit, WORST_SHOWN)}).fetchall()]
+    arrival = Arrival(
+        matched=matched, matched_kernels=int(matched_kernels), unmatched_kernels=kernels - int(matched_kernels),
+        median_skew_ns=round(median_skew or 0), p90_skew_ns=round(p90_skew or 0),
+        median_transfer_ns=round(transfer or 0),
+        skew_threshold_ns=max(MIN_SKEW_NS, round(SKEW_TRANSFER_RATIO * (transfer or 0))),
+        devices=devices, worst=worst, straggler_device=None, verdict="")
+    arrival.straggler_device, arrival.verdict = _verdict(arrival, scope)
+    late = {r[0]: int(r[3]) for r in waits if r[1] == arrival.straggler_device and r[0] != r[1]}
+    for a in arrival.devices:
+        a.straggler_wait_ns = late.get(a.device, 0)
+    return arrival
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
@@ -140,78 +306,107 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                           mean_ns=round(r[7], 1), window_pct=pct(r[6], capacity), overlapped_ns=int(r[8]),
                           overlapped_pct=pct(r[8], r[6]), exposed_ns=int(r[6] - r[8])) for r in groups if r[0] == 1]
     devices = [DeviceNccl(device=r[3], count=r[5], nccl_ns=int(r[6]), mean_ns=round(r[7], 1),
-                          window_pct=pct(r[6], scope.duration_ns), overlapped_ns=int(r[8]), exposed_ns=int(r[6] - r[8]))
-               for r in groups if r[0] == 0]
+                          window_pct=pct(r[6], scope.duration_ns), overlapped_ns=int(r[8]),
+                          overlapped_pct=pct(r[8], r[6]), exposed_ns=int(r[6] - r[8]), collectives=r[9])
+               for r in groups if r[0] == 6]
+    stream_exposed = {(r[3], r[2]): int(r[6] - r[8]) for r in groups if r[0] == 4}
     total, covered = sum(d.nccl_ns for d in devices), sum(d.overlapped_ns for d in devices)
-    spread, spread_pct, least = _spread(devices, scope)
+    spread, spread_pct = _spread(devices, scope)
     result = Result(
         scope=scope, has_nccl=bool(devices), note=None if devices else NO_NCCL,
         nccl_count=sum(d.count for d in devices), nccl_ns=total, window_pct=pct(total, capacity),
         overlapped_ns=covered, overlapped_pct=pct(covered, total), exposed_ns=total - covered,
         rows=rows[:params.limit], truncated=len(rows) > params.limit, total_rows=len(rows), devices=devices,
-        spread_ns=spread, spread_pct=spread_pct, least_nccl_device=least,
-        nccl_on_compute_stream=[SharedStream(device=r[0], stream=r[1], nccl_kernels=r[2], compute_kernels=r[3])
-                                for r in con.execute(SHARED_SQL, args).fetchall()])
+        spread_ns=spread, spread_pct=spread_pct,
+        nccl_on_compute_stream=[SharedStream(device=r[0], stream=r[1], nccl_kernels=r[2], compute_kernels=r[3],
+                                             exposed_ns=stream_exposed.get((r[0], r[1]), 0))
+                                for r in con.execute(SHARED_SQL, args).fetchall()],
+        arrival=_arrival(con, args, scope, params.limit) if devices else None)
     result.findings = findings(result)
     return result
 
 
 def findings(result: Result) -> list[Finding]:
-    if not result.has_nccl:
+    """nccl-straggler per waiting device, then at most one other finding per device on what is left."""
+    if not result.has_nccl or result.arrival is None:
         return []
-    straggler = _straggler(result)
-    return [*_serialization(result, late_rank=straggler is not None), *_shared(result),
-            *([straggler] if straggler else _imbalance(result))]  # a fixed late rank explains a high share
+    waits = {a.device: a for a in result.arrival.devices}
+    found = _straggler(result)
+    for d in result.devices:
+        wait = waits.get(d.device)
+        # concurrent NCCL kernels of one device can sum past the window: never claim more than it
+        pool = min(max(0, d.exposed_ns - (wait.straggler_wait_ns if wait else 0)), result.scope.duration_ns)
+        chosen = _shared(result, d, pool) or _imbalance(result, d, wait, pool) or _serialization(result, d, pool)
+        if chosen:
+            found.append(chosen)
+    return found
 
 
-def _serialization(result: Result, late_rank: bool) -> list[Finding]:
-    """Judged on the late rank when there is one: the other ranks' exposed time is waiting for it."""
-    judged = [d for d in result.devices if not late_rank or d.device == result.least_nccl_device]
-    total, exposed = sum(d.nccl_ns for d in judged), sum(d.exposed_ns for d in judged)
-    overlapped_pct = pct(total - exposed, total)
-    exposed_pct = pct(exposed, result.scope.duration_ns * len(judged))
-    if overlapped_pct >= OVERLAP_MIN_PCT or exposed_pct < EXPOSED_MIN_PCT:
+def _tags(d: DeviceNccl) -> list[str]:
+    return [c.lower() for c in d.collectives if c != "other"]
+
+
+def _straggler(result: Result) -> list[Finding]:
+    arrival = result.arrival
+    late = next((a for a in arrival.devices if a.device == arrival.straggler_device), None)
+    if late is None:
         return []
+    tags = {d.device: _tags(d) for d in result.devices}
     return [Finding(
-        root_cause="nccl-serialization", severity="high" if exposed_pct >= NCCL_SHARE_PCT else "medium",
-        title=f"only {overlapped_pct:.1f}% of NCCL time overlaps compute; {ms(exposed)} exposed"
-              + (f" on late device {result.least_nccl_device}" if late_rank else ""),
-        evidence={"overlapped_pct": overlapped_pct, "exposed_ns": exposed, "exposed_window_pct": exposed_pct},
-        time_at_stake_ns=exposed // 2, device=result.least_nccl_device if late_rank else None)]
+        root_cause="nccl-straggler",
+        severity="high" if pct(a.straggler_wait_ns, result.scope.duration_ns) >= STRAGGLER_HIGH_PCT else "medium",
+        title=f"device {a.device} waits {ms(a.straggler_wait_ns)} inside NCCL kernels for device {late.device}, "
+              f"which arrives last to {late.last_count} of {late.collectives} collectives",
+        evidence={"late_device": late.device, "late_last_share_pct": late.last_share_pct,
+                  "late_last_count": late.last_count, "median_skew_ns": arrival.median_skew_ns,
+                  "wait_ns": a.straggler_wait_ns,
+                  "wait_window_pct": pct(a.straggler_wait_ns, result.scope.duration_ns)},
+        time_at_stake_ns=min(a.straggler_wait_ns, result.scope.duration_ns), device=a.device,
+        tags=tags.get(a.device, []))
+        for a in arrival.devices if a.device != late.device and a.straggler_wait_ns > 0]
 
 
-def _shared(result: Result) -> list[Finding]:
-    exposed = {d.device: d.exposed_ns for d in result.devices}
-    return [Finding(
-        root_cause="nccl-on-compute-stream", severity="medium",
-        title=f"stream {s.stream} on device {s.device} runs {s.nccl_kernels} NCCL and {s.compute_kernels} "
-              "compute kernels: they can only take turns",
-        evidence={"stream": s.stream if s.stream is not None else -1, "nccl_kernels": s.nccl_kernels,
-                  "compute_kernels": s.compute_kernels},
-        time_at_stake_ns=exposed.get(s.device, 0), device=s.device) for s in result.nccl_on_compute_stream]
-
-
-def _straggler(result: Result) -> Finding | None:
-    if result.spread_pct < STRAGGLER_SPREAD_PCT:
+def _shared(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
+    shared = [s for s in result.nccl_on_compute_stream if s.device == d.device]
+    exposed = sum(s.exposed_ns for s in shared)
+    stake = min(pool, exposed)
+    if not shared or pct(exposed, d.exposed_ns) < SHARED_MIN_PCT or stake <= 0:
         return None
-    window_pct = pct(result.spread_ns, result.scope.duration_ns)
+    streams = ", ".join(str(s.stream) for s in shared)
     return Finding(
-        root_cause="nccl-straggler", severity="high" if window_pct >= STRAGGLER_HIGH_PCT else "medium",
-        title=f"device {result.least_nccl_device} spends {ms(result.spread_ns)} less in NCCL than the busiest "
-              "rank: it arrives late and the others wait for it",
-        evidence={"spread_ns": result.spread_ns, "spread_pct": result.spread_pct, "spread_window_pct": window_pct,
-                  "least_nccl_device": result.least_nccl_device},
-        time_at_stake_ns=result.spread_ns, device=result.least_nccl_device)
+        root_cause="nccl-on-compute-stream", severity="medium",
+        title=f"device {d.device}: NCCL shares stream {streams} with "
+              f"{sum(s.compute_kernels for s in shared):,} compute kernels, so they can only take turns; "
+              f"{ms(stake)} exposed",
+        evidence={"streams": streams, "nccl_kernels": sum(s.nccl_kernels for s in shared),
+                  "compute_kernels": sum(s.compute_kernels for s in shared), "exposed_ns": stake},
+        time_at_stake_ns=stake, device=d.device, tags=_tags(d))
 
 
-def _imbalance(result: Result) -> list[Finding]:
-    if result.window_pct < NCCL_SHARE_PCT:
-        return []
-    return [Finding(
+def _imbalance(result: Result, d: DeviceNccl, wait: DeviceArrival | None, pool: int) -> Finding | None:
+    arrival = result.arrival
+    stake = min(pool, wait.wait_ns) if wait else 0
+    if (arrival.straggler_device is not None or arrival.matched < MIN_MATCHED or d.window_pct < NCCL_SHARE_PCT
+            or arrival.median_skew_ns < arrival.skew_threshold_ns or stake <= 0):
+        return None
+    return Finding(
         root_cause="compute-communication-imbalance", severity="medium",
-        title=f"NCCL takes {result.window_pct:.1f}% of the window on average per device",
-        evidence={"window_pct": result.window_pct, "nccl_ns": result.nccl_ns, "exposed_ns": result.exposed_ns},
-        time_at_stake_ns=result.exposed_ns // 2)]
+        title=f"device {d.device}: NCCL takes {d.window_pct:.1f}% of the window and ranks arrive "
+              f"{ms(arrival.median_skew_ns)} apart (median) with no fixed late rank; {ms(stake)} waiting",
+        evidence={"window_pct": d.window_pct, "nccl_ns": d.nccl_ns, "wait_ns": wait.wait_ns,
+                  "median_skew_ns": arrival.median_skew_ns, "last_share_pct": wait.last_share_pct},
+        time_at_stake_ns=stake, device=d.device, tags=_tags(d))
+
+
+def _serialization(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
+    exposed_pct = pct(pool, result.scope.duration_ns)
+    if d.overlapped_pct >= OVERLAP_MIN_PCT or exposed_pct < EXPOSED_MIN_PCT:
+        return None
+    return Finding(
+        root_cause="nccl-serialization", severity="high" if exposed_pct >= NCCL_SHARE_PCT else "medium",
+        title=f"device {d.device}: only {d.overlapped_pct:.1f}% of NCCL time overlaps compute; {ms(pool)} exposed",
+        evidence={"overlapped_pct": d.overlapped_pct, "exposed_ns": pool, "exposed_window_pct": exposed_pct},
+        time_at_stake_ns=pool, device=d.device, tags=_tags(d))
 
 
 def render(result: Result) -> str:
@@ -225,10 +420,15 @@ def render(result: Result) -> str:
         lines.append(f"  ... {result.total_rows - len(result.rows)} more rows: raise `limit` to see them")
     lines.extend(f"  device {d.device}: {ms(d.nccl_ns)} NCCL ({d.window_pct:.1f}%), exposed {ms(d.exposed_ns)}"
                  for d in result.devices)
-    if result.least_nccl_device is not None:
-        lines.append(f"rank balance: spread {ms(result.spread_ns)} ({result.spread_pct:.1f}% of the mean); "
-                     f"least NCCL time on device {result.least_nccl_device}")
-    lines.extend(f"shared stream: device {s.device} stream {s.stream} ({s.nccl_kernels} NCCL, "
-                 f"{s.compute_kernels} compute)" for s in result.nccl_on_compute_stream)
+    lines.extend(f"shared stream: device {s.device} stream {s.stream} ({s.nccl_kernels} NCCL, {s.compute_kernels} "
+                 f"compute, {ms(s.exposed_ns)} NCCL exposed)" for s in result.nccl_on_compute_stream)
+    a = result.arrival
+    lines.append(f"arrival: {a.matched:,} collectives matched ({a.unmatched_kernels:,} kernels unmatched); skew median "
+                 f"{ms(a.median_skew_ns)}, p90 {ms(a.p90_skew_ns)}; transfer median {ms(a.median_transfer_ns)}")
+    lines.extend(f"  device {d.device}: last to {d.last_count} of {d.collectives} ({d.last_share_pct:.1f}%), "
+                 f"waits {ms(d.wait_ns)}" for d in a.devices)
+    lines.extend(f"  skewed {w.collective} at {w.first_arrival_ns}: {ms(w.skew_ns)}, device {w.last_device} last"
+                 for w in a.worst)
+    lines.append(f"  {a.verdict}")
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
     return "\n".join(lines)
