@@ -107,6 +107,7 @@ _MEMCPY_API_NS = (5_000, 10_000)
 _EVENT_API_NS = (1_500, 4_000)
 _QUEUE_DELAY_NS = (2_000, 6_000)  # launch call end -> GPU start when the stream is free
 _SYNC_RETURN_NS = (300, 900)  # GPU done -> blocking call returns
+_AFTER_WAIT_NS = (400_000, 800_000)  # the host uses what it waited for (logging, a branch) before launching more
 _HOST_LEAD_MAX_NS = 2_000_000  # launch calls block while a stream has more queued work than this
 _GAP_RESUME_SLACK_NS = 40_000  # host resumes this long before a planted GPU gap ends
 _STRAGGLER_RESUME_SLACK_NS = 150_000  # ... and before a straggler's late NCCL kernel starts
@@ -500,7 +501,7 @@ class SynthConfig:
         planted = dict(
             preset="demo", idle_gaps=gaps, first_iteration_extra_ns=64_000_000,
             tiny_kernels_per_iteration=300, pageable_h2d_per_iteration=1, device_syncs_per_iteration=1,
-            small_d2h_per_iteration=2, gc_pause_period=4,
+            small_d2h_per_iteration=2, gc_pause_period=3,
             straggler_device=min(2, devices - 1) if devices > 1 else None)
         return cls(**{**planted, **overrides})
 
@@ -878,6 +879,7 @@ class _Rank:
         api_end = sync_end + self.rng.randint(200, 500)
         correlation = self._api(api, api_end - api_start)
         self._sync_row(sync_start, sync_end, stream, correlation, sync_type, _NO_ID, _NO_ID)
+        self.host_ns += self.rng.randint(*_AFTER_WAIT_NS)  # the drained GPU idles meanwhile
         return api_start, api_end
 
     def _sync_row(self, start: int, end: int, stream: int, correlation: int, sync_type: int, event_id: int,

@@ -9,7 +9,8 @@ gap gets exactly one cause, so causes never share nanoseconds and their sum is t
 - sync / readback / pageable_copy / sync_copy: the host was inside a blocking call when the device ran dry
   and resumed launching soon after it returned (within SYNC_RESUME_MAX_NS), so nothing more was queued: a
   synchronize call; a device-to-host copy, or a synchronize right after one (the .item() pattern); a copy
-  from pageable host memory, or a synchronize right after one; another synchronous copy.
+  from pageable host memory, or a synchronize right after one; another synchronous copy. A synchronize
+  call covering most of a longer gap also counts as sync (the host waited on other work meanwhile).
 - launch_tiny / launch: a short gap (<= LAUNCH_GAP_MAX_NS) before a work item the host launched only after
   the device had gone idle: the cost of launching, between tiny kernels or not.
 - jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges) inside the gap.
@@ -135,6 +136,7 @@ host_events AS (
   SELECT l.device_id, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
                            WHEN a.kind IN ('launch', 'graph') AND a.end_ns - a.start_ns >= $lazy THEN 'lazy'
+                           WHEN a.kind = 'sync' THEN 'sync'
                            WHEN a.kind IN ('launch', 'graph', 'memcpy', 'memset') THEN 'launch'
                            ELSE 'api' END AS what, a.start_ns, a.end_ns
   FROM cuda_api a JOIN launchers l ON l.pid = a.pid AND l.tid = a.tid WHERE a.end_ns > $start AND a.start_ns < $end
@@ -163,9 +165,11 @@ host AS (
          count(*) FILTER (WHERE what IN ('module', 'lazy')) AS modules,
          sum(end_ns - start_ns) FILTER (WHERE what = 'wait') AS wait_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'comm') AS comm_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'launch') AS launch_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'cpu') AS cpu_ns,
-         sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'api')) AS api_ns
+         sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api'))
+           AS api_ns
   FROM touch GROUP BY probe_id),"""
 
 LABELLED = "WITH " + WORK + BLOCKING + HOST + """
@@ -181,6 +185,7 @@ labelled AS MATERIALIZED (
     WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
     WHEN s.cause IS NOT NULL AND g.end_ns - s.b_end <= $resume_max THEN s.cause
+    WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
     WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
     ELSE 'host_untraced' END AS cause
@@ -215,13 +220,20 @@ def periodic(name: str, source: str, keys: str) -> str:
 TOTALS_SQL = LABELLED + """,
 host_gaps AS (SELECT gap_id, device_id, start_ns, duration_ns FROM labelled
               WHERE cause IN ('host_untraced', 'host_cpu') AND duration_ns BETWEEN $gc_min AND $gc_max),
-""" + periodic("pauses", "host_gaps", "device_id") + """
+""" + periodic("pauses", "host_gaps", "device_id") + """,
+apis AS (
+  SELECT device_id, cause, first(blocked_in ORDER BY ns DESC, blocked_in) AS api FROM (
+    SELECT device_id, cause, blocked_in, sum(duration_ns) AS ns FROM labelled
+    WHERE cause IN ('sync', 'readback', 'pageable_copy', 'sync_copy') AND blocked_in IS NOT NULL GROUP BY ALL)
+  GROUP BY ALL)
 SELECT l.device_id, l.cause, count(*) AS gaps, sum(l.duration_ns)::BIGINT AS ns,
        coalesce(sum(l.duration_ns) FILTER (WHERE l.duration_ns >= $bubble_min), 0)::BIGINT AS long_ns,
        coalesce(sum(l.duration_ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
        count(*) FILTER (WHERE p.periodic) AS periodic_gaps, median(p.period_ns) FILTER (WHERE p.periodic)::BIGINT,
-       mode(l.blocked_in) FILTER (WHERE l.cause IN ('sync', 'readback', 'pageable_copy', 'sync_copy')) AS api
-FROM labelled l LEFT JOIN pauses p USING (gap_id) GROUP BY ALL ORDER BY l.device_id, ns DESC
+       any_value(a.api) AS api
+FROM labelled l LEFT JOIN pauses p ON p.gap_id = l.gap_id
+LEFT JOIN apis a ON a.device_id = l.device_id AND a.cause = l.cause
+GROUP BY l.device_id, l.cause ORDER BY l.device_id, ns DESC
 """
 
 
@@ -243,7 +255,7 @@ class CauseTime:
     periodic_ns: int = 0  # in periodic host gaps of BUBBLE_MIN_NS..PAUSE_MAX_NS (host_untraced/host_cpu only)
     periodic_gaps: int = 0
     period_ns: int | None = None
-    api: str | None = None  # the blocking call's API name, most often seen, for the blocking causes
+    api: str | None = None  # for the blocking causes: the API whose gaps hold the most of their idle time
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ class Gap(BaseModel):
     kernel_after: str | None
     nvtx: list[str] = Field(description="innermost NVTX ranges of the launching threads covering half the gap")
     periodic: bool
+    edge: bool = Field(description="touches the window's start or end: the stretch before the device's first or "
+                                   "after its last operation, or a gap the window cuts")
 
 
 class Bucket(BaseModel):
@@ -136,7 +138,8 @@ SELECT
      FROM marked WHERE periodic GROUP BY device_id, grp)),
   (SELECT list({device: t.device_id, start_ns: t.start_ns, end_ns: t.end_ns, duration_ns: t.duration_ns,
                 cause: t.cause, blocked_in: t.blocked_in, kernel_before: b.short_name, kernel_after: a.short_name,
-                nvtx: coalesce(r.names, []), periodic: t.periodic} ORDER BY t.duration_ns DESC, t.device_id, t.start_ns)
+                nvtx: coalesce(r.names, []), periodic: t.periodic, edge: t.start_ns = $start OR t.end_ns = $end}
+               ORDER BY t.duration_ns DESC, t.device_id, t.start_ns)
    FROM top t LEFT JOIN before b USING (gap_id) LEFT JOIN after a USING (gap_id) LEFT JOIN ranges r USING (gap_id)),
   (SELECT count(*) FROM launchers)
 """
