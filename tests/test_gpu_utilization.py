@@ -60,8 +60,7 @@ def test_gpu_utilization_whole_result_on_tiny_model():
                  gu.StreamBusy(stream=8, busy_ns=10, busy_pct=20.0)],
         timeline_busy_pct=[100.0, 50.0, 100.0, 0.0, 100.0], idle_concentration_pct=66.67,
         idle_pattern="concentrated")]
-    assert [f.root_cause for f in result.findings] == ["gpu-bubbles"]
-    assert result.findings[0].time_at_stake_ns == 15 and result.findings[0].device == 0
+    assert result.findings == []  # a measurement: why the device idles is gpu_idle_gaps' finding
 
 
 @pytest.mark.parametrize("kernels, busy, overlap", [
@@ -106,19 +105,11 @@ def test_gpu_utilization_matches_brute_force(seed):
         assert {s.stream: s.busy_ns for s in dev.streams} == {st: b for st, b in streams.items() if b}
 
 
-def test_gpu_utilization_device_idle_in_window_has_zero_row_and_finding():
+def test_gpu_utilization_device_idle_in_window_has_zero_row():
     con = make_model(kernels=[k(0, 100, device=0), k(0, 10, device=1)])
     result = run(con, start_ns=50, end_ns=100, buckets=2)
     assert [(d.device, d.busy_ns, d.timeline_busy_pct, d.idle_pattern) for d in result.devices] == [
         (0, 50, [100.0, 100.0], "no_idle"), (1, 0, [0.0, 0.0], "unknown")]
-    assert [(f.device, f.severity) for f in result.findings] == [(1, "high")]
-
-
-@pytest.mark.parametrize("busy_pct, fires", [(79, True), (80, False)])
-def test_gpu_utilization_threshold(busy_pct, fires):
-    result = run(make_model(kernels=[k(0, busy_pct - 1), k(99, 100)]))
-    assert result.devices[0].busy_pct == busy_pct
-    assert bool(result.findings) is fires
 
 
 def test_gpu_utilization_idle_spread_evenly():
@@ -213,17 +204,12 @@ def test_gpu_utilization_snapshot(open_fixture, stem, snapshot):
 
 
 # --- planted vs found ------------------------------------------------------------------------------
-def test_gpu_utilization_finds_planted_idle(demo):
+def test_gpu_utilization_sees_the_planted_idle(demo):
     profile, truth = demo
     result = run(profile.con)
     gaps = {d: sum(g["duration_ns"] for g in truth["gpu_gaps"] if g["device"] == d) for d in truth["devices"]}
     for dev in result.devices:
         assert dev.idle_ns >= gaps[dev.device] > 0
-    fired = {f.device for f in result.findings}
-    assert fired >= {d for d, total in gaps.items() if total > (100 - gu.BUSY_PCT_MIN) / 100 * result.scope.duration_ns}
-    assert fired >= {p["device"] for p in planted(truth, "idle_gap")}
-    assert all(f.time_at_stake_ns == next(d.idle_ns for d in result.devices if d.device == f.device)
-               for f in result.findings)
     for gap in truth["gpu_gaps"]:
         inside = run(profile.con, device=gap["device"], start_ns=gap["start_ns"], end_ns=gap["end_ns"])
         assert inside.devices[0].busy_ns == 0
@@ -232,5 +218,4 @@ def test_gpu_utilization_finds_planted_idle(demo):
 def test_gpu_utilization_quiet_on_clean(clean):
     profile, _ = clean
     result = run(profile.con)
-    assert result.findings == []
     assert all(d.busy_pct > 99 for d in result.devices)

@@ -115,10 +115,12 @@ def test_nvtx_breakdown_phase_depth(names, depth):
     assert run(con).phase_depth == depth
 
 
-def test_nvtx_breakdown_flags_a_large_dataload_share():
+def test_nvtx_breakdown_shows_the_dataload_phase_without_a_finding():
     con = make_model(nvtx=[rng_("get_batch", 0, 30), rng_("forward", 30, 60), rng_("backward", 60, 100)])
-    [finding] = run(con).findings
-    assert (finding.root_cause, finding.evidence["dataload_cpu_pct"]) == ("dataloader-starvation", 30.0)
+    result = run(con)
+    assert [(p.phase, p.cpu_pct) for p in result.phases] == [("dataload", 30.0), ("forward", 30.0),
+                                                             ("backward", 40.0)]
+    assert result.findings == []  # CPU time in a range costs nothing unless the GPU waits: gpu_idle_gaps judges
 
 
 def test_nvtx_breakdown_without_nvtx_names_the_capture_flag():
