@@ -282,7 +282,8 @@ def test_iterations_unstable_kernel_period_is_rejected(starts, closest):
     result = run(make_model(kernels=[kern(s, s + 5, "A") for s in starts]))
     assert (result.method, result.iteration_count, result.rows, result.findings) == (None, 0, [], [])
     assert "no kernel on device 0 recurs with a stable period" in result.note and closest in result.note
-    assert it.render(result).startswith("No iterations found: no NVTX range qualifies and no kernel")
+    assert it.render(result).startswith("No iterations found: no NVTX range occurs 3+ times on a thread with GPU "
+                                        "work; no kernel on device 0 recurs")
 
 
 # --- golden on real exports ----------------------------------------------------------------------------

@@ -11,11 +11,11 @@ Boundaries ('method'):
   thread in time order, the numbers of a family strictly increase (compared as a tuple), they count instances
   and the family is one range, named with N for each number ('iteration N'); otherwise each distinct text is
   a range of its own. A range qualifies on a thread where it occurs >= 3 times, at least half of them with
-  GPU work (a kernel, memcpy or memset of a device in scope whose launch call starts inside it on that thread).
-  Chosen: 'ProfilerStep#N' first, then names with step/iter/train/batch/forward, then the outermost (push/pop
-  depth; start/end ranges count as depth 0), then the longest period (fewest ranges on a thread), then the
-  earliest. `range_name` picks a range instead (per-op and GPU rules waived; its letters
-  are compared, case and numbers ignored, an exact name first).
+  GPU work: a kernel, memcpy or memset of a device in scope whose launch call starts inside it on that thread,
+  or a CUDA graph launch (nsys may trace graphs whole, without kernel rows). Chosen: 'ProfilerStep#N' first,
+  then names with step/iter/train/batch/forward, then the outermost (push/pop depth; start/end ranges count as
+  depth 0), then the longest period (fewest ranges on a thread), then the earliest. `range_name` picks a range
+  instead (per-op and GPU rules waived; letters compared, case and numbers ignored, an exact name first).
   On each qualifying thread iteration k runs from the start of its k-th range to the start of its (k+1)-th, so
   the time between ranges counts in the step; the last range counts, to its own end, only when it lasts at
   least half the thread's median period (else it is the start of a step cut off) or is the only one.
@@ -150,10 +150,11 @@ class Result(BaseModel):
 
 
 # NVTX candidates, in one pass over the ranges. `named` gives every range outside the per-op set its range name
-# (counter families merged; 'aten::' and the autograd tag, most per-op ranges of PyTorch profiles, are tested
-# first, and a CASE keeps the regex off those rows). `flagged` marks the ranges whose thread launches GPU work inside them: an ASOF join finds,
-# per range, the thread's first launch at or after its start, which is inside when it starts before the range
-# ends. Every candidate row carries the ranges of the best one (rank 1) on its qualifying threads.
+# (counter families merged). 'aten::' and the autograd tag, most per-op ranges of PyTorch profiles, are tested
+# first, and a CASE keeps the regex off those rows. `flagged` marks the ranges whose thread launches GPU work
+# inside them: an ASOF join finds, per range, the thread's first launch at or after its start, which is inside
+# when it starts before the range ends. Every candidate row carries the ranges of the best one (rank 1) on its
+# qualifying threads.
 LETTERS = "lower(regexp_replace(regexp_replace({}, '\\bN\\b|[0-9]+', '', 'g'), '[^A-Za-z]', '', 'g'))"
 NVTX_SQL = """
 WITH ranges AS (
@@ -375,7 +376,8 @@ def _summary(durations: list[int]) -> dict:
 def _boundaries(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope
                 ) -> tuple[str | None, str | None, list[Candidate], Spans]:
     """(method, reason or why none, NVTX candidates, spans): NVTX when a range qualifies, else the kernels."""
-    candidates: list[Candidate] = []
+    nvtx = "" if params.method == "kernel_pattern" else (
+        f"no NVTX range occurs {MIN_REPEATS}+ times on a thread with GPU work; ")
     if params.method != "kernel_pattern":
         candidates, reason, spans = _nvtx(con, params, scope)
         if candidates:
@@ -386,17 +388,12 @@ def _boundaries(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope
             raise InvalidRequest(f"no NVTX {what} in this window; omit range_name to auto-detect (the candidates "
                                  "field lists the ranges that qualify), or use method='kernel_pattern'")
     kname, reason, spans = _kernel_pattern(con, scope)
-    if kname is None:
-        return None, reason, [], []
-    nvtx = "" if params.method == "kernel_pattern" else (
-        f"no NVTX range occurs {MIN_REPEATS}+ times on a thread with GPU work; ")
-    return f"kernel_pattern:{kname}", nvtx + reason, [], spans
+    return (f"kernel_pattern:{kname}" if kname else None), nvtx + reason, [], spans
 
 
 def _note(method: str | None, reason: str | None, count: int, spread: float | None) -> str | None:
     if method is None:
-        return (f"no NVTX range qualifies and {reason}; annotate each step with an NVTX range "
-                "(capture with --trace=nvtx)")
+        return f"{reason}; annotate each step with an NVTX range (capture with --trace=nvtx)"
     if count < MIN_ITERATIONS:
         return (f"only {count} iteration(s) by {method}: too few to tell warmup from steady state (needs "
                 f"{MIN_ITERATIONS}); capture more steps")
