@@ -385,8 +385,9 @@ def _boundaries(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope
         if params.range_name is not None or params.method == "nvtx":
             what = f"range '{params.range_name}'" if params.range_name else (
                 f"range that occurs {MIN_REPEATS}+ times on a thread with GPU work, outside per-op ranges,")
-            raise InvalidRequest(f"no NVTX {what} in this window; omit range_name to auto-detect (the candidates "
-                                 "field lists the ranges that qualify), or use method='kernel_pattern'")
+            raise InvalidRequest(f"no NVTX {what} in this window; omit range_name and method to auto-detect (the "
+                                 "result's candidates then lists the ranges that qualify), or use "
+                                 "method='kernel_pattern'")
     kname, reason, spans = _kernel_pattern(con, scope)
     return (f"kernel_pattern:{kname}" if kname else None), nvtx + reason, [], spans
 
