@@ -1,13 +1,17 @@
-"""iterations: boundaries from a repeated NVTX range or the kernel pattern, durations, warmup, outliers."""
+"""iterations: the step from NVTX (not a per-op range) or a stable kernel period, start-to-start boundaries,
+GPU busy from the interval union, the warmup finding and the steady window."""
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
+import statistics
+from collections import Counter
 
 import pytest
 from conftest import FIXTURE_IDS, FIXTURES, dump, planted
-from modeldb import make_model
+from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools import iterations as it
@@ -15,102 +19,273 @@ from nsightful.tools import iterations as it
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 
 
-def rng_(text: str, s: int, e: int, depth: int = 0, tid: int = 1) -> dict:
-    return {"pid": 1, "tid": tid, "text": text, "start_ns": s, "end_ns": e, "kind": "push_pop", "depth": depth}
+def rng_(text: str, s: int, e: int, depth: int | None = 0, tid: int = 1, kind: str = "push_pop") -> dict:
+    return {"pid": 1, "tid": tid, "text": text, "start_ns": s, "end_ns": e, "kind": kind, "depth": depth}
 
 
-def kern(s: int, e: int, name: str = "k", device: int = 0) -> dict:
-    return {"device_id": device, "stream_id": 7, "start_ns": s, "end_ns": e, "short_name": name, "name": name}
+def kern(s: int, e: int, name: str = "k", device: int = 0, tid: int = 1, launch: int | None = None) -> dict:
+    """A kernel launched by thread `tid` at `launch` (default: when it starts)."""
+    return {"device_id": device, "stream_id": 7, "pid": 1, "tid": tid, "start_ns": s, "end_ns": e, "short_name": name,
+            "name": name, "launch_start_ns": s if launch is None else launch}
+
+
+def copy(table: str, s: int, e: int, launch: int, corr: int, device: int = 0, tid: int = 1) -> tuple[dict, dict]:
+    """A memcpy/memset row and the API call (on `tid`, at `launch`) that issued it."""
+    return ({"device_id": device, "stream_id": 7, "pid": 1, "tid": tid, "correlation_id": corr, "start_ns": s,
+             "end_ns": e},
+            {"pid": 1, "tid": tid, "correlation_id": corr, "name": f"cuda{table.title()}Async", "start_ns": launch,
+             "end_ns": launch + 1, "kind": table})
+
+
+def steps(text: str, starts: list[int], ends: list[int], tid: int = 1, depth: int = 0, device: int = 0,
+          kernel_ns: int = 10) -> tuple[list[dict], list[dict]]:
+    """NVTX ranges `text.format(k)` on `tid`, each launching one kernel at its start."""
+    ranges = [rng_(text.format(k), s, e, depth=depth, tid=tid) for k, (s, e) in enumerate(zip(starts, ends,
+                                                                                              strict=True))]
+    return ranges, [kern(s, s + kernel_ns, device=device, tid=tid) for s in starts]
 
 
 def run(con, **kw) -> it.Result:
     return it.run(con, it.Params(profile="t", **kw))
 
 
-STEPS = [(0, 300), (300, 400), (400, 500), (500, 600)]
-RANKS = [rng_(f"iteration {i}", s + 10 * (tid - 1), e + 10 * (tid - 1), tid=tid)
-         for tid in (1, 2) for i, (s, e) in enumerate(STEPS)]
-BUSY = [kern(0, 100), kern(300, 355), kern(400, 455), kern(500, 555)]
+# Two ranks: thread 1 drives device 0, thread 2 device 1; ranges end before the next starts (host time between).
+T1, T2 = ([0, 300, 400, 500], [250, 380, 480, 590]), ([10, 320, 410, 520], [260, 390, 500, 600])
+MEMSET, MEMSET_API = copy("memset", 50, 150, launch=1, corr=91)
+MEMCPY, MEMCPY_API = copy("memcpy", 10, 110, launch=11, corr=92, device=1, tid=2)
+
+
+def two_ranks(**extra) -> object:
+    r1, _ = steps("iteration {}", *T1)
+    r2, _ = steps("iteration {}", *T2, tid=2, device=1)
+    kernels = [kern(0, 100), kern(300, 355), kern(400, 455), kern(500, 555),
+               kern(320, 375, device=1, tid=2), kern(410, 465, device=1, tid=2), kern(520, 575, device=1, tid=2)]
+    return make_model(nvtx=r1 + r2, kernels=kernels, memset=[MEMSET], memcpy=[MEMCPY],
+                      cuda_api=[MEMSET_API, MEMCPY_API], **extra)
 
 
 # --- unit ------------------------------------------------------------------------------------------
-def test_iterations_whole_result_from_nvtx():
-    result = run(make_model(nvtx=RANKS, kernels=BUSY))
-    assert (result.method, result.note, result.iteration_count, result.truncated, result.total_rows) == (
-        "nvtx:iteration", None, 4, False, 4)
+def test_iterations_whole_result_from_two_ranks():
+    result = run(two_ranks())
+    # per thread start to start; combined: median of the ranks' k-th starts, the last at the median of own ends
     assert result.rows == [
-        it.IterationRow(index=0, start_ns=0, end_ns=310, duration_ns=310, gpu_busy_pct=35.48),
-        it.IterationRow(index=1, start_ns=300, end_ns=410, duration_ns=110, gpu_busy_pct=59.09),
-        it.IterationRow(index=2, start_ns=400, end_ns=510, duration_ns=110, gpu_busy_pct=59.09),
-        it.IterationRow(index=3, start_ns=500, end_ns=610, duration_ns=110, gpu_busy_pct=50.0)]
-    assert (result.first_ns, result.steady_median_ns, result.first_vs_steady) == (310, 110, 2.818)
+        # device 0: kernel 0-100 and memset 50-150 overlap, kernel 300-355 is cut at 310; device 1: memcpy 10-110
+        it.IterationRow(index=0, start_ns=5, end_ns=310, duration_ns=305, gpu_busy_pct=41.8),  # (145 + 10 + 100) / 610
+        it.IterationRow(index=1, start_ns=310, end_ns=405, duration_ns=95, gpu_busy_pct=55.26),
+        it.IterationRow(index=2, start_ns=405, end_ns=510, duration_ns=105, gpu_busy_pct=54.76),
+        it.IterationRow(index=3, start_ns=510, end_ns=595, duration_ns=85, gpu_busy_pct=58.82)]
+    assert result.candidates == [it.Candidate(name="iteration N", kind="push_pop", depth=0, counter=True, ranges=8,
+                                              threads=2, gpu_ranges_pct=100.0, median_period_ns=105.0)]
+    assert (result.method, result.note, result.iteration_count, result.truncated, result.total_rows) == (
+        "nvtx:iteration N", None, 4, False, 4)
+    assert result.reason == ("'iteration N' (named like a step): 8 ranges on 2 thread(s), 100.0% launching GPU work, "
+                             "median period 0.000 ms")
+    assert (result.span_start_ns, result.span_end_ns, result.first_ns, result.steady_median_ns,
+            result.first_vs_steady) == (5, 595, 305, 95, 3.211)
     assert (result.mean_ns, result.std_ns, result.p10_ns, result.p90_ns, result.spread_ratio) == (
-        160.0, 86.6, 110, 250.0, 2.273)
-    assert (result.slowest_index, result.slowest_ns, result.outliers) == (0, 310, [])
-    [finding] = result.findings
-    assert (finding.root_cause, finding.severity, finding.time_at_stake_ns) == (
-        "profiler-window-on-warmup", "medium", 200)
+        147.5, 91.2, 88.0, 245.0, 2.784)
+    assert (result.slowest_index, result.slowest_ns, result.outliers) == (0, 305, [])
+    assert [(f.root_cause, f.device, f.severity, f.time_at_stake_ns, f.tags) for f in result.findings] == [
+        ("profiler-window-on-warmup", 0, "medium", 210, ["nvtx-steps"]),
+        ("profiler-window-on-warmup", 1, "medium", 210, ["nvtx-steps"])]
+    assert it.steady_window(result) == (310, 595)
+    assert "4 iterations by nvtx:iteration N" in it.render(result)
 
 
-@pytest.mark.parametrize("ranges, kw, method", [
-    # a step-like name wins over a shallower, more frequent one
-    ([rng_(f"layer {i}", 100 * i, 100 * i + 90) for i in range(6)]
-     + [rng_(f"step {i}", 200 * i, 200 * i + 190, depth=1) for i in range(3)], {}, "nvtx:step"),
-    # otherwise the shallowest repeating name
-    ([rng_("fwd", 100 * i, 100 * i + 90) for i in range(4)]
-     + [rng_("op", 100 * i, 100 * i + 50, depth=1) for i in range(4)], {}, "nvtx:fwd"),
-    # named explicitly (digits ignored)
-    ([rng_(f"layer {i}", 100 * i, 100 * i + 90) for i in range(6)]
-     + [rng_(f"step {i}", 200 * i, 200 * i + 190, depth=1) for i in range(3)], {"range_name": "layer 0"},
-     "nvtx:layer"),
-    # ranges covering a small part of their thread's span are per-op ranges, not steps
-    ([rng_("aten::add", 100 * i, 100 * i + 5) for i in range(5)] + [rng_("main", 0, 500)], {}, None),
+def test_iterations_device_scope_keeps_the_threads_that_drive_it():
+    result = run(two_ranks(), device=1)
+    assert [(r.start_ns, r.end_ns) for r in result.rows] == [(10, 320), (320, 410), (410, 520), (520, 600)]
+    assert result.candidates[0].threads == 1 and [f.device for f in result.findings] == [1]
+
+
+PER_OP = ["aten::add, seq = 3, op_id = {}", "aten::to, op_id = {}", "MyFunction, seq = {}", "prim::TupleConstruct {}",
+          "c10d::allreduce_ {}", "_c10d_functional::all_reduce {}", "flash_attn::_flash_attn_forward {}",
+          "ncclAllReduce {}", "nccl:all_reduce {}", "cublasSgemm_v2 {}", "cudnnConvolutionForward {}",
+          "cub::DeviceReduce::Sum {}", "thrust::transform {}", "record_param_comms", "MPI_Send", "MPI_Recv",
+          "Thunk:#hlo_op=fusion.{}#", "train.py(42): forward {}", "model.cpp:45 step {}"]
+
+
+@pytest.mark.parametrize("text", PER_OP)
+def test_iterations_never_takes_a_per_op_range(text):
+    ranges, kernels = steps(text, [0, 100, 200, 300], [90, 190, 290, 390])
+    result = run(make_model(nvtx=ranges, kernels=kernels))
+    assert (result.candidates, result.method) == ([], "kernel_pattern:k")
+
+
+@pytest.mark.parametrize("text, name", [
+    ("FSDP::pre_forward (blocks.{}._checkpoint_wrapped_module), op_id = 7", "FSDP::pre_forward "
+     "(blocks.N._checkpoint_wrapped_module)"),  # module-level framework range, op_id stripped
+    ("ProfilerStep#{}", "ProfilerStep#N"),
+    ("epoch 0 step {}", "epoch N step N"),  # the tuple (0, k) increases
 ])
-def test_iterations_nvtx_range_detection(ranges, kw, method):
-    assert run(make_model(nvtx=ranges), **kw).method == method
+def test_iterations_takes_step_level_ranges(text, name):
+    ranges, kernels = steps(text, [0, 100, 200, 300], [90, 190, 290, 390])
+    assert run(make_model(nvtx=ranges, kernels=kernels)).method == f"nvtx:{name}"
 
 
-def test_iterations_unknown_range_name_is_an_error():
-    with pytest.raises(InvalidRequest, match="no NVTX push/pop range 'epoch'"):
-        run(make_model(nvtx=RANKS), range_name="epoch")
+def test_iterations_repeating_numbers_make_distinct_ranges():
+    # blocks 0..2 in every step of a longer capture: each text is its own range, 'blocks.0' marks the step
+    starts = [100 * step + 30 * block for step in range(4) for block in range(3)]
+    ranges = [rng_(f"pre_forward (blocks.{b})", s, s + 20) for s, b in zip(starts, [0, 1, 2] * 4, strict=True)]
+    result = run(make_model(nvtx=ranges, kernels=[kern(s, s + 5) for s in starts]))
+    assert [c.name for c in result.candidates] == [
+        "pre_forward (blocks.0)", "pre_forward (blocks.1)", "pre_forward (blocks.2)"]
+    assert not result.candidates[0].counter
+    assert [(r.start_ns, r.end_ns) for r in result.rows] == [(0, 100), (100, 200), (200, 300)]
 
 
-def test_iterations_kernel_pattern_marks_periods_by_the_first_kernel_of_the_sequence():
-    kernels = [kern(0, 50, "warmup")]
-    for i in range(5):  # A B B C per step of 1000 ns
-        t = 100 + 1000 * i
-        kernels += [kern(t, t + 100, "A"), kern(t + 200, t + 300, "B"), kern(t + 400, t + 500, "B"),
-                    kern(t + 600, t + 900, "C")]
-    result = run(make_model(kernels=kernels))
-    assert (result.method, result.iteration_count) == ("kernel_pattern:A", 4)
-    assert [(r.start_ns, r.end_ns, r.gpu_busy_pct) for r in result.rows] == [
-        (100 + 1000 * i, 1100 + 1000 * i, 60.0) for i in range(4)]
-    assert run(make_model(kernels=kernels, nvtx=RANKS), method="kernel_pattern").method == "kernel_pattern:A"
+def test_iterations_never_merges_texts_that_differ_beyond_their_numbers():
+    texts = ["step 1 fwd", "step 2 bwd", "step 3 fwd", "step 4 bwd", "step 5 fwd", "step 6 bwd"]
+    ranges = [rng_(t, 100 * i, 100 * i + 90) for i, t in enumerate(texts)]
+    result = run(make_model(nvtx=ranges, kernels=[kern(100 * i, 100 * i + 5, name=f"k{i}") for i in range(6)]))
+    assert [(c.name, c.ranges) for c in result.candidates] == [("step N fwd", 3), ("step N bwd", 3)]
 
 
-def test_iterations_irregular_kernel_pattern_is_rejected():
-    starts = [0, 100, 200, 5_000, 5_100, 20_000]
-    result = run(make_model(kernels=[kern(s, s + 10, "A") for s in starts]))
-    assert (result.method, result.iteration_count, result.rows, result.findings) == (None, 0, [], [])
-    assert "no repeating NVTX range" in result.note and "No iterations" in it.render(result)
+def test_iterations_numbers_that_fall_on_one_thread_are_no_counter():
+    r1, k1 = steps("layer {}", [0, 100, 200], [90, 190, 290])
+    r2 = [rng_(f"layer {k}", s, s + 90, tid=2) for k, s in zip([2, 1, 0], [0, 100, 200], strict=True)]
+    k2 = [kern(s, s + 10, tid=2, device=1) for s in (0, 100, 200)]
+    result = run(make_model(nvtx=r1 + r2, kernels=k1 + k2))
+    assert result.candidates == []  # 'layer 0', 'layer 1', 'layer 2': once per thread each
 
 
-def test_iterations_flags_isolated_slow_steps_and_caps_rows():
+@pytest.mark.parametrize("ranges, kernels, name", [
+    # torch.profiler's step wins over a step-like name, even shallower
+    ([*steps("step {}", [0, 100, 200], [99, 199, 299])[0],
+      *steps("ProfilerStep#{}", [1, 101, 201], [98, 198, 298], depth=1)[0]], [kern(s, s + 5) for s in (2, 102, 202)],
+     "ProfilerStep#N"),
+    # a step-like name wins over a shallower one
+    ([*steps("layer {}", [0, 100, 200, 300, 400, 500], [90, 190, 290, 390, 490, 590])[0],
+      *steps("step {}", [0, 200, 400], [190, 390, 590], depth=1)[0]], [kern(s, s + 5) for s in range(0, 600, 100)],
+     "step N"),
+    # otherwise the outermost
+    ([*steps("fwd", [0, 100, 200, 300], [90, 190, 290, 390])[0],
+      *steps("op", [0, 100, 200, 300], [50, 150, 250, 350], depth=1)[0]], [kern(s, s + 5) for s in (0, 100, 200, 300)],
+     "fwd"),
+    # then the longest period (start/end ranges count as depth 0)
+    ([*steps("a", [0, 100, 200, 300], [90, 190, 290, 390])[0],
+      *[rng_("b", s, s + 150, depth=None, tid=2, kind="start_end") for s in (0, 200, 400)]],
+     [kern(s, s + 5) for s in (0, 100, 200, 300)] + [kern(s, s + 5, tid=2) for s in (0, 200, 400)], "b"),
+    # a range launching GPU work in fewer than half of its instances does not qualify
+    ([*steps("step {}", [0, 100, 200, 300], [90, 190, 290, 390])[0],
+      *steps("fwd", [0, 100, 200, 300], [50, 150, 250, 350], tid=2)[0]],
+     [kern(0, 5), *steps("fwd", [0, 100, 200, 300], [50, 150, 250, 350], tid=2)[1]], "fwd"),
+])
+def test_iterations_picks_the_step_range(ranges, kernels, name):
+    assert run(make_model(nvtx=ranges, kernels=kernels)).method == f"nvtx:{name}"
+
+
+def test_iterations_ranges_without_gpu_work_do_not_qualify():
+    ranges, _ = steps("step {}", [0, 100, 200, 300], [90, 190, 290, 390])
+    result = run(make_model(nvtx=ranges, kernels=[kern(1000, 1010)]))
+    assert (result.candidates, result.method, result.iteration_count) == ([], None, 0)
+    assert "no kernel runs 3+ times on device 0" in result.note
+
+
+def test_iterations_boundaries_run_start_to_start():
+    ranges, kernels = steps("step {}", [0, 150, 400, 500], [100, 200, 450, 600])
+    result = run(make_model(nvtx=ranges, kernels=kernels))
+    assert [(r.start_ns, r.end_ns) for r in result.rows] == [(0, 150), (150, 400), (400, 500), (500, 600)]
+
+
+@pytest.mark.parametrize("last_end, rows", [
+    (260, [(0, 100), (100, 200), (200, 260)]),  # 60 >= half the median period (100): a step, to its own end
+    (240, [(0, 100), (100, 200)]),  # 40: the start of a step the window cut off
+])
+def test_iterations_last_range_counts_only_when_it_covers_a_step(last_end, rows):
+    ranges, kernels = steps("step {}", [0, 100, 200], [90, 190, last_end])
+    assert [(r.start_ns, r.end_ns) for r in run(make_model(nvtx=ranges, kernels=kernels)).rows] == rows
+
+
+def test_iterations_too_few_iterations_say_so_and_draw_no_finding():
+    ranges, kernels = steps("step {}", [0, 500, 600], [400, 590, 610])
+    result = run(make_model(nvtx=ranges, kernels=kernels))
+    assert (result.iteration_count, result.first_vs_steady, result.findings) == (2, 5.0, [])
+    assert result.note == ("only 2 iteration(s) by nvtx:step N: too few to tell warmup from steady state (needs 3); "
+                           "capture more steps")
+
+
+def test_iterations_small_warmup_excess_draws_no_finding():
+    starts = [0, 2_000] + [2_000 + 1_000 * k for k in range(1, 200)]
+    ranges, kernels = steps("step {}", starts, [s + 900 for s in starts])
+    result = run(make_model(nvtx=ranges, kernels=kernels))
+    assert (result.first_vs_steady, result.findings) == (2.0, [])  # 1 us more than steady, of a 202 us span
+    assert it.steady_window(result) == (2_000, 201_900)  # still the warmup outlier: steady state skips it
+
+
+def test_iterations_steady_window_starts_at_the_first_iteration_without_warmup():
+    ranges, kernels = steps("step {}", [0, 100, 200, 300], [90, 190, 290, 390])
+    result = run(make_model(nvtx=ranges, kernels=kernels))
+    assert (result.findings, it.steady_window(result)) == ([], (0, 390))
+    empty = run(make_model(kernels=[kern(0, 10)]))
+    assert (empty.iteration_count, it.steady_window(empty)) == (0, None)
+
+
+def test_iterations_lists_slow_later_iterations_as_data_only():
     durations = [100, 100, 100, 350, 100, 100, 250]
     bounds = [sum(durations[:i]) for i in range(len(durations) + 1)]
-    steps = [rng_(f"step {i}", s, e) for i, (s, e) in enumerate(zip(bounds, bounds[1:], strict=False))]
-    result = run(make_model(nvtx=steps), limit=2)
+    ranges, kernels = steps("step {}", bounds[:-1], [e - 1 for e in bounds[1:]])
+    result = run(make_model(nvtx=ranges, kernels=kernels), limit=2)
     assert (result.iteration_count, len(result.rows), result.truncated, result.steady_median_ns) == (7, 2, True, 100)
     assert result.outliers == [it.Outlier(index=3, duration_ns=350, vs_steady=3.5),
-                               it.Outlier(index=6, duration_ns=250, vs_steady=2.5)]
-    assert [(f.root_cause, f.evidence["iteration"]) for f in result.findings] == [
-        ("torch-compile-recompilation", 3), ("torch-compile-recompilation", 6)]
+                               it.Outlier(index=6, duration_ns=249, vs_steady=2.49)]
+    assert result.findings == []
 
 
-def test_iterations_two_iterations_draw_no_warmup_finding():
-    con = make_model(nvtx=[rng_("step 0", 0, 500), rng_("step 1", 500, 600)])
-    result = run(con, range_name="step")
-    assert (result.iteration_count, result.first_vs_steady, result.findings) == (2, 5.0, [])
+@pytest.mark.parametrize("range_name, name", [("iteration", "iteration N"), ("Iteration 7", "iteration N"),
+                                              ("aten::mm", "aten::mm")])
+def test_iterations_range_name_picks_a_range(range_name, name):
+    ranges, kernels = steps("iteration {}", [0, 100, 200, 300], [90, 190, 290, 390])
+    ops = [rng_("aten::mm", s, s + 60, depth=1) for s in (0, 100, 200, 300)]
+    result = run(make_model(nvtx=ranges + ops, kernels=kernels), range_name=range_name)
+    assert (result.method, result.iteration_count) == (f"nvtx:{name}", 4)
+    assert result.reason.startswith(f"'{name}' (requested by range_name)")
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"range_name": "epoch"}, "no NVTX range 'epoch' in this window"),
+    ({"method": "nvtx"}, "no NVTX range that occurs 3\\+ times on a thread with GPU work"),
+])
+def test_iterations_missing_nvtx_range_is_an_error(kw, message):
+    with pytest.raises(InvalidRequest, match=message):
+        run(make_model(nvtx=[rng_("aten::add", 0, 10)], kernels=[kern(0, 5)]), **kw)
+
+
+def test_iterations_kernel_pattern_takes_the_coarsest_stable_period():
+    kernels = [kern(0, 50, "warmup")]
+    for i in range(6):  # A once per step of 1000 ns, B four times, at uneven offsets C twice
+        t = 100 + 1000 * i
+        kernels += [kern(t, t + 100, "A"), kern(t + 300, t + 350, "C"), kern(t + 400, t + 450, "C")]
+        kernels += [kern(t + 150 + 250 * j, t + 200 + 250 * j, "B") for j in range(4)]
+    result = run(make_model(kernels=kernels))
+    assert (result.method, result.iteration_count, result.candidates) == ("kernel_pattern:A", 5, [])
+    assert result.reason == ("no NVTX range occurs 3+ times on a thread with GPU work; kernel 'A' on device 0: 6 runs, "
+                             "median period 0.001 ms, 100% of periods within 25% of it, filling 100% of the time "
+                             "after the first; the coarsest stable rhythm")
+    assert [(r.start_ns, r.end_ns, r.gpu_busy_pct) for r in result.rows] == [
+        (100 + 1000 * i, 1100 + 1000 * i, 35.0) for i in range(5)]  # A 100, 4 B 200, C 50 (the other C overlaps a B)
+    ranges = [rng_(f"step {i}", 100 + 1000 * i, 1000 + 1000 * i) for i in range(6)]
+    assert run(make_model(kernels=kernels, nvtx=ranges), method="kernel_pattern").method == "kernel_pattern:A"
+
+
+def test_iterations_kernel_pattern_marks_steps_by_their_first_kernel():
+    kernels = [kern(t + offset, t + offset + 100, name) for t in range(0, 5000, 1000)
+               for offset, name in ((500, "late"), (0, "early"), (200, "middle"))]
+    result = run(make_model(kernels=kernels))
+    assert (result.method, [r.start_ns for r in result.rows]) == ("kernel_pattern:early", [0, 1000, 2000, 3000])
+
+
+@pytest.mark.parametrize("starts, closest", [
+    ([0, 100, 200, 5_000, 5_100, 20_000], "60% of periods within 25% of it"),  # irregular
+    # bursts of 20 launches 10 ns apart after a long pause each (a JIT compile per step): steady only 3% of the time
+    ([b * 10_000 + 10 * i for b in range(3) for i in range(20)], "filling 3% of the time after the first"),
+])
+def test_iterations_unstable_kernel_period_is_rejected(starts, closest):
+    result = run(make_model(kernels=[kern(s, s + 5, "A") for s in starts]))
+    assert (result.method, result.iteration_count, result.rows, result.findings) == (None, 0, [], [])
+    assert "no kernel on device 0 recurs with a stable period" in result.note and closest in result.note
+    assert it.render(result).startswith("No iterations found: no NVTX range occurs 3+ times on a thread with GPU "
+                                        "work; no kernel on device 0 recurs")
 
 
 # --- golden on real exports ----------------------------------------------------------------------------
@@ -121,24 +296,83 @@ def raw(stem: str, sql: str, *args) -> list[tuple]:
     return rows
 
 
-def union_within(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
-    total, reach = 0, lo
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi):
-        total, reach = total + max(0, e - max(s, reach)), max(reach, e)
-    return total
+NVTX_RAW = """SELECT e.globalTid, e.start, e."end" FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId
+              WHERE coalesce(e.text, s.value) LIKE ? ORDER BY e.globalTid, e.start"""
 
 
-@pytest.mark.parametrize("stem, marker", [("pipit_saxpy_mpi_a100", "saxpy"),
-                                          ("clue_t4_report4", "kernel_compute_histogram")])
-def test_iterations_kernel_pattern_matches_raw_export(open_fixture, stem, marker):
+def raw_busy_pct(stem: str, devices: list[int], lo: int, hi: int) -> float:
+    """Union of kernel, memcpy and memset intervals per device inside [lo, hi), over devices x duration."""
+    tables = {name for (name,) in raw(stem, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    busy = 0
+    for device in devices:
+        intervals = [(max(s, lo), min(e, hi)) for table in ("KERNEL", "MEMCPY", "MEMSET")
+                     if f"CUPTI_ACTIVITY_KIND_{table}" in tables
+                     for s, e in raw(stem, f'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_{table} '
+                                           'WHERE deviceId = ? AND "end" > ? AND start < ?', device, lo, hi)]
+        busy += union_ns(intervals)
+    return round(100 * busy / ((hi - lo) * len(devices)), 2)
+
+
+def per_thread(rows: list[tuple]) -> list[list[tuple[int, int]]]:
+    threads: dict[int, list[tuple[int, int]]] = {}
+    for gtid, s, e in rows:
+        threads.setdefault(gtid, []).append((s, e))
+    return list(threads.values())
+
+
+@pytest.mark.parametrize("stem, steady_ms", [("nsysai_mfu_2gpu_before", 16.7), ("nsysai_mfu_2gpu_after", 19.5)])
+def test_iterations_mfu_step_is_the_fsdp_pre_forward_spacing(open_fixture, stem, steady_ms):
+    threads = per_thread(raw(stem, NVTX_RAW, "FSDP::pre_forward (blocks.%"))
+    lags = [b[0] - a[0] for t in threads for a, b in zip(t, t[1:], strict=False)]
+    # every rank's last pre_forward is a sliver of a step (the window ends inside it): dropped
+    assert all(t[-1][1] - t[-1][0] < statistics.median(lags) / 2 for t in threads)
+    starts = [sum(t[k][0] for t in threads) // 2 for k in range(len(threads[0]))]  # median of 2 ranks
+    result = it.run(open_fixture(stem).con, it.Params(profile=stem, limit=500))
+    assert result.method == "nvtx:FSDP::pre_forward (blocks.N._checkpoint_wrapped_module)"
+    assert [c.name for c in result.candidates] == ["FSDP::pre_forward (blocks.N._checkpoint_wrapped_module)"]
+    assert [(r.start_ns, r.end_ns) for r in result.rows] == list(zip(starts, starts[1:], strict=False))
+    assert result.steady_median_ns == pytest.approx(statistics.median(lags), rel=0.025)
+    assert result.steady_median_ns / 1e6 == pytest.approx(steady_ms, abs=0.3)
+    row = result.rows[3]
+    assert row.gpu_busy_pct == raw_busy_pct(stem, [0, 1], row.start_ns, row.end_ns)
+
+
+def test_iterations_mfu_after_is_slower_and_less_busy(open_fixture):
+    before, after = (it.run(open_fixture(f"nsysai_mfu_2gpu_{s}").con, it.Params(profile=s, limit=500))
+                     for s in ("before", "after"))
+    assert after.steady_median_ns > 1.15 * before.steady_median_ns
+    mean_busy = [statistics.fmean(r.gpu_busy_pct for r in x.rows) for x in (before, after)]
+    assert mean_busy[1] < mean_busy[0] - 5
+
+
+def test_iterations_op_ranges_only_never_mark_the_step(open_fixture):
+    stem = "nsysai_h100_2gpu_1s"
+    fsdp = Counter((re.sub(r", op_id = [0-9]+$", "", text), gtid) for text, gtid in raw(stem, """
+        SELECT coalesce(e.text, s.value) AS t, e.globalTid FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId
+        WHERE t LIKE 'FSDP::%'"""))
+    assert max(fsdp.values()) == 2  # block numbers restart: each FSDP text at most twice per thread
+    result = it.run(open_fixture(stem).con, it.Params(profile=stem))
+    assert result.candidates == [] and result.method.startswith("kernel_pattern:")
+
+
+def test_iterations_mpi_calls_never_mark_the_step(open_fixture):
+    stem = "pipit_saxpy_mpi_a100"
+    [saxpy] = per_thread(raw(stem, NVTX_RAW, "saxpy"))
+    result = it.run(open_fixture(stem).con, it.Params(profile=stem))
+    assert (result.method, [c.name for c in result.candidates]) == ("nvtx:saxpy", ["saxpy"])
+    starts = [s for s, _ in saxpy]  # the last saxpy range (42 us of a 252 ms period) is dropped
+    assert [(r.start_ns, r.end_ns) for r in result.rows] == list(zip(starts, starts[1:], strict=False))
+
+
+def test_iterations_kernel_pattern_matches_raw_export(open_fixture):
+    stem, marker = "clue_t4_report4", "kernel_compute_histogram"  # the first of the kernels run once per event
     starts = [s for (s,) in raw(stem, """SELECT k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s
                                          ON s.id = k.shortName WHERE s.value = ? ORDER BY k.start""", marker)]
-    kernels = raw(stem, 'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL')
     result = it.run(open_fixture(stem).con, it.Params(profile=stem, limit=500))
     assert result.method == f"kernel_pattern:{marker}"
     assert [(r.start_ns, r.end_ns) for r in result.rows] == list(zip(starts, starts[1:], strict=False))
-    assert [r.gpu_busy_pct for r in result.rows] == [
-        round(100 * union_within(kernels, s, e) / (e - s), 2) for s, e in zip(starts, starts[1:], strict=False)]
+    assert [r.gpu_busy_pct for r in result.rows] == [raw_busy_pct(stem, [0], s, e)
+                                                     for s, e in zip(starts, starts[1:], strict=False)]
 
 
 def test_iterations_snapshot(open_fixture, snapshot):
@@ -156,13 +390,17 @@ def test_iterations_output_stays_small(open_fixture, stem):
 def test_iterations_finds_the_planted_slow_first_iteration(demo):
     profile, truth = demo
     result = it.run(profile.con, it.Params(profile="demo"))
-    assert (result.method, result.iteration_count) == ("nvtx:iteration", len(truth["iterations"]))
-    assert [(r.start_ns, r.end_ns) for r in result.rows] == [(i["start_ns"], i["end_ns"]) for i in truth["iterations"]]
+    assert (result.method, result.iteration_count) == ("nvtx:iteration N", len(truth["iterations"]))
+    ranks = [[(d["start_ns"], d["end_ns"]) for d in i["per_device"]] for i in truth["iterations"]]
+    starts = [int(statistics.median(s for s, _ in rank)) for rank in ranks]
+    last_end = int(statistics.median(e for _, e in ranks[-1]))
+    assert [(r.start_ns, r.end_ns) for r in result.rows] == list(zip(starts, [*starts[1:], last_end], strict=True))
     slow = planted(truth, "slow_first_iteration")
-    assert result.first_vs_steady == pytest.approx(sum(p["ratio"] for p in slow) / len(slow), abs=0.05)
-    [finding] = [f for f in result.findings if f.root_cause == "profiler-window-on-warmup"]
-    assert finding.time_at_stake_ns == pytest.approx(slow[0]["duration_ns"] - slow[0]["median_other_iteration_ns"],
-                                                     rel=0.02)
+    assert result.first_vs_steady == pytest.approx(statistics.fmean(p["ratio"] for p in slow), abs=0.05)
+    warm = {f.device: f.time_at_stake_ns for f in result.findings if f.root_cause == "profiler-window-on-warmup"}
+    assert warm == {p["device"]: pytest.approx(p["duration_ns"] - p["median_other_iteration_ns"], rel=0.02)
+                    for p in slow}
+    assert it.steady_window(result) == (starts[1], last_end)
     assert result.outliers == []
 
 
@@ -180,7 +418,7 @@ def test_iterations_quiet_on_clean(clean):
 ])
 def test_iterations_rejects_bad_scope(kw, message):
     with pytest.raises(InvalidRequest, match=message):
-        run(make_model(nvtx=RANKS, kernels=BUSY), **kw)
+        run(two_ranks(), **kw)
 
 
 def test_iterations_rejects_the_empty_export(open_fixture):
