@@ -428,9 +428,10 @@ def _warmup(result: Result) -> bool:
 
 def steady_window(result: Result) -> tuple[int, int] | None:
     """(start_ns, end_ns) of steady state: from the first steady iteration (the second when the first is the
-    warmup outlier) to the end of the last; None without iterations. Iterations tile, so the second starts
-    where the first ends."""
-    if not result.iteration_count:
+    warmup outlier) to the end of the last; None with fewer than MIN_ITERATIONS iterations or irregular ones
+    (the boundaries may not time a step). Iterations tile, so the second starts where the first ends."""
+    irregular = result.spread_ratio is not None and result.spread_ratio > IRREGULAR_SPREAD
+    if result.iteration_count < MIN_ITERATIONS or irregular:
         return None
     return result.span_start_ns + (result.first_ns if _warmup(result) else 0), result.span_end_ns
 
