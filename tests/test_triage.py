@@ -27,7 +27,7 @@ PLANTED_CAUSES = {
 @pytest.fixture(scope="module")
 def demo_triage(demo):
     profile, truth = demo
-    return triage.run(profile.con, triage.Params(profile="demo")), truth
+    return triage.run(profile.con, triage.Params(profile="demo", limit=100)), truth
 
 
 @pytest.mark.parametrize("kind, cause", sorted(PLANTED_CAUSES.items()))
@@ -40,8 +40,31 @@ def test_triage_finds_each_planted_problem(demo_triage, kind, cause):
 
 def test_triage_names_the_straggler_device(demo_triage):
     result, truth = demo_triage
-    straggler = planted(truth, "nccl_straggler")[0]["device"]
-    assert [f.device for f in result.findings if f.root_cause == "nccl-straggler"] == [straggler]
+    [plant] = planted(truth, "nccl_straggler")
+    waits = [f for f in result.findings if f.root_cause == "nccl-straggler"]
+    assert waits and {f.evidence["late_device"] for f in waits} == {plant["device"]}
+    assert {f.device for f in waits} <= set(plant["peer_devices"])  # the time at stake is the others' wait
+
+
+def test_triage_tells_the_planted_idle_gaps_apart(demo_triage):
+    """The gap with nothing traced on the host is a bubble; the one spent in poll() inside the data-loading
+    range starves the device of input."""
+    result, truth = demo_triage
+    found = {(f.root_cause, f.device) for f in result.findings}
+    for plant in planted(truth, "idle_gap"):
+        cause = "gpu-bubbles" if plant["host_activity"] == "nothing traced" else "dataloader-starvation"
+        assert (cause, plant["device"]) in found
+
+
+def test_triage_analyses_the_steady_state_of_the_demo(demo_triage):
+    result, truth = demo_triage
+    last = truth["iterations"][-1]
+    assert result.window.window_basis == "steady_state"
+    second = truth["iterations"][1]  # the first is the planted warmup: left out
+    assert second["start_ns"] <= result.window.start_ns < second["end_ns"]
+    assert result.window.end_ns >= last["start_ns"]
+    assert result.program.kind == "pytorch" and all(f.fix_for in ("pytorch", "python", "generic")
+                                                    for f in result.findings)
 
 
 def test_triage_ranks_by_time_at_stake_and_cites_the_book(demo_triage):
@@ -52,7 +75,8 @@ def test_triage_ranks_by_time_at_stake_and_cites_the_book(demo_triage):
     for f in result.findings:
         entry = book.get_entry(f.root_cause)
         assert f.book_uri == f"nsightful://book/{entry.id}" and f.verify == entry.verify
-        assert f.fix == entry.fix_for(("pytorch", "python", "generic"), f.tags).text
+        fix = entry.fix_for(tuple(result.program.fix_chain), f.tags)
+        assert (f.fix, f.fix_for) == (fix.text, fix.family)
 
 
 def test_triage_clean_sample_is_quiet(clean):
@@ -60,7 +84,7 @@ def test_triage_clean_sample_is_quiet(clean):
     result = triage.run(profile.con, triage.Params(profile="clean"))
     loud = [f"{f.root_cause}: {f.title}" for f in result.findings if f.severity in ("high", "medium")]
     assert loud == []
-    assert result.classification.bound == "compute-bound"
+    assert result.classification.bound == "compute-bound" and result.window.window_basis == "steady_state"
 
 
 @pytest.mark.parametrize("stem", FIXTURE_IDS)
@@ -69,7 +93,7 @@ def test_triage_every_fixture_resolves_its_book_ids(open_fixture, stem):
     for f in result.findings:
         book.get_entry(f.root_cause)
     if stem == "dynamicvit_empty_export":
-        assert result.classification.bound == "no GPU activity" and result.findings == []
+        assert result.classification.bound == "no GPU activity" and result.findings == [] and result.window is None
         assert {m.data for m in result.missing} >= {"kernels", "nvtx"}
 
 

@@ -47,7 +47,7 @@ class Result(BaseModel):
 
 def answer(q: book.Question, evidence: Evidence) -> Answer:
     base = {"id": q.id, "phase": q.phase, "tool": q.answered_by[0] if q.answered_by else None}
-    found = ANSWERERS[q.id](evidence) if q.id in ANSWERERS and evidence.triage is not None else None
+    found = ANSWERERS[q.id](evidence) if q.id in ANSWERERS and evidence.analysable else None
     if found:
         return Answer(**base, status="answered", value=found[0], evidence=found[1], how=None)
     if q.id in ANSWERERS:

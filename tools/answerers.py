@@ -37,7 +37,7 @@ class Evidence:
     def tool(self, name: str, window_scoped: bool = True, **params: Any) -> Any:
         """The tool's result (None when it cannot run here), on triage's window unless told otherwise."""
         from nsightful.tools import skills
-        if window_scoped and self.triage is not None:
+        if window_scoped and self.triage is not None and self.triage.window is not None:
             w = self.triage.window
             params = {"start_ns": w.start_ns, "end_ns": w.end_ns, **params}
         key = (name, tuple(sorted(params.items())))
@@ -48,6 +48,11 @@ class Evidence:
             except InvalidRequest:
                 self._results[key] = None
         return self._results[key]
+
+    @property
+    def analysable(self) -> bool:
+        """Whether triage found a window to analyse (an export with no timed event has none)."""
+        return self.triage is not None and self.triage.window is not None
 
     @property
     def summary(self) -> Any:

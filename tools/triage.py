@@ -54,7 +54,7 @@ class Missing(BaseModel):
 class Result(BaseModel):
     profile: str
     program: Program
-    window: Scope
+    window: Scope | None = Field(description="the analysed window; null when the export has no timed events")
     window_note: str = Field(description="how the window was chosen and what it leaves out")
     classification: Classification
     findings: list[RankedFinding] = Field(description="at most `limit`, ranked by time at stake")
@@ -105,11 +105,28 @@ def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) 
     return out
 
 
+def _missing(con: duckdb.DuckDBPyConnection) -> list[Missing]:
+    return [Missing(data=d, capture_flag=f) for d, f in
+            con.execute("SELECT data, capture_flag FROM capabilities WHERE NOT present ORDER BY data").fetchall()]
+
+
+def _nothing(params: Params, prog: Program, why: str, missing: list[Missing]) -> Result:
+    """The result for an export without a single timed event: nothing to analyse, said plainly."""
+    empty = Classification(bound="no GPU activity", compute_pct=0, copy_kernel_pct=0, transfer_pct=0,
+                           communication_pct=0, busy_pct=0, idle_pct=0, overlap_pct=0, gpu_ops=0, reason=why)
+    return Result(profile=params.profile, program=prog, window=None, window_note=why, classification=empty,
+                  findings=[], total_findings=0, truncated=False, time_at_stake_ns=0, missing=missing, skipped=[])
+
+
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     from nsightful.tools import skills
     modules = skills()
     prog = program.detect(con)
     chain = tuple(prog.fix_chain)
+    if con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()[0]:
+        return _nothing(params, prog, "the export holds no timed events at all (no GPU activity, no CPU or API "
+                                      "trace): re-capture with `nsys profile --trace=cuda,nvtx` around the workload",
+                        _missing(con))
     scope, note, warmup = _window(con, params)
     found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
     skipped: list[str] = []
@@ -128,8 +145,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     foreign = [(t, f) for t, f in found if not book.get_entry(f.root_cause).applies(chain)]
     skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
     found = [tf for tf in found if tf not in foreign]
-    missing = [Missing(data=d, capture_flag=f) for d, f in
-               con.execute("SELECT data, capture_flag FROM capabilities WHERE NOT present ORDER BY data").fetchall()]
+    missing = _missing(con)
     ranked = _rank(found, chain, params.limit)
     return Result(profile=params.profile, program=prog, window=scope, window_note=note,
                   classification=classification, findings=ranked, total_findings=len(found),
@@ -143,7 +159,8 @@ def render(result: Result) -> str:
     lines = [f"{c.bound}: {c.reason}",
              f"  compute {c.compute_pct:.1f}%  transfer {c.transfer_pct:.1f}%  communication {c.communication_pct:.1f}%"
              f"  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
-             f"window: {ms(result.window.duration_ns)} on device(s) {result.window.devices}, {result.window_note}",
+             (f"window: {ms(result.window.duration_ns)} on device(s) {result.window.devices}, {result.window_note}"
+              if result.window else f"window: none ({result.window_note})"),
              f"program: {p.kind} ({p.decided_by}); fixes for {p.fix_chain[0]}", ""]
     if not result.findings:
         lines.append("No detector fired: nothing above its threshold.")
@@ -167,7 +184,8 @@ def render(result: Result) -> str:
 def render_markdown(result: Result) -> str:
     c = result.classification
     lines = ["## nsightful triage", "", f"**{c.bound}**: {c.reason}", "",
-             f"Program: {result.program.kind}. Window: {ms(result.window.duration_ns)}, {result.window_note}.", "",
+             f"Program: {result.program.kind}. Window: "
+             f"{ms(result.window.duration_ns) + ', ' if result.window else ''}{result.window_note}.", "",
              "| share | % |", "|---|---|", f"| compute | {c.compute_pct:.1f} |", f"| transfer | {c.transfer_pct:.1f} |",
              f"| communication | {c.communication_pct:.1f} |", f"| idle | {c.idle_pct:.1f} |", ""]
     if result.findings:

@@ -1,0 +1,186 @@
+"""The diagnosis on every real export: the findings an expert expects and none they would reject, each decided
+by reading the raw export with SQL here; and the invariants every triage must keep on any profile."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections import defaultdict
+
+import pytest
+from conftest import FIXTURE_IDS, FIXTURES
+from modeldb import union_ns
+
+from nsightful.resources import book
+from nsightful.tools import triage
+
+PYTORCH_WORDS = re.compile(r"torch|DataLoader|\.item\(\)|pin_memory=|TrainingArguments|\bnn\.|FSDP|DDP|autocast|"
+                           r"Hugging Face|\bgc\.|import ", re.I)
+ONLY_ON_PYTHON = {"gc-pauses", "torch-compile-recompilation", "unneeded-activation-checkpointing"}
+
+
+@pytest.fixture(scope="module")
+def triaged(open_fixture):
+    found: dict[str, triage.Result] = {}
+
+    def _get(stem: str) -> triage.Result:
+        if stem not in found:
+            found[stem] = triage.run(open_fixture(stem).con, triage.Params(profile=stem, limit=100))
+        return found[stem]
+    return _get
+
+
+def raw(stem: str) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{FIXTURES / stem}.sqlite?mode=ro", uri=True)
+
+
+def kernel_share(stem: str, pattern: str, device: int | None = None) -> float:
+    """Share of kernel time (all devices, or one) in kernels whose short name matches `pattern`."""
+    con = raw(stem)
+    rows = con.execute('SELECT s.value, k.deviceId, k."end" - k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k '
+                       "JOIN StringIds s ON s.id = k.shortName").fetchall()
+    rows = [r for r in rows if device is None or r[1] == device]
+    return sum(d for n, _, d in rows if re.search(pattern, n)) / sum(d for _, _, d in rows)
+
+
+def busy_share(stem: str, device: int, start: int, end: int) -> float:
+    """Union of the device's kernels, copies and memsets over [start, end), as a share."""
+    con = raw(stem)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+    work = []
+    for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+        if t in tables:
+            work += con.execute(f'SELECT start, "end" FROM {t} WHERE deviceId = ?', (device,)).fetchall()
+    return union_ns([(max(s, start), min(e, end)) for s, e in work if e > start and s < end and e > s]) / (end - start)
+
+
+def causes(result: triage.Result) -> dict[str, list]:
+    out = defaultdict(list)
+    for f in result.findings:
+        out[f.root_cause].append(f)
+    return out
+
+
+# --- the review table: per real export ---------------------------------------------------------------------
+def test_diagnosis_clue_a_cuda_program_starved_by_host_cpu_work(triaged):
+    result = triaged("clue_t4_report4")
+    w = result.window
+    assert result.program.kind == "cuda"
+    assert busy_share("clue_t4_report4", 0, w.start_ns, w.end_ns) < 0.3  # the T4 idles most of the loop
+    [cpu] = causes(result)["cpu-bottleneck"]
+    assert cpu.tags == ["host-cpu"] and cpu.time_at_stake_ns > 0.5 * w.duration_ns
+    assert result.findings[0] is cpu and result.classification.bound == "host-bound"
+
+
+def test_diagnosis_extrap_a_compute_bound_windows_program(triaged):
+    result = triaged("extrap_windows_con_kernel")
+    w = result.window
+    assert busy_share("extrap_windows_con_kernel", 0, w.start_ns, w.end_ns) > 0.99
+    # five cudaEventSynchronize calls wait 259 ms, but on a busy GPU: they cost nothing
+    assert result.classification.bound == "compute-bound" and result.classification.compute_pct <= 100
+    assert set(causes(result)) == {"kernel-hotspot"}
+    [hot] = causes(result)["kernel-hotspot"]
+    assert kernel_share("extrap_windows_con_kernel", "^test2$") > 0.9 and hot.time_at_stake_ns == 0
+
+
+def test_diagnosis_fuser_is_a_capture_of_compilation(triaged):
+    result = triaged("fuser_h200_crossentropy")
+    nvtx = raw("fuser_h200_crossentropy").execute(
+        "SELECT sum(n.\"end\" - n.start) FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+        "WHERE coalesce(n.text, s.value) = 'FusionKernelRuntime::compileFusionParallel'").fetchone()[0]
+    [jit] = causes(result)["module-loading-hot-path"]
+    assert nvtx > 1e9 and jit.tags == ["jit"] and jit.time_at_stake_ns > 0.8 * nvtx / 2
+    assert result.classification.bound == "host-bound"
+
+
+def test_diagnosis_h100_streams_pinned_weights_and_runs_fp32_gemms(triaged):
+    result = triaged("nsysai_h100_2gpu_1s")
+    con = raw("nsysai_h100_2gpu_1s")
+    pinned, total = con.execute("SELECT sum(bytes) FILTER (WHERE srcKind = 1), sum(bytes) FROM "
+                                "CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 1").fetchone()
+    assert pinned / total > 0.99  # the H2D copies are already pinned: pinning is not the fix
+    h2d = causes(result)["excessive-h2d-transfers"]
+    assert sorted(f.device for f in h2d) == [0, 1]
+    assert all(f.tags == ["pinned"] and 0 < f.time_at_stake_ns <= result.window.duration_ns for f in h2d)
+    assert kernel_share("nsysai_h100_2gpu_1s", "_ffma_|sgemm") > 0.5  # FP32 FMA GEMMs on tensor-core hardware
+    assert sorted(f.device for f in causes(result)["fp32-gemm-no-tensor-cores"]) == [0, 1]
+    w = result.window
+    assert min(busy_share("nsysai_h100_2gpu_1s", d, w.start_ns, w.end_ns) for d in (0, 1)) > 0.99
+    # both GPUs are busy 99%: nothing the host does can be costing time
+    for cause in ("blocking-d2h-sync", "small-kernel-overhead", "excessive-synchronization", "cpu-bottleneck",
+                  "gpu-bubbles"):
+        assert cause not in causes(result), cause
+
+
+@pytest.mark.parametrize("stem", ["nsysai_mfu_2gpu_before", "nsysai_mfu_2gpu_after"])
+def test_diagnosis_mfu_steps_and_no_straggler(triaged, stem):
+    result = triaged(stem)
+    assert result.window.window_basis == "steady_state" and "FSDP::pre_forward" in result.window_note
+    assert "nccl-straggler" not in causes(result)
+    assert result.classification.bound == "compute-bound"
+    starts = raw(stem).execute(
+        'SELECT k.deviceId, k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName '
+        "WHERE s.value LIKE 'ncclDevKernel%' ORDER BY k.start").fetchall()
+    last = defaultdict(int)
+    for (d0, _), (d1, _) in zip(starts[::2], starts[1::2], strict=False):
+        if d0 != d1:
+            last[d1] += 1
+    assert min(last.values()) >= 0.25 * sum(last.values())  # each device arrives last a fair share of the time
+
+
+def test_diagnosis_mfu_after_is_slower_for_small_kernels(triaged):
+    before, after = triaged("nsysai_mfu_2gpu_before"), triaged("nsysai_mfu_2gpu_after")
+    stake = {r: sum(f.time_at_stake_ns for f in causes(res)["small-kernel-overhead"])
+             for r, res in (("before", before), ("after", after))}
+    assert stake["after"] > 2 * stake["before"] > 0
+
+
+def test_diagnosis_pipit_an_mpi_cuda_program(triaged):
+    result = triaged("pipit_saxpy_mpi_a100")
+    pageable = raw("pipit_saxpy_mpi_a100").execute(
+        "SELECT count(*), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE srcKind = 0 OR dstKind = 0").fetchone()
+    assert pageable[0] == 15 and pageable[1] > 3e9
+    assert result.program.kind == "cuda" and "MPI" in result.program.frameworks
+    assert {"pageable-host-memory", "excessive-h2d-transfers", "cpu-bottleneck"} <= set(causes(result))
+    assert result.classification.bound == "host-bound"
+
+
+@pytest.mark.parametrize("stem, bound", [("nsysai_mock", "too little GPU activity"),
+                                         ("dynamicvit_empty_export", "no GPU activity")])
+def test_diagnosis_degenerate_profiles_are_described_not_diagnosed(triaged, stem, bound):
+    result = triaged(stem)
+    assert (result.classification.bound, result.findings) == (bound, [])
+
+
+# --- invariants on every profile ----------------------------------------------------------------------------
+def _check_invariants(result: triage.Result) -> None:
+    c = result.classification
+    for share in (c.compute_pct, c.copy_kernel_pct, c.transfer_pct, c.communication_pct, c.busy_pct, c.idle_pct):
+        assert 0 <= share <= 100
+    assert c.copy_kernel_pct <= c.compute_pct and c.overlap_pct >= 0
+    per_device: dict[int | None, int] = defaultdict(int)
+    seen = set()
+    for f in result.findings:
+        assert (f.root_cause, f.device) not in seen, f"{f.root_cause} twice on device {f.device}"
+        seen.add((f.root_cause, f.device))
+        if f.root_cause != "profiler-window-on-warmup":  # the warmup lies outside the analysed window
+            per_device[f.device] += f.time_at_stake_ns
+        assert f.time_at_stake_ns == 0 or f.device is not None
+        entry = book.get_entry(f.root_cause)
+        assert entry.applies(tuple(result.program.fix_chain)) and f.fix_for in result.program.fix_chain
+        if result.program.kind not in ("pytorch", "python", "jax"):
+            assert f.root_cause not in ONLY_ON_PYTHON and not PYTORCH_WORDS.search(f.fix), (f.root_cause, f.fix)
+    if result.window:
+        assert all(ns <= result.window.duration_ns for ns in per_device.values()), per_device
+    assert result.total_findings == len(result.findings)
+
+
+@pytest.mark.parametrize("stem", FIXTURE_IDS)
+def test_diagnosis_invariants_on_every_real_export(triaged, stem):
+    _check_invariants(triaged(stem))
+
+
+@pytest.mark.parametrize("sample", ["demo", "clean"])
+def test_diagnosis_invariants_on_the_samples(request, sample):
+    profile, _ = request.getfixturevalue(sample)
+    _check_invariants(triage.run(profile.con, triage.Params(profile=sample, limit=100)))
