@@ -6,7 +6,7 @@ import random
 import sqlite3
 
 import pytest
-from conftest import FIXTURE_IDS, FIXTURES, dump, planted
+from conftest import FIXTURE_IDS, FIXTURES, dump
 from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
