@@ -40,7 +40,7 @@ from nsightful.tools.common import (
     resolve_scope,
     scope_args,
 )
-from nsightful.tools.kernel_kinds import NAME_CHARS, display_names, kind_of, min_arch_of
+from nsightful.tools.kernel_kinds import KINDS, NAME_CHARS, display_names, kind_of, min_arch_of
 
 HOTSPOT_PCT = 30.0  # book kernel-hotspot: one kernel above this share of kernel time is worth a look on its own
 MIN_NAMES_FOR_HOTSPOT = 2  # with a single kernel name its 100% share says nothing
@@ -67,8 +67,7 @@ class KernelRow(BaseModel):
     name: str = Field(description=f"demangled name, cut at {NAME_CHARS} characters; with group_by=short_name "
                                   "the variant with the most time")
     short_name: str
-    kind: str = Field(description="gemm-fp32, gemm-tensor, gemm, attention, conv, norm, copy, reduction, "
-                                  "elementwise, nccl or custom (see tools/kernel_kinds.py)")
+    kind: str = Field(description=f"from the names: {', '.join(KINDS)}")
     variants: int = Field(description="distinct demangled names in this row")
     device: int | None = Field(description="device, when per_device; else null (all devices in scope)")
     count: int
