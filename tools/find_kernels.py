@@ -28,9 +28,9 @@ from nsightful.tools.common import (
     resolve_scope,
     scope_args,
 )
+from nsightful.tools.kernel_kinds import NAME_CHARS
 
 NAME_LIMIT = 10  # distinct matched names listed: enough to see whether the pattern was too broad
-NAME_CHARS = 200  # demangled names can run to kilobytes; the start identifies the kernel
 PATH_CHARS = 300  # deep NVTX stacks: keep the innermost end of the path, which names the op
 
 
