@@ -114,11 +114,15 @@ def _answers(open_fixture, stem: str) -> dict[str, answer_questions.Answer]:
 
 
 def test_answer_questions_from_a_real_profile(open_fixture):
+    """Answers cover triage's window: the raw figures are read over the same window."""
     answers = _answers(open_fixture, "nsysai_h100_2gpu_1s")
+    w = triage.run(open_fixture("nsysai_h100_2gpu_1s").con, triage.Params(profile="h")).window
     raw = _raw("nsysai_h100_2gpu_1s")
-    tiny = raw.execute('SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE "end" - start < 10000').fetchone()[0]
-    h2d = raw.execute("SELECT count(*), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 1").fetchone()
-    assert answers["q01-gpu-hardware"].evidence == {"devices": [0, 1]}
+    tiny = raw.execute('SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE "end" - start < 10000 '
+                       "AND start >= ? AND start < ?", (w.start_ns, w.end_ns)).fetchone()[0]
+    h2d = raw.execute("SELECT count(*), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 1 "
+                      "AND start >= ? AND start < ?", (w.start_ns, w.end_ns)).fetchone()
+    assert answers["q01-gpu-hardware"].evidence == {"devices": [0, 1], "min_arch": 80}  # no TARGET_INFO_GPU
     assert answers["q13-small-kernels"].evidence["tiny_count"] == tiny
     assert answers["q16-h2d-volume"].evidence == {"count": h2d[0], "bytes": h2d[1]}
     assert answers["q12-dominant-kernel"].value.startswith("yes: the largest")

@@ -65,9 +65,15 @@ class Evidence:
 def _hardware(e: Evidence) -> Answer:
     devices = e.summary.devices
     names = sorted({d.name for d in devices if d.name})
-    if not names:
+    ids = {"devices": [d.device for d in devices]}
+    if names:
+        return f"{len(devices)} device(s): {', '.join(names)}", ids
+    top = e.tool("top_kernels", window_scoped=False)
+    arch = max((g.min_arch_from_names or 0 for g in top.gemms), default=0) if top else 0
+    if not devices or not arch:
         return None
-    return f"{len(devices)} device(s): {', '.join(names)}", {"devices": [d.device for d in devices]}
+    return (f"{len(devices)} device(s), model not recorded in this export; their kernels were built for sm_{arch} "
+            "or newer", {**ids, "min_arch": arch})
 
 
 def _parallelism(e: Evidence) -> Answer:
@@ -185,9 +191,9 @@ def _flash(e: Evidence) -> Answer:
     flash = libs.get("FlashAttention / fused attention")
     if flash is None:
         return ("no FlashAttention kernels in this capture", {}) if e.summary.devices else None
-    hint = flash.version_hint or ""
-    version = ("3 (Hopper)" if "flash-attn 3" in hint else "2" if "flash-attn 2" in hint
-               else "unknown (fused attention without flash-attn 2/3 names)")
+    hint = flash.version_hint or "no "
+    version = ("unknown (fused attention without flash-attn 2/3 names)" if hint.startswith("no ")
+               else "3 (Hopper)" if "flash-attn 3" in hint else "2")
     return f"yes, version {version} by kernel names: {flash.example}", {"kernels": flash.kernel_count}
 
 
