@@ -14,10 +14,12 @@ T = 1_000_000  # the tiny timeline starts here, so launch calls can come before 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 
 
-def kernel(n: int, s: int, e: int, launch: tuple[int, int]) -> dict:
-    return {"device_id": 0, "stream_id": 7, "pid": 1, "tid": 7, "correlation_id": n, "start_ns": T + s,
-            "end_ns": T + e, "short_name": f"k{n}", "name": f"k{n}", "category": "compute",
-            "launch_api": "cudaLaunchKernel", "launch_start_ns": T + launch[0], "launch_end_ns": T + launch[1]}
+def kernel(n: int, s: int, e: int, launch: tuple[int, int] | None) -> dict:
+    row = {"device_id": 0, "stream_id": 7, "pid": 1, "tid": 7, "correlation_id": n, "start_ns": T + s,
+           "end_ns": T + e, "short_name": f"k{n}", "name": f"k{n}", "category": "compute"}
+    if launch:
+        row.update(launch_api="cudaLaunchKernel", launch_start_ns=T + launch[0], launch_end_ns=T + launch[1])
+    return row
 
 
 def call(name: str, kind: str, s: int, e: int, corr: int | None = None) -> dict:
@@ -43,7 +45,7 @@ def timeline():
         kernel(9, 550_000, 600_000, (545_000, 548_000)),  # host_comm: inside an MPI_Send NVTX range
         kernel(10, 700_000, 750_000, (692_000, 695_000)),  # host_wait: inside poll()
         kernel(11, 850_000, 900_000, (842_000, 845_000)),  # host_cpu: the thread ran on a CPU
-        kernel(12, 1_000_000, 1_050_000, (995_000, 998_000)),  # host_untraced: nothing seen
+        kernel(12, 1_000_000, 1_050_000, None),  # host_untraced: nothing seen, its launch not traced either
         kernel(13, 1_090_000, 1_130_000, (1_085_000, 1_088_000)),  # pageable_copy: a pageable cudaMemcpy ran
         kernel(14, 1_170_000, 1_200_000, (1_165_000, 1_168_000)),  # sync_copy: a pinned cudaMemcpy ran
     ]
@@ -58,7 +60,7 @@ def timeline():
                 call("cudaMemcpy", "memcpy", 1_040_000, 1_080_000, 51),
                 call("cudaMemcpy", "memcpy", 1_125_000, 1_160_000, 52)]
     cuda_api += [call("cudaLaunchKernel", "launch", k["launch_start_ns"] - T, k["launch_end_ns"] - T,
-                      k["correlation_id"]) for k in kernels]
+                      k["correlation_id"]) for k in kernels if "launch_end_ns" in k]
     return make_model(
         kernels=kernels, memcpy=memcpy, cuda_api=cuda_api,
         nvtx=[{"pid": 1, "tid": 7, "text": "MPI_Send", "start_ns": T + 450_000, "end_ns": T + 540_000,
@@ -92,6 +94,15 @@ def test_attribution_window_clips_gaps_and_adds_the_edges():
     # outside the window, so that stretch is judged by host activity alone, and none was traced
     assert {c: t.ns for c, t in idle.causes.items()} == {"queued": 10_000, "sync": 10_000, "readback": 9_000,
                                                           "host_untraced": 2_000}
+
+
+def test_attribution_a_late_launch_after_untraced_host_work_under_1_ms_is_launch_overhead():
+    """0.5 ms of untraced host time before a launch that ends after the device went idle: the framework's
+    per-op overhead; 1.5 ms of it could be anything (a pause, other work)."""
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 510_000, 520_000, (505_000, 508_000)),
+                              kernel(3, 2_020_000, 2_030_000, (2_015_000, 2_018_000))])
+    [idle] = attribution.attribute(con, scope(con)).values()
+    assert {c: t.ns for c, t in idle.causes.items()} == {"launch": 500_000, "host_untraced": 1_500_000}
 
 
 def test_attribution_long_wait_after_a_sync_is_not_the_syncs():

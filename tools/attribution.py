@@ -12,7 +12,9 @@ gap gets exactly one cause, so causes never share nanoseconds and their sum is t
   from pageable host memory, or a synchronize right after one; another synchronous copy. A synchronize
   call covering most of a longer gap also counts as sync (the host waited on other work meanwhile).
 - launch_tiny / launch: a short gap (<= LAUNCH_GAP_MAX_NS) before a work item the host launched only after
-  the device had gone idle: the cost of launching, between tiny kernels or not.
+  the device had gone idle: the cost of launching, between tiny kernels or not. A gap shorter than
+  BUBBLE_MIN_NS before such a late launch, with no other host activity seen, counts too: the host was busy
+  issuing work (a framework's per-operation overhead), not waiting.
 - jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges) inside the gap.
 - alloc: device-memory allocation or free calls cover most of the gap.
 - host_comm: the launching threads were inside communication NVTX ranges (MPI_*, SHMEM) for most of the gap.
@@ -188,6 +190,8 @@ labelled AS MATERIALIZED (
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
     WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
+    WHEN g.duration_ns < $bubble_min AND n.launch_end_ns IS NOT NULL THEN
+      CASE WHEN coalesce(n.tiny, false) OR coalesce(p.tiny, false) THEN 'launch_tiny' ELSE 'launch' END
     ELSE 'host_untraced' END AS cause
   FROM gapset g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id) LEFT JOIN at_start s USING (gap_id)
   LEFT JOIN host h USING (gap_id))"""
@@ -244,7 +248,7 @@ def args(scope: Scope) -> dict[str, object]:
             "waits": WAIT_CALLS, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES, "jit_ranges": JIT_RANGES,
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
             "resume_max": SYNC_RESUME_MAX_NS, "similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS,
-            "steady_share": STEADY_SHARE}
+            "steady_share": STEADY_SHARE, "bubble_min": BUBBLE_MIN_NS}
 
 
 @dataclass(frozen=True)
@@ -295,7 +299,7 @@ def _cached(key: tuple, con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[in
 
 
 def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, DeviceIdle]:
-    totals = {"bubble_min": BUBBLE_MIN_NS, "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
+    totals = {"gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
     rows = con.execute(TOTALS_SQL, {**args(scope), **totals}).fetchall()
     found: dict[int, dict[str, CauseTime]] = {d: {} for d in scope.devices}
     for device, cause, count, ns, long_ns, periodic_ns, periodic_gaps, period, api in rows:

@@ -108,8 +108,8 @@ CLAIMS: tuple[Claim, ...] = (
           lambda d, ns: f"device {d.device} idles {ms(ns)} while its launching thread communicates "
                         f"({_gaps(d, 'host_comm')} gaps inside MPI or other communication ranges)"),
     Claim("dataloader-starvation", ("host_wait",), lambda d, p: True,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} while its launching thread waits in OS calls: input "
-                        "or another thread is late"),
+          lambda d, ns: f"device {d.device} idles {ms(ns)} while its launching thread waits for input (OS "
+                        "waits, data-loading ranges): the next batch or another thread is late"),
 )
 
 
