@@ -24,9 +24,12 @@ gap gets exactly one cause, so causes never share nanoseconds and their sum is t
   most of the gap.
 - host_untraced: none of the above can be seen (no CUDA call, no host data).
 
-Longer gaps are judged by what the launching threads (those that put work on the device) did during the
-gap: a heavy activity (jit, alloc, waits) covering most of it outranks the blocking call that began it,
-because removing the call alone would not remove the gap. Times are integer ns clipped to the window.
+A gap is judged by one host thread: the one that launched the operation after it (else the one before it,
+else the thread that launched most work on the device, when those launches were not traced), since its
+lateness is what kept the device idle. Longer gaps are judged by
+what that thread did during the gap: a heavy activity (jit, alloc, waits) covering most of it outranks the
+blocking call that began it, because removing the call alone would not remove the gap. Times are integer
+ns clipped to the window.
 """
 
 from __future__ import annotations
@@ -65,12 +68,13 @@ JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|
 WORK = """api_ends AS (
   SELECT pid, correlation_id, max(end_ns) AS end_ns FROM cuda_api WHERE kind IN ('memcpy', 'memset') GROUP BY ALL),
 ops AS MATERIALIZED (
-  SELECT device_id, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns, launch_end_ns, tiny
-  FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny FROM kernels
-        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false FROM memcpy m LEFT JOIN api_ends a
-          ON a.pid = m.pid AND a.correlation_id = m.correlation_id
-        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false FROM memset m LEFT JOIN api_ends a
-          ON a.pid = m.pid AND a.correlation_id = m.correlation_id)
+  SELECT device_id, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns, launch_end_ns, tiny,
+         pid, tid
+  FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid FROM kernels
+        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memcpy m
+          LEFT JOIN api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memset m
+          LEFT JOIN api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
 edges AS (SELECT unnest($devices) AS device_id, $start AS start_ns, $start AS end_ns
           UNION ALL SELECT unnest($devices), $end, $end),
@@ -79,16 +83,23 @@ lanes AS (SELECT device_id, start_ns, end_ns FROM ops UNION ALL SELECT device_id
 gapset AS MATERIALIZED (
   SELECT row_number() OVER (ORDER BY device_id, start_ns) AS gap_id, device_id, start_ns, end_ns,
          end_ns - start_ns AS duration_ns FROM raw_gaps),
-nxt AS (SELECT g.gap_id, min(o.launch_end_ns) AS launch_end_ns, bool_or(o.tiny) AS tiny
+nxt AS (SELECT g.gap_id, min(o.launch_end_ns) AS launch_end_ns, bool_or(o.tiny) AS tiny,
+               first(o.pid ORDER BY o.launch_end_ns NULLS LAST) FILTER (WHERE o.tid IS NOT NULL) AS pid,
+               first(o.tid ORDER BY o.launch_end_ns NULLS LAST) FILTER (WHERE o.tid IS NOT NULL) AS tid
         FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.start_ns = g.end_ns GROUP BY g.gap_id),
-prv AS (SELECT g.gap_id, bool_or(o.tiny) AS tiny
+prv AS (SELECT g.gap_id, bool_or(o.tiny) AS tiny, any_value(o.pid) FILTER (WHERE o.tid IS NOT NULL) AS pid,
+               any_value(o.tid) FILTER (WHERE o.tid IS NOT NULL) AS tid
         FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.end_ns = g.start_ns GROUP BY g.gap_id),
-launchers AS (
-  SELECT DISTINCT device_id, pid, tid FROM (
-    SELECT device_id, pid, tid FROM kernels UNION ALL SELECT device_id, pid, tid FROM memcpy
-    UNION ALL SELECT device_id, pid, tid FROM memset)
-  WHERE tid IS NOT NULL AND device_id IN (SELECT unnest($devices))),
-threads_in AS (SELECT DISTINCT pid, tid FROM launchers),"""
+main_thread AS (
+  SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid FROM (
+    SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL) GROUP BY device_id),
+gap_thread AS MATERIALIZED (
+  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns,
+         CASE WHEN n.tid IS NOT NULL THEN n.pid WHEN p.tid IS NOT NULL THEN p.pid ELSE m.pid END AS pid,
+         CASE WHEN n.tid IS NOT NULL THEN n.tid WHEN p.tid IS NOT NULL THEN p.tid ELSE m.tid END AS tid
+  FROM gapset g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id) LEFT JOIN main_thread m
+    ON m.device_id = g.device_id),
+threads_in AS (SELECT DISTINCT pid, tid FROM ops WHERE tid IS NOT NULL),"""
 
 # Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
 BLOCKING = """
@@ -116,15 +127,16 @@ at_start AS (
   SELECT gap_id, arg_max(cause, b_start) AS cause, arg_max(name, b_start) AS api, arg_max(b_end, b_start) AS b_end
   FROM (
     SELECT gl.gap_id, b.cause, b.name, b.start_ns AS b_start, b.end_ns AS b_end, gl.start_ns AS g0
-    FROM (SELECT g.gap_id, g.start_ns, l.pid, l.tid FROM gapset g JOIN launchers l USING (device_id)) gl
+    FROM (SELECT gap_id, start_ns, pid, tid FROM gap_thread WHERE tid IS NOT NULL) gl
     ASOF JOIN bcalls b ON b.pid = gl.pid AND b.tid = gl.tid AND b.start_ns <= gl.start_ns)
   WHERE b_end > g0 GROUP BY gap_id),"""
 
 # What the launching threads did during the gaps that are neither queued nor short.
 HOST = """
 long_gaps AS (
-  SELECT g.gap_id AS probe_id, g.device_id, g.start_ns, g.end_ns FROM gapset g LEFT JOIN nxt n USING (gap_id)
-  WHERE g.duration_ns > $launch_gap_max AND NOT coalesce(n.launch_end_ns <= g.start_ns, false)),
+  SELECT t.gap_id AS probe_id, t.pid, t.tid, t.start_ns, t.end_ns FROM gap_thread t LEFT JOIN nxt n USING (gap_id)
+  WHERE t.tid IS NOT NULL AND t.end_ns - t.start_ns > $launch_gap_max
+    AND NOT coalesce(n.launch_end_ns <= t.start_ns, false)),
 sched_on AS (
   SELECT pid, tid, time_ns AS start_ns, next_ns AS end_ns FROM (
     SELECT pid, tid, time_ns, is_sched_in, lead(time_ns) OVER w AS next_ns, lead(is_sched_in) OVER w AS next_in
@@ -135,32 +147,33 @@ sample_period AS (
     SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
     FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
 host_events AS (
-  SELECT l.device_id, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
+  SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
                            WHEN a.kind IN ('launch', 'graph') AND a.end_ns - a.start_ns >= $lazy THEN 'lazy'
                            WHEN a.kind = 'sync' THEN 'sync'
                            WHEN a.kind IN ('launch', 'graph', 'memcpy', 'memset') THEN 'launch'
                            ELSE 'api' END AS what, a.start_ns, a.end_ns
-  FROM cuda_api a JOIN launchers l ON l.pid = a.pid AND l.tid = a.tid WHERE a.end_ns > $start AND a.start_ns < $end
+  FROM cuda_api a JOIN threads_in USING (pid, tid) WHERE a.end_ns > $start AND a.start_ns < $end
   UNION ALL
-  SELECT l.device_id, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait' ELSE 'api' END, o.start_ns, o.end_ns
-  FROM os_runtime o JOIN launchers l ON l.pid = o.pid AND l.tid = o.tid WHERE o.end_ns > $start AND o.start_ns < $end
+  SELECT o.pid, o.tid, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait' ELSE 'api' END, o.start_ns, o.end_ns
+  FROM os_runtime o JOIN threads_in USING (pid, tid) WHERE o.end_ns > $start AND o.start_ns < $end
   UNION ALL
-  SELECT l.device_id, 'jit', n.start_ns, n.end_ns FROM nvtx n JOIN launchers l ON l.pid = n.pid AND l.tid = n.tid
+  SELECT n.pid, n.tid, 'jit', n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
   WHERE n.end_ns > $start AND n.start_ns < $end AND regexp_matches(coalesce(n.text, ''), $jit_ranges)
     AND NOT contains(n.text, 'Compiled Region')
   UNION ALL
-  SELECT l.device_id, CASE WHEN regexp_matches(n.text, $comm_ranges) THEN 'comm' ELSE 'wait' END, n.start_ns, n.end_ns
-  FROM nvtx n JOIN launchers l ON l.pid = n.pid AND l.tid = n.tid
+  SELECT n.pid, n.tid, CASE WHEN regexp_matches(n.text, $comm_ranges) THEN 'comm' ELSE 'wait' END, n.start_ns,
+         n.end_ns
+  FROM nvtx n JOIN threads_in USING (pid, tid)
   WHERE n.end_ns > $start AND n.start_ns < $end
     AND (regexp_matches(coalesce(n.text, ''), $comm_ranges) OR regexp_matches(coalesce(n.text, ''), $data_ranges))
   UNION ALL
-  SELECT l.device_id, 'cpu', s.start_ns, s.end_ns FROM sched_on s JOIN launchers l USING (pid, tid)
+  SELECT pid, tid, 'cpu', start_ns, end_ns FROM sched_on
   UNION ALL
-  SELECT l.device_id, 'cpu', c.time_ns, c.time_ns + (SELECT ns FROM sample_period) FROM cpu_samples c
-  JOIN launchers l USING (pid, tid) WHERE NOT EXISTS (SELECT 1 FROM sched LIMIT 1)
+  SELECT c.pid, c.tid, 'cpu', c.time_ns, c.time_ns + (SELECT ns FROM sample_period) FROM cpu_samples c
+  JOIN threads_in USING (pid, tid) WHERE NOT EXISTS (SELECT 1 FROM sched LIMIT 1)
     AND c.time_ns >= $start AND c.time_ns < $end),
-""" + overlaps("touch", "long_gaps", "host_events", "device_id", "what") + """,
+""" + overlaps("touch", "long_gaps", "host_events", "pid, tid", "what") + """,
 host AS (
   SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'alloc') AS alloc_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'jit') AS jit_ns,
@@ -193,8 +206,8 @@ labelled AS MATERIALIZED (
     WHEN g.duration_ns < $bubble_min AND n.launch_end_ns IS NOT NULL THEN
       CASE WHEN coalesce(n.tiny, false) OR coalesce(p.tiny, false) THEN 'launch_tiny' ELSE 'launch' END
     ELSE 'host_untraced' END AS cause
-  FROM gapset g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id) LEFT JOIN at_start s USING (gap_id)
-  LEFT JOIN host h USING (gap_id))"""
+  FROM gap_thread g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id)
+  LEFT JOIN at_start s USING (gap_id) LEFT JOIN host h USING (gap_id))"""
 
 
 

@@ -6,10 +6,10 @@ and after its last operation) gets one cause from tools/attribution.py, which sa
 devices: per device busy_pct = 1 - idle / window, idle by cause over all gaps (ns, gap count, share of the
 window, the blocking API for the blocking causes), and the gaps of at least min_gap_ns (count, time,
 largest). gaps: the longest gaps of at least min_gap_ns, with the kernels before and after (within 1 s),
-the blocking call the host was in when the device ran dry, and nvtx = up to 3 of the shortest NVTX ranges of
-the launching threads that cover at least half the gap. periodic_groups: gaps of similar length (within 20%)
-recurring at a steady period (>= 3 gaps, 75% of intervals within 20% of the median). Findings: every idle
-root cause (tools/idle_causes.py). Times in ns.
+the blocking call the host was in when the device ran dry, and nvtx = up to 3 of the shortest NVTX ranges
+of the gap's host thread (see tools/attribution.py) that cover at least half the gap. periodic_groups: gaps
+of similar length (within 20%) recurring at a steady period (>= 3 gaps, 75% of intervals within 20% of the
+median). Findings: every idle root cause (tools/idle_causes.py). Times in ns.
 """
 
 from __future__ import annotations
@@ -121,8 +121,7 @@ after AS (
   GROUP BY t.gap_id),
 ranges AS (
   SELECT t.gap_id, list(n.text ORDER BY n.duration_ns, n.text)[1:$nvtx_names] AS names
-  FROM top t JOIN launchers l ON l.device_id = t.device_id
-  JOIN nvtx n ON n.pid = l.pid AND n.tid = l.tid AND n.duration_ns >= t.duration_ns // 2
+  FROM top t JOIN nvtx n ON n.pid = t.pid AND n.tid = t.tid AND n.duration_ns >= t.duration_ns // 2
    AND least(n.end_ns, t.end_ns) - greatest(n.start_ns, t.start_ns) >= t.duration_ns / 2
   GROUP BY t.gap_id)
 SELECT
@@ -141,7 +140,7 @@ SELECT
                 nvtx: coalesce(r.names, []), periodic: t.periodic, edge: t.start_ns = $start OR t.end_ns = $end}
                ORDER BY t.duration_ns DESC, t.device_id, t.start_ns)
    FROM top t LEFT JOIN before b USING (gap_id) LEFT JOIN after a USING (gap_id) LEFT JOIN ranges r USING (gap_id)),
-  (SELECT count(*) FROM launchers)
+  (SELECT count(*) FROM threads_in)
 """
 
 
