@@ -17,8 +17,8 @@ CAPTURE_FLAGS: dict[str, tuple[str, str]] = {
     "os_runtime": ("os_runtime", "--trace=osrt"),
     "cpu_samples": ("cpu_samples", "--sample=process-tree"),
     "sched": ("sched", "--cpuctxsw=process-tree"),
-    "graph_exec": ("graph_exec", "--trace=cuda records whole CUDA graph launches (--cuda-graph-trace=graph, the "
-                                 "default) when the program launches graphs"),
+    "graph_exec": ("graph_exec", "--trace=cuda --cuda-graph-trace=graph (the default), when the program launches "
+                                 "CUDA graphs"),
     "memory_usage": ("memory_usage", "--cuda-memory-usage=true"),
     "uvm_faults": ("uvm_faults", "--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true"),
     "gpu_info": ("gpus", ""),

@@ -99,8 +99,8 @@ def test_profile_summary_whole_result_on_tiny_model():
                        "sched": 0, "memory_usage": 0, "uvm_faults": 0, "diagnostics": 0},
         "missing": [{"data": d, "capture_flag": f} for d, f in [
             ("cpu_samples", "--sample=process-tree"), ("gpu_info", gpu_info),
-            ("graph_exec", "--trace=cuda records whole CUDA graph launches (--cuda-graph-trace=graph, the default) "
-                           "when the program launches graphs"),
+            ("graph_exec", "--trace=cuda --cuda-graph-trace=graph (the default), when the program launches CUDA "
+                           "graphs"),
             ("memory_usage", "--cuda-memory-usage=true"), ("memset", "--trace=cuda"),
             ("nvtx", "--trace=nvtx (and annotate the code with NVTX ranges, e.g. torch.cuda.nvtx.range)"),
             ("os_runtime", "--trace=osrt"), ("sched", "--cpuctxsw=process-tree"), ("sync", "--trace=cuda"),
