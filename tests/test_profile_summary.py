@@ -212,6 +212,14 @@ def test_profile_summary_copies_but_no_kernel():
     assert (result.gpu_active_pct, result.has_gpu_activity) == (17.02, True)
 
 
+def test_profile_summary_copies_without_api_trace():
+    copies = [{"device_id": 0, "stream_id": 7, "start_ns": 0, "end_ns": 10, "bytes": 8, "direction": "H2D"}]
+    assert run(make_model(memcpy=copies, gpus=H100)).trace_quality == [
+        "the GPU ran 1 copies and 0 memsets but no kernel was launched in the capture: if the program should compute "
+        "on the GPU it stopped before its first launch or launched outside the capture; check its output and exit "
+        "status"]
+
+
 def test_profile_summary_api_calls_without_gpu_work():
     result = run(make_model(cuda_api=[api("cudaMalloc", "alloc", 0, 1), api("cudaFree", "alloc", 1000, 2)]))
     assert result.trace_quality == [

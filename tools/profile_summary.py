@@ -272,8 +272,9 @@ def _diagnostics(con: duckdb.DuckDBPyConnection) -> Diagnostics:
 
 
 def _last_call(con: duckdb.DuckDBPyConnection, capture_end: int) -> str:
-    name, end = con.execute(LAST_API_SQL).fetchone()
-    return f" (the last CUDA call, {name}, ended {ms(capture_end - end)} before the capture did)"
+    """How long before the capture's end the last CUDA call ended: right before it points at a crash."""
+    last = con.execute(LAST_API_SQL).fetchone()
+    return f" (the last CUDA call, {last[0]}, ended {ms(capture_end - last[1])} before the capture did)" if last else ""
 
 
 def _launches(con: duckdb.DuckDBPyConnection, t: _Trace) -> int:
