@@ -17,7 +17,7 @@ import duckdb
 
 from nsightful.profiles.duck import OFFLINE, load_sqlite_scanner
 from nsightful.profiles.errors import LoadCancelled
-from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_rows, meta_row
+from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
 from nsightful.profiles.model import MODEL_VERSION, ddl
 from nsightful.profiles.raw import RawExport
 
@@ -68,6 +68,11 @@ def api_join(*kinds: str) -> str:
 def _label(name: str, prefix: str) -> str:
     short = name[len(prefix):] if name.startswith(prefix) else name
     return short.lower()
+
+
+def _unknown_or_lower(name: str) -> str:
+    """Diagnostic enum names (Info, Warning, UnknownLevel, UnknownSource, ...) as labels."""
+    return "unknown" if name.startswith("Unknown") else name.lower()
 
 
 def _direction(name: str) -> str:
@@ -135,6 +140,9 @@ class Builder:
             "ENUM_CUDA_MEM_KIND": lambda n: _label(n, "CUDA_MEMOPR_MEMORY_KIND_"),
             "ENUM_CUPTI_SYNC_TYPE": lambda n: _label(n, "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_"),
             "ENUM_NSYS_EVENT_TYPE": lambda n: n,
+            "ENUM_CUDA_DEV_MEM_EVENT_OPER": lambda n: _label(n, "CUDA_DEV_MEM_EVENT_OPR_"),
+            "ENUM_DIAGNOSTIC_SEVERITY_LEVEL": _unknown_or_lower,
+            "ENUM_DIAGNOSTIC_SOURCE_TYPE": _unknown_or_lower,
         }
         for table, to_label in labels.items():
             codes, from_profile = self.raw.enum(table)
@@ -145,10 +153,14 @@ class Builder:
                 self.con.executemany("INSERT INTO enums VALUES (?, ?, ?, ?)", rows)
 
     def needs_enum(self, table: str) -> bool:
+        """Whether the export has rows that this ENUM table decodes."""
         users = {"ENUM_CUDA_MEMCPY_OPER": "CUPTI_ACTIVITY_KIND_MEMCPY",
                  "ENUM_CUDA_MEM_KIND": "CUPTI_ACTIVITY_KIND_MEMCPY",
-                 "ENUM_CUPTI_SYNC_TYPE": "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "ENUM_NSYS_EVENT_TYPE": "NVTX_EVENTS"}
-        return self.raw.has(users[table])
+                 "ENUM_CUPTI_SYNC_TYPE": "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "ENUM_NSYS_EVENT_TYPE": "NVTX_EVENTS",
+                 "ENUM_CUDA_DEV_MEM_EVENT_OPER": "CUDA_GPU_MEMORY_USAGE_EVENTS",
+                 "ENUM_DIAGNOSTIC_SEVERITY_LEVEL": "DIAGNOSTIC_EVENT",
+                 "ENUM_DIAGNOSTIC_SOURCE_TYPE": "DIAGNOSTIC_EVENT"}
+        return self.raw.nonempty(users[table])
 
     def processes_threads(self) -> None:
         procs = []
@@ -160,6 +172,19 @@ class Builder:
             self.sql(f"""INSERT INTO threads SELECT DISTINCT {PID_SQL.format(col='r.globalTid')},
                          {TID_SQL.format(col='r.globalTid')}, s.value
                          FROM {self.src('ThreadNames')} r LEFT JOIN _strings s ON s.id = r.nameId""")
+
+    def diagnostics(self) -> None:
+        t = "DIAGNOSTIC_EVENT"
+        rows = []
+        if {"timestamp", "severity", "source", "text"} <= self.cols(t):
+            severity, source = (dict(self.con.execute("SELECT code, label FROM enums WHERE enum = ?", [e]).fetchall())
+                                for e in ("ENUM_DIAGNOSTIC_SEVERITY_LEVEL", "ENUM_DIAGNOSTIC_SOURCE_TYPE"))
+            pid = '"globalPid"' if "globalPid" in self.cols(t) else "NULL"
+            for time, sev, src, text, gpid in self.raw.rows(t, f"timestamp, severity, source, text, {pid}"):
+                # session-wide messages carry a globalPid whose process part is 0
+                os_pid = (gpid >> 24) & 0xFFFFFF if gpid is not None else 0
+                rows.append((time, severity.get(sev, "unknown"), source.get(src, "unknown"), os_pid or None, text))
+        self.load_list("diagnostics", sorted(rows, key=lambda r: r[0]))
 
     # --- activity tables, scanned by DuckDB ------------------------------------------------------
     def cuda_api(self, cur: duckdb.DuckDBPyConnection) -> None:
@@ -238,6 +263,40 @@ class Builder:
             LEFT JOIN enums st ON st.enum = 'ENUM_CUPTI_SYNC_TYPE' AND st.code = r.syncType
             {api_join('sync', 'memcpy', 'other')}""", cur)
 
+    def graph_exec(self, cur: duckdb.DuckDBPyConnection) -> None:
+        t = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+        self.create("graph_exec", cur)
+        if not self.raw.has(t):
+            return
+        self.sql(f"""INSERT INTO graph_exec SELECT r.deviceId, r.contextId, r.streamId,
+                {PID_SQL.format(col='r.globalPid')}, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
+                {self.col(t, 'graphId')}, {self.col(t, 'graphExecId')}, a.name, a.start_ns, a.end_ns
+            FROM {self.src(t)} r
+            {api_join('graph')}""", cur)
+
+    def memory_usage(self, cur: duckdb.DuckDBPyConnection) -> None:
+        t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
+        self.create("memory_usage", cur)
+        if not self.raw.has(t):
+            return
+        self.sql(f"""INSERT INTO memory_usage SELECT r.deviceId, {PID_SQL.format(col='r.globalPid')}, r.start,
+                coalesce(op.label, 'unknown'), coalesce(mk.label, 'unknown'), r.bytes, r.address,
+                {self.col(t, 'correlationId')}
+            FROM {self.src(t)} r
+            LEFT JOIN enums op ON op.enum = 'ENUM_CUDA_DEV_MEM_EVENT_OPER' AND op.code = r.memoryOperationType
+            LEFT JOIN enums mk ON mk.enum = 'ENUM_CUDA_MEM_KIND' AND mk.code = r.memKind""", cur)
+
+    def uvm_faults(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self.create("uvm_faults", cur)
+        cpu, gpu = "CUDA_UM_CPU_PAGE_FAULT_EVENTS", "CUDA_UM_GPU_PAGE_FAULT_EVENTS"
+        if self.raw.has(cpu):
+            self.sql(f"""INSERT INTO uvm_faults SELECT 'cpu', NULL, {PID_SQL.format(col='r.globalPid')}, r.start,
+                    NULL, r.address, 1 FROM {self.src(cpu)} r""", cur)
+        if self.raw.has(gpu):
+            self.sql(f"""INSERT INTO uvm_faults SELECT 'gpu', r.deviceId, {PID_SQL.format(col='r.globalPid')},
+                    r.start, r."end", r.address, {self.col(gpu, 'numberOfPageFaults', '1')}
+                FROM {self.src(gpu)} r""", cur)
+
     def nvtx_stage(self, cur: duckdb.DuckDBPyConnection) -> None:
         """Scan NVTX_EVENTS once (the largest table of most exports) into a staging table."""
         t = "NVTX_EVENTS"
@@ -301,7 +360,8 @@ class Builder:
     def gpus(self) -> None:
         devices = [r[0] for r in self.con.execute(
             """SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL SELECT device_id FROM memcpy
-               UNION ALL SELECT device_id FROM memset) WHERE device_id IS NOT NULL ORDER BY 1""").fetchall()]
+               UNION ALL SELECT device_id FROM memset UNION ALL SELECT device_id FROM graph_exec)
+               WHERE device_id IS NOT NULL ORDER BY 1""").fetchall()]
         self.load_list("gpus", gpu_rows(self.raw, devices))
 
     def meta(self, source_path: Path, source_bytes: int, fingerprint: str) -> None:
@@ -310,17 +370,13 @@ class Builder:
         self.load_list("meta", [row])
 
     def capabilities(self) -> None:
-        rows = []
-        for data, (table, flag) in CAPTURE_FLAGS.items():
-            count = self.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-            rows.append((data, count > 0, count, flag))
-        self.load_list("capabilities", rows)
+        self.load_list("capabilities", capability_rows(self.con))
 
 
 WINDOW_SQL = """
 WITH spans AS (
   SELECT min(start_ns) s, max(end_ns) e FROM kernels UNION ALL SELECT min(start_ns), max(end_ns) FROM memcpy
-  UNION ALL SELECT min(start_ns), max(end_ns) FROM memset),
+  UNION ALL SELECT min(start_ns), max(end_ns) FROM memset UNION ALL SELECT min(start_ns), max(end_ns) FROM graph_exec),
 host AS (
   SELECT min(start_ns) s, max(end_ns) e FROM cuda_api UNION ALL SELECT min(start_ns), max(coalesce(end_ns, start_ns))
   FROM nvtx UNION ALL SELECT min(start_ns), max(end_ns) FROM os_runtime UNION ALL SELECT min(start_ns), max(end_ns)
@@ -331,7 +387,24 @@ SELECT (SELECT min(s) FROM (SELECT s FROM spans UNION ALL SELECT s FROM host)),
        (SELECT min(s) FROM spans), (SELECT max(e) FROM spans)
 """
 
-TOTAL_STEPS = 9
+TOTAL_STEPS = 10
+
+
+def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    """(data, present, rows, capture_flag) per CAPTURE_FLAGS entry, from the model tables in `con`;
+    gpu_info counts the devices with a hardware name."""
+    rows = []
+    for data, (table, flag) in CAPTURE_FLAGS.items():
+        if data == "gpu_info":
+            devices, named, version, derived = con.execute(
+                "SELECT count(*), count(name), (SELECT nsys_version FROM meta), (SELECT derived_from FROM meta) "
+                "FROM gpus").fetchone()
+            rows.append((data, devices > 0 and named == devices, named,
+                         gpu_info_flag(version, derived, devices, named)))
+            continue
+        count = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        rows.append((data, count > 0, count, flag))
+    return rows
 
 
 def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None = None,
@@ -347,6 +420,7 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
         b.strings()
         b.enums()
         b.processes_threads()
+        b.diagnostics()
 
         def host_side(cur: duckdb.DuckDBPyConnection) -> None:
             b.step("NVTX ranges")
@@ -365,6 +439,10 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
             b.memcpy(cur)
             b.memset(cur)
             b.sync(cur)
+            b.step("CUDA graphs, device memory, UVM faults")
+            b.graph_exec(cur)
+            b.memory_usage(cur)
+            b.uvm_faults(cur)
 
         cursors = [b.con.cursor(), b.con.cursor()]
         for cur in cursors:

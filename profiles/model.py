@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 5  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 6  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -39,17 +39,26 @@ TABLES: tuple[Table, ...] = (
         ("capture_start_ns", "BIGINT", "earliest traced event (any table)"),
         ("capture_end_ns", "BIGINT", "latest traced event end (any table)"),
         ("duration_ns", "BIGINT", "capture_end_ns - capture_start_ns"),
-        ("gpu_start_ns", "BIGINT", "first kernel/memcpy/memset start, NULL without GPU activity"),
-        ("gpu_end_ns", "BIGINT", "last kernel/memcpy/memset end"),
+        ("gpu_start_ns", "BIGINT", "first kernel/memcpy/memset/graph_exec start, NULL without GPU activity"),
+        ("gpu_end_ns", "BIGINT", "last kernel/memcpy/memset/graph_exec end"),
+        ("machine_gpus", "VARCHAR", "names of the CUDA GPUs the export lists for the machine (TARGET_INFO_GPU or "
+                                    "TARGET_INFO_CUDA_GPU), comma-separated, whether or not they ran work; NULL "
+                                    "when it lists none"),
+        ("derived_from", "VARCHAR", "'<source> by <tool>, window <a>-<b> ns' when another tool cut or rewrote "
+                                    "this export and recorded it (DERIVED_* metadata keys); NULL for an export as "
+                                    "nsys wrote it"),
     )),
     Table("capabilities", "Which data this profile has; for what it lacks, the nsys flag that captures it.", (
         ("data", "VARCHAR", "kernels, memcpy, memset, cuda_api, sync, nvtx, os_runtime, cpu_samples, "
-                            "sched, gpu_info"),
-        ("present", "BOOLEAN", "true when the export has rows for it"),
-        ("rows", "BIGINT", "rows in the model table"),
-        ("capture_flag", "VARCHAR", "nsys option that records it"),
+                            "sched, graph_exec, memory_usage, uvm_faults, gpu_info"),
+        ("present", "BOOLEAN", "true when the export has rows for it (gpu_info: a hardware name for a device)"),
+        ("rows", "BIGINT", "rows in the model table (gpu_info: devices with a hardware name)"),
+        ("capture_flag", "VARCHAR", "nsys option that records it; for gpu_info what the export lacks, with a "
+                                    "remedy only where one is known"),
     )),
-    Table("gpus", "Devices seen in GPU activity, with hardware details where the export has them.", (
+    Table("gpus", "Devices seen in GPU activity (kernels, memcpy, memset, graph_exec), with hardware details "
+                  "from TARGET_INFO_GPU (or TARGET_INFO_CUDA_GPU in exports before mid-2021) where the export has "
+                  "them.", (
         ("device_id", "INTEGER", "CUDA device id used by kernels/memcpy (deviceId)"),
         ("name", "VARCHAR", "marketing name, e.g. NVIDIA H100 80GB HBM3; NULL if not recorded"),
         ("chip", "VARCHAR", "chip name, e.g. GH100"),
@@ -118,6 +127,24 @@ TABLES: tuple[Table, ...] = (
         ("bytes", "BIGINT", "bytes set"),
         ("mem_kind", "VARCHAR", "memory kind label, as memcpy.src_kind"),
     )),
+    Table("graph_exec", "Whole CUDA graph executions (CUPTI_ACTIVITY_KIND_GRAPH_TRACE): what nsys records for "
+                        "each graph launch under --cuda-graph-trace=graph (its default); the kernels inside such a "
+                        "graph have no rows in `kernels`.", (
+        ("device_id", "INTEGER", "CUDA device"),
+        ("context_id", "INTEGER", "CUDA context"),
+        ("stream_id", "INTEGER", "stream the graph was launched into"),
+        ("pid", "BIGINT", "process that launched it"),
+        ("tid", "BIGINT", "launching thread (NULL when the launch API call was not traced)"),
+        ("correlation_id", "BIGINT", "joins to cuda_api on (pid, correlation_id)"),
+        ("start_ns", "BIGINT", "GPU start of the graph's first work"),
+        ("end_ns", "BIGINT", "GPU end of its last work"),
+        ("duration_ns", "BIGINT", "end_ns - start_ns"),
+        ("graph_id", "BIGINT", "id of the CUDA graph"),
+        ("graph_exec_id", "BIGINT", "id of the instantiated executable graph"),
+        ("launch_api", "VARCHAR", "CUDA API call that launched it, e.g. cudaGraphLaunch"),
+        ("launch_start_ns", "BIGINT", "start of that API call"),
+        ("launch_end_ns", "BIGINT", "end of that API call"),
+    )),
     Table("cuda_api", "CUDA runtime and driver API calls on CPU threads (CUPTI_ACTIVITY_KIND_RUNTIME).", (
         ("pid", "BIGINT", ""), ("tid", "BIGINT", ""),
         ("correlation_id", "BIGINT", "joins to kernels/memcpy/memset/sync on (pid, correlation_id)"),
@@ -155,7 +182,59 @@ TABLES: tuple[Table, ...] = (
         ("pid", "BIGINT", ""), ("tid", "BIGINT", ""), ("time_ns", "BIGINT", ""), ("cpu", "INTEGER", ""),
         ("is_sched_in", "BOOLEAN", "true when the thread was switched onto a CPU"),
     )),
+    Table("memory_usage", "Device memory allocations and frees (CUDA_GPU_MEMORY_USAGE_EVENTS, recorded with "
+                          "--cuda-memory-usage=true). Memory in use on a device at time t = the running sum, in "
+                          "time order, of +bytes per allocation and -bytes per deallocation of its device-resident "
+                          "kinds (see DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL); it counts only what was allocated "
+                          "inside the capture.", (
+        ("device_id", "INTEGER", "CUDA device"),
+        ("pid", "BIGINT", "process"),
+        ("time_ns", "BIGINT", "when the allocation or free happened"),
+        ("operation", "VARCHAR", "allocation | deallocation | unknown"),
+        ("mem_kind", "VARCHAR", "device, device_static, array, managed, managed_static, pinned, pageable, unknown"),
+        ("bytes", "BIGINT", "bytes allocated or freed"),
+        ("address", "BIGINT", "virtual address of the allocation"),
+        ("correlation_id", "BIGINT", "joins to cuda_api on (pid, correlation_id); 0 when no API call made it"),
+    )),
+    Table("uvm_faults", "Unified Memory page faults (CUDA_UM_CPU_PAGE_FAULT_EVENTS, CUDA_UM_GPU_PAGE_FAULT_EVENTS; "
+                        "recorded with --cuda-um-cpu-page-faults/--cuda-um-gpu-page-faults). The bytes that "
+                        "migrated are the memcpy rows with a UVM_* direction.", (
+        ("side", "VARCHAR", "cpu (a host thread touched a page resident on a GPU) | gpu (a kernel touched a page "
+                            "not resident on its GPU)"),
+        ("device_id", "INTEGER", "GPU that faulted; NULL for cpu faults"),
+        ("pid", "BIGINT", "process"),
+        ("start_ns", "BIGINT", "fault time (gpu: start of the fault group)"),
+        ("end_ns", "BIGINT", "gpu: end of the fault group; NULL for cpu faults"),
+        ("address", "BIGINT", "virtual address of the faulting page"),
+        ("faults", "BIGINT", "page faults in this row (gpu rows group faults on one page; cpu rows are one)"),
+    )),
+    Table("diagnostics", "Messages nsys recorded about the capture itself (DIAGNOSTIC_EVENT), e.g. 'CUDA profiling "
+                         "might have not been started correctly'; severity and source decoded by the export's "
+                         "ENUM_DIAGNOSTIC_* tables.", (
+        ("time_ns", "BIGINT", "when it was recorded, on the export's clock"),
+        ("severity", "VARCHAR", "error | warning | info | verbose | unknown"),
+        ("source", "VARCHAR", "injection (inside the profiled process), daemon, analysis, unknown"),
+        ("pid", "BIGINT", "process it is about; NULL for session-wide messages"),
+        ("text", "VARCHAR", "the message"),
+    )),
 )
+
+# Kinds of memory_usage rows that live in device memory: pinned and pageable memory are host memory,
+# managed memory migrates between host and device, so neither counts toward device memory in use.
+DEVICE_MEMORY_KINDS = ("device", "device_static", "array")
+# Peak device memory in use per device: the running sum described at memory_usage, bound $kinds to
+# list(DEVICE_MEMORY_KINDS). The sum starts at 0 when the capture starts, so the peak (at least 0) is the
+# most memory in use beyond what was already allocated then, and peak_time_ns is NULL when nothing was added;
+# frees of memory allocated before the capture make the sum negative. On equal times frees count first:
+# the lower of the two possible peaks.
+PEAK_MEMORY_SQL = """
+SELECT device_id, greatest(max(in_use), 0) AS peak_bytes,
+       CASE WHEN max(in_use) > 0 THEN arg_max(time_ns, in_use) END AS peak_time_ns FROM (
+  SELECT device_id, time_ns, sum(CASE operation WHEN 'allocation' THEN bytes WHEN 'deallocation' THEN -bytes
+                                   ELSE 0 END)
+           OVER (PARTITION BY device_id ORDER BY time_ns, operation DESC ROWS UNBOUNDED PRECEDING) AS in_use
+  FROM memory_usage WHERE mem_kind IN (SELECT unnest($kinds)))
+GROUP BY device_id ORDER BY device_id"""
 
 TABLE_NAMES = tuple(t.name for t in TABLES)
 

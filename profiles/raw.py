@@ -33,6 +33,9 @@ BUILTIN_ENUMS: dict[str, dict[int, str]] = {
                              2: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT",
                              3: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE",
                              4: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE"},
+    "ENUM_CUDA_DEV_MEM_EVENT_OPER": {0: "CUDA_DEV_MEM_EVENT_OPR_ALLOCATION", 1: "CUDA_DEV_MEM_EVENT_OPR_DEALLOCATION"},
+    "ENUM_DIAGNOSTIC_SEVERITY_LEVEL": {0: "UnknownLevel", 1: "Info", 2: "Warning", 3: "Error", 4: "Verbose"},
+    "ENUM_DIAGNOSTIC_SOURCE_TYPE": {0: "UnknownSource", 1: "Injection", 2: "Daemon", 3: "Analysis"},
     "ENUM_NSYS_EVENT_TYPE": {34: "NvtxMark", 59: "NvtxPushPopRange", 60: "NvtxStartEndRange",
                              65: "NvtxtMark", 70: "NvtxtPushPopRange", 71: "NvtxtStartEndRange",
                              75: "NvtxDomainCreate"},
@@ -87,6 +90,11 @@ class RawExport:
         if not self.has(table):
             return 0
         return self.con.execute(f'SELECT count(*) FROM "{self.real_name(table)}"').fetchone()[0]
+
+    def nonempty(self, table: str) -> bool:
+        """True when the table exists and has a row (without counting them all)."""
+        return self.has(table) and self.con.execute(
+            f'SELECT 1 FROM "{self.real_name(table)}" LIMIT 1').fetchone() is not None
 
     def rows(self, table: str, columns: str = "*") -> list[tuple]:
         if not self.has(table):

@@ -3,8 +3,8 @@
 make_model(kernels=[{...}], nvtx=[{...}], ...) creates every table of profiles.model.TABLES in an
 in-memory DuckDB, inserts the given rows (dicts; missing columns are NULL, duration_ns is filled in
 from start_ns/end_ns when absent), then derives what ingest derives: one `gpus` row per device seen
-in kernels/memcpy/memset (unless `gpus` is given), the `meta` row with capture and GPU windows (any
-field overridable through `meta={...}`) and the `capabilities` rows.
+in kernels/memcpy/memset/graph_exec (unless `gpus` is given), the `meta` row with capture and GPU windows
+(any field overridable through `meta={...}`) and the `capabilities` rows (ingest.capability_rows).
 
 union_ns(intervals) is the independent reference for interval unions: a plain Python sweep.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import duckdb
 
-from nsightful.profiles.hardware import CAPTURE_FLAGS
+from nsightful.profiles.ingest import capability_rows
 from nsightful.profiles.model import MODEL_VERSION, TABLES, ddl
 
 _TABLES = {t.name: t for t in TABLES}
@@ -22,7 +22,7 @@ _DERIVED = ("meta", "capabilities")
 _WINDOW_SQL = """
 WITH gpu AS (
   SELECT start_ns s, end_ns e FROM kernels UNION ALL SELECT start_ns, end_ns FROM memcpy
-  UNION ALL SELECT start_ns, end_ns FROM memset),
+  UNION ALL SELECT start_ns, end_ns FROM memset UNION ALL SELECT start_ns, end_ns FROM graph_exec),
 host AS (
   SELECT start_ns s, end_ns e FROM cuda_api UNION ALL SELECT start_ns, coalesce(end_ns, start_ns) FROM nvtx
   UNION ALL SELECT start_ns, end_ns FROM os_runtime UNION ALL SELECT start_ns, end_ns FROM sync
@@ -57,8 +57,8 @@ def make_model(meta: dict | None = None, **tables: list[dict]) -> duckdb.DuckDBP
         _insert(con, name, rows)
     if "gpus" not in tables:
         devices = con.execute("""SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL
-            SELECT device_id FROM memcpy UNION ALL SELECT device_id FROM memset)
-            WHERE device_id IS NOT NULL ORDER BY 1""").fetchall()
+            SELECT device_id FROM memcpy UNION ALL SELECT device_id FROM memset UNION ALL
+            SELECT device_id FROM graph_exec) WHERE device_id IS NOT NULL ORDER BY 1""").fetchall()
         _insert(con, "gpus", [{"device_id": d} for (d,) in devices])
     cap_start, cap_end, gpu_start, gpu_end = con.execute(_WINDOW_SQL).fetchone()
     row = {"source_path": "memory", "source_bytes": 0, "fingerprint": "test", "model_version": MODEL_VERSION,
@@ -66,9 +66,7 @@ def make_model(meta: dict | None = None, **tables: list[dict]) -> duckdb.DuckDBP
            "duration_ns": None if cap_start is None else cap_end - cap_start,
            "gpu_start_ns": gpu_start, "gpu_end_ns": gpu_end, **(meta or {})}
     _insert(con, "meta", [row])
-    for data, (table, flag) in CAPTURE_FLAGS.items():
-        count = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        _insert(con, "capabilities", [{"data": data, "present": count > 0, "rows": count, "capture_flag": flag}])
+    con.executemany("INSERT INTO capabilities VALUES (?, ?, ?, ?)", capability_rows(con))
     return con
 
 

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURE_FILES, FIXTURE_IDS, FIXTURES
+from modeldb import make_model
 
 from nsightful.profiles import open_profile
 from nsightful.profiles.errors import ConversionNeeded, NotAProfile, ProfileNotFound
-from nsightful.profiles.model import TABLE_NAMES
+from nsightful.profiles.hardware import gpu_info_flag
+from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
+from nsightful.tools.intervals import BUSY, GPU_WORK
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +48,7 @@ def _has(raw: sqlite3.Connection, table: str) -> bool:
 def test_profiles_fixture_summary(open_fixture, stem, snapshot):
     con = open_fixture(stem).con
     meta = con.execute("""SELECT nsys_version, schema_version, metadata_table, enum_source, capture_start_ns,
-                          capture_end_ns, gpu_start_ns, gpu_end_ns FROM meta""").fetchone()
+                          capture_end_ns, gpu_start_ns, gpu_end_ns, machine_gpus, derived_from FROM meta""").fetchone()
     summary = {
         "meta": meta,
         "devices": con.execute("SELECT device_id, name, sm_count FROM gpus ORDER BY 1").fetchall(),
@@ -130,6 +133,174 @@ def test_profiles_empty_export_says_no_gpu_activity(open_fixture):
     con = open_fixture("dynamicvit_empty_export").con
     assert con.execute("SELECT gpu_start_ns, capture_start_ns FROM meta").fetchone() == (None, None)
     assert con.execute("SELECT count(*) FROM capabilities WHERE present").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("stem", ["fuser_h200_crossentropy", "nsysai_mock", "nsysai_h100_2gpu_1s",
+                                  "nsysai_mfu_2gpu_before", "nsysai_mfu_2gpu_after", "pipit_saxpy_mpi_a100"])
+def test_profiles_diagnostics_match_raw(open_fixture, stem):
+    raw = _raw(stem)
+    expected = []
+    if _has(raw, "DIAGNOSTIC_EVENT"):
+        expected = raw.execute("""SELECT lower(sv.name), lower(so.name), count(*), count(DISTINCT d.text),
+                (d.globalPid >> 24) & 16777215 = 0 FROM DIAGNOSTIC_EVENT d
+            JOIN ENUM_DIAGNOSTIC_SEVERITY_LEVEL sv ON sv.id = d.severity
+            JOIN ENUM_DIAGNOSTIC_SOURCE_TYPE so ON so.id = d.source GROUP BY 1, 2, 5 ORDER BY 1, 2, 5""").fetchall()
+    got = open_fixture(stem).con.execute("""SELECT severity, source, count(*), count(DISTINCT text), pid IS NULL
+        FROM diagnostics GROUP BY 1, 2, 5 ORDER BY 1, 2, 5""").fetchall()
+    assert got == expected
+
+
+def test_profiles_diagnostics_of_a_real_capture(open_fixture):
+    con = open_fixture("fuser_h200_crossentropy").con
+    assert con.execute("SELECT severity, count(*) FROM diagnostics GROUP BY 1 ORDER BY 1").fetchall() == [
+        ("info", 27), ("warning", 31)]
+    assert con.execute("""SELECT text, count(DISTINCT pid) FROM diagnostics WHERE severity = 'warning'
+                          GROUP BY 1 ORDER BY 1""").fetchall() == [
+        ("CUDA profiling might have not been started correctly.", 10),
+        ("No CUDA events collected. Does the process use CUDA?", 10),
+        ("No NVTX events collected. Does the process use NVTX?", 11)]
+    first = con.execute("SELECT time_ns, severity, source, pid, text FROM diagnostics ORDER BY time_ns LIMIT 1")
+    assert first.fetchone() == (0, "info", "analysis", None, "Profiling has started.")
+
+
+@pytest.mark.parametrize("stem", ["extrap_windows_con_kernel", "pipit_saxpy_mpi_a100"])
+def test_profiles_memory_usage_matches_raw(open_fixture, stem):
+    raw = _raw(stem)
+    # neither export has ENUM_CUDA_DEV_MEM_EVENT_OPER/ENUM_CUDA_MEM_KIND; the schema comments say 0 = allocated,
+    # 1 = deallocated, and memKind follows CUDA_MEMOPR_MEMORY_KIND (1 pinned, 2 device)
+    operation, kind = {0: "allocation", 1: "deallocation"}, {1: "pinned", 2: "device"}
+    expected = sorted((operation[o], kind[k], n, b) for o, k, n, b in raw.execute(
+        """SELECT memoryOperationType, memKind, count(*), sum(bytes) FROM CUDA_GPU_MEMORY_USAGE_EVENTS
+           GROUP BY 1, 2""").fetchall())
+    got = open_fixture(stem).con.execute("""SELECT operation, mem_kind, count(*), sum(bytes) FROM memory_usage
+                                            GROUP BY 1, 2 ORDER BY 1, 2""").fetchall()
+    assert got == expected
+    assert len(got) == (4 if stem == "extrap_windows_con_kernel" else 0)
+
+
+def test_profiles_peak_memory_is_the_running_sum(open_fixture):
+    raw = _raw("extrap_windows_con_kernel")
+    in_use = peak = 0
+    when = None
+    for time, op, nbytes in raw.execute("""SELECT start, memoryOperationType, bytes FROM CUDA_GPU_MEMORY_USAGE_EVENTS
+                                           WHERE memKind = 2 ORDER BY start, memoryOperationType DESC"""):
+        in_use += -nbytes if op else nbytes
+        if in_use > peak:
+            peak, when = in_use, time
+    got = open_fixture("extrap_windows_con_kernel").con.execute(
+        PEAK_MEMORY_SQL, {"kinds": list(DEVICE_MEMORY_KINDS)}).fetchall()
+    assert got == [(0, peak, when)] and peak == 40_160_000
+
+
+def test_profiles_gpu_info_of_a_derived_export_names_no_wrong_remedy(open_fixture):
+    flag = open_fixture("nsysai_h100_2gpu_1s").con.execute(
+        "SELECT present, capture_flag FROM capabilities WHERE data = 'gpu_info'").fetchone()
+    assert flag == (False, "2 of 2 devices have no hardware record in the export, so their GPU model is unknown; "
+                           "this export is a derived copy (perf_h100_sp2_fa3.sqlite by scripts/derive_test_fixture.py, "
+                           "window 155330248986-156330248986 ns): the original export may hold it")
+
+
+@pytest.mark.parametrize("version, derived, devices, named, words, remedy", [
+    ("2026.2.1.210", None, 2, 0, "nsys 2026.2.1.210 writes TARGET_INFO_GPU when it can query the GPUs, and no option",
+     False),
+    ("2025.3.2.0", None, 2, 1, "1 of 2 devices have no hardware record", False),
+    ("2021.1.1.66", None, 1, 0, "predates TARGET_INFO_GPU: a newer nsys (2021.2+) records it", True),
+    ("2020.3.1", None, 1, 0, "a newer nsys (2021.2+)", True),
+    (None, None, 1, 0, "does not record its nsys version either", False),
+    ("2026.2.1.210", "big.sqlite by cut.py", 1, 0, "derived copy (big.sqlite by cut.py)", False),
+    ("2025.3.2.0", None, 0, 0, "no device ran GPU work", False),
+    ("2025.3.2.0", None, 1, 1, "recorded", False),
+])
+def test_profiles_gpu_info_advice_by_nsys_version(version, derived, devices, named, words, remedy):
+    flag = gpu_info_flag(version, derived, devices, named)
+    assert words in flag
+    assert ("newer nsys" in flag) is remedy
+
+
+def test_profiles_graph_executions_are_gpu_work():
+    con = make_model(
+        kernels=[{"device_id": 0, "stream_id": 7, "start_ns": 0, "end_ns": 100}],
+        graph_exec=[{"device_id": 0, "stream_id": 13, "start_ns": s, "end_ns": e, "graph_id": 1, "graph_exec_id": 2}
+                    for s, e in ((50, 150), (300, 400))]
+        + [{"device_id": 1, "stream_id": 13, "start_ns": 500, "end_ns": 600, "graph_id": 1, "graph_exec_id": 3}])
+    busy = con.execute("WITH " + BUSY + " SELECT device_id, start_ns, end_ns FROM busy ORDER BY 1, 2",
+                       {"start": 0, "end": 550, "devices": [0, 1]}).fetchall()
+    assert busy == [(0, 0, 150), (0, 300, 400), (1, 500, 550)]
+    kinds = con.execute("WITH " + GPU_WORK + " SELECT kind, count(*) FROM gpu_work GROUP BY 1 ORDER BY 1",
+                        {"start": 0, "end": 550, "devices": [0]}).fetchall()
+    assert kinds == [("graph", 2), ("kernel", 1)]
+    assert con.execute("SELECT device_id FROM gpus ORDER BY 1").fetchall() == [(0,), (1,)]
+    assert con.execute("SELECT gpu_start_ns, gpu_end_ns FROM meta").fetchone() == (0, 600)
+
+
+# --- tiny hand-written exports: tables no fixture holds ----------------------------------------------
+def _export(path: Path, tables: dict[str, tuple[str, list[tuple]]], strings: list[tuple[int, str]] = ()) -> Path:
+    """An SQLite file with the given (columns DDL, rows) per table, plus the StringIds every export has."""
+    con = sqlite3.connect(path)
+    for name, (columns, rows) in {"StringIds": ("id INTEGER PRIMARY KEY, value TEXT NOT NULL", list(strings)),
+                                  **tables}.items():
+        con.execute(f"CREATE TABLE {name} ({columns})")
+        if rows:
+            con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    con.commit()
+    con.close()
+    return path
+
+
+GPID = (1 << 48) + (4300 << 24)  # globalPid of pid 4300; its main thread has tid 4300
+RUNTIME = ("start INTEGER, end INTEGER, eventClass INTEGER, globalTid INTEGER, correlationId INTEGER, nameId INTEGER, "
+           "returnValue INTEGER, callchainId INTEGER")
+GRAPH_TRACE = ("start INTEGER, end INTEGER, deviceId INTEGER, contextId INTEGER, greenContextId INTEGER, "
+               "streamId INTEGER, correlationId INTEGER, globalPid INTEGER, graphId INTEGER, graphExecId INTEGER")
+
+
+def test_profiles_graph_executions_become_gpu_work(tmp_path):
+    path = _export(tmp_path / "graphs.sqlite", {
+        "CUPTI_ACTIVITY_KIND_RUNTIME": (RUNTIME, [(100, 110, 1, GPID + 4300, 7, 2, 0, None)]
+                                        + [(200 + 100 * i, 210 + 100 * i, 1, GPID + 4300, 8 + i, 1, 0, None)
+                                           for i in range(3)]),
+        "CUPTI_ACTIVITY_KIND_GRAPH_TRACE": (GRAPH_TRACE, [(220 + 100 * i, 290 + 100 * i, 0, 1, 0, 13, 8 + i, GPID, 1, 2)
+                                                          for i in range(3)]),
+    }, strings=[(1, "cudaGraphLaunch_v10000"), (2, "cudaGraphInstantiate_v12000")])
+    profile = open_profile(path, cache_dir=tmp_path / "cache")
+    con = profile.con
+    assert con.execute("SELECT * FROM graph_exec ORDER BY start_ns").fetchall() == [
+        (0, 1, 13, 4300, 4300, 8 + i, 220 + 100 * i, 290 + 100 * i, 70, 1, 2, "cudaGraphLaunch", 200 + 100 * i,
+         210 + 100 * i) for i in range(3)]
+    assert con.execute("SELECT device_id, name FROM gpus").fetchall() == [(0, None)]
+    assert con.execute("SELECT gpu_start_ns, gpu_end_ns FROM meta").fetchone() == (220, 490)
+    assert con.execute("SELECT present, rows FROM capabilities WHERE data = 'graph_exec'").fetchone() == (True, 3)
+    profile.close()
+
+
+def test_profiles_uvm_faults_and_old_gpu_table(tmp_path):
+    path = _export(tmp_path / "uvm.sqlite", {
+        "CUDA_UM_CPU_PAGE_FAULT_EVENTS": ("start INTEGER, globalPid INTEGER, address INTEGER, originalFaultPc INTEGER, "
+                                          "CpuInstruction INTEGER, module INTEGER, unresolvedFaultPc INTEGER",
+                                          [(50, GPID, 4096, None, 0, 0, None), (60, GPID, 8192, None, 0, 0, None)]),
+        "CUDA_UM_GPU_PAGE_FAULT_EVENTS": ("start INTEGER, end INTEGER, globalPid INTEGER, deviceId INTEGER, "
+                                          "address INTEGER, numberOfPageFaults INTEGER, faultAccessType INTEGER",
+                                          [(70, 90, GPID, 1, 4096, 5, 1)]),
+        "CUPTI_ACTIVITY_KIND_MEMSET": ("start INTEGER, end INTEGER, deviceId INTEGER, contextId INTEGER, "
+                                       "streamId INTEGER, correlationId INTEGER, globalPid INTEGER, value INTEGER, "
+                                       "bytes INTEGER, memKind INTEGER", [(10, 20, 1, 1, 7, 3, GPID, 0, 64, 2)]),
+        # the pre-2021.2 hardware table, keyed by the CUDA device id
+        "TARGET_INFO_CUDA_GPU": ("deviceId INTEGER, name TEXT, numMultiprocessors INTEGER, globalMemorySize INTEGER, "
+                                 "computeCapabilityMajor INTEGER, computeCapabilityMinor INTEGER",
+                                 [(0, "Tesla V100-SXM2-16GB", 80, 16_000_000_000, 7, 0),
+                                  (1, "Tesla T4", 40, 15_000_000_000, 7, 5)]),
+    })
+    profile = open_profile(path, cache_dir=tmp_path / "cache")
+    con = profile.con
+    assert con.execute("SELECT * FROM uvm_faults ORDER BY start_ns").fetchall() == [
+        ("cpu", None, 4300, 50, None, 4096, 1), ("cpu", None, 4300, 60, None, 8192, 1),
+        ("gpu", 1, 4300, 70, 90, 4096, 5)]
+    assert con.execute("SELECT device_id, name, sm_count, memory_bytes, compute_capability FROM gpus").fetchall() == [
+        (1, "Tesla T4", 40, 15_000_000_000, "7.5")]
+    assert con.execute("SELECT machine_gpus FROM meta").fetchone() == ("Tesla V100-SXM2-16GB, Tesla T4",)
+    assert con.execute("SELECT data, present, rows FROM capabilities WHERE data IN ('uvm_faults', 'gpu_info') "
+                       "ORDER BY 1").fetchall() == [("gpu_info", True, 1), ("uvm_faults", True, 3)]
+    profile.close()
 
 
 @pytest.mark.parametrize("make, error, words", [

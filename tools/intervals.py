@@ -5,8 +5,9 @@ parameters `$start`, `$end`, `$devices`), and the names, sources and keys passed
 must be constants of the calling module. Compose with `"WITH " + GPU_WORK + ",\n" + gaps(...)`.
 
 - GPU_WORK: `gpu_work(device_id, stream_id, kind, start_ns, end_ns)`, every kernel ('kernel'), memcpy
-  ('memcpy') and memset ('memset') of the devices in `$devices` that overlaps [$start, $end), clipped
-  to it; zero-length operations are dropped.
+  ('memcpy'), memset ('memset') and whole CUDA graph execution ('graph': graphs traced at graph level,
+  whose kernels have no rows of their own) of the devices in `$devices` that overlaps [$start, $end),
+  clipped to it; zero-length operations are dropped.
 - islands(name, source, keys): `name(<keys>, start_ns, end_ns)`, the union of the intervals of
   `source(<keys>, start_ns, end_ns)` per key as disjoint maximal islands (overlapping or touching
   intervals merge), so busy time = sum(end_ns - start_ns).
@@ -32,7 +33,8 @@ GPU_WORK = """gpu_work AS (
   SELECT device_id, stream_id, kind, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
   FROM (SELECT device_id, stream_id, 'kernel' AS kind, start_ns, end_ns FROM kernels
         UNION ALL SELECT device_id, stream_id, 'memcpy', start_ns, end_ns FROM memcpy
-        UNION ALL SELECT device_id, stream_id, 'memset', start_ns, end_ns FROM memset)
+        UNION ALL SELECT device_id, stream_id, 'memset', start_ns, end_ns FROM memset
+        UNION ALL SELECT device_id, stream_id, 'graph', start_ns, end_ns FROM graph_exec)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
 
 

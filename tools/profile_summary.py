@@ -1,22 +1,41 @@
-"""What is in this profile: hardware, processes, time windows, data captured and libraries used?
+"""What is in this profile (hardware, processes, windows, data captured, libraries), and can its trace be trusted?
 
-capture = first to last traced event of any kind; gpu_active = first to last kernel/memcpy/memset
-(null without GPU activity). devices: the GPUs with hardware details where recorded, and per device the
-kernels (count, summed duration_ns, streams), memcpy and memset counts over the whole capture.
-top_processes: processes ranked by kernels they launched. table_rows: rows per model table; missing: data
-the capture lacks, with the nsys flag that records it. libraries: frameworks and libraries recognised
-from kernel names, each with the number of kernel executions and distinct names behind the guess.
+capture = first to last traced event of any kind; gpu_active = first to last kernel/memcpy/memset/graph
+execution (null without GPU activity); gpu_active_pct = gpu_active duration / capture duration, in percent.
+devices: the GPUs with hardware details where recorded, and per device over the whole capture the kernels
+(count, summed duration_ns, streams), memcpy, memset and whole-graph executions (graph_count), and
+peak_memory_bytes: the highest device memory in use (model.PEAK_MEMORY_SQL: running sum of device-resident
+allocations minus frees, counting only what was allocated inside the capture; null without
+--cuda-memory-usage data). top_processes: processes ranked by kernels they launched. table_rows: rows per model
+table; missing: data the capture lacks, with the nsys flag that records it. libraries: frameworks and libraries
+recognised from kernel names, each with the number of kernel executions and distinct names behind the guess.
+diagnostics: nsys' own messages about the capture, counted per severity, with the error and warning texts
+(errors first, then by first occurrence; each distinct text once with its count and the processes it names).
+trace_quality: one sentence per problem of the trace itself, most severe first, each with its next action:
+kernel launch calls without kernel records (launch calls made inside CUDA stream capture are not counted:
+they record graph nodes and run as graph launches), graphs recorded as whole graphs, CUDA API calls or copies
+without any kernel, GPU work covering a small part of the capture, devices without hardware records, exports
+cut or rewritten by another tool, nsys errors.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.profiles.model import TABLE_NAMES
-from nsightful.tools.common import Finding, ProfileParams, ms
+from nsightful.profiles.ingest import API_KIND_SQL
+from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
+from nsightful.tools.common import Finding, ProfileParams, fetch_capped, ms, pct
 
 TOP_PROCESSES = 5  # a capture can hold hundreds of idle helper processes: the launching few matter
+TOP_DIAGNOSTICS = 5  # distinct warning/error texts shown; real captures repeat one text per process
+DIAGNOSTIC_TEXT_CHARS = 300  # nsys error texts can carry whole exception dumps
+MISSING_KERNEL_PCT = 10.0  # a few launches at the capture's end always lack their kernel; past this share the
+#                            per-kernel figures miss a real part of the work
+GPU_ACTIVE_MIN_PCT = 50.0  # below half, the capture is mostly host-only time: capture-wide averages understate
+#                            the GPU phase
 
 # (library, kernel-name regex, exclusion regex or None); RE2 syntax, matched on the demangled name.
 LIBRARY_RULES: tuple[tuple[str, str, str | None], ...] = (
@@ -57,6 +76,9 @@ class Device(BaseModel):
     stream_count: int = Field(description="streams with kernels")
     memcpy_count: int
     memset_count: int
+    graph_count: int = Field(description="whole CUDA graph executions (graphs traced at graph level)")
+    peak_memory_bytes: int | None = Field(description="highest device memory in use during the capture; null "
+                                                      "without memory usage data")
 
 
 class Process(BaseModel):
@@ -79,6 +101,21 @@ class Library(BaseModel):
     version_hint: str | None = None
 
 
+class DiagnosticMessage(BaseModel):
+    severity: str = Field(description="error | warning")
+    source: str = Field(description="where nsys produced it: injection, daemon, analysis")
+    text: str = Field(description=f"the message, cut to {DIAGNOSTIC_TEXT_CHARS} characters")
+    count: int = Field(description="times it was recorded")
+    processes: int = Field(description="distinct processes it was recorded for")
+    first_ns: int = Field(description="first time it was recorded")
+
+
+class Diagnostics(BaseModel):
+    counts: dict[str, int] = Field(description="messages per severity")
+    messages: list[DiagnosticMessage] = Field(description=f"errors, then warnings; at most {TOP_DIAGNOSTICS}")
+    truncated: bool
+
+
 class Result(BaseModel):
     profile: str
     has_gpu_activity: bool
@@ -88,28 +125,37 @@ class Result(BaseModel):
     host: str | None
     platform: str | None
     command_line: str | None
+    machine_gpus: str | None = Field(description="GPUs the export lists for the machine, used or not")
+    derived_from: str | None = Field(description="set when another tool cut or rewrote the export")
     capture: Window | None
     gpu_active: Window | None
+    gpu_active_pct: float | None = Field(description="gpu_active duration / capture duration, %")
     devices: list[Device]
     process_count: int
     top_processes: list[Process] = Field(description=f"at most {TOP_PROCESSES}, most kernel launches first")
     table_rows: dict[str, int]
     missing: list[Missing]
     libraries: list[Library]
+    diagnostics: Diagnostics
+    trace_quality: list[str] = Field(description="problems of the trace itself, most severe first, each with "
+                                                 "its next action")
     findings: list[Finding] = []
 
 
 META_SQL = """SELECT nsys_version, schema_version, host, platform, command_line, capture_start_ns, capture_end_ns,
-       gpu_start_ns, gpu_end_ns FROM meta"""
+       gpu_start_ns, gpu_end_ns, machine_gpus, derived_from FROM meta"""
 
 DEVICES_SQL = """
 WITH k AS (SELECT device_id, count(*) AS n, sum(duration_ns) AS t, count(DISTINCT stream_id) AS st
            FROM kernels GROUP BY ALL),
 c AS (SELECT device_id, count(*) AS n FROM memcpy GROUP BY ALL),
-m AS (SELECT device_id, count(*) AS n FROM memset GROUP BY ALL)
+m AS (SELECT device_id, count(*) AS n FROM memset GROUP BY ALL),
+x AS (SELECT device_id, count(*) AS n FROM graph_exec GROUP BY ALL),
+peak AS (""" + PEAK_MEMORY_SQL + """)
 SELECT g.device_id, g.name, g.chip, g.sm_count, g.memory_bytes, g.compute_capability, coalesce(k.n, 0),
-       coalesce(k.t, 0), coalesce(k.st, 0), coalesce(c.n, 0), coalesce(m.n, 0)
+       coalesce(k.t, 0), coalesce(k.st, 0), coalesce(c.n, 0), coalesce(m.n, 0), coalesce(x.n, 0), peak.peak_bytes
 FROM gpus g LEFT JOIN k USING (device_id) LEFT JOIN c USING (device_id) LEFT JOIN m USING (device_id)
+LEFT JOIN x USING (device_id) LEFT JOIN peak USING (device_id)
 ORDER BY g.device_id
 """
 
@@ -134,6 +180,42 @@ SELECT library, sum(n), count(*), first(coalesce(short, kname) ORDER BY n DESC, 
        sum(n) FILTER (WHERE regexp_matches(kname, $fa3)), sum(n) FILTER (WHERE regexp_matches(kname, $fa2))
 FROM hits GROUP BY library, rank ORDER BY rank
 """
+
+
+DIAGNOSTIC_COUNTS_SQL = "SELECT severity, count(*) FROM diagnostics GROUP BY 1 ORDER BY 2 DESC, 1"
+DIAGNOSTIC_MESSAGES_SQL = """
+SELECT severity, any_value(source), text, count(*), count(DISTINCT pid), min(time_ns) FROM diagnostics
+WHERE severity IN ('error', 'warning') GROUP BY severity, text
+ORDER BY severity = 'error' DESC, min(time_ns), text LIMIT $limit
+"""
+
+# What the trace-quality notes are decided on. Kernels launched by a plain launch call (not a graph launch)
+# are counted per distinct launch API name, so the kind rule runs on a handful of names, not on every kernel.
+TRACE_SQL = """
+WITH api AS (SELECT count(*) AS calls, count(*) FILTER (WHERE kind = 'launch') AS launches,
+                    count(*) FILTER (WHERE kind = 'graph') AS graphs FROM cuda_api),
+launched AS (SELECT coalesce(sum(n), 0) AS kernels FROM (
+               SELECT launch_api AS name, count(*) AS n FROM kernels WHERE launch_api IS NOT NULL GROUP BY 1)
+             WHERE """ + API_KIND_SQL + """ = 'launch')
+SELECT api.calls, api.launches, api.graphs, (SELECT count(*) FROM kernels), launched.kernels,
+       (SELECT count(*) FROM graph_exec), (SELECT count(*) FROM memcpy), (SELECT count(*) FROM memset),
+       (SELECT count(*) FROM diagnostics WHERE severity = 'error')
+FROM api, launched
+"""
+# Launch calls that should each have run a kernel: one per (pid, correlation id), since older exports record
+# the runtime and the driver call of one launch under one id; those between a thread's cudaStreamBeginCapture
+# and its next cudaStreamEndCapture only record graph nodes, so no kernel runs for them.
+LAUNCHES_SQL = """
+WITH marks AS (SELECT pid, tid, start_ns, end_ns, name LIKE '%BeginCapture%' AS opens FROM cuda_api
+               WHERE kind = 'other' AND (name LIKE 'cu%StreamBeginCapture%' OR name LIKE 'cu%StreamEndCapture%')),
+spans AS (SELECT pid, tid, opens, start_ns, lead(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) AS end_ns
+          FROM marks)
+SELECT (SELECT count(*) FROM (SELECT DISTINCT pid, correlation_id FROM cuda_api WHERE kind = 'launch')),
+       (SELECT count(*) FROM (SELECT DISTINCT a.pid, a.correlation_id FROM cuda_api a JOIN spans s ON a.pid = s.pid
+        AND a.tid = s.tid WHERE s.opens AND a.kind = 'launch' AND a.start_ns BETWEEN s.start_ns AND s.end_ns))
+"""
+LAST_API_SQL = "SELECT name, end_ns FROM cuda_api ORDER BY end_ns DESC LIMIT 1"
+GPU_INFO_SQL = "SELECT capture_flag FROM capabilities WHERE data = 'gpu_info' AND NOT present"
 
 
 def _window(start: int | None, end: int | None) -> Window | None:
@@ -162,28 +244,132 @@ def _note(capture: Window | None, gpu_active: Window | None, table_rows: dict[st
         return ("the export holds no timed events at all (no GPU activity, no CPU/API trace): nothing to "
                 "analyse; re-capture with `nsys profile --trace=cuda,nvtx` around the workload")
     if gpu_active is None:
-        return ("no GPU activity: the capture has no kernels, memcpy or memset"
+        return ("no GPU activity: the capture has no kernels, memcpy, memset or graph executions"
                 + (" although CUDA API calls were traced" if table_rows.get("cuda_api") else "")
                 + "; check that the workload ran on the GPU inside the capture window (--trace=cuda)")
     return None
 
 
+class _Trace(NamedTuple):
+    """The counts TRACE_SQL returns."""
+    api_calls: int
+    launch_calls: int
+    graph_calls: int
+    kernels: int
+    plain_launched_kernels: int
+    graph_execs: int
+    memcpy: int
+    memset: int
+    errors: int
+
+
+def _diagnostics(con: duckdb.DuckDBPyConnection) -> Diagnostics:
+    rows, truncated = fetch_capped(con, DIAGNOSTIC_MESSAGES_SQL, {}, TOP_DIAGNOSTICS)
+    messages = [DiagnosticMessage(severity=sev, source=src, text=text[:DIAGNOSTIC_TEXT_CHARS], count=n, processes=p,
+                                  first_ns=first) for sev, src, text, n, p, first in rows]
+    return Diagnostics(counts=dict(con.execute(DIAGNOSTIC_COUNTS_SQL).fetchall()), messages=messages,
+                       truncated=truncated)
+
+
+def _last_call(con: duckdb.DuckDBPyConnection, capture_end: int) -> str:
+    """How long before the capture's end the last CUDA call ended: right before it points at a crash."""
+    last = con.execute(LAST_API_SQL).fetchone()
+    return f" (the last CUDA call, {last[0]}, ended {ms(capture_end - last[1])} before the capture did)" if last else ""
+
+
+def _launches(con: duckdb.DuckDBPyConnection, t: _Trace) -> int:
+    """Launch calls that should have run a kernel (LAUNCHES_SQL, a scan of every launch call), counted only when
+    a note can depend on it: without kernels, or when the raw shortfall reaches MISSING_KERNEL_PCT of the raw
+    calls (the exact share, missing / (recorded + missing), can only be lower). Otherwise the raw count."""
+    shortfall = t.launch_calls - t.plain_launched_kernels
+    if t.kernels and pct(shortfall, t.launch_calls) < MISSING_KERNEL_PCT:
+        return t.launch_calls
+    launches, captured = con.execute(LAUNCHES_SQL).fetchone()
+    return launches - captured
+
+
+def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture_end: int, derived: str | None) -> list[str]:
+    """Launches without kernels, whole-graph records, CUDA calls or copies without any kernel."""
+    launches = _launches(con, t)
+    if not (t.kernels or t.graph_execs):
+        if launches + t.graph_calls:
+            return [f"{launches + t.graph_calls:,} kernel launch calls were traced but the export holds no kernel "
+                    "records: the program most likely stopped or crashed before its kernels ran or before nsys "
+                    f"flushed its CUDA trace buffers{_last_call(con, capture_end)}, unless kernels were filtered "
+                    "out of the trace; check the program's exit status and re-capture with --trace=cuda, letting it "
+                    "exit normally (or calling cudaProfilerStop() first)"]
+        if t.memcpy or t.memset:
+            return [f"the GPU ran {t.memcpy:,} copies and {t.memset:,} memsets but no kernel was launched in the "
+                    f"capture{_last_call(con, capture_end)}: if the program should compute on the GPU it stopped "
+                    "before its first launch or launched outside the capture; check its output and exit status"]
+        if t.api_calls:
+            return [f"{t.api_calls:,} CUDA API calls were traced but the GPU recorded no work"
+                    f"{_last_call(con, capture_end)}: the program stopped before its GPU phase or ran it outside the "
+                    "capture; check its exit status and the capture range (--capture-range, --delay, --duration)"]
+        return []
+    notes = []
+    missing = max(0, launches - t.plain_launched_kernels)
+    if launches and pct(missing, launches) >= MISSING_KERNEL_PCT:
+        where = "fall outside this derived export's window, " if derived else ""
+        notes.append(f"{missing:,} of {launches:,} kernel launch calls ({pct(missing, launches)}%) have no kernel "
+                     f"record: their kernels {where}ran after the capture stopped (the GPU was behind the CPU) or "
+                     f"were lost, so per-kernel figures cover only the {t.kernels:,} recorded kernels; capture until "
+                     "the GPU drains (e.g. synchronize before cudaProfilerStop)")
+    if t.graph_execs:
+        notes.append(f"{t.graph_execs:,} CUDA graph launches were recorded as whole graphs (--cuda-graph-trace=graph, "
+                     "nsys' default), so the kernels inside them have no records: GPU time counts each graph as "
+                     "one piece of work; re-capture with --cuda-graph-trace=node for per-kernel figures")
+    return notes
+
+
+def _trace_quality(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Window | None,
+                   gpu_active_pct: float | None, devices: list[Device], machine_gpus: str | None,
+                   derived: str | None) -> list[str]:
+    if capture is None:
+        return ([f"the export lists {machine_gpus} for the machine but recorded no event at all"]
+                if machine_gpus else [])
+    t = _Trace(*con.execute(TRACE_SQL).fetchone())
+    notes = [f"nsys recorded {t.errors:,} error message(s) about this capture (see diagnostics): data may be "
+             "missing from it; read them before trusting absences"] if t.errors else []
+    notes += _launch_notes(con, t, capture.end_ns, derived)
+    if derived:
+        notes.append(f"this export was cut or rewritten by another tool ({derived}), so work crossing its edges is "
+                     "partial (e.g. launches whose kernels fall outside it); analyse the original export when you can")
+    gpu_info = con.execute(GPU_INFO_SQL).fetchone()
+    if devices and gpu_info:
+        notes.append(gpu_info[0])
+    if gpu_active and gpu_active_pct < GPU_ACTIVE_MIN_PCT:
+        lead, tail = gpu_active.start_ns - capture.start_ns, capture.end_ns - gpu_active.end_ns
+        notes.append(f"GPU work spans only {gpu_active_pct}% of the capture: it starts {ms(lead)} in and ends "
+                     f"{ms(tail)} before the capture does, so capture-wide figures are diluted by host-only time; "
+                     "gpu_utilization and gpu_idle_gaps measure over the GPU-active window by default, and `nsys "
+                     "profile --capture-range=cudaProfilerApi` (or --delay/--duration) keeps the capture to the GPU "
+                     "phase")
+    if not devices and machine_gpus:
+        notes.append(f"the export lists {machine_gpus} for the machine but no work on it was traced")
+    return notes
+
+
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
-    meta = con.execute(META_SQL).fetchone() or (None,) * 9
+    meta = con.execute(META_SQL).fetchone() or (None,) * 11
     capture, gpu_active = _window(meta[5], meta[6]), _window(meta[7], meta[8])
+    active_pct = pct(gpu_active.duration_ns, capture.duration_ns) if capture and gpu_active else None
     table_rows = {name: n for name, n in con.execute(TABLE_ROWS_SQL).fetchall()}
     devices = [Device(device=r[0], name=r[1], chip=r[2], sm_count=r[3], memory_bytes=r[4], compute_capability=r[5],
                       kernel_count=r[6], kernel_time_ns=int(r[7]), stream_count=r[8], memcpy_count=r[9],
-                      memset_count=r[10]) for r in con.execute(DEVICES_SQL).fetchall()]
+                      memset_count=r[10], graph_count=r[11], peak_memory_bytes=r[12])
+               for r in con.execute(DEVICES_SQL, {"kinds": list(DEVICE_MEMORY_KINDS)}).fetchall()]
     processes = [Process(pid=r[0], name=r[1], kernel_launches=r[2], threads_launching=r[3])
                  for r in con.execute(PROCESSES_SQL, {"top": TOP_PROCESSES}).fetchall()]
     missing = [Missing(data=d, capture_flag=f) for d, f in con.execute(
         "SELECT data, capture_flag FROM capabilities WHERE NOT present ORDER BY data").fetchall()]
     return Result(profile=params.profile, has_gpu_activity=gpu_active is not None,
                   note=_note(capture, gpu_active, table_rows), nsys_version=meta[0], schema_version=meta[1],
-                  host=meta[2], platform=meta[3], command_line=meta[4], capture=capture, gpu_active=gpu_active,
-                  devices=devices, process_count=con.execute(PROCESS_COUNT_SQL).fetchone()[0], top_processes=processes,
-                  table_rows=table_rows, missing=missing, libraries=_libraries(con))
+                  host=meta[2], platform=meta[3], command_line=meta[4], machine_gpus=meta[9], derived_from=meta[10],
+                  capture=capture, gpu_active=gpu_active, gpu_active_pct=active_pct, devices=devices,
+                  process_count=con.execute(PROCESS_COUNT_SQL).fetchone()[0], top_processes=processes,
+                  table_rows=table_rows, missing=missing, libraries=_libraries(con), diagnostics=_diagnostics(con),
+                  trace_quality=_trace_quality(con, capture, gpu_active, active_pct, devices, meta[9], meta[10]))
 
 
 def findings(result: Result) -> list[Finding]:
@@ -196,14 +382,19 @@ def render(result: Result) -> str:
              f"{result.host or '?'}: {result.command_line or 'command line not recorded'}"]
     if result.note:
         lines.append(f"NOTE: {result.note}")
+    lines.extend(f"TRACE: {note}" for note in result.trace_quality)
     if result.capture:
-        active = f", GPU active {ms(result.gpu_active.duration_ns)}" if result.gpu_active else ""
+        active = (f", GPU active {ms(result.gpu_active.duration_ns)} ({result.gpu_active_pct}%)"
+                  if result.gpu_active else "")
         lines.append(f"capture {ms(result.capture.duration_ns)} "
                      f"({result.capture.start_ns}..{result.capture.end_ns} ns){active}")
     for d in result.devices:
         lines.append(f"device {d.device}: {d.name or 'GPU (no hardware info)'} {d.compute_capability or ''} - "
                      f"{d.kernel_count:,} kernels ({ms(d.kernel_time_ns)}) on {d.stream_count} streams, "
-                     f"{d.memcpy_count:,} memcpy, {d.memset_count:,} memset")
+                     f"{d.memcpy_count:,} memcpy, {d.memset_count:,} memset"
+                     + (f", {d.graph_count:,} graph executions" if d.graph_count else "")
+                     + (f", peak device memory {d.peak_memory_bytes / 2**20:,.1f} MiB"
+                        if d.peak_memory_bytes is not None else ""))
     lines.append(f"{result.process_count} processes; launching kernels: " + (", ".join(
         f"{p.name or '?'} pid {p.pid} ({p.kernel_launches:,})" for p in result.top_processes) or "none"))
     lines.append("rows: " + (", ".join(f"{k} {v:,}" for k, v in result.table_rows.items() if v) or "none"))
@@ -214,4 +405,11 @@ def render(result: Result) -> str:
     lines.extend(f"library {lib.library}: {lib.kernel_count:,} kernels, {lib.distinct_names} names, e.g. "
                  f"{lib.example[:60]}" + (f" [{lib.version_hint}]" if lib.version_hint else "")
                  for lib in result.libraries)
+    diag = result.diagnostics
+    if diag.counts:
+        lines.append("nsys diagnostics: " + ", ".join(f"{n:,} {sev}" for sev, n in diag.counts.items()))
+        lines.extend(f"  {m.severity} x{m.count} ({f'{m.processes} processes' if m.processes else 'session'}): "
+                     f"{' '.join(m.text.split())[:160]}" for m in diag.messages)
+        if diag.truncated:
+            lines.append(f"  ... more distinct messages (first {TOP_DIAGNOSTICS} shown): query the diagnostics table")
     return "\n".join(lines)
