@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib.resources import files
 
 import pytest
@@ -139,3 +140,205 @@ def test_book_questions_for_unknown_phase_names_valid_phases():
         book.questions_for_phase("tuning")
     assert isinstance(err.value, NsightfulError)
     assert all(phase in str(err.value) for phase in book.PHASES)
+
+
+# --- fixes per program family ---------------------------------------------------------------------------------
+# Fix families tried per program kind, most specific first, as triage tries them (tools/program.py FIX_CHAINS).
+CHAINS = {
+    "pytorch": ("pytorch", "python", "generic"),
+    "python": ("python", "generic"),
+    "cuda": ("cuda", "generic"),
+    "offload": ("offload", "generic"),
+    "unknown": ("generic",),
+}
+# The `when` tags the detectors put on their findings, per root cause; a fix for any other tag is never shown.
+DETECTOR_TAGS = {
+    "kernel-hotspot": {"gemm-fp32", "gemm-tensor", "attention", "conv", "elementwise", "reduction", "norm", "copy",
+                       "custom"},
+    "fp32-gemm-no-tensor-cores": {"gemm-fp32"},
+    "excessive-h2d-transfers": {"pinned", "pageable"},
+    "pageable-host-memory": {"async-blocking", "large-single"},
+    "module-loading-hot-path": {"jit", "module-load"},
+    "cpu-bottleneck": {"launch", "host-cpu"},
+    # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
+    "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
+}
+PYTORCH_WORDS = re.compile(r"torch|DataLoader|\.item\(\)|(?<![\w.])nn\.|autocast|FSDP|\bDDP\b|DistributedDataParallel|"
+                           r"TrainingArguments|Hugging Face|pin_memory=|non_blocking|num_workers|Inductor|Dynamo|"
+                           r"DeepSpeed|Megatron", re.I)
+PYTHON_WORDS = re.compile(r"\bgc\.|\bimport |\bPython\b|CuPy|Numba|\bJAX\b|\bjax\.|\bcupyx?\.|\bnumba\.|py-spy", re.I)
+OTHER_PYTHON_FRAMEWORKS = re.compile(r"CuPy|Numba|\bJAX\b|\bjax\.|\bcupyx?\.|\bnumba\.", re.I)
+# Calls, directives and flags of one family: generic fixes must hold in every program, so they name none.
+FAMILY_API = re.compile(r"\bcuda[A-Z]\w*|\bcu[A-Z][a-z]\w*|\bcublas\w*|\bcudnn[A-Z]\w*|\bnccl[A-Z]\w*|\bnvrtc\w*|"
+                        r"\bnvcc\b|#pragma|\$acc|-gpu=|-Minfo|<<<")
+CUDA_VOCABULARY = re.compile(r"\bcuda[A-Z]\w*|\bcu[A-Z][a-z]\w*|\bcublas|\bcuBLAS|\bCUDA_[A-Z_]+|\bcuDNN|\bcudnn|"
+                             r"\bnccl[A-Z]|\bNVRTC|\bnvcc\b|\bncu\b|CUDA graph|\bCUB\b|cub::|NVTX|__\w+|<cuda|\bMPI_")
+OFFLOAD_VOCABULARY = re.compile(r"OpenACC|OpenMP|#pragma (acc|omp)|\basync\b|\bnowait\b|\b(target )?data\b|\bpresent\b|"
+                                r"-gpu=|-Minfo|\bcollapse\b|\bupdate\b|\bacc_\w+")
+# Entries for every program that rely on the generic fix for a native family, and why that is enough.
+NO_OWN_FIX = {
+    ("nccl-straggler", "cuda"): "what makes one rank late shows in its own profile; the generic steps say where",
+    ("nccl-straggler", "offload"): "what makes one rank late shows in its own profile; the generic steps say where",
+    ("compute-communication-imbalance", "offload"): "balancing a partition does not depend on how kernels are written",
+    ("nccl-serialization", "offload"): "directive codes reach NCCL through a queue's stream: nccl-on-compute-stream",
+    ("unfused-attention", "offload"): "directive codes do not implement attention; the generic fused-kernel fix holds",
+}
+FAMILY_FIXES = [(e, f) for e in ENTRIES for f in e.fixes]
+
+
+def _by_fix(family_filter):
+    chosen = [(e, f) for e, f in FAMILY_FIXES if family_filter(f.family)]
+    return pytest.mark.parametrize("entry, fix", chosen, ids=[f"{e.id}:{f.family}:{f.when or ''}:{i}"
+                                                              for i, (e, f) in enumerate(chosen)])
+
+
+def _shown(entry):
+    """Every (program kind, tags) case and the fix triage would show for it."""
+    cases = [()] + [(tag,) for tag in sorted({f.when for f in entry.fixes if f.when})]
+    return [(kind, tags, entry.fix_for(chain, tags)) for kind, chain in CHAINS.items() if entry.applies(chain)
+            for tags in cases]
+
+
+@_by_fix(lambda family: family != "pytorch")
+def test_book_fix_outside_pytorch_uses_no_pytorch_vocabulary(entry, fix):
+    assert not PYTORCH_WORDS.search(fix.text), fix.text
+
+
+@_by_fix(lambda family: family in ("cuda", "offload", "generic"))
+def test_book_fix_outside_python_uses_no_python_vocabulary(entry, fix):
+    assert not PYTHON_WORDS.search(fix.text), fix.text
+
+
+@_by_fix(lambda family: family == "generic")
+def test_book_generic_fix_names_no_family_specific_call_or_flag(entry, fix):
+    assert not FAMILY_API.search(fix.text), fix.text
+
+
+@_by_fix(lambda family: family == "cuda")
+def test_book_cuda_fix_speaks_cuda(entry, fix):
+    assert CUDA_VOCABULARY.search(fix.text), fix.text
+
+
+@_by_fix(lambda family: family == "offload")
+def test_book_offload_fix_speaks_directives(entry, fix):
+    assert OFFLOAD_VOCABULARY.search(fix.text), fix.text
+
+
+@_by_id(ENTRIES)
+def test_book_when_tags_are_ones_the_detectors_emit(item):
+    used = {f.when for f in item.fixes if f.when}
+    assert used <= DETECTOR_TAGS.get(item.id, set()), used - DETECTOR_TAGS.get(item.id, set())
+
+
+@_by_id(ENTRIES)
+def test_book_every_program_is_shown_a_fix_of_its_own_chain_in_its_own_words(item):
+    for kind, tags, fix in _shown(item):
+        assert fix.family in CHAINS[kind], (kind, tags, fix.family)
+        if kind != "pytorch":
+            assert not PYTORCH_WORDS.search(fix.text), (kind, tags, fix.text)
+        if kind not in ("pytorch", "python"):
+            assert not PYTHON_WORDS.search(fix.text), (kind, tags, fix.text)
+
+
+@_by_id(ENTRIES)
+def test_book_pytorch_programs_are_not_shown_another_python_framework(item):
+    for kind, tags, fix in _shown(item):
+        if kind == "pytorch":
+            assert not OTHER_PYTHON_FRAMEWORKS.search(fix.text), (tags, fix.text)
+
+
+@_by_id(ENTRIES)
+def test_book_tagged_fix_is_never_hidden_by_a_plain_fix_of_a_nearer_family(item):
+    for kind, (tag,), fix in ((k, t, f) for k, t, f in _shown(item) if t):
+        tagged = any(f.when == tag and f.family in CHAINS[kind] for f in item.fixes)
+        assert fix.when == (tag if tagged else None), (kind, tag, fix.family, fix.text)
+
+
+@_by_id([e for e in ENTRIES if "generic" not in e.applies_to])
+def test_book_entry_for_some_families_has_no_generic_fix(item):
+    # a generic fix would be shown to a program where the cause cannot occur
+    assert all(f.family in item.applies_to or f.family == "pytorch" and "python" in item.applies_to
+               for f in item.fixes), [f.family for f in item.fixes]
+
+
+@_by_id([e for e in ENTRIES if "generic" in e.applies_to])
+def test_book_entry_for_every_program_has_native_fixes_or_says_why_not(item):
+    families = {f.family for f in item.fixes}
+    for family in ("pytorch", "cuda", "offload"):
+        assert (family in families) != ((item.id, family) in NO_OWN_FIX), (item.id, family)
+
+
+@_by_id([e for e in ENTRIES if "generic" in e.applies_to])
+def test_book_title_and_symptom_of_an_entry_for_every_program_are_framework_neutral(item):
+    for text in (item.title, item.symptom):
+        assert not PYTORCH_WORDS.search(text) and not PYTHON_WORDS.search(text), text
+
+
+def test_book_alloc_in_loop_fits_each_family():
+    entry = book.get_entry("alloc-in-loop")
+    assert "cudaMallocAsync" in entry.fix_for(CHAINS["cuda"]).text
+    assert "cudaMemPoolAttrReleaseThreshold" in entry.fix_for(CHAINS["cuda"]).text
+    assert "empty_cache" in entry.fix_for(CHAINS["pytorch"]).text
+    assert "enter data" in entry.fix_for(CHAINS["offload"]).text
+    assert entry.fix_for(CHAINS["unknown"]).family == "generic"
+    assert {s.tool for s in entry.signals} >= {"gpu_idle_gaps", "query_sql"}
+
+
+ONE_ENTRY = """+++
+id = "toy"
+title = "t"
+symptom = "s"
+mechanism = "m"
+signals = [{ tool = "gpu_idle_gaps", figure = "f", threshold = "t" }]
+applies_to = [%s]
+fixes = [%s]
+verify = "v"
+related_questions = ["q08-idle-gaps"]
+sources = ["s"]
++++
+body
+"""
+TOY_FIXES = """
+  { for = "pytorch", text = "pytorch plain" },
+  { for = "python", when = "jit", text = "python jit" },
+  { for = "python", text = "python plain" },
+  { for = "cuda", when = "jit", text = "cuda jit" },
+  { for = "generic", when = "pinned", text = "generic pinned" },
+  { for = "generic", text = "generic plain" },
+  { for = "generic", text = "generic second" },
+"""
+
+
+def _toy(applies_to: str = '"generic"', fixes: str = TOY_FIXES) -> book.Entry:
+    return book._parse_entry("toy.md", ONE_ENTRY % (applies_to, fixes))
+
+
+@pytest.mark.parametrize("chain, tags, shown", [
+    (CHAINS["pytorch"], (), "pytorch plain"),
+    (CHAINS["pytorch"], ("jit",), "pytorch plain"),         # the nearest family wins over a farther tagged fix
+    (CHAINS["python"], ("jit",), "python jit"),              # within a family the tagged fix comes first
+    (CHAINS["python"], ("module-load",), "python plain"),    # an unknown tag falls back to the plain fix
+    (CHAINS["cuda"], ("jit",), "cuda jit"),
+    (CHAINS["cuda"], (), "generic plain"),                   # no plain cuda fix: on to generic, its first plain fix
+    (CHAINS["cuda"], ("pinned",), "generic pinned"),
+    (CHAINS["offload"], ("jit", "pinned"), "generic pinned"),
+    (CHAINS["unknown"], (), "generic plain"),
+])
+def test_book_fix_for_picks_the_nearest_family_then_its_tagged_fix(chain, tags, shown):
+    assert _toy().fix_for(chain, tags).text == shown
+
+
+def test_book_fix_for_falls_back_to_a_family_the_cause_applies_to():
+    entry = _toy('"python"', '{ for = "python", text = "python plain" }')
+    assert not entry.applies(CHAINS["cuda"]) and entry.applies(CHAINS["pytorch"])
+    assert entry.fix_for(CHAINS["cuda"]).text == "python plain"
+
+
+def test_book_entry_without_a_plain_fix_for_a_family_it_applies_to_fails_to_load():
+    with pytest.raises(book.BookError, match="no fix without `when` for cuda"):
+        _toy('"python", "cuda"', '{ for = "python", text = "p" }, { for = "cuda", when = "jit", text = "c" }')
+
+
+def test_book_fix_for_an_unknown_family_fails_to_load():
+    with pytest.raises(book.BookError, match="malformed"):
+        _toy(fixes='{ for = "fortran", text = "f" }')
