@@ -1,6 +1,7 @@
 """Why is each device idle? Every idle nanosecond of a device in the window, attributed to one cause.
 
-A device's idle time is the window minus the union of its kernels, copies and memsets (intervals.GPU_WORK),
+A device's idle time is the window minus the union of its kernels, copies, memsets and whole CUDA graph
+executions (as intervals.GPU_WORK),
 cut into gaps (the stretches before its first and after its last operation in the window included). Each
 gap gets exactly one cause, so causes never share nanoseconds and their sum is the device's idle time:
 
@@ -74,7 +75,8 @@ ops AS MATERIALIZED (
         UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memcpy m
           LEFT JOIN api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
         UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memset m
-          LEFT JOIN api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id)
+          LEFT JOIN api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid FROM graph_exec)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
 edges AS (SELECT unnest($devices) AS device_id, $start AS start_ns, $start AS end_ns
           UNION ALL SELECT unnest($devices), $end, $end),
@@ -103,11 +105,13 @@ threads_in AS (SELECT DISTINCT pid, tid FROM ops WHERE tid IS NOT NULL),"""
 
 # Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
 BLOCKING = """
+copies AS (
+  SELECT pid, correlation_id, any_value(direction) AS direction,
+         bool_or('pageable' IN (src_kind, dst_kind)) AS pageable FROM memcpy GROUP BY ALL),
 calls0 AS (
-  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, m.direction,
-         coalesce('pageable' IN (m.src_kind, m.dst_kind), false) AS pageable
+  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, m.direction, coalesce(m.pageable, false) AS pageable
   FROM cuda_api a JOIN threads_in t ON t.pid = a.pid AND t.tid = a.tid
-  LEFT JOIN memcpy m ON a.kind = 'memcpy' AND m.pid = a.pid AND m.correlation_id = a.correlation_id
+  LEFT JOIN copies m ON m.pid = a.pid AND m.correlation_id = a.correlation_id
   WHERE a.kind IN ('sync', 'memcpy') AND a.end_ns > $start AND a.start_ns < $end),
 bcalls AS MATERIALIZED (
   SELECT * FROM (

@@ -1,10 +1,10 @@
 """How busy is each GPU, on which streams, and is its idle time concentrated or spread out?
 
-Over the window (default: GPU-active, first to last kernel/memcpy/memset of any device), per device:
-busy_ns = length of the union of its kernel, memcpy and memset intervals clipped to the window
-(overlapping work counts once); busy_pct = busy_ns / window; idle_ns = window - busy_ns;
-kernel_busy_ns/_pct = the same union over kernels only; overlap_ns/_pct = time with 2+ kernels running at
-once on the device. streams: per-stream union of its kernels/memcpy/memset / window. timeline: the window
+Over the window (default: GPU-active, first to last GPU operation of any device), per device: busy_ns =
+length of the union of its kernel, memcpy, memset and whole CUDA graph execution intervals clipped to the
+window (overlapping work counts once); busy_pct = busy_ns / window; idle_ns = window - busy_ns;
+kernel_busy_ns/_pct = the same union over kernels and graph executions only; overlap_ns/_pct = time with 2+
+kernels running at once on the device. streams: per-stream union of its work / window. timeline: the window
 cut into `buckets` equal slices, busy_pct of each; idle_concentration_pct = share of the device's idle
 time that falls in its worst 20% of slices (about 20 when idle is spread evenly, near 100 when it sits in
 one stretch). No findings: why the devices are idle is gpu_idle_gaps' question. Times in ns.
@@ -87,7 +87,7 @@ class Result(BaseModel):
 DEVICE_SQL = "WITH " + GPU_WORK + """,
 o AS MATERIALIZED (
   SELECT device_id, k, s, e, greatest(s, max(e) OVER w) AS ps, max(e) FILTER (WHERE k) OVER w AS prev_kernel_end
-  FROM (SELECT device_id, kind = 'kernel' AS k, start_ns AS s, end_ns AS e FROM gpu_work)
+  FROM (SELECT device_id, kind IN ('kernel', 'graph') AS k, start_ns AS s, end_ns AS e FROM gpu_work)
   WINDOW w AS (PARTITION BY device_id ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)),
 slices AS (
   SELECT device_id, bucket, sum(e - ps) FILTER (WHERE e > ps) AS busy,

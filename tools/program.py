@@ -81,7 +81,7 @@ class Program(BaseModel):
 
 MAIN_PROCESS_SQL = """
 WITH work AS (SELECT pid FROM kernels UNION ALL SELECT pid FROM memcpy UNION ALL SELECT pid FROM memset
-              UNION ALL SELECT pid FROM cuda_api)
+              UNION ALL SELECT pid FROM graph_exec UNION ALL SELECT pid FROM cuda_api)
 SELECT w.pid, any_value(p.name), count(*) AS n FROM work w LEFT JOIN processes p USING (pid)
 GROUP BY w.pid ORDER BY n DESC, w.pid LIMIT 1
 """

@@ -1,7 +1,8 @@
 """Is the run compute-, transfer-, communication- or host-bound? Device-time shares from interval unions.
 
-Per device over the window: busy = union of all its kernels, copies and memsets; compute = union of its
-non-NCCL kernels (copy-like kernels included; copy_kernel_pct shows their own union); communication = union
+Per device over the window: busy = union of all its kernels, copies, memsets and CUDA graph executions;
+compute = union of its non-NCCL kernels and graph executions (graphs recorded whole hide their kernels;
+copy-like kernels included, copy_kernel_pct shows their own union); communication = union
 of its NCCL kernels; transfer = union of its memcpy and memset. Each share is the sum over devices of that
 union / (window x devices), so each lies in 0-100; idle_pct = 100 - busy_pct; overlap_pct = compute +
 transfer + communication - busy (time in which two kinds of work ran at once). One function serves triage and
@@ -46,7 +47,8 @@ WORK = """work AS (
   FROM (SELECT device_id, CASE WHEN category = 'nccl' THEN 'communication' WHEN category = 'copy' THEN 'copy_kernel'
                                ELSE 'compute' END AS cat, start_ns, end_ns FROM kernels
         UNION ALL SELECT device_id, 'transfer', start_ns, end_ns FROM memcpy
-        UNION ALL SELECT device_id, 'transfer', start_ns, end_ns FROM memset)
+        UNION ALL SELECT device_id, 'transfer', start_ns, end_ns FROM memset
+        UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM graph_exec)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
 keyed AS (SELECT device_id, cat, start_ns, end_ns FROM work
           UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM work WHERE cat = 'copy_kernel'
