@@ -81,7 +81,7 @@ EXPECTED = {"queued": 10_000, "sync": 10_000, "readback": 9_000, "launch_tiny": 
 
 def test_attribution_one_cause_per_gap_on_a_tiny_timeline():
     con = timeline()
-    [idle] = attribution.attribute(con, scope(con)).values()
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
     assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == {c: (ns, 1) for c, ns in EXPECTED.items()}
     assert idle.idle_ns == sum(EXPECTED.values()) and idle.window_ns == 1_200_000
     assert (idle.causes["sync"].api, idle.causes["readback"].api) == ("cudaDeviceSynchronize", "cudaStreamSynchronize")
@@ -89,7 +89,7 @@ def test_attribution_one_cause_per_gap_on_a_tiny_timeline():
 
 def test_attribution_window_clips_gaps_and_adds_the_edges():
     con = timeline()
-    [idle] = attribution.attribute(con, scope(con, start_ns=T + 5_000, end_ns=T + 60_000)).values()
+    [idle] = attribution.attribute(con, scope(con, start_ns=T + 5_000, end_ns=T + 60_000)).devices.values()
     # k1 is cut at 5 us; the window ends inside the launch_tiny gap (58-62 us): the launch after it lies
     # outside the window, so that stretch is judged by host activity alone, and none was traced
     assert {c: t.ns for c, t in idle.causes.items()} == {"queued": 10_000, "sync": 10_000, "readback": 9_000,
@@ -101,7 +101,7 @@ def test_attribution_a_late_launch_after_untraced_host_work_under_1_ms_is_launch
     per-op overhead; 1.5 ms of it could be anything (a pause, other work)."""
     con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 510_000, 520_000, (505_000, 508_000)),
                               kernel(3, 2_020_000, 2_030_000, (2_015_000, 2_018_000))])
-    [idle] = attribution.attribute(con, scope(con)).values()
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
     assert {c: t.ns for c, t in idle.causes.items()} == {"launch": 500_000, "host_untraced": 1_500_000}
 
 
@@ -110,7 +110,7 @@ def test_attribution_long_wait_after_a_sync_is_not_the_syncs():
     con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 6_000_000, 6_010_000, (5_990_000,
                                                                                                        5_995_000))],
                      cuda_api=[call("cudaDeviceSynchronize", "sync", 5_000, 11_000)])
-    [idle] = attribution.attribute(con, scope(con)).values()
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
     assert {c: t.ns for c, t in idle.causes.items()} == {"host_untraced": 5_990_000}
 
 
@@ -128,7 +128,7 @@ def test_attribution_periodic_host_gaps(starts_ms, periodic):
     sched = [{"pid": 1, "tid": 7, "time_ns": T + s * ms + d, "cpu": 0, "is_sched_in": d == 0}
              for s in starts_ms for d in (0, 1_980_000)]
     con = make_model(kernels=kernels, sched=sched)
-    [idle] = attribution.attribute(con, scope(con)).values()
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
     assert (idle.causes["host_cpu"].gaps, idle.causes["host_cpu"].periodic_gaps) == (len(starts_ms), periodic)
 
 
@@ -146,7 +146,7 @@ def test_attribution_causes_add_up_to_the_idle_time_of_the_raw_export(open_fixtu
     s = scope(con)
     raw = sqlite3.connect(f"file:{FIXTURES / stem}.sqlite?mode=ro", uri=True)
     tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master")}
-    for device, idle in attribution.attribute(con, s).items():
+    for device, idle in attribution.attribute(con, s).devices.items():
         sql = RAW_WORK_SQL if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables else RAW_WORK_SQL.split("UNION ALL")[0]
         if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
             sql += ' UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = ?'

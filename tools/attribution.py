@@ -246,26 +246,33 @@ apis AS (
   SELECT device_id, cause, first(blocked_in ORDER BY ns DESC, blocked_in) AS api FROM (
     SELECT device_id, cause, blocked_in, sum(duration_ns) AS ns FROM labelled
     WHERE cause IN ('sync', 'readback', 'pageable_copy', 'sync_copy') AND blocked_in IS NOT NULL GROUP BY ALL)
-  GROUP BY ALL)
-SELECT l.device_id, l.cause, count(*) AS gaps, sum(l.duration_ns)::BIGINT AS ns,
-       coalesce(sum(l.duration_ns) FILTER (WHERE l.duration_ns >= $bubble_min), 0)::BIGINT AS long_ns,
-       coalesce(sum(l.duration_ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
-       count(*) FILTER (WHERE p.periodic) AS periodic_gaps, median(p.period_ns) FILTER (WHERE p.periodic)::BIGINT,
-       any_value(a.api) AS api
-FROM labelled l LEFT JOIN pauses p ON p.gap_id = l.gap_id
-LEFT JOIN apis a ON a.device_id = l.device_id AND a.cause = l.cause
-GROUP BY l.device_id, l.cause ORDER BY l.device_id, ns DESC
+  GROUP BY ALL),
+totals AS (
+  SELECT l.device_id, l.cause, count(*) AS gaps, sum(l.duration_ns)::BIGINT AS ns,
+         coalesce(sum(l.duration_ns) FILTER (WHERE l.duration_ns >= $bubble_min), 0)::BIGINT AS long_ns,
+         coalesce(sum(l.duration_ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
+         count(*) FILTER (WHERE p.periodic) AS periodic_gaps,
+         median(p.period_ns) FILTER (WHERE p.periodic)::BIGINT AS period_ns, any_value(a.api) AS api
+  FROM labelled l LEFT JOIN pauses p ON p.gap_id = l.gap_id
+  LEFT JOIN apis a ON a.device_id = l.device_id AND a.cause = l.cause
+  GROUP BY l.device_id, l.cause)
+SELECT (SELECT list(t ORDER BY t.device_id, t.ns DESC, t.cause) FROM totals t),
+       (SELECT list({gap_id: gap_id, device: device_id, start_ns: start_ns, end_ns: end_ns, cause: cause,
+                     blocked_in: blocked_in, pid: pid, tid: tid} ORDER BY gap_id)
+        FROM labelled WHERE duration_ns >= $bubble_min)
 """
 
 
 def args(scope: Scope) -> dict[str, object]:
-    """Bound parameters of LABELLED and periodic() for a scope (callers add their own)."""
+    """Bound parameters of LABELLED for a scope (callers add their own)."""
     return {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "tiny": TINY_KERNEL_NS,
             "follow": FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
             "waits": WAIT_CALLS, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES, "jit_ranges": JIT_RANGES,
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
-            "resume_max": SYNC_RESUME_MAX_NS, "similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS,
-            "steady_share": STEADY_SHARE, "bubble_min": BUBBLE_MIN_NS}
+            "resume_max": SYNC_RESUME_MAX_NS, "bubble_min": BUBBLE_MIN_NS}
+
+
+PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}
 
 
 @dataclass(frozen=True)
@@ -294,8 +301,27 @@ class DeviceIdle:
         return round(100.0 * (self.window_ns - self.idle_ns) / self.window_ns, 2) if self.window_ns else 0.0
 
 
-def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, DeviceIdle]:
-    """Idle time per device and cause over the scope (cached: the model is read-only)."""
+@dataclass(frozen=True)
+class Gap:
+    """A gap of at least BUBBLE_MIN_NS, with its cause and the host thread it was judged by."""
+    gap_id: int
+    device: int
+    start_ns: int
+    end_ns: int
+    cause: str
+    blocked_in: str | None
+    pid: int | None
+    tid: int | None
+
+
+@dataclass(frozen=True)
+class Attribution:
+    devices: dict[int, DeviceIdle]
+    long_gaps: list[Gap]  # every gap of at least BUBBLE_MIN_NS, in device and time order
+
+
+def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
+    """Idle time per device and cause over the scope, and its long gaps (cached: the model is read-only)."""
     fingerprint = con.execute("SELECT fingerprint FROM meta").fetchone()
     key = (fingerprint[0] if fingerprint else None, tuple(scope.devices), scope.start_ns, scope.end_ns)
     if key[0] is None or key[0] == "test":
@@ -303,11 +329,11 @@ def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, DeviceI
     return _cached(key, con, scope)
 
 
-_cache: dict[tuple, dict[int, DeviceIdle]] = {}
+_cache: dict[tuple, Attribution] = {}
 CACHE_ENTRIES = 64  # scopes remembered across calls: a triage run asks for one, a session for a few
 
 
-def _cached(key: tuple, con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, DeviceIdle]:
+def _cached(key: tuple, con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
     if key not in _cache:
         if len(_cache) >= CACHE_ENTRIES:
             _cache.pop(next(iter(_cache)))
@@ -315,12 +341,14 @@ def _cached(key: tuple, con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[in
     return _cache[key]
 
 
-def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, DeviceIdle]:
-    totals = {"gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
-    rows = con.execute(TOTALS_SQL, {**args(scope), **totals}).fetchall()
+def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
+    params = {**args(scope), **PERIODIC_ARGS, "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
+    totals, long_gaps = con.execute(TOTALS_SQL, params).fetchone()
     found: dict[int, dict[str, CauseTime]] = {d: {} for d in scope.devices}
-    for device, cause, count, ns, long_ns, periodic_ns, periodic_gaps, period, api in rows:
-        found[device][cause] = CauseTime(ns=int(ns), gaps=count, long_ns=int(long_ns), periodic_ns=int(periodic_ns),
-                                         periodic_gaps=periodic_gaps, period_ns=period, api=api)
-    return {d: DeviceIdle(device=d, window_ns=scope.duration_ns, idle_ns=sum(c.ns for c in causes.values()),
-                          causes=causes) for d, causes in found.items()}
+    for t in totals or []:
+        found[t["device_id"]][t["cause"]] = CauseTime(
+            ns=int(t["ns"]), gaps=t["gaps"], long_ns=int(t["long_ns"]), periodic_ns=int(t["periodic_ns"]),
+            periodic_gaps=t["periodic_gaps"], period_ns=t["period_ns"], api=t["api"])
+    devices = {d: DeviceIdle(device=d, window_ns=scope.duration_ns, idle_ns=sum(c.ns for c in causes.values()),
+                             causes=causes) for d, causes in found.items()}
+    return Attribution(devices=devices, long_gaps=[Gap(**g) for g in long_gaps or []])

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from nsightful.tools import attribution, idle_causes, program
 from nsightful.tools.attribution import LABELLED, periodic
-from nsightful.tools.common import Finding, LimitParam, Scope, ScopedParams, ms, pct, resolve_scope
+from nsightful.tools.common import Finding, LimitParam, Scope, ScopedParams, ms, pct, resolve_scope, scope_args
 
 GAP_ROWS = 10  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
 NVTX_NAMES = 3  # innermost ranges reported per gap
@@ -100,11 +100,19 @@ class Result(BaseModel):
     findings: list[Finding] = []
 
 
-SQL = LABELLED + """,
-found AS MATERIALIZED (SELECT * FROM labelled WHERE duration_ns >= $min_gap),
-""" + periodic("groups", "found", "device_id") + """,
+# The gaps to show come from the attribution (cached), or from LABELLED for a min_gap_ns below its long
+# gaps; this query only groups them and enriches the `limit` longest.
+FOUND_SQL = LABELLED + """
+SELECT gap_id, device_id, start_ns, end_ns, cause, blocked_in, pid, tid FROM labelled WHERE duration_ns >= $min_gap
+"""
+ENRICH_SQL = """
+WITH found AS (
+  SELECT unnest($ids) AS gap_id, unnest($devs) AS device_id, unnest($starts) AS start_ns, unnest($ends) AS end_ns,
+         unnest($pids) AS pid, unnest($tids) AS tid, unnest($causes) AS cause),
+sized AS (SELECT *, end_ns - start_ns AS duration_ns FROM found),
+""" + periodic("groups", "sized", "device_id") + """,
 marked AS MATERIALIZED (
-  SELECT f.*, g.grp, g.periodic, g.period_ns FROM found f JOIN groups g USING (gap_id, device_id)),
+  SELECT f.*, g.grp, g.periodic, g.period_ns FROM sized f JOIN groups g USING (gap_id, device_id)),
 top AS (SELECT * FROM marked ORDER BY duration_ns DESC, device_id, start_ns LIMIT $limit),
 klanes AS (SELECT device_id, short_name, start_ns, end_ns FROM kernels WHERE device_id IN (SELECT device_id FROM top)),
 before AS (
@@ -125,23 +133,17 @@ ranges AS (
    AND least(n.end_ns, t.end_ns) - greatest(n.start_ns, t.start_ns) >= t.duration_ns / 2
   GROUP BY t.gap_id)
 SELECT
-  (SELECT list({device: device_id, count: n, time: t, largest: m} ORDER BY device_id) FROM (
-     SELECT device_id, count(*) AS n, sum(duration_ns) AS t, max(duration_ns) AS m FROM found GROUP BY ALL)),
-  (SELECT list({bucket: bucket, count: n, total_ns: total} ORDER BY bucket) FROM (
-     SELECT len(list_filter($bounds, x -> x <= duration_ns)) AS bucket, count(*) AS n, sum(duration_ns) AS total
-     FROM found GROUP BY bucket)),
   (SELECT list(g ORDER BY g.total_ns DESC, g.device, g.first_start_ns)[1:$limit] FROM (
      SELECT {device: device_id, count: count(*), mean_duration_ns: avg(duration_ns)::BIGINT,
              period_ns: any_value(period_ns), total_ns: sum(duration_ns), first_start_ns: min(start_ns),
              cause: mode(cause)} AS g
      FROM marked WHERE periodic GROUP BY device_id, grp)),
-  (SELECT list({device: t.device_id, start_ns: t.start_ns, end_ns: t.end_ns, duration_ns: t.duration_ns,
-                cause: t.cause, blocked_in: t.blocked_in, kernel_before: b.short_name, kernel_after: a.short_name,
-                nvtx: coalesce(r.names, []), periodic: t.periodic, edge: t.start_ns = $start OR t.end_ns = $end}
-               ORDER BY t.duration_ns DESC, t.device_id, t.start_ns)
-   FROM top t LEFT JOIN before b USING (gap_id) LEFT JOIN after a USING (gap_id) LEFT JOIN ranges r USING (gap_id)),
-  (SELECT count(*) FROM threads_in)
+  (SELECT list({gap_id: t.gap_id, kernel_before: b.short_name, kernel_after: a.short_name,
+                nvtx: coalesce(r.names, []), periodic: t.periodic} ORDER BY t.duration_ns DESC, t.device_id, t.start_ns)
+   FROM top t LEFT JOIN before b USING (gap_id) LEFT JOIN after a USING (gap_id) LEFT JOIN ranges r USING (gap_id))
 """
+TRACED_SQL = """SELECT count(*) FROM kernels WHERE tid IS NOT NULL AND device_id IN (SELECT unnest($devices))
+                AND end_ns > $start AND start_ns < $end"""
 
 
 def _bucket(row: dict) -> Bucket:
@@ -149,34 +151,66 @@ def _bucket(row: dict) -> Bucket:
     return Bucket(label=f">={lo} ms" if hi is None else f"{lo}-{hi} ms", **row)
 
 
-def _device(idle: attribution.DeviceIdle, found: dict | None) -> DeviceGaps:
+def _device(idle: attribution.DeviceIdle, found: list[attribution.Gap]) -> DeviceGaps:
     rows = sorted(idle.causes.items(), key=lambda kv: (-kv[1].ns, kv[0]))
     by_cause = [CauseRow(cause=c, idle_ns=t.ns, gaps=t.gaps, window_pct=pct(t.ns, idle.window_ns), api=t.api)
                 for c, t in rows]
-    found = found or {"count": 0, "time": 0, "largest": 0}
+    lengths = [g.end_ns - g.start_ns for g in found]
     return DeviceGaps(device=idle.device, busy_pct=idle.busy_pct, idle_ns=idle.idle_ns, by_cause=by_cause,
-                      gap_count=found["count"], gap_time_ns=int(found["time"]),
-                      gap_window_pct=pct(found["time"], idle.window_ns), largest_ns=found["largest"])
+                      gap_count=len(lengths), gap_time_ns=sum(lengths),
+                      gap_window_pct=pct(sum(lengths), idle.window_ns), largest_ns=max(lengths, default=0))
+
+
+def _histogram(found: list[attribution.Gap]) -> list[Bucket]:
+    counts: dict[int, list[int]] = {}
+    for g in found:
+        n = g.end_ns - g.start_ns
+        index = sum(n >= lo * 1_000_000 for lo, _ in BUCKETS_MS[1:])
+        counts.setdefault(index, []).append(n)
+    return [Bucket(label=f">={BUCKETS_MS[i][0]} ms" if BUCKETS_MS[i][1] is None else
+                   f"{BUCKETS_MS[i][0]}-{BUCKETS_MS[i][1]} ms", count=len(v), total_ns=sum(v))
+            for i, v in sorted(counts.items())]
+
+
+def _found(con: duckdb.DuckDBPyConnection, scope: Scope, attr: attribution.Attribution,
+           min_gap_ns: int) -> list[attribution.Gap]:
+    if min_gap_ns >= attribution.BUBBLE_MIN_NS:
+        return [g for g in attr.long_gaps if g.end_ns - g.start_ns >= min_gap_ns]
+    rows = con.execute(FOUND_SQL, {**attribution.args(scope), "min_gap": min_gap_ns}).fetchall()
+    return [attribution.Gap(*r) for r in rows]
+
+
+def _enrich(con: duckdb.DuckDBPyConnection, found: list[attribution.Gap], limit: int) -> tuple[list, list]:
+    if not found:
+        return [], []
+    cols = {"ids": [g.gap_id for g in found], "devs": [g.device for g in found],
+            "starts": [g.start_ns for g in found], "ends": [g.end_ns for g in found],
+            "pids": [g.pid for g in found], "tids": [g.tid for g in found], "causes": [g.cause for g in found]}
+    params = {**cols, **attribution.PERIODIC_ARGS, "limit": limit, "horizon": KERNEL_HORIZON_NS,
+              "nvtx_names": NVTX_NAMES}
+    groups, top = con.execute(ENRICH_SQL, params).fetchone()
+    return groups or [], top or []
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params, default="gpu_active")
-    args = {**attribution.args(scope), "min_gap": params.min_gap_ns, "limit": params.limit,
-            "horizon": KERNEL_HORIZON_NS, "nvtx_names": NVTX_NAMES,
-            "bounds": [lo * 1_000_000 for lo, _ in BUCKETS_MS[1:]]}
-    per_device, hist, groups, rows, launchers = con.execute(SQL, args).fetchone()
-    found = {d["device"]: d for d in per_device or []}
-    idle = attribution.attribute(con, scope)
-    devices = [_device(idle[d], found.get(d)) for d in scope.devices]
-    count = sum(d.gap_count for d in devices)
-    note = None if launchers else ("no kernel in scope has a traced launch call, so causes read 'host_untraced'; "
-                                   "capture with `nsys profile --trace=cuda` to see what the host did")
-    result = Result(scope=scope, min_gap_ns=params.min_gap_ns, gap_count=count,
-                    gap_time_ns=sum(d.gap_time_ns for d in devices), devices=devices,
-                    histogram=[_bucket(h) for h in hist or []],
-                    periodic_groups=[PeriodicGroup(**g) for g in groups or []],
-                    gaps=[Gap(**r) for r in rows or []], truncated=count > params.limit, note=note)
-    result.findings = idle_causes.findings(idle, program.detect(con))
+    attr = attribution.attribute(con, scope)
+    found = _found(con, scope, attr, params.min_gap_ns)
+    groups, top = _enrich(con, found, params.limit)
+    by_id = {g.gap_id: g for g in found}
+    gaps = [Gap(device=(g := by_id[t["gap_id"]]).device, start_ns=g.start_ns, end_ns=g.end_ns,
+                duration_ns=g.end_ns - g.start_ns, cause=g.cause, blocked_in=g.blocked_in,
+                kernel_before=t["kernel_before"], kernel_after=t["kernel_after"], nvtx=t["nvtx"],
+                periodic=t["periodic"], edge=g.start_ns == scope.start_ns or g.end_ns == scope.end_ns) for t in top]
+    devices = [_device(attr.devices[d], [g for g in found if g.device == d]) for d in scope.devices]
+    traced = con.execute(TRACED_SQL, scope_args(scope)).fetchone()[0]
+    note = None if traced else ("no kernel in scope has a traced launch call, so causes read 'host_untraced'; "
+                                "capture with `nsys profile --trace=cuda` to see what the host did")
+    result = Result(scope=scope, min_gap_ns=params.min_gap_ns, gap_count=len(found),
+                    gap_time_ns=sum(d.gap_time_ns for d in devices), devices=devices, histogram=_histogram(found),
+                    periodic_groups=[PeriodicGroup(**g) for g in groups], gaps=gaps,
+                    truncated=len(found) > params.limit, note=note)
+    result.findings = idle_causes.findings(attr.devices, program.detect(con))
     return result
 
 

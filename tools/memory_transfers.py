@@ -207,7 +207,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         DIRECTIONS_SQL, {**directions, "per_device": True, "limit": 10_000}).fetchall()]
     pageable = {(d, dr): _Pageable(largest_ns=n, async_count=a)
                 for d, dr, n, a in con.execute(PAGEABLE_SQL, args).fetchall()}
-    idle = attribution.attribute(con, scope) if count else {}
+    idle = attribution.attribute(con, scope).devices if count else {}
     result.findings = findings(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()},
                                scope.duration_ns)
     return result

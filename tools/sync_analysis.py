@@ -145,7 +145,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     args = {**scope_args(scope), "bucket_ns": max(1000, scope.duration_ns // OVERLAP_BUCKETS)}
     count, blocked, idle, apis, threads = con.execute(SQL, args).fetchone()
     apis, threads = apis or [], threads or []
-    found = idle_causes.findings(attribution.attribute(con, scope), program.detect(con))
+    found = idle_causes.findings(attribution.attribute(con, scope).devices, program.detect(con))
     return Result(
         scope=scope, call_count=count, blocked_ns=int(blocked), gpu_idle_ns=int(idle),
         apis=[ApiRow(**a, gpu_idle_pct=pct(a["gpu_idle_ns"], a["blocked_ns"])) for a in apis[:params.limit]],
