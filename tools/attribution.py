@@ -40,7 +40,7 @@ from typing import Literal
 
 import duckdb
 
-from nsightful.tools.common import Scope
+from nsightful.tools.common import Scope, per_model
 from nsightful.tools.intervals import gaps, overlaps
 
 Cause = Literal["queued", "sync", "readback", "pageable_copy", "sync_copy", "launch_tiny", "launch", "jit", "alloc",
@@ -321,24 +321,9 @@ class Attribution:
 
 
 def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
-    """Idle time per device and cause over the scope, and its long gaps (cached: the model is read-only)."""
-    fingerprint = con.execute("SELECT fingerprint FROM meta").fetchone()
-    key = (fingerprint[0] if fingerprint else None, tuple(scope.devices), scope.start_ns, scope.end_ns)
-    if key[0] is None or key[0] == "test":
-        return _attribute(con, scope)
-    return _cached(key, con, scope)
-
-
-_cache: dict[tuple, Attribution] = {}
-CACHE_ENTRIES = 64  # scopes remembered across calls: a triage run asks for one, a session for a few
-
-
-def _cached(key: tuple, con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
-    if key not in _cache:
-        if len(_cache) >= CACHE_ENTRIES:
-            _cache.pop(next(iter(_cache)))
-        _cache[key] = _attribute(con, scope)
-    return _cache[key]
+    """Idle time per device and cause over the scope, and its long gaps (computed once per model and scope)."""
+    key = ("attribution", tuple(scope.devices), scope.start_ns, scope.end_ns)
+    return per_model(con, key, lambda: _attribute(con, scope))
 
 
 def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:

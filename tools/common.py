@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable, Iterable
+from typing import Annotated, Literal, TypeVar
 
 import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
 
+T = TypeVar("T")
 DEFAULT_LIMIT = 20  # rows: keeps a result well under ~20,000 characters
 MAX_LIMIT = 500  # rows: beyond this a model's context is the bottleneck, use query_sql
 
@@ -65,6 +67,36 @@ class Finding(BaseModel):
     device: int | None = Field(None, description="the device whose time is at stake; null only when nothing is")
     tags: list[str] = Field(default_factory=list, description="what kind of case this is (e.g. 'pinned', "
                                                              "'gemm-fp32'): picks the fitting fix from the book")
+
+
+MODEL_CACHE_ENTRIES = 64  # results remembered across calls: a triage run asks for a handful, a session for a few more
+_model_cache: dict[tuple, object] = {}
+
+
+def per_model(con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], T]) -> T:
+    """compute() once per model and key. A model file never changes once built (its fingerprint names its
+    content), so a result is never stale; in-memory test models (no fingerprint, or 'test') are not cached."""
+    found = con.execute("SELECT fingerprint FROM meta").fetchone()
+    fingerprint = found[0] if found else None
+    if fingerprint in (None, "test"):
+        return compute()
+    full = (fingerprint, *key)
+    if full not in _model_cache:
+        if len(_model_cache) >= MODEL_CACHE_ENTRIES:
+            _model_cache.pop(next(iter(_model_cache)))
+        _model_cache[full] = compute()
+    return _model_cache[full]  # type: ignore[return-value]
+
+
+def packed(values: Iterable[int | None]) -> str:
+    """Integers (None for NULL) as one string for SQL's unpacked(): DuckDB's Python binding converts a list
+    parameter element by element (about 70 us each: 7 s for 100,000), a string in one go."""
+    return ",".join("" if v is None else str(v) for v in values)
+
+
+def unpacked(param: str) -> str:
+    """SQL for the BIGINT list a `packed` parameter holds; `param` is a constant like '$ids'."""
+    return f"list_transform(string_split({param}, ','), v -> TRY_CAST(v AS BIGINT))"
 
 
 def devices_of(con: duckdb.DuckDBPyConnection) -> list[int]:

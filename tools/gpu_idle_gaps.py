@@ -14,6 +14,7 @@ median). Findings: every idle root cause (tools/idle_causes.py). Times in ns.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated
 
 import duckdb
@@ -21,7 +22,18 @@ from pydantic import BaseModel, Field
 
 from nsightful.tools import attribution, idle_causes, program
 from nsightful.tools.attribution import LABELLED, periodic
-from nsightful.tools.common import Finding, LimitParam, Scope, ScopedParams, ms, pct, resolve_scope, scope_args
+from nsightful.tools.common import (
+    Finding,
+    LimitParam,
+    Scope,
+    ScopedParams,
+    ms,
+    packed,
+    pct,
+    resolve_scope,
+    scope_args,
+    unpacked,
+)
 
 GAP_ROWS = 10  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
 NVTX_NAMES = 3  # innermost ranges reported per gap
@@ -107,8 +119,9 @@ SELECT gap_id, device_id, start_ns, end_ns, cause, blocked_in, pid, tid FROM lab
 """
 ENRICH_SQL = """
 WITH found AS (
-  SELECT unnest($ids) AS gap_id, unnest($devs) AS device_id, unnest($starts) AS start_ns, unnest($ends) AS end_ns,
-         unnest($pids) AS pid, unnest($tids) AS tid, unnest($causes) AS cause),
+  SELECT unnest(""" + unpacked("$ids") + """) AS gap_id, unnest(""" + unpacked("$devs") + """) AS device_id,
+         unnest(""" + unpacked("$starts") + """) AS start_ns, unnest(""" + unpacked("$ends") + """) AS end_ns,
+         unnest(""" + unpacked("$pids") + """) AS pid, unnest(""" + unpacked("$tids") + """) AS tid),
 sized AS (SELECT *, end_ns - start_ns AS duration_ns FROM found),
 """ + periodic("groups", "sized", "device_id") + """,
 marked AS MATERIALIZED (
@@ -127,16 +140,19 @@ after AS (
   JOIN (SELECT *, start_ns // $horizon AS bucket FROM klanes) k
     ON k.device_id = t.device_id AND k.bucket = t.bucket AND k.start_ns >= t.end_ns
   GROUP BY t.gap_id),
+long_ranges AS (  -- only a range half as long as the shortest gap listed can cover half of one
+  SELECT pid, tid, text, start_ns, end_ns, duration_ns FROM nvtx
+  WHERE duration_ns >= (SELECT min(duration_ns) FROM top) // 2 AND (pid, tid) IN (SELECT (pid, tid) FROM top)),
 ranges AS (
   SELECT t.gap_id, list(n.text ORDER BY n.duration_ns, n.text)[1:$nvtx_names] AS names
-  FROM top t JOIN nvtx n ON n.pid = t.pid AND n.tid = t.tid AND n.duration_ns >= t.duration_ns // 2
+  FROM top t JOIN long_ranges n ON n.pid = t.pid AND n.tid = t.tid AND n.duration_ns >= t.duration_ns // 2
    AND least(n.end_ns, t.end_ns) - greatest(n.start_ns, t.start_ns) >= t.duration_ns / 2
   GROUP BY t.gap_id)
 SELECT
   (SELECT list(g ORDER BY g.total_ns DESC, g.device, g.first_start_ns)[1:$limit] FROM (
      SELECT {device: device_id, count: count(*), mean_duration_ns: avg(duration_ns)::BIGINT,
              period_ns: any_value(period_ns), total_ns: sum(duration_ns), first_start_ns: min(start_ns),
-             cause: mode(cause)} AS g
+             gap_ids: list(gap_id)} AS g
      FROM marked WHERE periodic GROUP BY device_id, grp)),
   (SELECT list({gap_id: t.gap_id, kernel_before: b.short_name, kernel_after: a.short_name,
                 nvtx: coalesce(r.names, []), periodic: t.periodic} ORDER BY t.duration_ns DESC, t.device_id, t.start_ns)
@@ -172,6 +188,11 @@ def _histogram(found: list[attribution.Gap]) -> list[Bucket]:
             for i, v in sorted(counts.items())]
 
 
+def _group(row: dict, by_id: dict[int, attribution.Gap]) -> PeriodicGroup:
+    causes = Counter(by_id[i].cause for i in row.pop("gap_ids"))
+    return PeriodicGroup(**row, cause=max(sorted(causes), key=causes.get))
+
+
 def _found(con: duckdb.DuckDBPyConnection, scope: Scope, attr: attribution.Attribution,
            min_gap_ns: int) -> list[attribution.Gap]:
     if min_gap_ns >= attribution.BUBBLE_MIN_NS:
@@ -183,9 +204,9 @@ def _found(con: duckdb.DuckDBPyConnection, scope: Scope, attr: attribution.Attri
 def _enrich(con: duckdb.DuckDBPyConnection, found: list[attribution.Gap], limit: int) -> tuple[list, list]:
     if not found:
         return [], []
-    cols = {"ids": [g.gap_id for g in found], "devs": [g.device for g in found],
-            "starts": [g.start_ns for g in found], "ends": [g.end_ns for g in found],
-            "pids": [g.pid for g in found], "tids": [g.tid for g in found], "causes": [g.cause for g in found]}
+    cols = {name: packed(getattr(g, field) for g in found) for name, field in (
+        ("ids", "gap_id"), ("devs", "device"), ("starts", "start_ns"), ("ends", "end_ns"), ("pids", "pid"),
+        ("tids", "tid"))}
     params = {**cols, **attribution.PERIODIC_ARGS, "limit": limit, "horizon": KERNEL_HORIZON_NS,
               "nvtx_names": NVTX_NAMES}
     groups, top = con.execute(ENRICH_SQL, params).fetchone()
@@ -208,7 +229,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                                 "capture with `nsys profile --trace=cuda` to see what the host did")
     result = Result(scope=scope, min_gap_ns=params.min_gap_ns, gap_count=len(found),
                     gap_time_ns=sum(d.gap_time_ns for d in devices), devices=devices, histogram=_histogram(found),
-                    periodic_groups=[PeriodicGroup(**g) for g in groups], gaps=gaps,
+                    periodic_groups=[_group(g, by_id) for g in groups], gaps=gaps,
                     truncated=len(found) > params.limit, note=note)
     result.findings = idle_causes.findings(attr.devices, program.detect(con))
     return result

@@ -51,8 +51,10 @@ from nsightful.tools.common import (
     Scope,
     ScopedParams,
     ms,
+    packed,
     pct,
     resolve_scope,
+    unpacked,
 )
 from nsightful.tools.intervals import GPU_WORK, covered, overlaps
 
@@ -248,7 +250,8 @@ SELECT start_ns FROM kernels WHERE device_id = $device AND coalesce(short_name, 
 """
 
 BUSY_SQL = "WITH " + GPU_WORK + """,
-its AS (SELECT unnest($starts) AS start_ns, unnest($ends) AS end_ns, unnest($idx) AS idx),
+its AS (SELECT unnest(""" + unpacked("$starts") + """) AS start_ns, unnest(""" + unpacked("$ends") + """) AS end_ns,
+               generate_subscripts(""" + unpacked("$starts") + """, 1) - 1 AS idx),
 probes AS (SELECT row_number() OVER () AS probe_id, i.*, d.device_id
            FROM its i, (SELECT unnest($devices) AS device_id) d),
 """ + overlaps("pieces", "probes", "gpu_work", "device_id") + ",\n" + covered("cov", "pieces") + """
@@ -349,9 +352,8 @@ def _busy(con: duckdb.DuckDBPyConnection, scope: Scope, spans: Spans) -> list[fl
     if not spans or not scope.devices:
         return [0.0] * len(spans)
     bucket = int(max(1000, statistics.median(e - s for s, e in spans) // BUSY_BUCKETS))
-    args = {"devices": scope.devices, "starts": [s for s, _ in spans], "ends": [e for _, e in spans],
-            "idx": list(range(len(spans))), "start": spans[0][0], "end": max(e for _, e in spans),
-            "bucket_ns": bucket}
+    args = {"devices": scope.devices, "starts": packed(s for s, _ in spans), "ends": packed(e for _, e in spans),
+            "start": spans[0][0], "end": max(e for _, e in spans), "bucket_ns": bucket}
     busy = dict(con.execute(BUSY_SQL, args).fetchall())
     return [pct(busy.get(i, 0), (e - s) * len(scope.devices)) for i, (s, e) in enumerate(spans)]
 

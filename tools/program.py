@@ -16,6 +16,8 @@ from typing import Literal
 import duckdb
 from pydantic import BaseModel, Field
 
+from nsightful.tools.common import per_model
+
 Kind = Literal["pytorch", "jax", "tensorrt", "python", "cuda", "offload", "julia", "unknown"]
 
 # Fix families to try, most specific first (see resources/book.py); every chain ends with generic.
@@ -110,6 +112,11 @@ def _families(con: duckdb.DuckDBPyConnection, sql: str, rules: tuple[tuple[str, 
 
 
 def detect(con: duckdb.DuckDBPyConnection) -> Program:
+    """The program behind the profile (computed once per model)."""
+    return per_model(con, ("program",), lambda: _detect(con))
+
+
+def _detect(con: duckdb.DuckDBPyConnection) -> Program:
     main = con.execute(MAIN_PROCESS_SQL).fetchone()
     pid, process = (main[0], main[1]) if main else (None, None)
     command = con.execute("SELECT command_line FROM meta").fetchone()

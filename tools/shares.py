@@ -1,6 +1,7 @@
 """Is the run compute-, transfer-, communication- or host-bound? Device-time shares from interval unions.
 
-Per device over the window: busy = union of all its kernels, copies, memsets and CUDA graph executions;
+Per device over the window: busy = union of all its kernels, copies, memsets and CUDA graph executions (the
+complement of its idle time, tools/attribution.py);
 compute = union of its non-NCCL kernels and graph executions (graphs recorded whole hide their kernels;
 copy-like kernels included, copy_kernel_pct shows their own union); communication = union
 of its NCCL kernels; transfer = union of its memcpy and memset. Each share is the sum over devices of that
@@ -16,8 +17,8 @@ from typing import Literal
 import duckdb
 from pydantic import BaseModel, Field
 
+from nsightful.tools import attribution
 from nsightful.tools.common import Scope, pct
-from nsightful.tools.intervals import islands
 
 IDLE_DOMINATED_PCT = 40.0  # idle above this share of the window outweighs any kernel-level tuning
 MIN_GPU_OPS = 10  # fewer kernels, copies and memsets than this say nothing about a workload
@@ -51,10 +52,15 @@ WORK = """work AS (
         UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM graph_exec)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
 keyed AS (SELECT device_id, cat, start_ns, end_ns FROM work
-          UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM work WHERE cat = 'copy_kernel'
-          UNION ALL SELECT device_id, 'busy', start_ns, end_ns FROM work)"""
-SQL = "WITH " + WORK + ",\n" + islands("unions", "keyed", "device_id, cat") + """
-SELECT cat, sum(end_ns - start_ns)::BIGINT, (SELECT count(*) FROM work) FROM unions GROUP BY cat
+          UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM work WHERE cat = 'copy_kernel')"""
+# Union length per (device, kind) in one ordered pass: each interval adds what lies past the furthest end
+# before it. Busy time (the union of everything) is the idle attribution's complement.
+SQL = "WITH " + WORK + """,
+reach AS (
+  SELECT cat, start_ns, end_ns, max(end_ns) OVER (PARTITION BY device_id, cat ORDER BY start_ns, end_ns
+         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end FROM keyed)
+SELECT cat, sum(greatest(0, end_ns - greatest(start_ns, coalesce(before_end, start_ns))))::BIGINT,
+       (SELECT count(*) FROM work) FROM reach GROUP BY cat
 """
 
 
@@ -63,6 +69,8 @@ def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> C
     rows = con.execute(SQL, {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices}).fetchall()
     ns = {cat: n for cat, n, _ in rows}
     ops = rows[0][2] if rows else 0
+    idle = attribution.attribute(con, scope).devices
+    ns["busy"] = sum(d.window_ns - d.idle_ns for d in idle.values())
     capacity = scope.duration_ns * len(scope.devices)
     share = {cat: pct(ns.get(cat, 0), capacity) for cat in ("compute", "copy_kernel", "transfer", "communication",
                                                              "busy")}
