@@ -13,9 +13,9 @@ gap gets exactly one cause, so causes never share nanoseconds and their sum is t
   from pageable host memory, or a synchronize right after one; another synchronous copy. A synchronize
   call covering most of a longer gap also counts as sync (the host waited on other work meanwhile).
 - launch_tiny / launch: a short gap (<= LAUNCH_GAP_MAX_NS) before a work item the host launched only after
-  the device had gone idle: the cost of launching, between tiny kernels or not. A gap shorter than
-  BUBBLE_MIN_NS before such a late launch, with no other host activity seen, counts too: the host was busy
-  issuing work (a framework's per-operation overhead), not waiting.
+  the device had gone idle: the cost of launching, between tiny kernels or not. A gap of up to
+  OP_OVERHEAD_MAX_NS before such a late launch, with no other host activity seen, counts too: the host was
+  busy issuing work (a framework's per-operation overhead), not waiting.
 - jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges) inside the gap.
 - alloc: device-memory allocation or free calls cover most of the gap.
 - host_comm: the launching threads were inside communication NVTX ranges (MPI_*, SHMEM) for most of the gap.
@@ -56,6 +56,7 @@ PAUSE_MAX_NS = 100_000_000  # a collection pass takes ms to tens of ms; longer p
 SIMILAR_RATIO = 1.2  # gap lengths (and periods) within 20% of each other count as the same pattern
 PERIODIC_MIN_GAPS = 3  # a pattern needs three gaps (two intervals) to show a period
 STEADY_SHARE = 0.75  # share of start-to-start intervals within 20% of the median for a periodic group
+OP_OVERHEAD_MAX_NS = 500_000  # 0.5 ms: an eager framework's host work for one op (Python, dispatch, launch)
 SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; longer, other host work dominates
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
 HOST_PROBE_BUCKET_NS = 1_000_000  # overlap-join buckets for the long gaps x host events join
@@ -207,7 +208,7 @@ labelled AS MATERIALIZED (
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
     WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
-    WHEN g.duration_ns < $bubble_min AND n.launch_end_ns IS NOT NULL THEN
+    WHEN g.duration_ns <= $overhead_max AND n.launch_end_ns IS NOT NULL THEN
       CASE WHEN coalesce(n.tiny, false) OR coalesce(p.tiny, false) THEN 'launch_tiny' ELSE 'launch' END
     ELSE 'host_untraced' END AS cause
   FROM gap_thread g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id)
@@ -269,7 +270,7 @@ def args(scope: Scope) -> dict[str, object]:
             "follow": FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
             "waits": WAIT_CALLS, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES, "jit_ranges": JIT_RANGES,
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
-            "resume_max": SYNC_RESUME_MAX_NS, "bubble_min": BUBBLE_MIN_NS}
+            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS}
 
 
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}
@@ -327,7 +328,8 @@ def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
 
 
 def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
-    params = {**args(scope), **PERIODIC_ARGS, "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
+    params = {**args(scope), **PERIODIC_ARGS, "bubble_min": BUBBLE_MIN_NS, "gc_min": BUBBLE_MIN_NS,
+              "gc_max": PAUSE_MAX_NS}
     totals, long_gaps = con.execute(TOTALS_SQL, params).fetchone()
     found: dict[int, dict[str, CauseTime]] = {d: {} for d in scope.devices}
     for t in totals or []:
