@@ -46,7 +46,7 @@ API_KIND_SQL = """
 CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
      WHEN regexp_matches(name, '^(cuda|cu)Launch') THEN 'launch'
      WHEN name ILIKE '%synchronize%' THEN 'sync'
-     WHEN name ILIKE '%memcpy%' THEN 'memcpy'
+     WHEN name ILIKE '%memcpy%' OR name ILIKE '%MemPrefetch%' THEN 'memcpy'
      WHEN name ILIKE '%memset%' THEN 'memset'
      WHEN regexp_matches(name, '^(cuModuleLoad|cuLibraryLoad|cudaLibraryLoad|cuModuleGetFunction)') THEN 'module'
      WHEN regexp_matches(lower(name), 'malloc|free|hostalloc|memalloc|memfree') THEN 'alloc'

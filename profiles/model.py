@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 6  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 7  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,8 @@ TABLES: tuple[Table, ...] = (
         ("correlation_id", "BIGINT", "joins to kernels/memcpy/memset/sync on (pid, correlation_id)"),
         ("name", "VARCHAR", "API name with nsys' version suffix removed, e.g. cudaLaunchKernel"),
         ("start_ns", "BIGINT", ""), ("end_ns", "BIGINT", ""), ("duration_ns", "BIGINT", ""),
-        ("kind", "VARCHAR", "launch | graph | sync | memcpy | memset | module | alloc | other"),
+        ("kind", "VARCHAR", "launch | graph | sync | memcpy (copies and unified-memory prefetches, whose "
+                                 "migrations are memcpy rows) | memset | module | alloc | other"),
         ("return_value", "BIGINT", "CUDA error code returned (0 = success)"),
     )),
     Table("sync", "Synchronization records (CUPTI_ACTIVITY_KIND_SYNCHRONIZATION).", (

@@ -27,7 +27,9 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.ingest import API_KIND_SQL
 from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
+from nsightful.tools import program
 from nsightful.tools.common import Finding, ProfileParams, fetch_capped, ms, pct
+from nsightful.tools.program import KERNEL_FAMILIES, Program
 
 TOP_PROCESSES = 5  # a capture can hold hundreds of idle helper processes: the launching few matter
 TOP_DIAGNOSTICS = 5  # distinct warning/error texts shown; real captures repeat one text per process
@@ -37,16 +39,6 @@ MISSING_KERNEL_PCT = 10.0  # a few launches at the capture's end always lack the
 GPU_ACTIVE_MIN_PCT = 50.0  # below half, the capture is mostly host-only time: capture-wide averages understate
 #                            the GPU phase
 
-# (library, kernel-name regex, exclusion regex or None); RE2 syntax, matched on the demangled name.
-LIBRARY_RULES: tuple[tuple[str, str, str | None], ...] = (
-    ("PyTorch (ATen)", r"at::native::|vectorized_elementwise_kernel|unrolled_elementwise_kernel", None),
-    ("Triton", r"(^|[^A-Za-z0-9])triton_", None),
-    ("cuBLAS/CUTLASS GEMM", r"(?i)gemm|cublas|xmma|cutlass|nvjet", r"(?i)flash|fmha|attn|cudnn|fprop|dgrad|wgrad"),
-    ("cuDNN", r"(?i)cudnn|xmma_(fprop|dgrad|wgrad)", None),
-    ("FlashAttention / fused attention", r"(?i)flash_fwd|flash_bwd|flashattn|fmha|flash::", None),
-    ("NCCL", r"(?i)nccl", None),
-    ("nvFuser", r"nvfuser_", None),
-)
 # FlashAttention 3 (hopper/) kernels are flash::FlashAttn{Fwd,Bwd}Sm90 classes (early betas:
 # flash::compute_attn_ws); FlashAttention 2 kernels are flash::flash_{fwd,bwd}_* templated on
 # Flash_{fwd,bwd}_kernel_traits. Both live in namespace flash::, so the namespace alone decides nothing.
@@ -118,6 +110,7 @@ class Diagnostics(BaseModel):
 
 class Result(BaseModel):
     profile: str
+    program: Program = Field(description="what kind of program ran, from which evidence (picks the fix family)")
     has_gpu_activity: bool
     note: str | None = Field(description="what the profile cannot answer, when something essential is missing")
     nsys_version: str | None
@@ -232,8 +225,8 @@ def _version_hint(library: str, fa3: int | None, fa2: int | None) -> str | None:
 
 
 def _libraries(con: duckdb.DuckDBPyConnection) -> list[Library]:
-    args = {"libraries": [r[0] for r in LIBRARY_RULES], "includes": [r[1] for r in LIBRARY_RULES],
-            "excludes": [r[2] for r in LIBRARY_RULES], "fa3": FA3_RE, "fa2": FA2_RE}
+    args = {"libraries": [r[0] for r in KERNEL_FAMILIES], "includes": [r[1] for r in KERNEL_FAMILIES],
+            "excludes": [r[2] for r in KERNEL_FAMILIES], "fa3": FA3_RE, "fa2": FA2_RE}
     return [Library(library=lib, kernel_count=int(n), distinct_names=names, example=example,
                     version_hint=_version_hint(lib, fa3, fa2))
             for lib, n, names, example, fa3, fa2 in con.execute(LIBRARIES_SQL, args).fetchall()]
@@ -363,7 +356,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                  for r in con.execute(PROCESSES_SQL, {"top": TOP_PROCESSES}).fetchall()]
     missing = [Missing(data=d, capture_flag=f) for d, f in con.execute(
         "SELECT data, capture_flag FROM capabilities WHERE NOT present ORDER BY data").fetchall()]
-    return Result(profile=params.profile, has_gpu_activity=gpu_active is not None,
+    return Result(profile=params.profile, program=program.detect(con), has_gpu_activity=gpu_active is not None,
                   note=_note(capture, gpu_active, table_rows), nsys_version=meta[0], schema_version=meta[1],
                   host=meta[2], platform=meta[3], command_line=meta[4], machine_gpus=meta[9], derived_from=meta[10],
                   capture=capture, gpu_active=gpu_active, gpu_active_pct=active_pct, devices=devices,
@@ -383,6 +376,8 @@ def render(result: Result) -> str:
     if result.note:
         lines.append(f"NOTE: {result.note}")
     lines.extend(f"TRACE: {note}" for note in result.trace_quality)
+    p = result.program
+    lines.append(f"program: {p.kind} ({p.decided_by}); frameworks: {', '.join(p.frameworks) or 'none seen'}")
     if result.capture:
         active = (f", GPU active {ms(result.gpu_active.duration_ns)} ({result.gpu_active_pct}%)"
                   if result.gpu_active else "")

@@ -38,25 +38,26 @@ JULIA_PROCESS = re.compile(r"(^|/)julia( |$)", re.I)
 TRT_PROCESS = re.compile(r"(^|/)trtexec( |$)|tensorrt", re.I)
 PYTORCH_THREADS = re.compile(r"^pt_(autograd|nccl|main_thread|thread_pool|tcpstore)")
 
-# Kernel name families (RE2, matched on the demangled name), each with the framework it shows.
-KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
-    ("PyTorch (ATen)", r"at::native::|\bc10::"),
-    ("Triton", r"(^|[^A-Za-z0-9])triton_"),
-    ("nvFuser", r"nvfuser_"),
-    ("FlashAttention", r"flash::|flash_fwd|flash_bwd|FlashAttn"),
-    ("Transformer Engine", r"transformer_engine::"),
-    ("vLLM", r"\bvllm::"),
-    ("XLA (JAX/TensorFlow)", r"stream_executor::|^(loop|input|wrapped|gemm)_fusion|^fusion(_\d+)?$|xla_"),
-    ("TensorRT", r"^__myl_|\btrt_|tensorrt"),
-    ("CuPy", r"^cupy_|cupy::"),
-    ("Numba", r"cudapy::|numba"),
-    ("CUDA.jl (Julia)", r"julia_"),
-    ("OpenACC (nvc/nvfortran)", r"_\d+_gpu(__red)?$|_gpu_\d+$"),
-    ("OpenMP offload", r"^nvkernel_|__omp_offloading_"),
-    ("NCCL", r"(?i)nccl"),
-    ("cuBLAS", r"(?i)cublas|gemm|nvjet|xmma"),
-    ("cuDNN", r"(?i)cudnn"),
-    ("CUB/Thrust", r"\bcub::|\bthrust::"),
+# Kernel name families: (framework, regex, exclusion regex or None), RE2 syntax, matched on the demangled name.
+# profile_summary lists the same families as the libraries a profile used.
+KERNEL_FAMILIES: tuple[tuple[str, str, str | None], ...] = (
+    ("PyTorch (ATen)", r"at::native::|\bc10::|vectorized_elementwise_kernel|unrolled_elementwise_kernel", None),
+    ("Triton", r"(^|[^A-Za-z0-9])triton_", None),
+    ("cuBLAS/CUTLASS GEMM", r"(?i)gemm|cublas|xmma|cutlass|nvjet", r"(?i)flash|fmha|attn|cudnn|fprop|dgrad|wgrad"),
+    ("cuDNN", r"(?i)cudnn|xmma_(fprop|dgrad|wgrad)", None),
+    ("FlashAttention / fused attention", r"(?i)flash_fwd|flash_bwd|flashattn|fmha|flash::", None),
+    ("NCCL", r"(?i)nccl", None),
+    ("nvFuser", r"nvfuser_", None),
+    ("Transformer Engine", r"transformer_engine::", None),
+    ("vLLM", r"\bvllm::", None),
+    ("XLA (JAX/TensorFlow)", r"stream_executor::|^(loop|input|wrapped|gemm)_fusion|^fusion(_\d+)?$|xla_", None),
+    ("TensorRT", r"^__myl_|\btrt_|tensorrt", None),
+    ("CuPy", r"^cupy_|cupy::", None),
+    ("Numba", r"cudapy::|numba", None),
+    ("CUDA.jl (Julia)", r"julia_", None),
+    ("OpenACC (nvc/nvfortran)", r"_\d+_gpu(__red)?$|_gpu_\d+$", None),
+    ("OpenMP offload", r"^nvkernel_|__omp_offloading_", None),
+    ("CUB/Thrust", r"\bcub::|\bthrust::", None),
 )
 # NVTX domains or range texts (RE2) and the framework they show.
 NVTX_FAMILIES: tuple[tuple[str, str], ...] = (
@@ -89,8 +90,10 @@ GROUP BY w.pid ORDER BY n DESC, w.pid LIMIT 1
 """
 KERNEL_FAMILY_SQL = """
 WITH names AS (SELECT coalesce(name, short_name, '') AS n, count(*) AS c FROM kernels GROUP BY 1),
-rules AS (SELECT unnest($labels) AS label, unnest($patterns) AS pattern, generate_subscripts($labels, 1) AS rank)
+rules AS (SELECT unnest($labels) AS label, unnest($patterns) AS pattern, unnest($excludes) AS exclude,
+                 generate_subscripts($labels, 1) AS rank)
 SELECT label, sum(c)::BIGINT FROM names JOIN rules ON regexp_matches(n, pattern)
+  AND NOT coalesce(regexp_matches(n, exclude), false)
 GROUP BY label, rank HAVING sum(c) >= $min ORDER BY 2 DESC, rank
 """
 NVTX_FAMILY_SQL = """
@@ -105,7 +108,7 @@ LAUNCH_APIS_SQL = """SELECT count(*) FILTER (WHERE name LIKE 'cuda%'), count(*) 
                      AND name NOT LIKE 'cuda%') FROM cuda_api WHERE kind IN ('launch', 'graph')"""
 
 
-def _families(con: duckdb.DuckDBPyConnection, sql: str, rules: tuple[tuple[str, str], ...],
+def _families(con: duckdb.DuckDBPyConnection, sql: str, rules: tuple[tuple, ...],
               extra: dict[str, object]) -> dict[str, int]:
     args = {"labels": [r[0] for r in rules], "patterns": [r[1] for r in rules], **extra}
     return dict(con.execute(sql, args).fetchall())
@@ -121,7 +124,8 @@ def _detect(con: duckdb.DuckDBPyConnection) -> Program:
     pid, process = (main[0], main[1]) if main else (None, None)
     command = con.execute("SELECT command_line FROM meta").fetchone()
     command = command[0] if command else None
-    kernels = _families(con, KERNEL_FAMILY_SQL, KERNEL_FAMILIES, {"min": MIN_KERNELS_FOR_FAMILY})
+    kernels = _families(con, KERNEL_FAMILY_SQL, KERNEL_FAMILIES,
+                        {"min": MIN_KERNELS_FOR_FAMILY, "excludes": [r[2] for r in KERNEL_FAMILIES]})
     nvtx = _families(con, NVTX_FAMILY_SQL, NVTX_FAMILIES, {})
     domains = {NVTX_DOMAINS[d] for (d,) in con.execute(DOMAINS_SQL).fetchall() if d in NVTX_DOMAINS}
     threads = [t for (t,) in con.execute(THREADS_SQL, {"pid": pid}).fetchall()] if pid is not None else []

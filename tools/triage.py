@@ -25,6 +25,8 @@ from nsightful.tools.program import Program
 from nsightful.tools.shares import Classification
 
 WINDOW_DETECTORS = ("gpu_idle_gaps", "memory_transfers", "top_kernels", "nccl_breakdown")
+DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
+# the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
 MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
@@ -54,6 +56,7 @@ class Missing(BaseModel):
 class Result(BaseModel):
     profile: str
     program: Program
+    quality: list[str] = Field(description="problems of the trace itself (profile_summary), read these first")
     window: Scope | None = Field(description="the analysed window; null when the export has no timed events")
     window_note: str = Field(description="how the window was chosen and what it leaves out")
     classification: Classification
@@ -106,16 +109,20 @@ def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) 
 
 
 def _missing(con: duckdb.DuckDBPyConnection) -> list[Missing]:
-    return [Missing(data=d, capture_flag=f) for d, f in
-            con.execute("SELECT data, capture_flag FROM capabilities WHERE NOT present ORDER BY data").fetchall()]
+    rows = con.execute("SELECT data, capture_flag FROM capabilities WHERE NOT present AND data IN "
+                       "(SELECT unnest($data)) ORDER BY data", {"data": list(DIAGNOSIS_DATA)}).fetchall()
+    return [Missing(data=d, capture_flag=f) for d, f in rows]
 
 
-def _nothing(params: Params, prog: Program, why: str, missing: list[Missing]) -> Result:
+def _nothing(params: Params, prog: Program, quality: list[str], missing: list[Missing]) -> Result:
     """The result for an export without a single timed event: nothing to analyse, said plainly."""
+    why = ("the export holds no timed events at all (no GPU activity, no CPU or API trace): re-capture with "
+           "`nsys profile --trace=cuda,nvtx` around the workload")
     empty = Classification(bound="no GPU activity", compute_pct=0, copy_kernel_pct=0, transfer_pct=0,
                            communication_pct=0, busy_pct=0, idle_pct=0, overlap_pct=0, gpu_ops=0, reason=why)
-    return Result(profile=params.profile, program=prog, window=None, window_note=why, classification=empty,
-                  findings=[], total_findings=0, truncated=False, time_at_stake_ns=0, missing=missing, skipped=[])
+    return Result(profile=params.profile, program=prog, quality=quality, window=None, window_note="none",
+                  classification=empty, findings=[], total_findings=0, truncated=False, time_at_stake_ns=0,
+                  missing=missing, skipped=[])
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
@@ -123,10 +130,10 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     modules = skills()
     prog = program.detect(con)
     chain = tuple(prog.fix_chain)
+    summary = modules["profile_summary"]
+    quality = summary.run(con, summary.Params(profile=params.profile)).trace_quality
     if con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()[0]:
-        return _nothing(params, prog, "the export holds no timed events at all (no GPU activity, no CPU or API "
-                                      "trace): re-capture with `nsys profile --trace=cuda,nvtx` around the workload",
-                        _missing(con))
+        return _nothing(params, prog, quality, _missing(con))
     scope, note, warmup = _window(con, params)
     found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
     skipped: list[str] = []
@@ -147,7 +154,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     found = [tf for tf in found if tf not in foreign]
     missing = _missing(con)
     ranked = _rank(found, chain, params.limit)
-    return Result(profile=params.profile, program=prog, window=scope, window_note=note,
+    return Result(profile=params.profile, program=prog, quality=quality, window=scope, window_note=note,
                   classification=classification, findings=ranked, total_findings=len(found),
                   truncated=len(found) > len(ranked), time_at_stake_ns=sum(f.time_at_stake_ns for _, f in found),
                   missing=missing, skipped=skipped)
@@ -156,14 +163,16 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
 def render(result: Result) -> str:
     c = result.classification
     p = result.program
-    lines = [f"{c.bound}: {c.reason}",
+    lines = [f"trace: {q}" for q in result.quality]
+    lines += [f"{c.bound}: {c.reason}",
              f"  compute {c.compute_pct:.1f}%  transfer {c.transfer_pct:.1f}%  communication {c.communication_pct:.1f}%"
              f"  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
              (f"window: {ms(result.window.duration_ns)} on device(s) {result.window.devices}, {result.window_note}"
               if result.window else f"window: none ({result.window_note})"),
              f"program: {p.kind} ({p.decided_by}); fixes for {p.fix_chain[0]}", ""]
     if not result.findings:
-        lines.append("No detector fired: nothing above its threshold.")
+        lines.append("Nothing to diagnose." if c.bound in ("no GPU activity", "too little GPU activity")
+                     else "No detector fired: nothing above its threshold.")
     explained: set[str] = set()
     for f in result.findings:
         lines.append(f"{f.rank}. [{f.severity}] {f.title}: ~{ms(f.time_at_stake_ns)} at stake")
@@ -183,7 +192,8 @@ def render(result: Result) -> str:
 
 def render_markdown(result: Result) -> str:
     c = result.classification
-    lines = ["## nsightful triage", "", f"**{c.bound}**: {c.reason}", "",
+    quality = [f"> trace: {q}" for q in result.quality] + ([""] if result.quality else [])
+    lines = ["## nsightful triage", "", *quality, f"**{c.bound}**: {c.reason}", "",
              f"Program: {result.program.kind}. Window: "
              f"{ms(result.window.duration_ns) + ', ' if result.window else ''}{result.window_note}.", "",
              "| share | % |", "|---|---|", f"| compute | {c.compute_pct:.1f} |", f"| transfer | {c.transfer_pct:.1f} |",
