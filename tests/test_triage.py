@@ -198,3 +198,13 @@ def test_triage_limit_keeps_the_costliest_findings(demo):
         (f.root_cause, f.device, f.time_at_stake_ns) for f in expected]
     assert [f.rank for f in top.findings] == [1, 2, 3]
     assert f"{everything.total_findings - 3} smaller findings" in triage.render(top)
+
+
+def test_answer_questions_peak_memory_only_where_the_capture_recorded_it(open_fixture):
+    from nsightful.tools import profile_summary
+    answer = _answers(open_fixture, "extrap_windows_con_kernel")["q19-peak-memory"]
+    summary = profile_summary.run(open_fixture("extrap_windows_con_kernel").con, profile_summary.Params(profile="e"))
+    assert answer.status == "answered"
+    assert answer.evidence["peak_bytes"] == {d.device: d.peak_memory_bytes for d in summary.devices} == {0: 40_160_000}
+    missing = _answers(open_fixture, "nsysai_h100_2gpu_1s")["q19-peak-memory"]
+    assert missing.status == "not_in_profile" and "--cuda-memory-usage=true" in missing.how

@@ -201,12 +201,27 @@ def _h2d(e: Evidence) -> Answer:
     m = e.tool("memory_transfers", limit=50)
     if not m or not m.copy_count:
         return None
-    rows = [r for r in m.rows if r.direction == "H2D"]
-    if not rows:
-        return "no host-to-device copies in the window", {"count": 0, "bytes": 0}
-    r = rows[0]
+    rows = {r.direction: r for r in m.rows}
+    uvm = rows.get("UVM_H2D")
+    migrations = (f"; plus {uvm.count:,} unified-memory migrations host to device ({uvm.bytes / 2**20:,.1f} MiB in "
+                  f"{ms(uvm.time_ns)})" if uvm else "")
+    if "H2D" not in rows:
+        return f"no host-to-device copies in the window{migrations}", {"count": 0, "bytes": 0}
+    r = rows["H2D"]
+    evidence = {"count": r.count, "bytes": r.bytes, **({"uvm_count": uvm.count, "uvm_bytes": uvm.bytes} if uvm else {})}
     return (f"{r.count:,} H2D copies, {r.bytes / 2**20:,.1f} MiB in {ms(r.time_ns)} ({r.window_pct:.1f}% of the "
-            f"window), {r.exposed_pct:.0f}% of it with no kernel running", {"count": r.count, "bytes": r.bytes})
+            f"window), {r.exposed_pct:.0f}% of it with no kernel running{migrations}", evidence)
+
+
+def _peak_memory(e: Evidence) -> Answer:
+    devices = [d for d in e.summary.devices if d.peak_memory_bytes is not None]
+    if not devices:
+        return None
+    parts = [f"device {d.device}: peak {d.peak_memory_bytes / 2**30:,.2f} GiB"
+             + (f" of {d.memory_bytes / 2**30:,.1f} GiB ({pct(d.peak_memory_bytes, d.memory_bytes):.1f}%)"
+                if d.memory_bytes else "") for d in devices]
+    return ("; ".join(parts) + " (allocations made inside the capture only)",
+            {"peak_bytes": {d.device: d.peak_memory_bytes for d in devices}})
 
 
 def _pinned(e: Evidence) -> Answer:
@@ -332,6 +347,7 @@ ANSWERERS: dict[str, Callable[[Evidence], Answer]] = {
     "q08-idle-gaps": _idle_gaps, "q09-idle-distribution": _idle_distribution, "q10-stream-balance": _streams,
     "q11-top-kernels": _top5, "q12-dominant-kernel": _dominant, "q13-small-kernels": _small,
     "q15-flashattention": _flash, "q16-h2d-volume": _h2d, "q17-pin-memory": _pinned, "q18-unexpected-d2h": _d2h,
+    "q19-peak-memory": _peak_memory,
     "q20-nccl-share": _nccl(lambda n: (f"{n.window_pct:.1f}% of the window per device", {"window_pct": n.window_pct})),
     "q21-nccl-overlap": _nccl(lambda n: (f"{n.overlapped_pct:.1f}% of NCCL time overlaps compute; "
                                          f"{ms(n.exposed_ns)} exposed", {"overlapped_pct": n.overlapped_pct})),
