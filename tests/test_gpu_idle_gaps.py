@@ -80,8 +80,9 @@ def test_gpu_idle_gaps_whole_result_on_tiny_model():
                                 gg.Bucket(label="5-10 ms", count=1, total_ns=8 * MS),
                                 gg.Bucket(label="10-50 ms", count=2, total_ns=22_600_000)]
     assert [(f.root_cause, f.severity, f.device, f.time_at_stake_ns) for f in result.findings] == [
-        ("excessive-synchronization", "high", 0, 11_600_000), ("gpu-bubbles", "high", 0, 4_500_000),
-        ("gpu-bubbles", "high", 1, 19 * MS)]
+        ("gpu-bubbles", "high", 1, 19 * MS), ("excessive-synchronization", "high", 0, 11_600_000),
+        ("gpu-bubbles", "high", 0, 4_500_000)]  # costliest first
+    assert result.findings_total == 3
     assert "8.400" not in gg.render(result) and "sync" in gg.render(result)
 
 
@@ -122,6 +123,15 @@ def test_gpu_idle_gaps_periodic_groups():
         device=0, count=4, mean_duration_ns=2 * MS, period_ns=10 * MS, total_ns=8 * MS, first_start_ns=8 * MS,
         cause="host_untraced")]
     assert result.note and "launch" in result.note  # no launch call traced: the host cannot be seen
+
+
+def test_gpu_idle_gaps_periodic_groups_capped_costliest_first():
+    # the same 2 ms pattern on eight devices, device d's gaps d * 0.1 ms longer
+    kernels = [k(s * MS, (s + 8) * MS - d * MS // 10, device=d, tid=None) for d in range(8) for s in (0, 10, 20, 30)]
+    result = run(make_model(kernels=kernels))
+    assert result.periodic_group_count == 8
+    assert gg.PERIODIC_ROWS == 5 and [g.device for g in result.periodic_groups] == [7, 6, 5, 4, 3]
+    assert "3 more periodic groups" in gg.render(result)
 
 
 @pytest.mark.parametrize("starts_ms, length_ms, periodic", [
@@ -194,7 +204,8 @@ def test_gpu_idle_gaps_gc_pauses_are_periodic(demo):
     for pause in pauses:
         found = by_place[(pause["device"], pause["gpu_idle_start_ns"], pause["gpu_idle_end_ns"])]
         assert found.periodic and found.cause == "host_untraced"
-    gc = {f.device: f.time_at_stake_ns for f in result.findings if f.root_cause == "gc-pauses"}
+    gc = {d: f.time_at_stake_ns for d in truth["devices"]
+          for f in run(profile.con, device=d).findings if f.root_cause == "gc-pauses"}
     assert gc == {d: sum(p["gpu_idle_end_ns"] - p["gpu_idle_start_ns"] for p in pauses if p["device"] == d)
                   for d in truth["devices"]}
 

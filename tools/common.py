@@ -54,6 +54,7 @@ class Scope(BaseModel):
 
 
 Severity = Literal["high", "medium", "low", "info"]
+SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 
 class Finding(BaseModel):
@@ -97,6 +98,24 @@ def packed(values: Iterable[int | None]) -> str:
 def unpacked(param: str) -> str:
     """SQL for the BIGINT list a `packed` parameter holds; `param` is a constant like '$ids'."""
     return f"list_transform(string_split({param}, ','), v -> TRY_CAST(v AS BIGINT))"
+
+
+FINDINGS_SHOWN = 10  # findings a single tool lists: per-device repeats on an 8-GPU node would fill the context
+
+
+def leads_first(items: list[T], finding: Callable[[T], Finding], limit: int) -> list[T]:
+    """The `limit` costliest items in cost order, each root cause's costliest kept before any per-device repeat,
+    so eight devices with one problem cannot push a different cause off the list."""
+    def cost(item: T) -> tuple:
+        f = finding(item)
+        return -f.time_at_stake_ns, SEVERITY_RANK[f.severity], f.root_cause, -1 if f.device is None else f.device
+    ordered = sorted(items, key=cost)
+    leads, repeats, seen = [], [], set()
+    for item in ordered:
+        (repeats if finding(item).root_cause in seen else leads).append(item)
+        seen.add(finding(item).root_cause)
+    chosen = {id(i) for i in (leads + repeats)[:limit]}
+    return [i for i in ordered if id(i) in chosen]
 
 
 def devices_of(con: duckdb.DuckDBPyConnection) -> list[int]:

@@ -3,13 +3,13 @@
 Over the window (default: GPU-active), a device is idle where none of its kernels, copies or memsets runs
 (the union of their intervals); every idle stretch (a gap, including the stretches before the device's first
 and after its last operation) gets one cause from tools/attribution.py, which says how each is decided.
-devices: per device busy_pct = 1 - idle / window, idle by cause over all gaps (ns, gap count, share of the
-window, the blocking API for the blocking causes), and the gaps of at least min_gap_ns (count, time,
-largest). gaps: the longest gaps of at least min_gap_ns, with the kernels before and after (within 1 s),
-the blocking call the host was in when the device ran dry, and nvtx = up to 3 of the shortest NVTX ranges
-of the gap's host thread (see tools/attribution.py) that cover at least half the gap. periodic_groups: gaps
-of similar length (within 20%) recurring at a steady period (>= 3 gaps, 75% of intervals within 20% of the
-median). Findings: every idle root cause (tools/idle_causes.py). Times in ns.
+devices: per device busy_pct = 1 - idle / window, idle by cause over all gaps (ns, gap count, the blocking
+API for the blocking causes), and the gaps of at least min_gap_ns (count, time, largest).
+gaps: the longest gaps of at least min_gap_ns, with the kernels before and after (within 1 s), the blocking
+call the host was in when the device ran dry, and nvtx = up to 3 of the shortest NVTX ranges of the gap's host
+thread (see tools/attribution.py) that cover at least half the gap.
+periodic_groups: gaps of similar length (within 20%) recurring at a steady period (>= 3 gaps, 75% of intervals
+within 20% of the median), the costliest 5. Findings: every idle root cause (tools/idle_causes.py). Times in ns.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from pydantic import BaseModel, Field
 from nsightful.tools import attribution, idle_causes, program
 from nsightful.tools.attribution import LABELLED, periodic
 from nsightful.tools.common import (
+    FINDINGS_SHOWN,
     Finding,
     LimitParam,
     Scope,
     ScopedParams,
+    leads_first,
     ms,
     packed,
     pct,
@@ -36,6 +38,7 @@ from nsightful.tools.common import (
 )
 
 GAP_ROWS = 10  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
+PERIODIC_ROWS = 5  # a pattern recurs on every rank of a node: the costliest few make the point
 NVTX_NAMES = 3  # innermost ranges reported per gap
 KERNEL_HORIZON_NS = 1_000_000_000  # kernel_before/after: the nearest kernel within this distance
 BUCKETS_MS = ((0, 1), (1, 2), (2, 5), (5, 10), (10, 50), (50, 100), (100, None))  # histogram, ms
@@ -52,7 +55,6 @@ class CauseRow(BaseModel):
                                    "launch_tiny, launch, jit, alloc, host_comm, host_wait, host_cpu, host_untraced")
     idle_ns: int
     gaps: int
-    window_pct: float
     api: str | None = Field(description="blocking API most often seen, for the blocking causes")
 
 
@@ -105,11 +107,14 @@ class Result(BaseModel):
     gap_time_ns: int
     devices: list[DeviceGaps]
     histogram: list[Bucket] = Field(description="gaps of at least min_gap_ns in log buckets (ms)")
-    periodic_groups: list[PeriodicGroup]
+    periodic_groups: list[PeriodicGroup] = Field(description=f"costliest first, at most {PERIODIC_ROWS}")
+    periodic_group_count: int
     gaps: list[Gap] = Field(description="longest first, at most `limit`")
     truncated: bool
     note: str | None = Field(default=None, description="what the causes cannot show here")
-    findings: list[Finding] = []
+    findings: list[Finding] = Field([], description=f"at most {FINDINGS_SHOWN}, costliest first, each root cause's "
+                                                    "costliest before per-device repeats (triage ranks them all)")
+    findings_total: int = 0
 
 
 # The gaps to show come from the attribution (cached), or from LABELLED for a min_gap_ns below its long
@@ -149,7 +154,7 @@ ranges AS (
    AND least(n.end_ns, t.end_ns) - greatest(n.start_ns, t.start_ns) >= t.duration_ns / 2
   GROUP BY t.gap_id)
 SELECT
-  (SELECT list(g ORDER BY g.total_ns DESC, g.device, g.first_start_ns)[1:$limit] FROM (
+  (SELECT list(g ORDER BY g.total_ns DESC, g.device, g.first_start_ns) FROM (
      SELECT {device: device_id, count: count(*), mean_duration_ns: avg(duration_ns)::BIGINT,
              period_ns: any_value(period_ns), total_ns: sum(duration_ns), first_start_ns: min(start_ns),
              gap_ids: list(gap_id)} AS g
@@ -169,7 +174,7 @@ def _bucket(row: dict) -> Bucket:
 
 def _device(idle: attribution.DeviceIdle, found: list[attribution.Gap]) -> DeviceGaps:
     rows = sorted(idle.causes.items(), key=lambda kv: (-kv[1].ns, kv[0]))
-    by_cause = [CauseRow(cause=c, idle_ns=t.ns, gaps=t.gaps, window_pct=pct(t.ns, idle.window_ns), api=t.api)
+    by_cause = [CauseRow(cause=c, idle_ns=t.ns, gaps=t.gaps, api=t.api)
                 for c, t in rows]
     lengths = [g.end_ns - g.start_ns for g in found]
     return DeviceGaps(device=idle.device, busy_pct=idle.busy_pct, idle_ns=idle.idle_ns, by_cause=by_cause,
@@ -229,9 +234,11 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                                 "capture with `nsys profile --trace=cuda` to see what the host did")
     result = Result(scope=scope, min_gap_ns=params.min_gap_ns, gap_count=len(found),
                     gap_time_ns=sum(d.gap_time_ns for d in devices), devices=devices, histogram=_histogram(found),
-                    periodic_groups=[_group(g, by_id) for g in groups], gaps=gaps,
+                    periodic_groups=[_group(g, by_id) for g in groups[:PERIODIC_ROWS]],
+                    periodic_group_count=len(groups), gaps=gaps,
                     truncated=len(found) > params.limit, note=note)
-    result.findings = idle_causes.findings(attr.devices, program.detect(con))
+    found_all = idle_causes.findings(attr.devices, program.detect(con))
+    result.findings, result.findings_total = leads_first(found_all, lambda f: f, FINDINGS_SHOWN), len(found_all)
     return result
 
 
@@ -247,6 +254,8 @@ def render(result: Result) -> str:
         lines.append("histogram: " + ", ".join(f"{b.label}: {b.count}" for b in result.histogram))
     lines.extend(f"periodic: dev {g.device} {g.count} x ~{ms(g.mean_duration_ns)} every {ms(g.period_ns)} ({g.cause})"
                  for g in result.periodic_groups)
+    if result.periodic_group_count > len(result.periodic_groups):
+        lines.append(f"... {result.periodic_group_count - len(result.periodic_groups)} more periodic groups")
     for g in result.gaps:
         blocked = f" in {g.blocked_in}" if g.blocked_in else ""
         lines.append(f"{ms(g.duration_ns):>14} dev {g.device} at {g.start_ns}: {g.cause}{blocked}"
@@ -257,4 +266,6 @@ def render(result: Result) -> str:
     if result.note:
         lines.append(f"note: {result.note}")
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
+    if result.findings_total > len(result.findings):
+        lines.append(f"... {result.findings_total - len(result.findings)} smaller findings: triage ranks them all")
     return "\n".join(lines)

@@ -149,6 +149,5 @@ def _bubbles(d: DeviceIdle, fired: set[str]) -> list[Finding]:
 def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], extra: dict) -> Finding:
     share = pct(ns, d.window_ns)
     return Finding(root_cause=root, severity="high" if share >= HIGH_PCT else "medium", title=title,
-                   evidence={"idle_ns": ns, "window_pct": share, "device_busy_pct": d.busy_pct,
-                             "window_ns": d.window_ns, **extra},
+                   evidence={"window_pct": share, "device_busy_pct": d.busy_pct, **extra},
                    time_at_stake_ns=ns, device=d.device, tags=tags)

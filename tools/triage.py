@@ -19,16 +19,15 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.resources import book
-from nsightful.tools import iterations, program, shares
-from nsightful.tools.common import Finding, Scope, ScopedParams, ms, resolve_scope
+from nsightful.tools import attribution, idle_causes, iterations, program, shares
+from nsightful.tools.common import Finding, Scope, ScopedParams, leads_first, ms, resolve_scope
 from nsightful.tools.program import Program
 from nsightful.tools.shares import Classification
 
-WINDOW_DETECTORS = ("gpu_idle_gaps", "memory_transfers", "top_kernels", "nccl_breakdown")
+WINDOW_DETECTORS = ("memory_transfers", "top_kernels", "nccl_breakdown")  # besides the idle causes
 DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
 # the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
 MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
-SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 
 class Params(ScopedParams):
@@ -89,17 +88,8 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
 
 
 def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) -> list[RankedFinding]:
-    """The `limit` costliest findings; when cut, each root cause's costliest finding is kept before any
-    per-device repeat, so eight devices with one problem cannot push a different cause off the list."""
-    ordered = sorted(found, key=lambda tf: (-tf[1].time_at_stake_ns, SEVERITY_RANK[tf[1].severity], tf[1].root_cause,
-                                            tf[1].device if tf[1].device is not None else -1))
-    leads, repeats, seen = [], [], set()
-    for tf in ordered:
-        (repeats if tf[1].root_cause in seen else leads).append(tf)
-        seen.add(tf[1].root_cause)
-    chosen = {id(tf) for tf in (leads + repeats)[:limit]}
     out = []
-    for tool, f in (tf for tf in ordered if id(tf) in chosen):
+    for tool, f in leads_first(found, lambda tf: tf[1], limit):
         entry = book.get_entry(f.root_cause)
         fix = entry.fix_for(chain, f.tags)
         out.append(RankedFinding(**f.model_dump(), rank=len(out) + 1, source_tool=tool,
@@ -136,6 +126,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         return _nothing(params, prog, quality, _missing(con))
     scope, note, warmup = _window(con, params)
     found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
+    found += [("gpu_idle_gaps", f) for f in idle_causes.findings(attribution.attribute(con, scope).devices, prog)]
     skipped: list[str] = []
     for name in WINDOW_DETECTORS:
         module = modules[name]
