@@ -76,7 +76,7 @@ async def test_server_every_tool_on_every_fixture(server, mode, fixture, snapsho
                 continue
             jsonschema.validate(result.structured_content, tools[name].output_schema)
             size = len(json.dumps(result.structured_content)) + len(_text(result))
-            assert size < MAX_RESULT_CHARS or name == "describe_schema", f"{name}: {size} chars"
+            assert size < MAX_RESULT_CHARS, f"{name}: {size} chars"
             outcomes[name] = result.structured_content
     if mode == "legacy":
         assert outcomes == snapshot

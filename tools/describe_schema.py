@@ -1,20 +1,25 @@
 """What tables and columns does the profile model have (for query_sql)?
 
-Lists every canonical table with its columns, types and meaning, and each table's row count
-in this profile. Times are ns on the export's clock, sizes bytes.
+Without `table`: every canonical table with its meaning, its row count in this profile and its column
+names. With `table`: that table's columns with their types and meaning. Times are ns on the export's clock,
+sizes bytes (the full text is also the resource nsightful://schema).
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.profiles.model import TABLES
+from nsightful.profiles.errors import InvalidRequest
+from nsightful.profiles.model import TABLE_NAMES, TABLES
 from nsightful.tools.common import ProfileParams
 
 
 class Params(ProfileParams):
-    pass
+    table: Annotated[str | None, Field(description="One table to describe column by column (types and meaning); "
+                                                   "omit for every table with its column names")] = None
 
 
 class Column(BaseModel):
@@ -27,7 +32,8 @@ class TableInfo(BaseModel):
     name: str
     description: str
     rows: int = Field(description="rows in this profile")
-    columns: list[Column]
+    columns: list[str]
+    details: list[Column] | None = Field(None, description="the columns in full, for the table asked for")
 
 
 class Result(BaseModel):
@@ -36,11 +42,18 @@ class Result(BaseModel):
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
+    if params.table is not None and params.table not in TABLE_NAMES:
+        raise InvalidRequest(f"no table {params.table!r} in the profile model (tables: {', '.join(TABLE_NAMES)}); "
+                             "omit table to list them all")
     tables = []
     for table in TABLES:
+        if params.table not in (None, table.name):
+            continue
         rows = con.execute(f"SELECT count(*) FROM {table.name}").fetchone()[0]  # names are our constants
+        details = ([Column(name=n, type=t, description=d) for n, t, d in table.columns]
+                   if params.table == table.name else None)
         tables.append(TableInfo(name=table.name, description=table.doc, rows=rows,
-                                columns=[Column(name=n, type=t, description=d) for n, t, d in table.columns]))
+                                columns=[c[0] for c in table.columns], details=details))
     return Result(profile=params.profile, tables=tables)
 
 
@@ -48,5 +61,10 @@ def render(result: Result) -> str:
     out = []
     for t in result.tables:
         out.append(f"{t.name} ({t.rows:,} rows): {t.description}")
-        out.extend(f"  {c.name} {c.type}" + (f" -- {c.description}" if c.description else "") for c in t.columns)
+        if t.details is None:
+            out.append(f"  columns: {', '.join(t.columns)}")
+        else:
+            out.extend(f"  {c.name} {c.type}" + (f" -- {c.description}" if c.description else "") for c in t.details)
+    if len(result.tables) > 1:
+        out.append("describe one table with `table` for its column types and meanings")
     return "\n".join(out)
