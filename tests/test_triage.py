@@ -7,6 +7,7 @@ import sqlite3
 
 import pytest
 from conftest import FIXTURE_IDS, FIXTURES, planted
+from modeldb import make_model
 
 from nsightful.resources import book
 from nsightful.tools import answer_questions, triage
@@ -65,6 +66,59 @@ def test_triage_analyses_the_steady_state_of_the_demo(demo_triage):
     assert result.window.end_ns >= last["start_ns"]
     assert result.program.kind == "pytorch" and all(f.fix_for in ("pytorch", "python", "generic")
                                                     for f in result.findings)
+
+
+MS = 1_000_000
+
+
+def irregular_loop(setup_ms: int, name: str = "step", compile_ms: int = 0):
+    """A kernel, `setup_ms` of nothing (the last `compile_ms` of it in cuModuleLoadData), then 6 NVTX ranges
+    `name k` alternating 4 and 1 ms (p90/p10 = 4), three 0.1 ms kernels each."""
+    starts, t = [], (setup_ms + 1) * MS
+    for k in range(6):
+        starts.append(t)
+        t += (1 if k % 2 else 4) * MS
+    ranges = [{"pid": 1, "tid": 1, "text": f"{name} {k}", "start_ns": s, "end_ns": e, "kind": "push_pop", "depth": 0}
+              for k, (s, e) in enumerate(zip(starts, [*starts[1:], t], strict=True))]
+    kernels = [{"device_id": 0, "stream_id": 7, "pid": 1, "tid": 1, "start_ns": s + i * MS // 5,
+                "end_ns": s + i * MS // 5 + MS // 10, "short_name": "k", "name": "k", "launch_start_ns": s}
+               for s in [0, *starts] for i in range(3)]
+    loads = [{"pid": 1, "tid": 1, "name": "cuModuleLoadData", "kind": "module", "start_ns": starts[0] - compile_ms * MS,
+              "end_ns": starts[0]}] if compile_ms else []
+    return make_model(nvtx=ranges, kernels=kernels, cuda_api=loads), starts
+
+
+@pytest.mark.parametrize("setup_ms, name, loop_window", [
+    (100, "step", True),
+    (5, "step", False),  # the steps span longer than the setup: no reason to leave the setup out
+    (100, "phase", False),  # irregular ranges not named like steps may not be the loop at all
+])
+def test_triage_irregular_loop_is_the_window_only_after_a_longer_setup(setup_ms, name, loop_window):
+    """Irregular steps are no steady state, but when more GPU-active time precedes them than they span (a capture
+    from launch that compiles for seconds), a window over both would describe the setup."""
+    con, starts = irregular_loop(setup_ms, name)
+    result = triage.run(con, triage.Params(profile="t"))
+    if loop_window:
+        # the first step, 4x the median, is the warmup left out; the last, under half the median period, is a
+        # step cut off by the capture (tools/iterations.py)
+        assert (result.window.start_ns, result.window.end_ns, result.window.window_basis) == (
+            starts[1], starts[-1], "steady_state")
+        assert result.window_note.startswith("the loop (steps irregular, p90/p10 = 4.0")
+    else:
+        assert (result.window.start_ns, result.window.window_basis) == (0, "gpu_active")
+        assert "vary widely" in result.window_note
+
+
+@pytest.mark.parametrize("compile_ms", [30, 0])
+def test_triage_compilation_before_the_loop_longer_than_the_window_is_warmup(compile_ms):
+    """The window (steps 1-4, 10 ms) leaves out 100 ms of setup; idling on compilation for longer than the window
+    there makes the capture mostly one-time warmup. A module load inside the setup's one gap makes it a jit gap
+    (tools/attribution.py), so all its 100.5 ms are at stake; without one, the gap is unexplained, not warmup."""
+    con, starts = irregular_loop(100, compile_ms=compile_ms)
+    result = triage.run(con, triage.Params(profile="t"))
+    assert result.window.duration_ns == starts[-1] - starts[1] == 10 * MS
+    setup = [(f.root_cause, f.device, f.time_at_stake_ns) for f in result.findings if "setup-compile" in f.tags]
+    assert setup == ([("profiler-window-on-warmup", 0, 100 * MS + MS // 2)] if compile_ms else [])
 
 
 def test_triage_ranks_by_time_at_stake_and_cites_the_book(demo_triage):

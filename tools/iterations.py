@@ -37,6 +37,7 @@ Times in ns.
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Annotated, Literal
 
@@ -428,14 +429,24 @@ def _warmup(result: Result) -> bool:
             and result.first_vs_steady > WARMUP_RATIO)
 
 
-def steady_window(result: Result) -> tuple[int, int] | None:
+def steady_window(result: Result, irregular_ok: bool = False) -> tuple[int, int] | None:
     """(start_ns, end_ns) of steady state: from the first steady iteration (the second when the first is the
     warmup outlier) to the end of the last; None with fewer than MIN_ITERATIONS iterations or irregular ones
-    (the boundaries may not time a step). Iterations tile, so the second starts where the first ends."""
+    (the boundaries may not time a step) unless irregular_ok. Iterations tile: the second starts where the
+    first ends."""
     irregular = result.spread_ratio is not None and result.spread_ratio > IRREGULAR_SPREAD
-    if result.iteration_count < MIN_ITERATIONS or irregular:
+    if result.iteration_count < MIN_ITERATIONS or (irregular and not irregular_ok):
         return None
     return result.span_start_ns + (result.first_ns if _warmup(result) else 0), result.span_end_ns
+
+
+def step_named(result: Result) -> bool:
+    """The boundaries come from a stable kernel rhythm, torch.profiler's step range or a range named like a step:
+    the program's own loop, even where single durations vary."""
+    method = result.method or ""
+    nvtx = method.removeprefix("nvtx:") if method.startswith("nvtx:") else None
+    return method.startswith("kernel_pattern:") or (
+        nvtx is not None and any(re.search(pattern, nvtx) for pattern in (PROFILER_STEP, STEP_NAMES)))
 
 
 def findings(result: Result) -> list[Finding]:

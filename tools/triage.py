@@ -2,10 +2,12 @@
 the fix that fits the program.
 
 Window: with window='auto', the steady state when iterations are found (from the first steady iteration to
-the end of the last; the warmup iteration and the setup before it are left out and said so), else the
-GPU-active window; start_ns/end_ns override it. Every detector runs on that window and devices. time at stake
-is device time in the window that the fix could recover, per device; causes never share nanoseconds, so a
-device's findings add up to at most the window (the warmup finding counts the first iteration, outside it).
+the end of the last; the warmup iteration and the setup before it are left out and said so; irregular steps
+only when named like steps and more GPU-active time precedes them than they span), else the GPU-active
+window; start_ns/end_ns override it. Every detector runs on that window and devices. time at stake is device
+time in the window that the fix could recover, per device; causes never share nanoseconds, so a device's
+findings add up to at most the window (the warmup findings count time outside it: the first iteration's
+excess, and compilation before the first iteration when it outlasts the window).
 The fix shown is the book's first fix for the detected program's family (tools/program.py), or generic.
 The run is classified by tools/shares.py.
 """
@@ -28,6 +30,9 @@ WINDOW_DETECTORS = ("memory_transfers", "top_kernels", "nccl_breakdown")  # besi
 DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
 # the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
 MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
+SETUP_OVER_LOOP = 1.0  # irregular steps still bound the loop when more GPU-active time precedes them than they
+# span: a window over both would describe the setup (compilation, loading), not the loop; and compiling before
+# the loop for longer than the window lasts makes the capture mostly one-time warmup
 
 
 class Params(ScopedParams):
@@ -75,16 +80,38 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
         return scope, f"{scope.window_basis} window, as asked", []
     gpu = resolve_scope(con, params, default="gpu_active")
     found = iterations.run(con, iterations.Params(profile=params.profile, device=params.device))
-    steady = iterations.steady_window(found)
+    steady, how = iterations.steady_window(found), "steady state"
+    if steady is None and found.span_start_ns is not None and iterations.step_named(found) and (
+            found.span_start_ns - gpu.start_ns > SETUP_OVER_LOOP * (found.span_end_ns - found.span_start_ns)):
+        steady = iterations.steady_window(found, irregular_ok=True)
+        how = (f"the loop (steps irregular, p90/p10 = {found.spread_ratio}, but more GPU-active time precedes "
+               "them than they span)")
     if steady is None:
         why = found.note or "no steady iterations"
         return gpu, f"GPU-active window ({why})", []
     scope = gpu.model_copy(update={"start_ns": steady[0], "end_ns": steady[1], "duration_ns": steady[1] - steady[0],
                                    "window_basis": "steady_state"})
     left = steady[0] - gpu.start_ns
-    note = (f"steady state: {found.iteration_count} iterations by {found.method}; left out {ms(left)} before "
+    note = (f"{how}: {found.iteration_count} iterations by {found.method}; left out {ms(left)} before "
             f"the first steady iteration (setup and warmup)")
-    return scope, note, found.findings
+    return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns)
+
+
+def _setup_compile(con: duckdb.DuckDBPyConnection, gpu: Scope, scope: Scope, loop_start_ns: int) -> list[Finding]:
+    """profiler-window-on-warmup per device that idles, before the first iteration, longer waiting on code
+    compilation or module loading than the window lasts: the capture is mostly one-time warmup."""
+    if loop_start_ns - gpu.start_ns < SETUP_OVER_LOOP * scope.duration_ns:
+        return []
+    setup = gpu.model_copy(update={"end_ns": loop_start_ns, "duration_ns": loop_start_ns - gpu.start_ns})
+    return [Finding(
+        root_cause="profiler-window-on-warmup", severity="high",
+        title=f"before its first iteration, device {d.device} idles {ms(d.ns('jit'))} while the host compiles or loads "
+              f"GPU code ({d.causes['jit'].gaps} gaps), longer than the {ms(scope.duration_ns)} window: the capture "
+              "is mostly one-time warmup",
+        evidence={"setup_ns": setup.duration_ns, "setup_jit_ns": d.ns("jit"), "window_ns": scope.duration_ns},
+        time_at_stake_ns=d.ns("jit"), device=d.device, tags=["setup-compile"])
+        for d in attribution.attribute(con, setup).devices.values()
+        if d.ns("jit") >= SETUP_OVER_LOOP * scope.duration_ns]
 
 
 def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) -> list[RankedFinding]:
