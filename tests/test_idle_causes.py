@@ -22,8 +22,9 @@ def device(busy_pct: float = 50.0, **causes: CauseTime) -> DeviceIdle:
     return DeviceIdle(device=0, window_ns=WINDOW, idle_ns=idle, causes=causes)
 
 
-def found(d: DeviceIdle, p: Program | None = None) -> list[tuple]:
-    return [(f.root_cause, f.severity, f.time_at_stake_ns, f.tags) for f in idle_causes.findings({0: d}, p or prog())]
+def found(d: DeviceIdle, p: Program | None = None, in_loop: bool = False) -> list[tuple]:
+    return [(f.root_cause, f.severity, f.time_at_stake_ns, f.tags)
+            for f in idle_causes.findings({0: d}, p or prog(), in_loop)]
 
 
 @pytest.mark.parametrize("causes, expected", [
@@ -40,10 +41,19 @@ def found(d: DeviceIdle, p: Program | None = None) -> list[tuple]:
     ({"alloc": CauseTime(5 * MS, 3)}, [("alloc-in-loop", "medium", 5 * MS, [])]),
     ({"host_comm": CauseTime(30 * MS, 4)}, [("host-communication", "high", 30 * MS, [])]),
     ({"host_wait": CauseTime(8 * MS, 4)}, [("dataloader-starvation", "medium", 8 * MS, [])]),
-    ({"jit": CauseTime(40 * MS, 2)}, [("module-loading-hot-path", "high", 40 * MS, ["module-load"])]),
+    ({"jit": CauseTime(40 * MS, 2)}, []),  # twice in a window not known to be the loop: setup
+    ({"jit": CauseTime(40 * MS, 3)}, [("module-loading-hot-path", "high", 40 * MS, ["module-load"])]),
 ])
 def test_idle_causes_each_cause_claims_its_idle(causes, expected):
     assert found(device(**causes)) == expected
+
+
+@pytest.mark.parametrize("in_loop, expected", [(True, [("module-loading-hot-path", "high", 40 * MS, ["module-load"])]),
+                                               (False, [])])
+def test_idle_causes_a_single_compile_counts_only_inside_the_loop(in_loop, expected):
+    """One compile in a steady-state window happened between steps (a recompilation); in a window that may hold
+    the setup, once is the program's start."""
+    assert found(device(jit=CauseTime(40 * MS, 1)), in_loop=in_loop) == expected
 
 
 @pytest.mark.parametrize("busy, launch, cpu, expected", [

@@ -21,7 +21,7 @@ MIN_FINDING_PCT = 1.0  # idle under 1% of the window cannot move the step time n
 HIGH_PCT = 10.0  # a tenth of the window or more: among the first things to fix
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
-RECURRING_MIN_GAPS = 3  # a cost paid three times or more recurs in the loop; once or twice is setup
+RECURRING_MIN_GAPS = 3  # outside a steady window, a cost paid three times or more recurs; once or twice is setup
 TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launches, not a handful
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
 UNEXPLAINED = ("host_untraced", "queued")  # causes no specific finding claims
@@ -33,7 +33,7 @@ class Claim:
     """One root cause's share of a device's idle time."""
     root_cause: str
     causes: tuple[str, ...]
-    applies: Callable[[DeviceIdle, Program], bool]
+    applies: Callable[[DeviceIdle, Program, bool], bool]  # (device, program, window is inside the loop)
     title: Callable[[DeviceIdle, int], str]
     tags: Callable[[DeviceIdle, Program], list[str]] = lambda d, p: []
     ns: Callable[[DeviceIdle, tuple[str, ...]], int] = lambda d, causes: d.ns(*causes)
@@ -65,7 +65,7 @@ def _periodic(d: DeviceIdle, causes: tuple[str, ...]) -> int:
     return sum(d.causes[c].periodic_ns for c in causes if c in d.causes)
 
 
-def _gc_applies(d: DeviceIdle, program: Program) -> bool:
+def _gc_applies(d: DeviceIdle, program: Program, _: bool) -> bool:
     return _python(program)
 
 
@@ -82,39 +82,40 @@ def _gaps(d: DeviceIdle, *causes: str) -> int:
 
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim("excessive-synchronization", ("sync", "sync_copy"), lambda d, p: True,
+    Claim("excessive-synchronization", ("sync", "sync_copy"), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} after {_api(d, 'sync')} calls drained its queue "
                         f"({_gaps(d, 'sync', 'sync_copy')} times)", _sync_tags),
-    Claim("blocking-d2h-sync", ("readback",), lambda d, p: True,
+    Claim("blocking-d2h-sync", ("readback",), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} after {_gaps(d, 'readback')} device-to-host reads "
                         f"({_api(d, 'readback')}) drained its queue"),
-    Claim("small-kernel-overhead", ("launch_tiny",), lambda d, p: _gaps(d, "launch_tiny") >= TINY_MIN_GAPS,
+    Claim("small-kernel-overhead", ("launch_tiny",), lambda d, p, loop: _gaps(d, "launch_tiny") >= TINY_MIN_GAPS,
           lambda d, ns: f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny "
                         "kernels, waiting for their launches"),
-    Claim("alloc-in-loop", ("alloc",), lambda d, p: _gaps(d, "alloc") >= RECURRING_MIN_GAPS,
+    Claim("alloc-in-loop", ("alloc",), lambda d, p, loop: _gaps(d, "alloc") >= RECURRING_MIN_GAPS,
           lambda d, ns: f"device {d.device} idles {ms(ns)} while the host allocates or frees device memory "
                         f"({_gaps(d, 'alloc')} gaps)"),
-    Claim("module-loading-hot-path", ("jit",), lambda d, p: True,
+    Claim("module-loading-hot-path", ("jit",), lambda d, p, loop: loop or _gaps(d, "jit") >= RECURRING_MIN_GAPS,
           lambda d, ns: f"device {d.device} idles {ms(ns)} while the host loads or compiles GPU code "
                         f"({_gaps(d, 'jit')} gaps)", _jit_tags),
     Claim("gc-pauses", ("host_untraced", "host_cpu"), _gc_applies,
           lambda d, ns: f"device {d.device}: periodic idle gaps ({ms(ns)}) with the host outside CUDA calls: "
                         "garbage-collection-like pauses", ns=_periodic),
-    Claim("cpu-bottleneck", ("launch", "host_cpu"), lambda d, p: d.busy_pct < STARVED_BUSY_PCT,
+    Claim("cpu-bottleneck", ("launch", "host_cpu"), lambda d, p, loop: d.busy_pct < STARVED_BUSY_PCT,
           lambda d, ns: f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: "
                         f"launching {ms(d.ns('launch'))}, CPU work {ms(d.ns('host_cpu'))}",
           lambda d, p: ["launch" if d.ns("launch") >= d.ns("host_cpu") else "host-cpu"]),
-    Claim("host-communication", ("host_comm",), lambda d, p: True,
+    Claim("host-communication", ("host_comm",), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} while its launching thread communicates "
                         f"({_gaps(d, 'host_comm')} gaps inside MPI or other communication ranges)"),
-    Claim("dataloader-starvation", ("host_wait",), lambda d, p: True,
+    Claim("dataloader-starvation", ("host_wait",), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} while its launching thread waits for input (OS "
                         "waits, data-loading ranges): the next batch or another thread is late"),
 )
 
 
-def findings(idle: dict[int, DeviceIdle], program: Program) -> list[Finding]:
-    """All idle findings, per device, in CLAIMS order; then gpu-bubbles for what stays unexplained."""
+def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = False) -> list[Finding]:
+    """All idle findings, per device, in CLAIMS order; then gpu-bubbles for what stays unexplained. in_loop: the
+    window lies inside the program's loop (a steady state), so even a one-off cost recurs per run of it."""
     out: list[Finding] = []
     for d in idle.values():
         fired: set[str] = set()
@@ -122,7 +123,7 @@ def findings(idle: dict[int, DeviceIdle], program: Program) -> list[Finding]:
             root = _jit_cause(program) if claim.root_cause == "module-loading-hot-path" else claim.root_cause
             ns = (_cpu_ns(d, claim.causes, "gc-pauses" in fired) if claim.root_cause == "cpu-bottleneck"
                   else claim.ns(d, claim.causes))
-            if pct(ns, d.window_ns) < MIN_FINDING_PCT or not claim.applies(d, program):
+            if pct(ns, d.window_ns) < MIN_FINDING_PCT or not claim.applies(d, program, in_loop):
                 continue
             fired.add(claim.root_cause)
             out.append(_finding(d, root, ns, claim.title(d, ns), claim.tags(d, program),

@@ -153,7 +153,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         return _nothing(params, prog, quality, _missing(con))
     scope, note, warmup = _window(con, params)
     found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
-    found += [("gpu_idle_gaps", f) for f in idle_causes.findings(attribution.attribute(con, scope).devices, prog)]
+    idle = attribution.attribute(con, scope).devices
+    found += [("gpu_idle_gaps", f) for f in idle_causes.findings(idle, prog, scope.window_basis == "steady_state")]
     skipped: list[str] = []
     for name in WINDOW_DETECTORS:
         module = modules[name]
