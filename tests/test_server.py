@@ -54,6 +54,15 @@ async def test_server_lists_every_tool_with_schemas(server, mode):
             assert prop.get("description"), f"{tool.name}.{name} has no description"
 
 
+def test_server_every_tool_is_in_the_readme_and_every_analysis_is_cited_by_the_book():
+    from nsightful.resources import book
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert [t for t in sorted(set(TOOL_NAMES) | LIFECYCLE_TOOLS) if f"`{t}`" not in readme] == []
+    cited = {s.tool for entry in book.load_book().values() for s in entry.signals}
+    readers = {"describe_schema", "query_sql", "triage", "answer_questions"}  # run or read the others' detectors
+    assert sorted(set(TOOL_NAMES) - readers - cited) == []
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fixture", FIXTURE_FILES, ids=[p.stem for p in FIXTURE_FILES])
