@@ -262,3 +262,22 @@ def test_answer_questions_peak_memory_only_where_the_capture_recorded_it(open_fi
     assert answer.evidence["peak_bytes"] == {d.device: d.peak_memory_bytes for d in summary.devices} == {0: 40_160_000}
     missing = _answers(open_fixture, "nsysai_h100_2gpu_1s")["q19-peak-memory"]
     assert missing.status == "not_in_profile" and "--cuda-memory-usage=true" in missing.how
+
+
+def test_triage_shares_detector_results_once_per_model_each_caller_a_copy():
+    """triage and answer_questions run the same detectors: common.run_once computes each once per model and
+    parameters (the profile id aside) and hands out copies, so a caller's edits never reach the next caller."""
+    import types
+
+    from nsightful.tools import top_kernels
+    from nsightful.tools.common import run_once
+    calls = []
+    counted = types.SimpleNamespace(__name__="counted_top_kernels",
+                                    run=lambda con, p: calls.append(p) or top_kernels.run(con, p))
+    con, _ = irregular_loop(100)
+    con.execute("UPDATE meta SET fingerprint = 'run-once-test'")
+    first = run_once(con, counted, top_kernels.Params(profile="a"))
+    first.kernel_count = -1
+    again = run_once(con, counted, top_kernels.Params(profile="b"))
+    other = run_once(con, counted, top_kernels.Params(profile="a", limit=1))
+    assert len(calls) == 2 and again.kernel_count == 21 and len(other.rows) == 1

@@ -14,7 +14,7 @@ import duckdb
 from pydantic import BaseModel
 
 from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools.common import ms, pct
+from nsightful.tools.common import ms, pct, run_once
 
 DOMINANT_KERNEL_PCT = 30.0  # veteran question 12
 HOT_THREAD_PCT = 90.0  # veteran question 25
@@ -44,7 +44,7 @@ class Evidence:
         if key not in self._results:
             module = skills()[name]
             try:
-                self._results[key] = module.run(self.con, module.Params(profile=self.profile, **params))
+                self._results[key] = run_once(self.con, module, module.Params(profile=self.profile, **params))
             except InvalidRequest:
                 self._results[key] = None
         return self._results[key]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Annotated, Literal, TypeVar
+from types import ModuleType
+from typing import Annotated, Any, Literal, TypeVar
 
 import duckdb
 from pydantic import BaseModel, Field
@@ -87,6 +88,13 @@ def per_model(con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], 
             _model_cache.pop(next(iter(_model_cache)))
         _model_cache[full] = compute()
     return _model_cache[full]  # type: ignore[return-value]
+
+
+def run_once(con: duckdb.DuckDBPyConnection, module: ModuleType, params: BaseModel) -> Any:
+    """module.run(con, params), computed once per model and parameters (the profile id aside) for the tools that
+    run others' detectors (triage, answer_questions); each caller gets its own copy, as results are mutable."""
+    key = ("run", module.__name__, params.model_dump_json(exclude={"profile"}))
+    return per_model(con, key, lambda: module.run(con, params)).model_copy(deep=True)
 
 
 def packed(values: Iterable[int | None]) -> str:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.resources import book
 from nsightful.tools import attribution, idle_causes, iterations, program, shares
-from nsightful.tools.common import Finding, Scope, ScopedParams, leads_first, ms, resolve_scope
+from nsightful.tools.common import Finding, Scope, ScopedParams, leads_first, ms, resolve_scope, run_once
 from nsightful.tools.program import Program
 from nsightful.tools.shares import Classification
 
@@ -79,7 +79,7 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
         scope = resolve_scope(con, params, default=default)
         return scope, f"{scope.window_basis} window, as asked", []
     gpu = resolve_scope(con, params, default="gpu_active")
-    found = iterations.run(con, iterations.Params(profile=params.profile, device=params.device))
+    found = run_once(con, iterations, iterations.Params(profile=params.profile, device=params.device))
     steady, how = iterations.steady_window(found), "steady state"
     if steady is None and found.span_start_ns is not None and iterations.step_named(found) and (
             found.span_start_ns - gpu.start_ns > SETUP_OVER_LOOP * (found.span_end_ns - found.span_start_ns)):
@@ -148,7 +148,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     prog = program.detect(con)
     chain = tuple(prog.fix_chain)
     summary = modules["profile_summary"]
-    quality = summary.run(con, summary.Params(profile=params.profile)).trace_quality
+    quality = run_once(con, summary, summary.Params(profile=params.profile)).trace_quality
     if con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()[0]:
         return _nothing(params, prog, quality, _missing(con))
     scope, note, warmup = _window(con, params)
@@ -159,8 +159,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     for name in WINDOW_DETECTORS:
         module = modules[name]
         try:
-            result = module.run(con, module.Params(profile=params.profile, device=params.device,
-                                                   start_ns=scope.start_ns, end_ns=scope.end_ns))
+            result = run_once(con, module, module.Params(profile=params.profile, device=params.device,
+                                                         start_ns=scope.start_ns, end_ns=scope.end_ns))
         except InvalidRequest as exc:
             skipped.append(f"{name}: {exc}")
             continue
