@@ -182,6 +182,20 @@ def test_answer_questions_from_a_real_profile(open_fixture):
     assert answers["q12-dominant-kernel"].value.startswith("yes: the largest")
     assert answers["q22-dominant-collective"].value == "no NCCL kernels in this profile"
     assert answers["q04-batch-and-sequence"].status == "needs_user" and answers["q04-batch-and-sequence"].how
+    launching = raw.execute("SELECT count(DISTINCT globalPid / 16777216) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    assert answers["q02-gpu-count-parallelism"].evidence["gpu_processes"] == launching
+
+
+def test_answer_questions_expected_speedup_from_a_finding_inside_the_window():
+    """Compiling before the loop ranks first (100.5 ms), but that time lies outside the 10 ms window and speeds
+    no step: the bound comes from the costliest finding inside the window (the loop's 1 ms host gaps)."""
+    con, _ = irregular_loop(100, compile_ms=30)
+    result = triage.run(con, triage.Params(profile="t", limit=100))
+    answers = {a.id: a for a in answer_questions.run(con, answer_questions.Params(profile="t")).answers}
+    assert [(f.root_cause, f.time_at_stake_ns) for f in result.findings] == [
+        ("profiler-window-on-warmup", 100 * MS + MS // 2), ("gpu-bubbles", 7 * MS),
+        ("profiler-window-on-warmup", 3 * MS // 2)]
+    assert answers["q35-expected-speedup"].evidence == {"time_at_stake_ns": 7 * MS, "window_ns": 10 * MS}
 
 
 def test_answer_questions_every_question_has_one_status(open_fixture):
