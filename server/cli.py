@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nsightful: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `nsightful ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -396,3 +396,12 @@ def test_profiles_wheel_installs_under_one_namespace_and_runs(tmp_path):
     book = subprocess.run([sys.executable, "-c", "import nsightful.resources.book as b; print(len(b.load_book()))"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, check=True)
     assert int(book.stdout) >= 21
+
+
+def test_profiles_cli_output_cut_short_by_the_reader_ends_quietly():
+    """`nsightful tools | head -1`: the reader leaves early; the CLI exits without a traceback."""
+    cli = Path(sys.executable).parent / "nsightful"
+    proc = subprocess.Popen([str(cli), "tools"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the CLI has started to write
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in stderr, stderr
