@@ -1,4 +1,5 @@
-"""Answers to the veteran questions, each read from the tools' results on triage's window (no SQL of its own).
+"""Answers to the veteran questions, each read from the tools' results on triage's window (SQL of its own only
+for the count of processes that launched kernels, which no tool reports whole).
 
 An answerer returns (value, evidence) when the data gives a real answer to its question, else None. Every
 tool runs at most once per answer_questions call (Evidence keeps its result).
@@ -14,12 +15,13 @@ import duckdb
 from pydantic import BaseModel
 
 from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools import iterations
 from nsightful.tools.common import ms, pct, run_once
 
 DOMINANT_KERNEL_PCT = 30.0  # veteran question 12
 HOT_THREAD_PCT = 90.0  # veteran question 25
-WARMUP_RATIO = 1.5  # as iterations: a first iteration this much slower than the steady median is warmup
-MIN_ITERATIONS = 3  # fewer cannot show a steady state or its spread
+MIN_ITERATIONS = iterations.MIN_ITERATIONS  # fewer cannot show a steady state or its spread
+GPU_PROCESSES_SQL = "SELECT count(DISTINCT pid) FROM kernels"
 SPREAD_STEADY = 1.2  # p90/p10 of iteration times under this: the steps are even
 Answer = tuple[str, dict[str, Any]] | None
 
@@ -89,7 +91,7 @@ def _parallelism(e: Evidence) -> Answer:
         hint = "AllGather/ReduceScatter: sharded data parallel (FSDP/ZeRO) or tensor parallel"
     else:
         hint = f"{', '.join(kinds)}: point-to-point or all-to-all (pipeline, sequence or expert parallel)"
-    gpu_processes = e.con.execute("SELECT count(DISTINCT pid) FROM kernels").fetchone()[0]
+    gpu_processes = e.con.execute(GPU_PROCESSES_SQL).fetchone()[0]
     return (f"{len(devices)} device(s), {gpu_processes} process(es) launching kernels; {hint}",
             {"collectives": kinds, "gpu_processes": gpu_processes})
 
@@ -117,7 +119,7 @@ def _warmup(e: Evidence) -> Answer:
     it = e.tool("iterations", window_scoped=False)
     if not it or it.iteration_count < MIN_ITERATIONS:
         return None
-    both = it.first_vs_steady and it.first_vs_steady > WARMUP_RATIO
+    both = iterations.first_is_warmup(it)
     verdict = "both: the first iteration is warmup" if both else "steady state"
     return (f"{verdict} (first {ms(it.first_ns)} vs steady median {ms(it.steady_median_ns)}); triage analyses: "
             f"{e.triage.window_note}", {"first_vs_steady": it.first_vs_steady})

@@ -45,7 +45,6 @@ from nsightful.tools.intervals import gaps, overlaps
 
 Cause = Literal["queued", "sync", "readback", "pageable_copy", "sync_copy", "launch_tiny", "launch", "jit", "alloc",
                 "host_comm", "host_wait", "host_cpu", "host_untraced"]
-CAUSES: tuple[str, ...] = Cause.__args__  # type: ignore[attr-defined]
 
 LAUNCH_GAP_MAX_NS = 50_000  # 50 us: eager frameworks spend up to this much host time per op; longer is other work
 TINY_KERNEL_NS = 10_000  # 10 us: below this a kernel runs shorter than its launch costs (book small-kernel-overhead)

@@ -167,11 +167,6 @@ TRACED_SQL = """SELECT count(*) FROM kernels WHERE tid IS NOT NULL AND device_id
                 AND end_ns > $start AND start_ns < $end"""
 
 
-def _bucket(row: dict) -> Bucket:
-    lo, hi = BUCKETS_MS[row.pop("bucket")]
-    return Bucket(label=f">={lo} ms" if hi is None else f"{lo}-{hi} ms", **row)
-
-
 def _device(idle: attribution.DeviceIdle, found: list[attribution.Gap]) -> DeviceGaps:
     rows = sorted(idle.causes.items(), key=lambda kv: (-kv[1].ns, kv[0]))
     by_cause = [CauseRow(cause=c, idle_ns=t.ns, gaps=t.gaps, api=t.api)

@@ -24,8 +24,7 @@ BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the wi
 RECURRING_MIN_GAPS = 3  # outside a steady window, a cost paid three times or more recurs; once or twice is setup
 TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launches, not a handful
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
-UNEXPLAINED = ("host_untraced", "queued")  # causes no specific finding claims
-HANDLED_ELSEWHERE = ("pageable_copy",)  # memory_transfers' pageable-host-memory finding claims these
+UNEXPLAINED = ("host_untraced", "queued")  # causes no specific finding claims (pageable_copy: memory_transfers')
 
 
 @dataclass(frozen=True)

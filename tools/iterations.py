@@ -423,7 +423,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     return result
 
 
-def _warmup(result: Result) -> bool:
+def first_is_warmup(result: Result) -> bool:
     """The first iteration is a warmup outlier: slower than WARMUP_RATIO x steady, with enough iterations."""
     return (result.iteration_count >= MIN_ITERATIONS and result.first_vs_steady is not None
             and result.first_vs_steady > WARMUP_RATIO)
@@ -437,20 +437,20 @@ def steady_window(result: Result, irregular_ok: bool = False) -> tuple[int, int]
     irregular = result.spread_ratio is not None and result.spread_ratio > IRREGULAR_SPREAD
     if result.iteration_count < MIN_ITERATIONS or (irregular and not irregular_ok):
         return None
-    return result.span_start_ns + (result.first_ns if _warmup(result) else 0), result.span_end_ns
+    return result.span_start_ns + (result.first_ns if first_is_warmup(result) else 0), result.span_end_ns
 
 
 def step_named(result: Result) -> bool:
     """The boundaries come from a stable kernel rhythm, torch.profiler's step range or a range named like a step:
     the program's own loop, even where single durations vary."""
     method = result.method or ""
-    nvtx = method.removeprefix("nvtx:") if method.startswith("nvtx:") else None
-    return method.startswith("kernel_pattern:") or (
-        nvtx is not None and any(re.search(pattern, nvtx) for pattern in (PROFILER_STEP, STEP_NAMES)))
+    if method.startswith("kernel_pattern:"):
+        return True
+    return method.startswith("nvtx:") and any(re.search(p, method[5:]) for p in (PROFILER_STEP, STEP_NAMES))
 
 
 def findings(result: Result) -> list[Finding]:
-    if not _warmup(result):
+    if not first_is_warmup(result):
         return []
     steady = result.steady_median_ns
     if result.first_ns - steady < MIN_WARMUP_SHARE * (result.span_end_ns - result.span_start_ns):
