@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import anyio
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, kernels_in_export
 from httpserver import serving
 from mcp.client import Client
 
@@ -22,11 +21,6 @@ SAXPY = FIXTURES / "pipit_saxpy_mpi_a100.sqlite"
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
-
-
-def _kernels_in_export(path) -> int:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
-        return con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
 
 
 def _listed(result) -> list[str]:
@@ -52,7 +46,7 @@ async def test_sessions_two_http_clients_see_and_close_only_their_own(cache_root
             assert unseen.is_error and "no profile is loaded with id 'clue_t4_report4'" in unseen.content[0].text
 
             mine = await alice.call_tool("top_kernels", {"profile": "clue_t4_report4"})
-            assert mine.structured_content["kernel_count"] == _kernels_in_export(CLUE)
+            assert mine.structured_content["kernel_count"] == kernels_in_export(CLUE)
 
 
 @pytest.mark.anyio
@@ -70,7 +64,7 @@ async def test_sessions_a_close_by_one_never_breaks_the_other(cache_root):
             after = await alice.call_tool("gpu_utilization", {"profile": "pipit_saxpy_mpi_a100"})
             assert not after.is_error and after.structured_content == before.structured_content
             kernels = await alice.call_tool("top_kernels", {"profile": "pipit_saxpy_mpi_a100"})
-            assert kernels.structured_content["kernel_count"] == _kernels_in_export(SAXPY)
+            assert kernels.structured_content["kernel_count"] == kernels_in_export(SAXPY)
 
 
 @pytest.mark.anyio
@@ -97,7 +91,7 @@ async def test_sessions_ending_a_session_closes_the_models_only_it_used(cache_ro
             assert set(store.models) == {MOCK.resolve(), CLUE.resolve()}
         assert set(store.models) == {MOCK.resolve()}
         summary = json.loads((await keeper.read_resource("nsightful://profiles/nsysai_mock")).contents[0].text)
-        assert summary["table_rows"]["kernels"] == _kernels_in_export(MOCK)
+        assert summary["table_rows"]["kernels"] == kernels_in_export(MOCK)
     assert store.models == {}
 
 
@@ -111,7 +105,7 @@ def test_sessions_store_shares_one_model_and_closes_it_with_its_last_session(cac
         store.close(one, "nsysai_mock")
     assert list(store.models) == [MOCK.resolve()]
     with store.leased(two, "nsysai_mock") as again:
-        assert again.profile.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == _kernels_in_export(MOCK)
+        assert again.profile.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == kernels_in_export(MOCK)
     store.end_session(two)
     assert store.models == {}
 
@@ -136,7 +130,7 @@ def test_sessions_lru_keeps_open_models_within_the_budget_and_reopens_evicted_on
     assert store.open_bytes() <= two_fit_mb * (1 << 20)
     assert list(session.ids) == ["nsysai_mock", "clue_t4_report4", "pipit_saxpy_mpi_a100"]
     with store.leased(session, "nsysai_mock") as reopened:  # by id, from the cache, transparently
-        assert reopened.profile.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == _kernels_in_export(MOCK)
+        assert reopened.profile.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == kernels_in_export(MOCK)
         assert MOCK.resolve() in store.models
     assert CLUE.resolve() not in store.models
     store.close_all()
@@ -148,6 +142,6 @@ def test_sessions_lru_never_closes_a_model_a_call_is_using(cache_root):
     with store.leased(session, str(CLUE)) as busy:
         with store.leased(session, str(MOCK)):
             assert busy.profile.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == \
-                _kernels_in_export(CLUE)
+                kernels_in_export(CLUE)
         assert list(store.models) == [CLUE.resolve()]  # the idle one went, the busy one stays
     assert store.models == {}  # over budget once idle
