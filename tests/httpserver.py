@@ -45,7 +45,7 @@ def serving(root: Path, cache_dir: Path, *args: str, env: dict[str, str] | None 
     with tempfile.NamedTemporaryFile(prefix="nsightful-serve-", suffix=".log", delete=False) as log:
         cmd = [sys.executable, "-m", "nsightful.server.cli", "serve", "--transport", "http", "--port", str(port),
                "--root", str(root), "--cache-dir", str(cache_dir), *args]
-        proc = subprocess.Popen(cmd, stderr=log, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env={**os.environ, **(env or {})})
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _accepts(port):
