@@ -178,9 +178,8 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
     async def list_profiles(ctx: Context) -> ProfileList:
         """List the profiles loaded in this session with their ids (clients of the 2026-07-28 protocol,
         which has no sessions, share one list)."""
-        session = session_of(store, ctx)
-        entries = [ProfileEntry(profile=pid, path=str(path), fingerprint=session.fingerprints[pid])
-                   for pid, path in session.ids.items()]
+        entries = [ProfileEntry(profile=pid, path=str(path), fingerprint=fingerprint)
+                   for pid, path, fingerprint in store.listing(session_of(store, ctx))]
         listing = ProfileList(profiles=entries)
         text = "\n".join(f"{e.profile}: {e.path}" for e in entries) or "no profiles loaded"
         return _text_result(text, listing)

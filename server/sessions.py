@@ -7,13 +7,48 @@ so those requests share one sessionless set of ids.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from mcp.server.connection import Connection
 from mcp.server.mcpserver import Context
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from nsightful.server.store import ProfileStore, Session
+if TYPE_CHECKING:
+    from nsightful.server.store import ProfileStore
 
 STATE_KEY = "nsightful.session"
+ID_CHARS = re.compile(r"[^a-z0-9_-]+")
+MAX_ID_CHARS = 32
+
+
+@dataclass
+class Session:
+    """The profiles one MCP session loaded: its own ids, each naming a file."""
+
+    name: str
+    ids: dict[str, Path] = field(default_factory=dict)
+    fingerprints: dict[str, str] = field(default_factory=dict)
+
+    def id_of(self, path: Path) -> str | None:
+        return next((pid for pid, p in self.ids.items() if p == path), None)
+
+    def add(self, path: Path, fingerprint: str) -> str:
+        pid = self.id_of(path)
+        if pid is None:
+            base = ID_CHARS.sub("-", path.stem.lower()).strip("-")[:MAX_ID_CHARS] or "profile"
+            pid, n = base, 1
+            while pid in self.ids:
+                n += 1
+                pid = f"{base}-{n}"
+            self.ids[pid] = path
+        self.fingerprints[pid] = fingerprint
+        return pid
+
+    def listed(self) -> str:
+        return ", ".join(self.ids) or "none yet"
 
 
 def _connection(ctx: Context) -> Connection:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -14,11 +13,10 @@ from pathlib import Path
 from nsightful.profiles import Profile, open_profile
 from nsightful.profiles.errors import InvalidRequest, ProfileNotFound
 from nsightful.profiles.ingest import Builder, Progress
+from nsightful.server.sessions import Session
 
 log = logging.getLogger("nsightful")
 
-ID_CHARS = re.compile(r"[^a-z0-9_-]+")
-MAX_ID_CHARS = 32
 MB = 1 << 20
 # Open models are charged their file size (DuckDB keeps at most the pages it read in memory); past this
 # budget the least recently used idle model is closed and reopens from the cache on its next use.
@@ -31,33 +29,6 @@ class OutsideRoots(InvalidRequest):
 
 class UnknownProfile(InvalidRequest):
     pass
-
-
-@dataclass
-class Session:
-    """The profiles one MCP session loaded: its own ids, each naming a file."""
-
-    name: str
-    ids: dict[str, Path] = field(default_factory=dict)
-    fingerprints: dict[str, str] = field(default_factory=dict)
-
-    def id_of(self, path: Path) -> str | None:
-        return next((pid for pid, p in self.ids.items() if p == path), None)
-
-    def add(self, path: Path, fingerprint: str) -> str:
-        pid = self.id_of(path)
-        if pid is None:
-            base = ID_CHARS.sub("-", path.stem.lower()).strip("-")[:MAX_ID_CHARS] or "profile"
-            pid, n = base, 1
-            while pid in self.ids:
-                n += 1
-                pid = f"{base}-{n}"
-            self.ids[pid] = path
-        self.fingerprints[pid] = fingerprint
-        return pid
-
-    def listed(self) -> str:
-        return ", ".join(self.ids) or "none yet"
 
 
 @dataclass
@@ -214,6 +185,11 @@ class ProfileStore:
     def _close(self, profiles: list[Profile]) -> None:
         for profile in profiles:
             profile.close()
+
+    def listing(self, session: Session) -> list[tuple[str, Path, str]]:
+        """(id, path, fingerprint) of each profile this session loaded."""
+        with self.lock:
+            return [(pid, path, session.fingerprints[pid]) for pid, path in session.ids.items()]
 
     def all_ids(self) -> list[str]:
         """Every session's ids, for completions (the SDK gives completion handlers no session)."""

@@ -145,3 +145,10 @@ def test_sessions_lru_never_closes_a_model_a_call_is_using(cache_root):
                 kernels_in_export(CLUE)
         assert list(store.models) == [CLUE.resolve()]  # the idle one went, the busy one stays
     assert store.models == {}  # over budget once idle
+
+
+def test_sessions_memory_budget_must_be_positive(capsys):
+    from nsightful.server.cli import main
+    assert main(["serve", "--root", str(FIXTURES), "--memory-budget-mb", "0"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "nsightful: error: --memory-budget-mb 0 is not positive; pass a size in MB"
