@@ -18,8 +18,9 @@ from nsightful.server.sessions import Session
 log = logging.getLogger("nsightful")
 
 MB = 1 << 20
-# Open models are charged their file size (DuckDB keeps at most the pages it read in memory); past this
-# budget the least recently used idle model is closed and reopens from the cache on its next use.
+# Open models are charged their file size: DuckDB caches at most the model's pages, while a query's own
+# intermediates come and go with the call. Past this budget the least recently used idle model is closed
+# and reopens from the cache on its next use.
 DEFAULT_MEMORY_BUDGET_MB = 4096
 
 
