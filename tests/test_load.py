@@ -14,7 +14,7 @@ import load  # noqa: E402
 PROFILES = [FIXTURES / f"{stem}.sqlite" for stem in ("nsysai_mock", "pipit_saxpy_mpi_a100", "clue_t4_report4")]
 TOOLS = ["profile_summary", "top_kernels", "gpu_utilization", "gpu_idle_gaps", "query_sql", "find_kernels"]
 CLIENTS = 4
-ONE_MODEL_MB = 5  # each of these models is 3-5 MB: one fits, so nearly every switch of profile evicts one
+ONE_MODEL_MB = 5  # each of these models is 3.3-4 MB: one fits, so nearly every switch of profile evicts one
 RSS_CEILING_MB = 1024  # a few small models and four sessions; a leak of models or connections breaks it
 
 
