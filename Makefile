@@ -6,7 +6,7 @@ INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
 DEMO := out/demo.sqlite
 
-.PHONY: demo test lint bench clean install dev inspector
+.PHONY: demo test lint bench loadtest clean install dev inspector
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nsightful needs Python >= 3.11")'
@@ -43,8 +43,11 @@ test: $(VENV)/.dev $(INSPECTOR)
 lint: $(VENV)/.dev
 	$(BIN)/ruff check profiles tools server resources tests bench
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed loadtest
 	$(BIN)/python bench/run.py
+
+loadtest: $(VENV)/.installed
+	$(BIN)/python bench/load.py
 
 clean:
 	rm -rf $(VENV) .tools out .pytest_cache

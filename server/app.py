@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any
@@ -21,7 +22,9 @@ from pydantic import BaseModel, Field
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.ingest import Builder
 from nsightful.server import __version__
-from nsightful.server.store import ProfileStore
+from nsightful.server.http import bearer_auth
+from nsightful.server.sessions import session_of
+from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB, Lease, ProfileStore, Session
 from nsightful.tools import skills
 
 log = logging.getLogger("nsightful")
@@ -59,11 +62,11 @@ def _text_result(text: str, model: BaseModel) -> CallToolResult:
                           structured_content=model.model_dump(mode="json"))
 
 
-async def _load(store: ProfileStore, ref: str, ctx: Context | None):
-    """Load (or find) a profile off the event loop, with MCP progress and cancellation."""
-    found = store.find(ref)
-    if found:
-        return found
+async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context | None) -> Lease:
+    """Lease (opening or building if needed) a profile off the event loop, with MCP progress and cancellation."""
+    lease = store.lease_open(session, ref)
+    if lease:
+        return lease
     builders: list[Builder] = []
     token = anyio.lowlevel.current_token()  # the builder reports from threads anyio did not start
 
@@ -72,12 +75,22 @@ async def _load(store: ProfileStore, ref: str, ctx: Context | None):
             anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
 
     try:
-        return await anyio.to_thread.run_sync(lambda: store.load(ref, progress, builders.append),
+        return await anyio.to_thread.run_sync(lambda: store.acquire(session, ref, progress, builders.append),
                                               abandon_on_cancel=True)
     except anyio.get_cancelled_exc_class():
         for b in builders:
             b.interrupt()
         raise
+
+
+@asynccontextmanager
+async def _leased(store: ProfileStore, ctx: Context, ref: str) -> AsyncIterator[Lease]:
+    """The profile `ref` of this request's session, kept open until the block ends."""
+    lease = await _load(store, session_of(store, ctx), ref, ctx)
+    try:
+        yield lease
+    finally:
+        store.release(lease)
 
 
 def _as_tool_error(exc: NsightfulError) -> ToolError:
@@ -109,14 +122,14 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
 
     async def call(ctx: Context, **kwargs: Any) -> CallToolResult:
         try:
-            pid, profile = await _load(store, kwargs["profile"], ctx)
-            params = module.Params(**{**kwargs, "profile": pid})
+            async with _leased(store, ctx, kwargs["profile"]) as lease:
+                params = module.Params(**{**kwargs, "profile": lease.id})
 
-            def work():
-                with profile.con.cursor() as cur:
-                    return module.run(cur, params)
+                def work():
+                    with lease.profile.con.cursor() as cur:
+                        return module.run(cur, params)
 
-            result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+                result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         return _text_result(module.render(result), result)
@@ -129,9 +142,12 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
     return call
 
 
-def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bool = True) -> MCPServer:
-    store = ProfileStore(roots=[r.resolve() for r in roots], cache_dir=cache_dir, use_cache=use_cache)
-    mcp = MCPServer(name="nsightful", version=__version__, instructions=INSTRUCTIONS)
+def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bool = True,
+                 memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB, token: str | None = None) -> MCPServer:
+    """The server; with `token`, every HTTP request must carry it as a bearer token."""
+    store = ProfileStore(roots=[r.resolve() for r in roots], cache_dir=cache_dir, use_cache=use_cache,
+                         memory_budget_mb=memory_budget_mb)
+    mcp = MCPServer(name="nsightful", version=__version__, instructions=INSTRUCTIONS, **bearer_auth(token))
     mcp.store = store  # for resources, prompts and tests
     modules = skills()
 
@@ -149,19 +165,21 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
     ) -> LoadResult:
         """Load a profile (built once into a cache, then reused); returns its id and summary."""
         try:
-            pid, profile = await _load(store, path, ctx)
-            with profile.con.cursor() as cur:
-                result = summary.run(cur, summary.Params(profile=pid))
+            async with _leased(store, ctx, path) as lease:
+                pid, profile = lease.id, lease.profile
+                with profile.con.cursor() as cur:
+                    result = summary.run(cur, summary.Params(profile=pid))
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         loaded = LoadResult(profile=pid, path=str(profile.path), summary=result.model_dump(mode="json"))
         return _text_result(f"loaded {profile.path} as '{pid}'\n{summary.render(result)}", loaded)
 
     @mcp.tool(annotations=READ_ONLY, structured_output=True)
-    async def list_profiles() -> ProfileList:
-        """List the profiles loaded in this session with their ids."""
-        entries = [ProfileEntry(profile=pid, path=str(p.path), fingerprint=p.fingerprint)
-                   for pid, p in store.profiles.items()]
+    async def list_profiles(ctx: Context) -> ProfileList:
+        """List the profiles loaded in this session with their ids (clients of the 2026-07-28 protocol,
+        which has no sessions, share one list)."""
+        entries = [ProfileEntry(profile=pid, path=str(path), fingerprint=fingerprint)
+                   for pid, path, fingerprint in store.listing(session_of(store, ctx))]
         listing = ProfileList(profiles=entries)
         text = "\n".join(f"{e.profile}: {e.path}" for e in entries) or "no profiles loaded"
         return _text_result(text, listing)
@@ -169,11 +187,13 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
     @mcp.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True, open_world_hint=False,
                                           destructive_hint=False), structured_output=True)
     async def close_profile(
-        profile: Annotated[str, Field(description="Id (or path) of a loaded profile")],
+        profile: Annotated[str, Field(description="Id (or path) of a profile loaded in this session")],
+        ctx: Context,
     ) -> Closed:
-        """Close a loaded profile and free its memory (the cached model stays on disk)."""
+        """Close a profile loaded in this session; its memory is freed once no other session uses it (the
+        cached model stays on disk)."""
         try:
-            pid = store.close(profile)
+            pid = store.close(session_of(store, ctx), profile)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         return _text_result(f"closed {pid}", Closed(closed=pid))

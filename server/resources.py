@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Annotated
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 from mcp_types import Completion, PromptReference, ResourceTemplateReference
 from pydantic import Field
@@ -13,6 +13,7 @@ from pydantic import Field
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.model import describe_schema
 from nsightful.resources import book
+from nsightful.server.sessions import session_of
 from nsightful.server.store import ProfileStore
 
 MAX_COMPLETIONS = 100  # the protocol's cap on values per completion
@@ -71,23 +72,22 @@ def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
 
     @mcp.resource("nsightful://profiles/{id}", name="profile", mime_type="application/json")
     @_guard
-    def profile(id: str) -> str:  # noqa: A002
-        """Summary of a loaded profile."""
-        found = store.find(id)
-        if found is None:
-            loaded = ", ".join(store.profiles) or "none"
-            raise book.UnknownEntry(f"no profile '{id}' is loaded (loaded: {loaded}); call load_profile first")
-        pid, prof = found
-        with prof.con.cursor() as cur:
-            return profile_summary.run(cur, profile_summary.Params(profile=pid)).model_dump_json(indent=1)
+    def profile(id: str, ctx: Context) -> str:  # noqa: A002
+        """Summary of a profile loaded in this session."""
+        session = session_of(store, ctx)
+        if id not in session.ids:
+            raise book.UnknownEntry(f"no profile '{id}' is loaded in this session (loaded: {session.listed()}); "
+                                    "call load_profile first")
+        with store.leased(session, id) as lease, lease.profile.con.cursor() as cur:
+            return profile_summary.run(cur, profile_summary.Params(profile=id)).model_dump_json(indent=1)
 
     @mcp.completion()
     async def complete(ref, argument, context):
         if isinstance(ref, ResourceTemplateReference):
-            options = {"id": list(book.load_book()) if "book" in ref.uri else list(store.profiles),
+            options = {"id": list(book.load_book()) if "book" in ref.uri else store.all_ids(),
                        "phase": list(book.PHASES)}.get(argument.name, [])
         elif isinstance(ref, PromptReference) and argument.name in ("profile", "before", "after"):
-            options = list(store.profiles)
+            options = store.all_ids()
         else:
             return None
         matches = [o for o in options if o.startswith(argument.value or "")]

@@ -1,19 +1,27 @@
-"""Profiles loaded in this server: short ids, allowed roots, load on first use."""
+"""Profiles open in this server: ids per MCP session over one shared, memory-bounded LRU of open models."""
 
 from __future__ import annotations
 
-import re
+import logging
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nsightful.profiles import Profile, open_profile
 from nsightful.profiles.errors import InvalidRequest, ProfileNotFound
 from nsightful.profiles.ingest import Builder, Progress
+from nsightful.server.sessions import Session
 
-ID_CHARS = re.compile(r"[^a-z0-9_-]+")
-MAX_ID_CHARS = 32
+log = logging.getLogger("nsightful")
+
+MB = 1 << 20
+# Open models are charged their file size: DuckDB caches at most the model's pages, while a query's own
+# intermediates come and go with the call. Past this budget the least recently used idle model is closed
+# and reopens from the cache on its next use.
+DEFAULT_MEMORY_BUDGET_MB = 4096
 
 
 class OutsideRoots(InvalidRequest):
@@ -25,12 +33,35 @@ class UnknownProfile(InvalidRequest):
 
 
 @dataclass
+class _Model:
+    profile: Profile
+    cost_bytes: int
+    leases: int = 0  # tool calls running on it now: never closed under them
+
+
+@dataclass
+class Lease:
+    """A session's id for a profile, and the open profile, held until `ProfileStore.release`."""
+
+    id: str
+    profile: Profile
+    key: Path
+
+
+@dataclass
 class ProfileStore:
     roots: list[Path]
     cache_dir: Path | None = None
     use_cache: bool = True
-    profiles: dict[str, Profile] = field(default_factory=dict)
+    memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB
+    sessions: list[Session] = field(default_factory=list)
+    models: OrderedDict[Path, _Model] = field(default_factory=OrderedDict)  # least recently used first
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # requests outside any session (the 2026-07-28 protocol over HTTP has none) share these ids
+    sessionless: Session = field(default_factory=lambda: Session("sessionless"))
+
+    def __post_init__(self) -> None:
+        self.sessions.append(self.sessionless)
 
     def check_allowed(self, path: Path) -> Path:
         full = path.expanduser()
@@ -41,65 +72,138 @@ class ProfileStore:
                                "start the server with --root pointing at its folder")
         return full
 
-    def _new_id(self, path: Path) -> str:
-        base = ID_CHARS.sub("-", path.stem.lower()).strip("-")[:MAX_ID_CHARS] or "profile"
-        candidate, n = base, 1
-        while candidate in self.profiles:
-            n += 1
-            candidate = f"{base}-{n}"
-        return candidate
-
-    def find(self, ref: str) -> tuple[str, Profile] | None:
-        """The loaded profile named by id or by path, if any."""
+    def open_session(self, name: str) -> Session:
+        session = Session(name)
         with self.lock:
-            if ref in self.profiles:
-                return ref, self.profiles[ref]
-            try:
-                full = self.check_allowed(Path(ref))
-            except (OSError, ValueError):
-                return None
-            for pid, profile in self.profiles.items():
-                if profile.path == full:
-                    return pid, profile
-        return None
+            self.sessions.append(session)
+        return session
 
-    def load(self, ref: str, progress: Progress | None = None,
-             on_builder: Callable[[Builder], None] | None = None) -> tuple[str, Profile]:
-        """Id and profile for `ref` (an id or a path), loading it if needed."""
-        found = self.find(ref)
-        if found:
-            return found
+    def end_session(self, session: Session) -> None:
+        """Forget a finished session's ids; models no other session names are closed."""
+        with self.lock:
+            self.sessions = [s for s in self.sessions if s is not session]
+            session.ids.clear()
+            closing = self._take_unreferenced()
+        self._close(closing)
+
+    def _path_of(self, session: Session, ref: str) -> tuple[str | None, Path]:
+        if ref in session.ids:
+            return ref, session.ids[ref]
         if "/" not in ref and "\\" not in ref and not Path(ref).suffix:
-            loaded = ", ".join(self.profiles) or "none yet"
-            raise UnknownProfile(f"no profile is loaded with id '{ref}' (loaded: {loaded}); "
-                                 "call load_profile with the file's path")
+            raise UnknownProfile(f"no profile is loaded with id '{ref}' in this session (loaded: "
+                                 f"{session.listed()}); call load_profile with the file's path")
         full = self.check_allowed(Path(ref))
-        if not full.exists():
-            raise ProfileNotFound(f"{full} does not exist; pass the path of an nsys .sqlite or .nsys-rep file")
-        profile = open_profile(full, cache_dir=self.cache_dir, use_cache=self.use_cache, progress=progress,
+        return session.id_of(full), full
+
+    def lease_open(self, session: Session, ref: str) -> Lease | None:
+        """A lease on `ref` if its model is open now (no file access), else None."""
+        try:
+            with self.lock:
+                _, key = self._path_of(session, ref)
+                model = self.models.get(key)
+                return None if model is None else self._lease(session, key, model)
+        except (OSError, ValueError):
+            return None
+
+    def acquire(self, session: Session, ref: str, progress: Progress | None = None,
+                on_builder: Callable[[Builder], None] | None = None) -> Lease:
+        """Lease the profile `ref` (an id of this session or a path), opening or building it if needed."""
+        with self.lock:
+            _, key = self._path_of(session, ref)
+            model = self.models.get(key)
+            if model is not None:
+                return self._lease(session, key, model)
+        if not key.exists():
+            raise ProfileNotFound(f"{key} does not exist; pass the path of an nsys .sqlite or .nsys-rep file")
+        profile = open_profile(key, cache_dir=self.cache_dir, use_cache=self.use_cache, progress=progress,
                                on_builder=on_builder)
         with self.lock:
-            for pid, existing in self.profiles.items():
-                if existing.path == profile.path:
-                    profile.close()
-                    return pid, existing
-            pid = self._new_id(full)
-            self.profiles[pid] = profile
-        return pid, profile
+            model = self.models.get(key)
+            if model is None:
+                model = self.models[key] = _Model(profile, profile.model_path.stat().st_size)
+            else:  # opened by another call meanwhile
+                self._close([profile])
+            lease = self._lease(session, key, model)
+            closing = self._take_over_budget()
+        self._close(closing)
+        return lease
 
-    def close(self, ref: str) -> str:
-        found = self.find(ref)
-        if not found:
-            loaded = ", ".join(self.profiles) or "none"
-            raise UnknownProfile(f"no profile '{ref}' is loaded (loaded: {loaded})")
-        pid, profile = found
+    def _lease(self, session: Session, key: Path, model: _Model) -> Lease:
+        model.leases += 1
+        self.models.move_to_end(key)
+        pid = session.add(key, model.profile.fingerprint)
+        return Lease(pid, model.profile, key)
+
+    def release(self, lease: Lease) -> None:
         with self.lock:
-            del self.profiles[pid]
-        profile.close()
+            model = self.models.get(lease.key)
+            if model is not None and model.profile is lease.profile:
+                model.leases -= 1
+            closing = self._take_unreferenced() + self._take_over_budget()
+        self._close(closing)
+
+    @contextmanager
+    def leased(self, session: Session, ref: str) -> Iterator[Lease]:
+        lease = self.acquire(session, ref)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+    def close(self, session: Session, ref: str) -> str:
+        """Drop `ref` from this session; its model closes once no other session names it."""
+        with self.lock:
+            try:
+                pid, _ = self._path_of(session, ref)
+            except UnknownProfile:
+                pid = None
+            if pid is None:
+                raise UnknownProfile(f"no profile '{ref}' is loaded in this session (loaded: {session.listed()})")
+            del session.ids[pid]
+            session.fingerprints.pop(pid, None)
+            closing = self._take_unreferenced()
+        self._close(closing)
         return pid
+
+    def _take_unreferenced(self) -> list[Profile]:
+        named = {path for s in self.sessions for path in s.ids.values()}
+        idle = [key for key, m in self.models.items() if m.leases == 0 and key not in named]
+        return [self.models.pop(key).profile for key in idle]
+
+    def _take_over_budget(self) -> list[Profile]:
+        budget = self.memory_budget_mb * MB
+        total = sum(m.cost_bytes for m in self.models.values())
+        taken = []
+        for key in [k for k, m in self.models.items() if m.leases == 0]:
+            if total <= budget:
+                break
+            model = self.models.pop(key)
+            total -= model.cost_bytes
+            taken.append(model.profile)
+            log.info("closed %s to stay within the %d MB budget of open profiles", key, self.memory_budget_mb)
+        return taken
+
+    def _close(self, profiles: list[Profile]) -> None:
+        for profile in profiles:
+            profile.close()
+
+    def listing(self, session: Session) -> list[tuple[str, Path, str]]:
+        """(id, path, fingerprint) of each profile this session loaded."""
+        with self.lock:
+            return [(pid, path, session.fingerprints[pid]) for pid, path in session.ids.items()]
+
+    def all_ids(self) -> list[str]:
+        """Every session's ids, for completions (the SDK gives completion handlers no session)."""
+        with self.lock:
+            return sorted({pid for s in self.sessions for pid in s.ids})
+
+    def open_bytes(self) -> int:
+        with self.lock:
+            return sum(m.cost_bytes for m in self.models.values())
 
     def close_all(self) -> None:
         with self.lock:
-            for profile in self.profiles.values():
-                profile.close()
-            self.profiles.clear()
+            closing = [m.profile for m in self.models.values()]
+            self.models.clear()
+            self.sessions.clear()
+        self._close(closing)

@@ -64,3 +64,10 @@ def planted(truth: dict, kind: str) -> list[dict]:
 def dump(model) -> dict:
     """A pydantic result as plain JSON data (for snapshots)."""
     return json.loads(model.model_dump_json())
+
+
+def kernels_in_export(path: Path) -> int:
+    """Kernel launches in a raw export, by plain SQLite: the independent figure to check tools against."""
+    import sqlite3
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+        return con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
