@@ -155,10 +155,12 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
         if _changed(sqlite_path, before):
             raise _changed_error(sqlite_path)
         os.replace(tmp, final)
-    except DAMAGE_ERRORS as exc:
+    except (duckdb.Error, sqlite3.Error) as exc:  # a file rewritten meanwhile can fail any query, binding included
         if _changed(sqlite_path, before):
             raise _changed_error(sqlite_path) from exc
-        raise damaged(sqlite_path, exc) from exc
+        if isinstance(exc, DAMAGE_ERRORS):
+            raise damaged(sqlite_path, exc) from exc
+        raise
     finally:
         raw.close()
         leftovers = [tmp, tmp.with_name(tmp.name + ".wal")]
