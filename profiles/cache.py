@@ -123,9 +123,10 @@ def _scan_copy(sqlite_path: Path, directory: Path) -> Path:
     return Path(name)
 
 
-def _changed(path: Path, before: tuple[int, int, int, int]) -> bool:
+def _changed(path: Path, before: tuple[int, int, int, int], key: str) -> bool:
+    """Whether the file differs from when the build started, or from the content `key` was taken from."""
     try:
-        return source.identity(path) != before
+        return source.identity(path) != before or source.fingerprint(path) != key
     except OSError:  # removed or replaced meanwhile
         return True
 
@@ -152,11 +153,11 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
         if is_wal_mode(sqlite_path):
             raw.scan_path = _scan_copy(sqlite_path, final.parent)
         build(raw, tmp, key, progress, on_builder)
-        if _changed(sqlite_path, before):
+        if _changed(sqlite_path, before, key):
             raise _changed_error(sqlite_path)
         os.replace(tmp, final)
     except (duckdb.Error, sqlite3.Error) as exc:  # a file rewritten meanwhile can fail any query, binding included
-        if _changed(sqlite_path, before):
+        if _changed(sqlite_path, before, key):
             raise _changed_error(sqlite_path) from exc
         if isinstance(exc, DAMAGE_ERRORS):
             raise damaged(sqlite_path, exc) from exc
