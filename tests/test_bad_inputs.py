@@ -4,6 +4,7 @@ what it left out, the server keeps serving, and nothing is ever written beside t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -290,9 +291,11 @@ def test_bad_inputs_cli_exits_2_with_one_stderr_line(tmp_path, case, words):
               "string_table": lambda: _drop("StringIds")(_copy(MOCK, user))}
     user.mkdir()
     path = target[case]()
+    before = _listing(user)
     done = subprocess.run([*CLI, "tool", "top_kernels", str(path), "--cache-dir", str(tmp_path / "cache")],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    assert _listing(user) == before
 
 
 # --- the cache ---------------------------------------------------------------------------------------------------
@@ -374,14 +377,8 @@ def test_bad_inputs_build_killed_half_way_is_rebuilt_cleanly(tmp_path):
 
 
 def test_bad_inputs_unwritable_cache_folder_falls_back_to_a_temporary_build(tmp_path, caplog):
-    """A cache that cannot be written (a read-only folder; for root, who may write anywhere, a folder under
-    /proc, which nobody can create) still serves: the model is built in a temporary folder for this load."""
-    path = _copy(MOCK, tmp_path / "user")
-    if os.geteuid() == 0:
-        cache = Path("/proc/nsightful-cache")
-    else:
-        cache = tmp_path / "readonly"
-        cache.mkdir(mode=0o555)
+    """A cache that cannot be written still serves: the model is built in a temporary folder for this load."""
+    path, cache = _copy(MOCK, tmp_path / "user"), _unwritable_cache(tmp_path)
     profile = open_profile(path, cache_dir=cache)
     try:
         assert profile.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == 2
@@ -391,6 +388,26 @@ def test_bad_inputs_unwritable_cache_folder_falls_back_to_a_temporary_build(tmp_
     assert not profile.model_path.exists()
     assert [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage() and str(cache) in
             r.getMessage()]
+    assert _listing(path.parent) == ["run.sqlite"]
+
+
+def _unwritable_cache(tmp_path: Path) -> Path:
+    """A cache folder that cannot be written: read-only; for root, who may write anywhere, one under /proc,
+    where nobody can create a folder."""
+    if os.geteuid() == 0:
+        return Path("/proc/nsightful-cache")
+    cache = tmp_path / "readonly"
+    cache.mkdir(mode=0o555)
+    return cache
+
+
+def test_bad_inputs_cli_with_an_unwritable_cache_answers_and_warns_once(tmp_path):
+    path, cache = _copy(MOCK, tmp_path / "user"), _unwritable_cache(tmp_path)
+    done = subprocess.run([*CLI, "tool", "top_kernels", str(path), "--cache-dir", str(cache), "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["kernel_count"] == _raw_count(MOCK, f"SELECT count(*) FROM {KERNEL}")
+    assert done.stderr.count("\n") == 1 and f"the cache folder {cache} cannot be written" in done.stderr
     assert _listing(path.parent) == ["run.sqlite"]
 
 
