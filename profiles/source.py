@@ -84,7 +84,12 @@ def convert_report(report: Path, cache_dir: Path) -> Path:
         raise ConversionNeeded(
             f"{report} is an Nsight Systems report and `nsys` is not on PATH to convert it; run "
             f"`nsys export --type sqlite --output {report.with_suffix('.sqlite')} {report}` and pass the .sqlite")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConversionFailed(f"the converted export of {report} cannot be written to {out.parent} "
+                               f"({exc.strerror}); set NSIGHTFUL_CACHE_DIR (or --cache-dir) to a writable folder, "
+                               "or convert it yourself with `nsys export --type sqlite` and pass the .sqlite") from exc
     tmp = out.with_suffix(".partial.sqlite")
     cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(tmp), str(report)]
     try:

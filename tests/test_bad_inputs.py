@@ -21,7 +21,7 @@ from conftest import FIXTURE_FILES, FIXTURES
 from mcp.client import Client
 
 from nsightful.profiles import open_profile
-from nsightful.profiles.errors import ProfileChanged
+from nsightful.profiles.errors import ConversionFailed, ProfileChanged
 from nsightful.profiles.model import MODEL_VERSION
 from nsightful.server.app import build_server
 from nsightful.tools import TOOL_NAMES
@@ -425,3 +425,19 @@ def test_bad_inputs_file_rewritten_while_loading_is_refused_then_loads(tmp_path)
     assert _models(cache) == [] and _temporaries(cache) == []
     assert _kernels(path, cache) == 18
     assert _listing(path.parent) == ["run.sqlite"]
+
+
+def test_bad_inputs_report_to_convert_with_an_unwritable_cache_is_one_sentence(tmp_path, monkeypatch):
+    nsys = tmp_path / "bin" / "nsys"  # present, so conversion is attempted; never reached
+    nsys.parent.mkdir()
+    nsys.write_text("#!/bin/sh\nexit 1\n")
+    nsys.chmod(0o755)
+    monkeypatch.setenv("PATH", str(nsys.parent))
+    (tmp_path / "user").mkdir()
+    report = _write(tmp_path / "user" / "run.nsys-rep", b"nsys report bytes")
+    cache = _unwritable_cache(tmp_path)
+    with pytest.raises(ConversionFailed) as caught:
+        open_profile(report, cache_dir=cache)
+    _one_sentence(str(caught.value))
+    assert f"cannot be written to {cache / 'exports'}" in str(caught.value)
+    assert _listing(report.parent) == ["run.nsys-rep"]
