@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +12,10 @@ import duckdb
 
 from nsightful.profiles import cache, source
 from nsightful.profiles.duck import close_model, open_model
+from nsightful.profiles.errors import CacheUnwritable
 from nsightful.profiles.ingest import Builder, Progress
+
+log = logging.getLogger("nsightful")
 
 
 @dataclass
@@ -39,11 +42,11 @@ def open_profile(path: str | Path, *, cache_dir: Path | None = None, use_cache: 
     if target.suffix.lower() in source.REPORT_SUFFIXES:
         sqlite_path = source.convert_report(target, directory)
     key = source.fingerprint(sqlite_path)
-    scratch = None
     if use_cache:
-        model = cache.build_cached(sqlite_path, key, directory, progress, on_builder)
-    else:
-        scratch = Path(tempfile.mkdtemp(prefix="nsightful-"))
-        model = cache.model_path(scratch, key)
-        cache.build_to(sqlite_path, key, model, progress, on_builder)
+        try:
+            model, con = cache.open_cached(sqlite_path, key, directory, progress, on_builder)
+            return Profile(path=target, fingerprint=key, model_path=model, con=con)
+        except CacheUnwritable as exc:
+            log.warning("nsightful: %s; building in a temporary folder instead, for this load only", exc)
+    scratch, model = cache.build_scratch(sqlite_path, key, progress, on_builder)
     return Profile(path=target, fingerprint=key, model_path=model, con=open_model(model), _scratch=scratch)

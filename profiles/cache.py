@@ -1,18 +1,40 @@
-"""The model cache: one DuckDB file per export content, built once, shared by processes."""
+"""The model cache: one DuckDB file per export content, built once, shared by processes.
+
+A cached file is used only when it opens and its meta row names this content and model version;
+anything else (a corrupt file, one of another layout) is rebuilt. Builds write a temporary file under
+an exclusive lock and rename it into place, so a build killed half way leaves only its temporary
+file, which the next build of that content removes.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+import duckdb
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+from nsightful.profiles import source
+from nsightful.profiles.duck import close_model, open_model
+from nsightful.profiles.errors import CacheUnwritable, ProfileChanged
 from nsightful.profiles.ingest import Builder, Progress, build
 from nsightful.profiles.model import MODEL_VERSION
-from nsightful.profiles.raw import RawExport
+from nsightful.profiles.raw import ROLLBACK_MODE, WAL_VERSION_OFFSET, RawExport, damaged, is_wal_mode
 
 CACHE_ENV = "NSIGHTFUL_CACHE_DIR"
+# What DuckDB or SQLite raise when the export's content cannot be read (truncated pages, invalid text or
+# values of the wrong type); our own SQL errors (binder, catalog) are not among them.
+DAMAGE_ERRORS = (sqlite3.DatabaseError, duckdb.IOException, duckdb.InvalidInputException,
+                 duckdb.TypeMismatchException, duckdb.ConversionException)
 
 
 def cache_dir() -> Path:
@@ -23,51 +45,144 @@ def cache_dir() -> Path:
     return Path(base) / "nsightful"
 
 
+def unwritable(directory: Path, exc: OSError) -> CacheUnwritable:
+    return CacheUnwritable(f"the cache folder {directory} cannot be written ({exc.strerror or exc}); set "
+                           f"{CACHE_ENV} (or --cache-dir) to a writable folder")
+
+
 @contextmanager
-def _lock(path: Path):
-    """An exclusive lock file, so two processes opening one profile build it once."""
+def _lock(directory: Path, key: str):
+    """An exclusive lock file, so two processes opening one profile build it once. The lock is the open file's
+    flock: the kernel drops it when its process dies, so a killed build never leaves it held."""
     try:
-        import fcntl
-    except ImportError:  # Windows: builds may duplicate, the atomic rename keeps them safe
+        directory.mkdir(parents=True, exist_ok=True)
+        fh = (directory / f"{key}.lock").open("a")
+    except OSError as exc:
+        raise unwritable(directory, exc) from exc
+    with fh:
+        if fcntl is not None:  # Windows: builds may duplicate, the atomic rename keeps them safe
+            fcntl.flock(fh, fcntl.LOCK_EX)
         yield
-        return
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def model_path(directory: Path, key: str) -> Path:
     return directory / f"{key}-m{MODEL_VERSION}.duckdb"
 
 
-def build_cached(sqlite_path: Path, key: str, directory: Path, progress: Progress | None = None,
-                 on_builder: Callable[[Builder], None] | None = None) -> Path:
-    """The cached model for this content, building it first if needed (temp file, then atomic rename)."""
-    directory.mkdir(parents=True, exist_ok=True)
+def _open_valid(path: Path, key: str) -> duckdb.DuckDBPyConnection | None:
+    """A connection to the cached model at `path` if it is complete and current, else None."""
+    if not path.exists():
+        return None
+    try:
+        con = open_model(path)
+    except duckdb.Error:
+        return None
+    try:
+        row = con.execute("SELECT fingerprint, model_version FROM meta").fetchone()
+    except duckdb.Error:
+        row = None
+    if row == (key, MODEL_VERSION):
+        return con
+    close_model(path, con)
+    return None
+
+
+def _remove_leftovers(final: Path, key: str) -> None:
+    """Under the lock: the stale model at `final` and temporary files of builds that were killed."""
+    for path in (final, final.with_name(final.name + ".wal"), *final.parent.glob(f".{key}-*.duckdb.tmp*")):
+        path.unlink(missing_ok=True)
+
+
+def open_cached(sqlite_path: Path, key: str, directory: Path, progress: Progress | None = None,
+                on_builder: Callable[[Builder], None] | None = None) -> tuple[Path, duckdb.DuckDBPyConnection]:
+    """The cached model for this content and a connection to it, building it first if needed.
+
+    Raises CacheUnwritable when the model must be built and `directory` cannot be written.
+    """
     final = model_path(directory, key)
-    if final.exists():
-        return final
-    with _lock(directory / f"{key}.lock"):
-        if final.exists():
-            return final
+    con = _open_valid(final, key)
+    if con is not None:
+        return final, con
+    with _lock(directory, key):
+        con = _open_valid(final, key)
+        if con is not None:
+            return final, con
+        _remove_leftovers(final, key)
         build_to(sqlite_path, key, final, progress, on_builder)
-    return final
+    return final, open_model(final)
+
+
+def _scan_copy(sqlite_path: Path, directory: Path) -> Path:
+    """A private copy of a WAL-mode export, marked as a rollback-journal database so that reading it writes
+    nothing beside it (DuckDB's scanner cannot open a file `immutable`)."""
+    fd, name = tempfile.mkstemp(prefix=".wal-copy-", suffix=".sqlite", dir=directory)
+    with os.fdopen(fd, "wb") as out, sqlite_path.open("rb") as src:
+        shutil.copyfileobj(src, out)
+        out.seek(WAL_VERSION_OFFSET)
+        out.write(ROLLBACK_MODE)
+    return Path(name)
+
+
+def _changed(path: Path, before: tuple[int, int, int, int], key: str) -> bool:
+    """Whether the file differs from when the build started, or from the content `key` was taken from."""
+    try:
+        return source.identity(path) != before or source.fingerprint(path) != key
+    except OSError:  # removed or replaced meanwhile
+        return True
+
+
+def _changed_error(path: Path) -> ProfileChanged:
+    return ProfileChanged(f"{path} changed while it was being loaded (is nsys or another program still writing "
+                          "it?); load it again once the file is complete")
 
 
 def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None = None,
              on_builder: Callable[[Builder], None] | None = None) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{key}-", suffix=".duckdb.tmp", dir=final.parent)
+    """Build the model of `sqlite_path` into `final` (temporary file, then atomic rename). Raises
+    ProfileChanged when the export changed while it was read, NotAProfile when part of it is unreadable."""
+    before = source.identity(sqlite_path)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{key}-", suffix=".duckdb.tmp", dir=final.parent)
+    except OSError as exc:
+        raise unwritable(final.parent, exc) from exc
     os.close(fd)
     tmp = Path(tmp_name)
     tmp.unlink()  # DuckDB wants to create the file itself
     raw = RawExport(sqlite_path)
     try:
+        if is_wal_mode(sqlite_path):
+            raw.scan_path = _scan_copy(sqlite_path, final.parent)
         build(raw, tmp, key, progress, on_builder)
+        if _changed(sqlite_path, before, key):
+            raise _changed_error(sqlite_path)
         os.replace(tmp, final)
+    except (duckdb.Error, sqlite3.Error) as exc:  # a file rewritten meanwhile can fail any query, binding included
+        if _changed(sqlite_path, before, key):
+            raise _changed_error(sqlite_path) from exc
+        if isinstance(exc, DAMAGE_ERRORS):
+            raise damaged(sqlite_path, exc) from exc
+        raise
     finally:
         raw.close()
-        for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
+        leftovers = [tmp, tmp.with_name(tmp.name + ".wal")]
+        if raw.scan_path != sqlite_path:
+            leftovers.append(raw.scan_path)
+        for leftover in leftovers:
             leftover.unlink(missing_ok=True)
+
+
+def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,
+                  on_builder: Callable[[Builder], None] | None = None) -> tuple[Path, Path]:
+    """(folder, model) of a build in a new temporary folder, which the caller removes when done with it."""
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix="nsightful-"))
+    except OSError as exc:
+        raise CacheUnwritable(f"the temporary folder {tempfile.gettempdir()} cannot be written ({exc.strerror}) "
+                              f"to build the model in; set {CACHE_ENV} (or --cache-dir) to a writable folder") from exc
+    model = model_path(scratch, key)
+    try:
+        build_to(sqlite_path, key, model, progress, on_builder)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return scratch, model

@@ -21,6 +21,14 @@ class ConversionFailed(NsightfulError):
     pass
 
 
+class ProfileChanged(NsightfulError):
+    """The export's file changed while it was being read: the model would mix two contents."""
+
+
+class CacheUnwritable(NsightfulError):
+    """The cache folder cannot be written (open_profile then builds in a temporary folder)."""
+
+
 class LoadCancelled(NsightfulError):
     pass
 

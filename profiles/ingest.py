@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 
+from nsightful.profiles import checks
 from nsightful.profiles.duck import OFFLINE, load_sqlite_scanner
 from nsightful.profiles.errors import LoadCancelled
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
@@ -304,7 +305,8 @@ class Builder:
                     domain_id BIGINT)""", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO _nvtx SELECT r.globalTid, r.start, r."end", e.label, coalesce(r.text, s.value),
+        text = checks.UTF8_TEXT_SQL.format(col="r.text")
+        self.sql(f"""INSERT INTO _nvtx SELECT r.globalTid, r.start, r."end", e.label, coalesce({text}, s.value),
                 {self.col(t, "domainId", "0")}
             FROM {self.src(t)} r JOIN enums e ON e.enum = 'ENUM_NSYS_EVENT_TYPE' AND e.code = r.eventType
             LEFT JOIN _strings s ON s.id = {self.col(t, "textId")}
@@ -415,7 +417,7 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
         on_builder(b)
     try:
         load_sqlite_scanner(b.con)
-        b.sql(f"ATTACH '{_quote(raw.path)}' AS raw (TYPE sqlite, READ_ONLY)")
+        b.sql(f"ATTACH '{_quote(raw.scan_path)}' AS raw (TYPE sqlite, READ_ONLY)")
         b.step("strings and enums")
         b.strings()
         b.enums()
@@ -456,6 +458,7 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
                 cur.close()
         b.step("NVTX nesting")
         b.nvtx()
+        checks.clean(b.con, raw.notes)
         b.step("devices, metadata, capabilities")
         b.gpus()
         b.meta(raw.path, raw.path.stat().st_size, fingerprint)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 7  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 8  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -212,9 +212,10 @@ TABLES: tuple[Table, ...] = (
     Table("diagnostics", "Messages nsys recorded about the capture itself (DIAGNOSTIC_EVENT), e.g. 'CUDA profiling "
                          "might have not been started correctly'; severity and source decoded by the export's "
                          "ENUM_DIAGNOSTIC_* tables.", (
-        ("time_ns", "BIGINT", "when it was recorded, on the export's clock"),
+        ("time_ns", "BIGINT", "when it was recorded, on the export's clock; NULL for nsightful's notes"),
         ("severity", "VARCHAR", "error | warning | info | verbose | unknown"),
-        ("source", "VARCHAR", "injection (inside the profiled process), daemon, analysis, unknown"),
+        ("source", "VARCHAR", "injection (inside the profiled process), daemon, analysis, unknown; nsightful for "
+                              "what loading left out of this model (damaged rows, unreadable tables)"),
         ("pid", "BIGINT", "process it is about; NULL for session-wide messages"),
         ("text", "VARCHAR", "the message"),
     )),

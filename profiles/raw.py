@@ -8,9 +8,14 @@ from functools import cached_property
 from pathlib import Path
 from urllib.parse import quote
 
+from nsightful.profiles.checks import ESSENTIAL_TABLES, left_out_note, missing_columns
 from nsightful.profiles.errors import NotAProfile
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# Header bytes 18 and 19 (file format write and read versions): 2 means WAL journal mode, 1 the rollback journal.
+WAL_VERSION_OFFSET = 18
+WAL_MODE = b"\x02\x02"
+ROLLBACK_MODE = b"\x01\x01"
 # Tables whose presence marks a file as an nsys export (every version has at least one).
 NSYS_MARKERS = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "ThreadNames", "CUPTI_ACTIVITY_KIND_KERNEL")
 # Misspellings seen in real exports, mapped to the name we look up.
@@ -52,25 +57,66 @@ def decode_text(value: object) -> object:
     return value
 
 
+def damaged(path: Path, exc: Exception) -> NotAProfile:
+    """The one-sentence error for an export SQLite or DuckDB failed to read part of."""
+    lines = str(exc).strip().splitlines()
+    return NotAProfile(f"{path} is not a readable SQLite database ({lines[0] if lines else type(exc).__name__}): "
+                       "it may be truncated, damaged or still being written; re-export it with "
+                       "`nsys export --type sqlite`")
+
+
+def is_wal_mode(path: Path) -> bool:
+    """Whether the export is in WAL journal mode: SQLite (and DuckDB's scanner) opening it without
+    `immutable` would create -wal/-shm files beside it."""
+    with path.open("rb") as fh:
+        fh.seek(WAL_VERSION_OFFSET)
+        return fh.read(len(WAL_MODE)) == WAL_MODE
+
+
 class RawExport:
-    """The raw export, opened read-only (immutable: nothing, not even a lock, is written)."""
+    """The raw export, opened read-only (immutable: nothing, not even a lock, is written).
+
+    Tables lacking a column ingest reads are hidden (see profiles.checks) and named in `notes`;
+    `scan_path` is the file DuckDB's scanner reads (a private copy when the export is in WAL mode).
+    """
 
     def __init__(self, path: Path):
         self.path = path
+        self.scan_path = path
+        self.notes: list[str] = []
         uri = f"file:{quote(str(path))}?mode=ro&immutable=1"
         try:
             self.con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise damaged(path, exc) from exc
+        try:
             self.con.text_factory = bytes
             names = [decode_text(r[0]) for r in
                      self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
+            self.table_names = {TABLE_ALIASES.get(n, n): n for n in names}
+            if not any(m in self.table_names for m in NSYS_MARKERS):
+                raise NotAProfile(f"{path} is an SQLite database but not an Nsight Systems export "
+                                  "(no StringIds/CUPTI/TARGET_INFO tables); export one with "
+                                  "`nsys export --type sqlite report.nsys-rep`")
+            self._hide_unreadable_tables()
         except sqlite3.DatabaseError as exc:
-            raise NotAProfile(f"{path} is not a readable SQLite database ({exc}); "
-                              "re-export it with `nsys export --type sqlite`") from exc
-        self.table_names = {TABLE_ALIASES.get(n, n): n for n in names}
-        if not any(m in self.table_names for m in NSYS_MARKERS):
-            raise NotAProfile(f"{path} is an SQLite database but not an Nsight Systems export "
-                              "(no StringIds/CUPTI/TARGET_INFO tables); export one with "
-                              "`nsys export --type sqlite report.nsys-rep`")
+            self.con.close()
+            raise damaged(path, exc) from exc
+        except NotAProfile:
+            self.con.close()
+            raise
+
+    def _hide_unreadable_tables(self) -> None:
+        for table in ESSENTIAL_TABLES:
+            if not self.has(table) or missing_columns(table, self.columns(table)):
+                raise NotAProfile(f"{self.path} has no readable {table} table, which every nsys export uses to "
+                                  "name kernels, API calls and threads: the file is incomplete or was altered; "
+                                  "re-export the report with `nsys export --type sqlite`")
+        for table in sorted(self.table_names):
+            missing = missing_columns(table, self.columns(table))
+            if missing:
+                self.notes.append(left_out_note(table, missing, self.count(table)))
+                del self.table_names[table]
 
     def close(self) -> None:
         self.con.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -17,27 +19,42 @@ NSYS_EXPORT_TIMEOUT_S = 1800  # a multi-GB report converts in minutes, not hours
 
 
 def check_file(path: Path) -> Path:
-    """The absolute path of a readable, non-empty file; a clear error otherwise."""
+    """The absolute path of a readable, non-empty regular file; a clear error otherwise.
+
+    The file is opened non-blocking and checked on its open descriptor: a FIFO (or a device) never
+    blocks the caller, and nothing can swap the file between the check and the read.
+    """
     path = Path(path).expanduser()
-    if not path.exists():
-        raise ProfileNotFound(f"{path} does not exist; pass the path of an nsys .sqlite or .nsys-rep file")
-    if path.is_dir():
-        raise NotAProfile(f"{path} is a directory; pass one .sqlite or .nsys-rep file inside it")
-    path = path.resolve()
     try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(len(SQLITE_MAGIC))
-    except OSError as exc:
-        raise ProfileNotFound(f"{path} cannot be read ({exc.strerror}); check its permissions") from exc
-    if size == 0:
-        raise NotAProfile(f"{path} is empty (0 bytes); re-run `nsys export --type sqlite` on the report")
+        if not path.exists():
+            raise ProfileNotFound(f"{path} does not exist; pass the path of an nsys .sqlite or .nsys-rep file")
+        if path.is_dir():
+            raise NotAProfile(f"{path} is a directory; pass one .sqlite or .nsys-rep file inside it")
+        path = path.resolve()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop; ValueError: a NUL byte
+        raise ProfileNotFound(f"{path} cannot be opened ({getattr(exc, 'strerror', None) or exc}); check the path "
+                              "and its permissions") from exc
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAProfile(f"{path} is not a regular file (a device, FIFO or socket); pass an nsys .sqlite or "
+                              ".nsys-rep file")
+        if st.st_size == 0:
+            raise NotAProfile(f"{path} is empty (0 bytes); re-run `nsys export --type sqlite` on the report")
+        head = fh.read(len(SQLITE_MAGIC))
     if path.suffix.lower() in REPORT_SUFFIXES:
         return path
     if head != SQLITE_MAGIC:
         raise NotAProfile(f"{path} is not an SQLite file (its first bytes are not an SQLite header); "
                           "export the report with `nsys export --type sqlite report.nsys-rep`")
     return path
+
+
+def identity(path: Path) -> tuple[int, int, int, int]:
+    """(device, inode, size, modification time): any rewrite of the file while it is read changes it."""
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def fingerprint(path: Path) -> str:
@@ -67,7 +84,12 @@ def convert_report(report: Path, cache_dir: Path) -> Path:
         raise ConversionNeeded(
             f"{report} is an Nsight Systems report and `nsys` is not on PATH to convert it; run "
             f"`nsys export --type sqlite --output {report.with_suffix('.sqlite')} {report}` and pass the .sqlite")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConversionFailed(f"the converted export of {report} cannot be written to {out.parent} "
+                               f"({exc.strerror}); set NSIGHTFUL_CACHE_DIR (or --cache-dir) to a writable folder, "
+                               "or convert it yourself with `nsys export --type sqlite` and pass the .sqlite") from exc
     tmp = out.with_suffix(".partial.sqlite")
     cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(tmp), str(report)]
     try:

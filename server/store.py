@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ MB = 1 << 20
 # intermediates come and go with the call. Past this budget the least recently used idle model is closed
 # and reopens from the cache on its next use.
 DEFAULT_MEMORY_BUDGET_MB = 4096
+URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # file://, http://, s3:// (a Path keeps one slash)
 
 
 class OutsideRoots(InvalidRequest):
@@ -64,12 +66,25 @@ class ProfileStore:
         self.sessions.append(self.sessionless)
 
     def check_allowed(self, path: Path) -> Path:
+        """The absolute, symlink-free path of `path` (relative ones are taken from the first root) when it lies
+        inside one of the roots; a one-sentence error for URLs, NUL bytes, unresolvable paths and the rest."""
+        given, listed = str(path), ", ".join(str(r) for r in self.roots)
+        if URL_SCHEME.match(given):
+            raise OutsideRoots(f"{given} is a URL; nsightful reads local files only: pass the path of the file "
+                               f"inside the allowed roots ({listed})")
+        if "\0" in given:
+            raise InvalidRequest(f"the path {given!r} contains a NUL byte; pass a plain file path")
         full = path.expanduser()
-        full = (full if full.is_absolute() else self.roots[0] / full).resolve()
+        try:
+            full = (full if full.is_absolute() else self.roots[0] / full).resolve()
+            full.exists()  # raises for a name too long, which resolve() lets through
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+            raise ProfileNotFound(f"{given} cannot be resolved ({getattr(exc, 'strerror', None) or exc}); "
+                                  "pass the path of an existing file") from exc
         if not any(full.is_relative_to(root) for root in self.roots):
-            listed = ", ".join(str(r) for r in self.roots)
-            raise OutsideRoots(f"{full} is outside the allowed roots ({listed}); move the profile there or "
-                               "start the server with --root pointing at its folder")
+            resolved = "" if str(full) == given else f" (it resolves to {full})"
+            raise OutsideRoots(f"{given}{resolved} is outside the allowed roots ({listed}); move the "
+                               "profile there or start the server with --root pointing at its folder")
         return full
 
     def open_session(self, name: str) -> Session:

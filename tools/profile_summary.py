@@ -12,6 +12,7 @@ recognised from kernel names, each with the number of kernel executions and dist
 diagnostics: nsys' own messages about the capture, counted per severity, with the error and warning texts
 (errors first, then by first occurrence; each distinct text once with its count and the processes it names).
 trace_quality: one sentence per problem of the trace itself, most severe first, each with its next action:
+what loading left out of a damaged or altered export (tables lacking a column, rows with unusable times),
 kernel launch calls without kernel records (launch calls made inside CUDA stream capture are not counted:
 they record graph nodes and run as graph launches), graphs recorded as whole graphs, CUDA API calls or copies
 without any kernel, GPU work covering a small part of the capture, devices without hardware records, exports
@@ -25,6 +26,7 @@ from typing import NamedTuple
 import duckdb
 from pydantic import BaseModel, Field
 
+from nsightful.profiles.checks import LOAD_SOURCE
 from nsightful.profiles.ingest import API_KIND_SQL
 from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
 from nsightful.tools import program
@@ -175,10 +177,12 @@ FROM hits GROUP BY library, rank ORDER BY rank
 """
 
 
-DIAGNOSTIC_COUNTS_SQL = "SELECT severity, count(*) FROM diagnostics GROUP BY 1 ORDER BY 2 DESC, 1"
-DIAGNOSTIC_MESSAGES_SQL = """
+# nsys' own messages; the notes loading wrote (source LOAD_SOURCE) are trace-quality notes instead.
+DIAGNOSTIC_COUNTS_SQL = (f"SELECT severity, count(*) FROM diagnostics WHERE source <> '{LOAD_SOURCE}' "
+                         "GROUP BY 1 ORDER BY 2 DESC, 1")
+DIAGNOSTIC_MESSAGES_SQL = f"""
 SELECT severity, any_value(source), text, count(*), count(DISTINCT pid), min(time_ns) FROM diagnostics
-WHERE severity IN ('error', 'warning') GROUP BY severity, text
+WHERE severity IN ('error', 'warning') AND source <> '{LOAD_SOURCE}' GROUP BY severity, text
 ORDER BY severity = 'error' DESC, min(time_ns), text LIMIT $limit
 """
 
@@ -207,6 +211,7 @@ SELECT (SELECT count(*) FROM (SELECT DISTINCT pid, correlation_id FROM cuda_api 
        (SELECT count(*) FROM (SELECT DISTINCT a.pid, a.correlation_id FROM cuda_api a JOIN spans s ON a.pid = s.pid
         AND a.tid = s.tid WHERE s.opens AND a.kind = 'launch' AND a.start_ns BETWEEN s.start_ns AND s.end_ns))
 """
+LOAD_NOTES_SQL = f"SELECT text FROM diagnostics WHERE source = '{LOAD_SOURCE}' ORDER BY rowid"
 LAST_API_SQL = "SELECT name, end_ns FROM cuda_api ORDER BY end_ns DESC LIMIT 1"
 GPU_INFO_SQL = "SELECT capture_flag FROM capabilities WHERE data = 'gpu_info' AND NOT present"
 
@@ -318,12 +323,13 @@ def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture_end: int, d
 def _trace_quality(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Window | None,
                    gpu_active_pct: float | None, devices: list[Device], machine_gpus: str | None,
                    derived: str | None) -> list[str]:
+    loading = [text for (text,) in con.execute(LOAD_NOTES_SQL).fetchall()]
     if capture is None:
-        return ([f"the export lists {machine_gpus} for the machine but recorded no event at all"]
-                if machine_gpus else [])
+        return loading + ([f"the export lists {machine_gpus} for the machine but recorded no event at all"]
+                          if machine_gpus else [])
     t = _Trace(*con.execute(TRACE_SQL).fetchone())
-    notes = [f"nsys recorded {t.errors:,} error message(s) about this capture (see diagnostics): data may be "
-             "missing from it; read them before trusting absences"] if t.errors else []
+    notes = loading + ([f"nsys recorded {t.errors:,} error message(s) about this capture (see diagnostics): data "
+                        "may be missing from it; read them before trusting absences"] if t.errors else [])
     notes += _launch_notes(con, t, capture.end_ns, derived)
     if derived:
         notes.append(f"this export was cut or rewritten by another tool ({derived}), so work crossing its edges is "
