@@ -12,7 +12,6 @@ from typing import Annotated, Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
@@ -21,6 +20,7 @@ from pydantic import BaseModel, Field
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.ingest import Builder
 from nsightful.server import __version__
+from nsightful.server.cancel import run_on_cursor, run_stoppable
 from nsightful.server.store import ProfileStore
 from nsightful.tools import skills
 
@@ -60,7 +60,7 @@ def _text_result(text: str, model: BaseModel) -> CallToolResult:
 
 
 async def _load(store: ProfileStore, ref: str, ctx: Context | None):
-    """Load (or find) a profile off the event loop, with MCP progress and cancellation."""
+    """Load (or find) a profile off the event loop, with MCP progress; a cancelled load stops its build."""
     found = store.find(ref)
     if found:
         return found
@@ -71,13 +71,11 @@ async def _load(store: ProfileStore, ref: str, ctx: Context | None):
         if ctx is not None:
             anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
 
-    try:
-        return await anyio.to_thread.run_sync(lambda: store.load(ref, progress, builders.append),
-                                              abandon_on_cancel=True)
-    except anyio.get_cancelled_exc_class():
+    def interrupt() -> None:
         for b in builders:
             b.interrupt()
-        raise
+
+    return await run_stoppable(lambda: store.load(ref, progress, builders.append), interrupt, ctx)
 
 
 def _as_tool_error(exc: NsightfulError) -> ToolError:
@@ -111,12 +109,7 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
         try:
             pid, profile = await _load(store, kwargs["profile"], ctx)
             params = module.Params(**{**kwargs, "profile": pid})
-
-            def work():
-                with profile.con.cursor() as cur:
-                    return module.run(cur, params)
-
-            result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            result = await run_on_cursor(profile.con, lambda cur: module.run(cur, params), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         return _text_result(module.render(result), result)
@@ -150,8 +143,7 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
         """Load a profile (built once into a cache, then reused); returns its id and summary."""
         try:
             pid, profile = await _load(store, path, ctx)
-            with profile.con.cursor() as cur:
-                result = summary.run(cur, summary.Params(profile=pid))
+            result = await run_on_cursor(profile.con, lambda cur: summary.run(cur, summary.Params(profile=pid)), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         loaded = LoadResult(profile=pid, path=str(profile.path), summary=result.model_dump(mode="json"))
