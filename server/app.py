@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_origin
 
 import anyio
 import anyio.from_thread
@@ -22,6 +22,7 @@ from nsightful.profiles.ingest import Builder
 from nsightful.server import __version__
 from nsightful.server.cancel import run_on_cursor, run_stoppable
 from nsightful.server.store import ProfileStore
+from nsightful.server.validation import NsightfulMCP
 from nsightful.tools import skills
 
 log = logging.getLogger("nsightful")
@@ -85,10 +86,17 @@ def _as_tool_error(exc: NsightfulError) -> ToolError:
 def _flat_signature(params_model: type[BaseModel]) -> list[inspect.Parameter]:
     out = []
     for name, info in params_model.model_fields.items():
-        annotation = Annotated[info.annotation, Field(description=info.description, **_bounds(info))]
+        annotation = Annotated[info.annotation, Field(description=info.description, **_strict(info.annotation),
+                                                      **_bounds(info))]
         default = inspect.Parameter.empty if info.is_required() else info.default
         out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return out
+
+
+def _strict(annotation: Any) -> dict[str, bool]:
+    """Types as the schema says: a client sends JSON, where true is no device 1 and "10" no limit.
+    (A Literal matches its exact values already, and pydantic refuses strict on it.)"""
+    return {} if get_origin(annotation) is Literal else {"strict": True}
 
 
 def _bounds(info) -> dict[str, Any]:
@@ -124,7 +132,7 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
 
 def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bool = True) -> MCPServer:
     store = ProfileStore(roots=[r.resolve() for r in roots], cache_dir=cache_dir, use_cache=use_cache)
-    mcp = MCPServer(name="nsightful", version=__version__, instructions=INSTRUCTIONS)
+    mcp = NsightfulMCP(name="nsightful", version=__version__, instructions=INSTRUCTIONS)
     mcp.store = store  # for resources, prompts and tests
     modules = skills()
 
