@@ -94,7 +94,11 @@ async def test_server_errors_invalid_arguments_are_one_exact_sentence(server, mo
             result = await client.call_tool(tool, args)
             assert result.is_error and _text(result) == f"Error executing tool {tool}: {message}", (tool, args)
         still = await client.call_tool("top_kernels", {"profile": MOCK, "device": 0, "limit": 1})
+        whole = await client.call_tool("query_sql", {"profile": MOCK, "sql": "SELECT 1 AS x", "timeout_s": 5})
+        unset = await client.call_tool("top_kernels", {"profile": MOCK, "device": None})
     assert not still.is_error and still.structured_content["kernel_count"] == 2
+    assert whole.structured_content["rows"] == [[1]]  # an integer is a number, as JSON has it
+    assert not unset.is_error and unset.structured_content["scope"]["devices"] == [0]
 
 
 def _wrong_values(spec: dict) -> list:
