@@ -64,15 +64,26 @@ def expected(spec: dict[str, Any]) -> str:
     return f"{text}, or null" if any(arm.get("type") == "null" for arm in arms) else text
 
 
+def _located(loc: tuple, properties: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The parameter (or list item, as 'devices[2]') an error is about, and its schema."""
+    if not loc:
+        return "the arguments", {}
+    name, spec = str(loc[0]), properties.get(str(loc[0]), {})
+    for part in loc[1:]:
+        items = next((arm["items"] for arm in spec.get("anyOf", [spec]) if "items" in arm), None)
+        if isinstance(part, int) and items is not None:
+            name, spec = f"{name}[{part}]", items
+    return name, spec
+
+
 def explain(error: ValidationError, schema: dict[str, Any]) -> str:
     """One line for a failed validation: each bad parameter once (a union reports one error per arm)."""
     properties = schema.get("properties", {})
     parts: dict[str, str] = {}
     for err in error.errors():
-        name = str(err["loc"][0]) if err["loc"] else "the arguments"
+        name, spec = _located(err["loc"], properties)
         if name in parts:
             continue
-        spec = properties.get(name, {})
         if err["type"] == "missing":
             parts[name] = f"{name} is required: {spec.get('description') or expected(spec)}"
         else:
