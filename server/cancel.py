@@ -34,7 +34,7 @@ class ClientGone(NsightfulError):
 
 
 class _Worker(Generic[T]):
-    """`job` for one worker thread; `interrupt()` from the event loop stops it, or keeps it from starting."""
+    """`job` for one worker thread; `stop()` from the event loop interrupts it, or keeps it from starting."""
 
     def __init__(self, job: Callable[[], T], interrupt: Callable[[], None]):
         self._job, self._interrupt = job, interrupt
