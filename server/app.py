@@ -8,12 +8,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_origin
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
@@ -22,9 +21,11 @@ from pydantic import BaseModel, Field
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.ingest import Builder
 from nsightful.server import __version__
+from nsightful.server.cancel import run_on_cursor, run_stoppable
 from nsightful.server.http import bearer_auth
 from nsightful.server.sessions import session_of
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB, Lease, ProfileStore, Session
+from nsightful.server.validation import NsightfulMCP
 from nsightful.tools import skills
 
 log = logging.getLogger("nsightful")
@@ -63,7 +64,8 @@ def _text_result(text: str, model: BaseModel) -> CallToolResult:
 
 
 async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context | None) -> Lease:
-    """Lease (opening or building if needed) a profile off the event loop, with MCP progress and cancellation."""
+    """Lease (opening or building if needed) a profile off the event loop, with MCP progress; a cancelled load
+    stops its build."""
     lease = store.lease_open(session, ref)
     if lease:
         return lease
@@ -74,13 +76,11 @@ async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context | 
         if ctx is not None:
             anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
 
-    try:
-        return await anyio.to_thread.run_sync(lambda: store.acquire(session, ref, progress, builders.append),
-                                              abandon_on_cancel=True)
-    except anyio.get_cancelled_exc_class():
+    def interrupt() -> None:
         for b in builders:
             b.interrupt()
-        raise
+
+    return await run_stoppable(lambda: store.acquire(session, ref, progress, builders.append), interrupt, ctx)
 
 
 @asynccontextmanager
@@ -100,10 +100,17 @@ def _as_tool_error(exc: NsightfulError) -> ToolError:
 def _flat_signature(params_model: type[BaseModel]) -> list[inspect.Parameter]:
     out = []
     for name, info in params_model.model_fields.items():
-        annotation = Annotated[info.annotation, Field(description=info.description, **_bounds(info))]
+        annotation = Annotated[info.annotation, Field(description=info.description, **_strict(info.annotation),
+                                                      **_bounds(info))]
         default = inspect.Parameter.empty if info.is_required() else info.default
         out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return out
+
+
+def _strict(annotation: Any) -> dict[str, bool]:
+    """Types as the schema says: a client sends JSON, where true is no device 1 and "10" no limit.
+    (A Literal matches its exact values already, and pydantic refuses strict on it.)"""
+    return {} if get_origin(annotation) is Literal else {"strict": True}
 
 
 def _bounds(info) -> dict[str, Any]:
@@ -124,12 +131,7 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
         try:
             async with _leased(store, ctx, kwargs["profile"]) as lease:
                 params = module.Params(**{**kwargs, "profile": lease.id})
-
-                def work():
-                    with lease.profile.con.cursor() as cur:
-                        return module.run(cur, params)
-
-                result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+                result = await run_on_cursor(lease.profile.con, lambda cur: module.run(cur, params), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         return _text_result(module.render(result), result)
@@ -147,7 +149,7 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
     """The server; with `token`, every HTTP request must carry it as a bearer token."""
     store = ProfileStore(roots=[r.resolve() for r in roots], cache_dir=cache_dir, use_cache=use_cache,
                          memory_budget_mb=memory_budget_mb)
-    mcp = MCPServer(name="nsightful", version=__version__, instructions=INSTRUCTIONS, **bearer_auth(token))
+    mcp = NsightfulMCP(name="nsightful", version=__version__, instructions=INSTRUCTIONS, **bearer_auth(token))
     mcp.store = store  # for resources, prompts and tests
     modules = skills()
 
@@ -167,8 +169,8 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
         try:
             async with _leased(store, ctx, path) as lease:
                 pid, profile = lease.id, lease.profile
-                with profile.con.cursor() as cur:
-                    result = summary.run(cur, summary.Params(profile=pid))
+                result = await run_on_cursor(profile.con, lambda cur: summary.run(cur, summary.Params(profile=pid)),
+                                             ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         loaded = LoadResult(profile=pid, path=str(profile.path), summary=result.model_dump(mode="json"))

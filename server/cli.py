@@ -15,6 +15,7 @@ from nsightful.profiles.errors import NsightfulError
 from nsightful.server import __version__
 from nsightful.server.http import TOKEN_ENV
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB
+from nsightful.server.validation import explain, unknown_arguments
 
 EXIT_USAGE = 2
 
@@ -74,21 +75,21 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _parse_params(module, profile: str, pairs: list[str]):
-    values: dict[str, object] = {"profile": profile}
+    """The tool's Params from -p KEY=VALUE strings, parsed as the types say ("0" is device 0, "true" a bool)."""
+    values: dict[str, str] = {"profile": profile}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise NsightfulError(f"--param {pair!r} is not KEY=VALUE; e.g. -p device=0")
-        if key not in module.Params.model_fields:
-            valid = ", ".join(k for k in module.Params.model_fields if k != "profile")
-            raise NsightfulError(f"{key!r} is not a parameter of this tool (parameters: {valid or 'none'})")
         values[key] = value
+    valid = [k for k in module.Params.model_fields if k != "profile"]
+    unknown = [k for k in values if k not in module.Params.model_fields]
+    if unknown:
+        raise NsightfulError(unknown_arguments(unknown, valid))
     try:
-        return module.Params(**values)
+        return module.Params.model_validate_strings(values)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise NsightfulError(f"parameter {where}: {first['msg']}") from exc
+        raise NsightfulError(explain(exc, module.Params.model_json_schema())) from exc
 
 
 def _skill(name: str):

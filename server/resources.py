@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Annotated
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
-from mcp_types import Completion, PromptReference, ResourceTemplateReference
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, Completion, PromptReference, ResourceTemplateReference
 from pydantic import Field
 
 from nsightful.profiles.errors import NsightfulError
@@ -29,15 +31,21 @@ def _questions_text(questions: list[book.Question]) -> str:
     return "\n".join(lines)
 
 
-def _guard(fn):
-    """Turn our named errors into MCP resource errors (one sentence, no traceback)."""
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except NsightfulError as exc:
-            raise ResourceError(str(exc)) from exc
-    return wrapped
+def _guarded(to_mcp: Callable[[str], Exception]):
+    """Turn our named errors into the MCP error `to_mcp` makes of their sentence (no traceback)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except NsightfulError as exc:
+                raise to_mcp(str(exc)) from exc
+        return wrapped
+    return decorate
+
+
+_guard = _guarded(ResourceError)
+_prompt_guard = _guarded(functools.partial(MCPError, INVALID_PARAMS))  # passes the SDK's wrapping untouched
 
 
 def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
@@ -86,6 +94,8 @@ def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
         if isinstance(ref, ResourceTemplateReference):
             options = {"id": list(book.load_book()) if "book" in ref.uri else store.all_ids(),
                        "phase": list(book.PHASES)}.get(argument.name, [])
+        elif isinstance(ref, PromptReference) and argument.name == "finding":
+            options = list(book.load_book())
         elif isinstance(ref, PromptReference) and argument.name in ("profile", "before", "after"):
             options = store.all_ids()
         else:
@@ -110,11 +120,13 @@ def register_prompts(mcp: MCPServer) -> None:
                 "units and the scope (devices, window) they cover.")
 
     @mcp.prompt()
+    @_prompt_guard
     def explain_finding(
         profile: Annotated[str, Field(description="Loaded profile id or path")],
         finding: Annotated[str, Field(description="Root-cause id of the finding, e.g. gpu-bubbles")],
     ) -> str:
         """Explain one finding in depth with evidence from the profile."""
+        book.get_entry(finding)
         return (f"Read nsightful://book/{finding}. For profile {profile}, call each tool named in that entry's "
                 "signals and report the figures against the thresholds. Say whether the evidence confirms the "
                 "root cause, what else could explain it, which fix to try first and what a re-profile should show.")
