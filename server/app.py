@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.ingest import Builder
-from nsightful.server import __version__
+from nsightful.server import __version__, budget
 from nsightful.server.store import ProfileStore
 from nsightful.tools import skills
 
@@ -114,12 +114,12 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
 
             def work():
                 with profile.con.cursor() as cur:
-                    return module.run(cur, params)
+                    return budget.fit(module.run(cur, params), module, params, budget.server_budget())
 
-            result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            text, result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
-        return _text_result(module.render(result), result)
+        return _text_result(text, result)
 
     parameters = [*_flat_signature(module.Params),
                   inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
