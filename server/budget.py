@@ -25,6 +25,7 @@ MAX_RESULT_CHARS = 20_000  # characters, text and JSON each: about 5,000 tokens,
 MIN_RESULT_CHARS = 4_000  # characters: below this some results (scope, figures, one row) fit on no fixture
 ENV = "NSIGHTFUL_MAX_RESULT_CHARS"
 NOTE_CHARS = 400  # characters kept free in each form for the cut note
+NOTE_PREFIX = "\ncut: "  # the text's last line: the cut note
 MIN_VALUE_CHARS = 40  # characters a cut text value keeps: fewer would not name anything
 KEPT_LAST = ("findings",)  # the conclusions: cut only after every other row list
 NARROWING = ("device", "start_ns", "end_ns", "pattern", "table", "phase")  # parameters that ask for less
@@ -76,9 +77,9 @@ def fit(result: BaseModel, module: ModuleType, params: BaseModel, max_chars: int
         [f"cut {count:,} long text value{'s' if count > 1 else ''} to {cap:,} characters"] if count else []) + (
         ["`limit` left more rows out"] if limit_cut and not kept else [])
     note = f"cut to fit the {max_chars:,}-character result budget ({'; '.join(parts)}); {_asking_less(module, params)}"
-    data["cut_note"] = note[:NOTE_CHARS - len("\ncut: ")]
+    data["cut_note"] = note[:NOTE_CHARS - len(NOTE_PREFIX)]
     model, text = _rendered(module, data)
-    return f"{text}\ncut: {data['cut_note']}", model
+    return f"{text}{NOTE_PREFIX}{data['cut_note']}", model
 
 
 def _rendered(module: ModuleType, data: dict[str, Any]) -> tuple[BaseModel, str]:
