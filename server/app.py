@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.ingest import Builder
-from nsightful.server import __version__
+from nsightful.server import __version__, budget
 from nsightful.server.cancel import run_on_cursor, run_stoppable
 from nsightful.server.http import bearer_auth
 from nsightful.server.sessions import session_of
@@ -131,10 +131,12 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
         try:
             async with _leased(store, ctx, kwargs["profile"]) as lease:
                 params = module.Params(**{**kwargs, "profile": lease.id})
-                result = await run_on_cursor(lease.profile.con, lambda cur: module.run(cur, params), ctx)
+                text, result = await run_on_cursor(
+                    lease.profile.con,
+                    lambda cur: budget.fit(module.run(cur, params), module, params, budget.server_budget()), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
-        return _text_result(module.render(result), result)
+        return _text_result(text, result)
 
     parameters = [*_flat_signature(module.Params),
                   inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from nsightful.profiles import open_profile
 from nsightful.profiles.errors import NsightfulError
-from nsightful.server import __version__
+from nsightful.server import __version__, budget
 from nsightful.server.http import TOKEN_ENV
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB
 from nsightful.server.validation import explain, unknown_arguments
@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
                             f"{DEFAULT_MEMORY_BUDGET_MB})")
     serve.add_argument("--root", action="append", type=Path, default=[],
                        help="folder profiles may be read from (repeatable; default: the working directory)")
+    serve.add_argument("--max-result-chars", type=int, metavar="N",
+                       help="character budget of each tool result, text and structured content each (default: "
+                            "$NSIGHTFUL_MAX_RESULT_CHARS or 20000); sets NSIGHTFUL_MAX_RESULT_CHARS")
     _add_profile_options(serve)
 
     tool = sub.add_parser("tool", help="run one analysis tool on a profile")
@@ -102,18 +105,19 @@ def _skill(name: str):
 
 
 def _run_tool(args, name: str, pairs: list[str]):
+    """(module, text, result): cut to NSIGHTFUL_MAX_RESULT_CHARS only when it is set (see budget)."""
     module = _skill(name)
     params = _parse_params(module, args.profile, pairs)
     profile = open_profile(args.profile, cache_dir=args.cache_dir, use_cache=not args.no_cache)
     try:
-        return module, module.run(profile.con, params)
+        return module, *budget.fit(module.run(profile.con, params), module, params, budget.configured())
     finally:
         profile.close()
 
 
 def cmd_tool(args) -> int:
-    module, result = _run_tool(args, args.name, args.param)
-    print(result.model_dump_json(indent=2) if args.json else module.render(result))
+    _, text, result = _run_tool(args, args.name, args.param)
+    print(result.model_dump_json(indent=2) if args.json else text)
     return 0
 
 
@@ -125,13 +129,13 @@ def cmd_tools(_args) -> int:
 
 
 def cmd_triage(args) -> int:
-    module, result = _run_tool(args, "triage", [])
+    module, text, result = _run_tool(args, "triage", [])
     if args.json:
         print(result.model_dump_json(indent=2))
     elif args.markdown:
         print(module.render_markdown(result))
     else:
-        print(module.render(result))
+        print(text)
     return 0
 
 
@@ -145,6 +149,9 @@ def cmd_serve(args) -> int:
         raise NsightfulError(f"--root {', '.join(missing)} is not a folder; pass existing folders")
     if args.memory_budget_mb <= 0:
         raise NsightfulError(f"--memory-budget-mb {args.memory_budget_mb} is not positive; pass a size in MB")
+    if args.max_result_chars is not None:
+        os.environ[budget.ENV] = str(args.max_result_chars)
+    budget.configured()  # a bad setting stops the server here, not at every call
     http = args.transport == "http"
     if http:
         check_bind(args.host, args.token)

@@ -265,7 +265,7 @@ def test_triage_limit_keeps_the_costliest_findings(demo):
     assert [(f.root_cause, f.device, f.time_at_stake_ns) for f in top.findings] == [
         (f.root_cause, f.device, f.time_at_stake_ns) for f in expected]
     assert [f.rank for f in top.findings] == [1, 2, 3]
-    assert f"{everything.total_findings - 3} smaller findings" in triage.render(top)
+    assert f"{everything.total_findings - 3} more findings" in triage.render(top)
 
 
 def test_answer_questions_peak_memory_only_where_the_capture_recorded_it(open_fixture):

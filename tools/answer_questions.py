@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from nsightful.resources import book
 from nsightful.tools.answerers import ANSWERERS, Evidence
-from nsightful.tools.common import ProfileParams
+from nsightful.tools.common import Output, ProfileParams
 
 Status = Literal["answered", "not_in_profile", "needs_user"]
 CAPTURE_HINT = "re-capture with `nsys profile --trace=cuda,nvtx,osrt`"
@@ -37,7 +37,7 @@ class Answer(BaseModel):
     how: str | None = Field(description="what to capture (not_in_profile) or ask (needs_user)")
 
 
-class Result(BaseModel):
+class Result(Output):
     profile: str
     answered: int
     not_in_profile: int

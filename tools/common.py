@@ -29,6 +29,29 @@ LimitParam = Annotated[int, Field(
     ge=1, le=MAX_LIMIT)]
 
 
+CutBy = Literal["limit", "characters"]
+
+
+class Output(BaseModel):
+    """What every tool result carries besides its figures: whether rows were left out, by what, and what to change.
+    Both fields are absent when nothing was cut (nsightful.server.budget fills them)."""
+    cut_by: CutBy | None = Field(None, exclude_if=lambda v: v is None, description=(
+        "present only when rows were left out: 'limit' when more rows exist than `limit` asked for, 'characters' "
+        "when rows or long text values were cut to fit the result budget (NSIGHTFUL_MAX_RESULT_CHARS)"))
+    cut_note: str | None = Field(None, exclude_if=lambda v: v is None, description=(
+        "present only when rows were left out: one sentence saying what was cut and which parameter to change"))
+
+
+def more_rows(result: Output, more: int | None, what: str, remedy: str = "raise `limit` to see them") -> list[str]:
+    """The line a render puts after its rows when `more` were left out (None: an unknown number); `remedy` holds
+    for a `limit` cut, while a cut to fit the result budget points at the budget's own last line."""
+    if more == 0:
+        return []
+    if result.cut_by == "characters":
+        remedy = "cut to fit the result budget (see the last line)"
+    return [f"... {'' if more is None else f'{more:,} '}more {what}: {remedy}"]
+
+
 class ProfileParams(BaseModel):
     profile: ProfileRef
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.profiles.model import TABLE_NAMES, TABLES
-from nsightful.tools.common import ProfileParams
+from nsightful.tools.common import Output, ProfileParams
 
 
 class Params(ProfileParams):
@@ -36,7 +36,7 @@ class TableInfo(BaseModel):
     details: list[Column] | None = Field(None, description="the columns in full, for the table asked for")
 
 
-class Result(BaseModel):
+class Result(Output):
     profile: str
     tables: list[TableInfo]
 

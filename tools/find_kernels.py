@@ -21,9 +21,11 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
     fetch_capped,
+    more_rows,
     ms,
     resolve_scope,
     scope_args,
@@ -66,7 +68,7 @@ class MatchedName(BaseModel):
     total_ns: int
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     pattern: str
     regex: bool
@@ -188,6 +190,6 @@ def render(result: Result) -> str:
                      f"grid {r.grid} block {r.block} {r.name[:60]}"
                      + (f"  [{r.nvtx_path[:120]}]" if r.nvtx_path else ""))
     if result.truncated:
-        lines.append(f"... {result.total_rows - len(result.rows)} more instances: raise `limit` or narrow "
-                     "the window/pattern")
+        lines.extend(more_rows(result, result.total_rows - len(result.rows), "instances",
+                               "raise `limit` or narrow the window/pattern"))
     return "\n".join(lines)

@@ -26,9 +26,11 @@ from nsightful.tools.common import (
     FINDINGS_SHOWN,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
     leads_first,
+    more_rows,
     ms,
     packed,
     pct,
@@ -100,7 +102,7 @@ class PeriodicGroup(BaseModel):
     cause: str = Field(description="the most common cause of its gaps")
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     min_gap_ns: int
     gap_count: int = Field(description="gaps of at least min_gap_ns, all devices")
@@ -257,7 +259,7 @@ def render(result: Result) -> str:
                      f"{' (periodic)' if g.periodic else ''}; {g.kernel_before or '-'} -> {g.kernel_after or '-'}"[:200]
                      + (f"; nvtx {' < '.join(g.nvtx)}" if g.nvtx else ""))
     if result.truncated:
-        lines.append(f"... {result.gap_count - len(result.gaps)} more gaps: raise `limit` to see them")
+        lines.extend(more_rows(result, result.gap_count - len(result.gaps), "gaps"))
     if result.note:
         lines.append(f"note: {result.note}")
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)

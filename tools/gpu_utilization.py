@@ -22,6 +22,7 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
     ms,
@@ -67,7 +68,7 @@ class DeviceUtilization(BaseModel):
         description="unknown when there are fewer than 5 slices")
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     busy_pct: float = Field(description="busy time summed over devices / (window x devices)")
     idle_pct: float = Field(description="100 - busy_pct")

@@ -49,8 +49,10 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
+    more_rows,
     ms,
     packed,
     pct,
@@ -125,7 +127,7 @@ class Outlier(BaseModel):
     vs_steady: float = Field(description="duration / steady_median_ns")
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     method: str | None = Field(description="'nvtx:<name>' or 'kernel_pattern:<kernel>'; null when none found")
     reason: str | None = Field(description="why these boundaries: the range or kernel, its counts and the rule")
@@ -480,7 +482,7 @@ def render(result: Result) -> str:
     lines.extend(f"#{row.index:<4} {ms(row.duration_ns):>14}  GPU busy {row.gpu_busy_pct:5.1f}%  start {row.start_ns}"
                  for row in r.rows)
     if r.truncated:
-        lines.append(f"... {r.total_rows - len(r.rows)} more iterations: raise `limit` to see them")
+        lines.extend(more_rows(r, r.total_rows - len(r.rows), "iterations"))
     lines.extend(f"outlier #{o.index} {ms(o.duration_ns)} ({o.vs_steady}x steady)" for o in r.outliers)
     lines.extend(f"other range: '{c.name}' depth {c.depth}, {c.ranges} ranges, period {ms(c.median_period_ns)}"
                  for c in r.candidates[1:])

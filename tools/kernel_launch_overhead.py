@@ -25,9 +25,11 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
     fetch_capped,
+    more_rows,
     ms,
     pct,
     resolve_scope,
@@ -71,7 +73,7 @@ class TinyKernel(BaseModel):
     max_ns: int
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     threshold_ns: int
     kernel_count: int
@@ -170,6 +172,6 @@ def render(result: Result) -> str:
                      f"queue delay median {queue}, p90 {ms(d.queue_delay_p90_ns)}")
     lines.extend(f"  x{t.count:<8,} mean {t.mean_ns / 1000:.1f} us  {t.name[:100]}" for t in result.top_tiny)
     if result.truncated:
-        lines.append(f"... {result.total_rows - len(result.top_tiny)} more tiny kernel names: raise `limit`")
+        lines.extend(more_rows(result, result.total_rows - len(result.top_tiny), "tiny kernel names"))
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
     return "\n".join(lines)

@@ -28,9 +28,11 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
     fetch_capped,
+    more_rows,
     ms,
     pct,
     resolve_scope,
@@ -76,7 +78,7 @@ class DirectionRow(BaseModel):
     pageable_exposed_ns: int = Field(description="the part of exposed_time_ns in pageable copies")
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     copy_count: int
     copy_bytes: int
@@ -281,7 +283,7 @@ def render(result: Result) -> str:
                      f"{bw} GB/s, {r.window_pct:.2f}% of window; pageable {r.pageable_count} / pinned "
                      f"{r.pinned_count}; no kernel running {r.exposed_pct:.0f}%")
     if result.truncated:
-        lines.append(f"... {result.total_rows - len(result.rows)} more rows: raise `limit` to see them")
+        lines.extend(more_rows(result, result.total_rows - len(result.rows), "rows"))
     lines.append(f"synchronous copy calls: {result.sync_copy_calls} ({ms(result.sync_copy_api_ns)}); small D2H: "
                  f"{result.small_d2h_count}, {result.small_d2h_blocking} blocking ({ms(result.small_d2h_blocked_ns)})")
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)

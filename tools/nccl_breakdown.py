@@ -53,8 +53,10 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
+    more_rows,
     ms,
     pct,
     resolve_scope,
@@ -149,7 +151,7 @@ class Arrival(BaseModel):
     verdict: str = Field(description="why a straggler is or is not named")
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     has_nccl: bool
     note: str | None = Field(description="why figures are empty, when they are")
@@ -417,7 +419,7 @@ def render(result: Result) -> str:
     lines.extend(f"  {r.collective:<14} stream {r.stream}: x{r.count:<6,} {ms(r.total_ns):>14} mean {ms(r.mean_ns)}, "
                  f"{r.window_pct:.1f}% of window, overlapped {r.overlapped_pct:.1f}%" for r in result.rows)
     if result.truncated:
-        lines.append(f"  ... {result.total_rows - len(result.rows)} more rows: raise `limit` to see them")
+        lines.extend(f"  {line}" for line in more_rows(result, result.total_rows - len(result.rows), "rows"))
     lines.extend(f"  device {d.device}: {ms(d.nccl_ns)} NCCL ({d.window_pct:.1f}%), exposed {ms(d.exposed_ns)}"
                  for d in result.devices)
     lines.extend(f"shared stream: device {s.device} stream {s.stream} ({s.nccl_kernels} NCCL, {s.compute_kernels} "

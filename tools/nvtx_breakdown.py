@@ -20,7 +20,18 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools.common import DEFAULT_LIMIT, Finding, LimitParam, Scope, ScopedParams, ms, pct, resolve_scope
+from nsightful.tools.common import (
+    DEFAULT_LIMIT,
+    Finding,
+    LimitParam,
+    Output,
+    Scope,
+    ScopedParams,
+    more_rows,
+    ms,
+    pct,
+    resolve_scope,
+)
 
 PHASES = (  # checked in this order: "optimizer.zero_grad" is optimizer work, not backward
     ("optimizer", re.compile(r"optim|step|adam|sgd", re.I)),
@@ -62,7 +73,7 @@ class PhaseRow(BaseModel):
     gpu_ns: int
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     has_nvtx: bool
     note: str | None = Field(description="why there are no rows, and how to capture NVTX")
@@ -173,7 +184,7 @@ def render(result: Result) -> str:
     lines.extend(f"{ms(r.cpu_ns):>16} cpu  {ms(r.gpu_ns):>14} gpu  x{r.count:<7,} "
                  f"{'' if r.depth is None else f'[d{r.depth}] '}{r.name[:90]}" for r in result.rows)
     if result.truncated:
-        lines.append(f"... {result.total_rows - len(result.rows)} more groups: raise `limit` to see them")
+        lines.extend(more_rows(result, result.total_rows - len(result.rows), "groups"))
     if result.phases:
         lines.append(f"phases at depth {result.phase_depth}: " + ", ".join(
             f"{p.phase} {p.cpu_pct:.1f}% ({ms(p.cpu_ns)} cpu, {ms(p.gpu_ns)} gpu)" for p in result.phases))

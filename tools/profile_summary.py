@@ -30,7 +30,7 @@ from nsightful.profiles.checks import LOAD_SOURCE
 from nsightful.profiles.ingest import API_KIND_SQL
 from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
 from nsightful.tools import program
-from nsightful.tools.common import Finding, ProfileParams, fetch_capped, ms, pct
+from nsightful.tools.common import Finding, Output, ProfileParams, fetch_capped, ms, pct
 from nsightful.tools.program import KERNEL_FAMILIES, Program
 
 TOP_PROCESSES = 5  # a capture can hold hundreds of idle helper processes: the launching few matter
@@ -110,7 +110,7 @@ class Diagnostics(BaseModel):
     truncated: bool
 
 
-class Result(BaseModel):
+class Result(Output):
     profile: str
     program: Program = Field(description="what kind of program ran, from which evidence (picks the fix family)")
     has_gpu_activity: bool

@@ -24,8 +24,10 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
+    more_rows,
     ms,
     pct,
     resolve_scope,
@@ -68,7 +70,7 @@ class ThreadRow(BaseModel):
     gpu_idle_ns: int
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     call_count: int
     blocked_ns: int
@@ -166,6 +168,6 @@ def render(result: Result) -> str:
                  f"{t.blocked_window_pct:.1f}% of window, {t.device_syncs} device syncs, GPU idle {ms(t.gpu_idle_ns)}"
                  for t in result.threads)
     if result.truncated:
-        lines.append("... more API names or threads: raise `limit` to see them")
+        lines.extend(more_rows(result, None, "API names or threads"))
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
     return "\n".join(lines)

@@ -26,9 +26,11 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
     fetch_capped,
+    more_rows,
     ms,
     pct,
     resolve_scope,
@@ -63,7 +65,7 @@ class ThreadRow(BaseModel):
                                             "spinning wait would otherwise count as work")
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     basis: Basis
     basis_meaning: str
@@ -172,6 +174,6 @@ def render(result: Result) -> str:
     lines.extend(f"{r.busy_pct:6.2f}%  {ms(r.busy_ns):>14}  (outside blocking calls {r.net_busy_pct:.1f}%)  "
                  f"pid {r.pid} tid {r.tid}  {r.name or '(unnamed)'}" for r in result.rows)
     if result.truncated:
-        lines.append(f"... {result.total_rows - len(result.rows)} more threads: raise `limit` to see them")
+        lines.extend(more_rows(result, result.total_rows - len(result.rows), "threads"))
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
     return "\n".join(lines)

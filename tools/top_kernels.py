@@ -33,8 +33,10 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
+    Output,
     Scope,
     ScopedParams,
+    more_rows,
     ms,
     pct,
     resolve_scope,
@@ -96,7 +98,7 @@ class DeviceGemms(BaseModel):
     basis: Basis = Field(description="what decided tf32_tensor_cores")
 
 
-class Result(BaseModel):
+class Result(Output):
     scope: Scope
     group_by: str
     kernel_count: int = Field(description="kernels in scope")
@@ -309,7 +311,7 @@ def render(result: Result) -> str:
         lines.append(f"{r.kernel_time_pct:6.2f}%  {ms(r.total_ns):>14}  x{r.count:<7,} mean {ms(r.mean_ns)}  "
                      f"{r.kind:<11}  {r.display_name[:100]}{where}")
     if result.truncated:
-        lines.append(f"... {result.total_rows - len(result.rows)} more names: raise `limit` to see them")
+        lines.extend(more_rows(result, result.total_rows - len(result.rows), "names"))
     for g in result.gemms:
         if g.gemm_fp32_ns or g.gemm_tensor_ns or g.gemm_other_ns:
             cores = {True: "has", False: "has no", None: "may have"}[g.tf32_tensor_cores]

@@ -22,7 +22,17 @@ from pydantic import BaseModel, Field
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.resources import book
 from nsightful.tools import attribution, idle_causes, iterations, program, shares
-from nsightful.tools.common import Finding, Scope, ScopedParams, leads_first, ms, resolve_scope, run_once
+from nsightful.tools.common import (
+    Finding,
+    Output,
+    Scope,
+    ScopedParams,
+    leads_first,
+    more_rows,
+    ms,
+    resolve_scope,
+    run_once,
+)
 from nsightful.tools.program import Program
 from nsightful.tools.shares import Classification
 
@@ -57,7 +67,7 @@ class Missing(BaseModel):
     capture_flag: str
 
 
-class Result(BaseModel):
+class Result(Output):
     profile: str
     program: Program
     quality: list[str] = Field(description="problems of the trace itself (profile_summary), read these first")
@@ -203,7 +213,7 @@ def render(result: Result) -> str:
         lines.append(f"   fix ({f.fix_for}): {f.fix}")
         lines.append(f"   verify: {f.verify}")
     if result.truncated:
-        lines.append(f"... {result.total_findings - len(result.findings)} smaller findings: raise `limit` to see them")
+        lines.extend(more_rows(result, result.total_findings - len(result.findings), "findings"))
     if result.missing:
         lines += ["", "Not in this profile: " + "; ".join(f"{m.data} ({m.capture_flag})" for m in result.missing)]
     return "\n".join(lines)
