@@ -92,7 +92,6 @@ async def test_budget_every_tool_at_its_largest_limits_fits_and_explains_the_cut
     async with Client(server) as client:
         schemas = {t.name: t.output_schema for t in (await client.list_tools()).tools}
         pid = (await client.call_tool("load_profile", {"path": str(path)})).structured_content["profile"]
-        profile = server.store.profiles[pid]
         for name, module in skills().items():
             args = {"profile": pid, **WORST_ARGS.get(name, {})}
             result = await client.call_tool(name, args)
@@ -102,7 +101,7 @@ async def test_budget_every_tool_at_its_largest_limits_fits_and_explains_the_cut
             data, text = result.structured_content, _text(result)
             assert len(json.dumps(data)) <= budget.MAX_RESULT_CHARS and len(text) <= budget.MAX_RESULT_CHARS, name
             jsonschema.validate(data, schemas[name])
-            with profile.con.cursor() as cur:
+            with server.store.leased(server.store.sessionless, str(path)) as lease, lease.profile.con.cursor() as cur:
                 full = module.run(cur, module.Params(**args)).model_dump(mode="json")
             _assert_cut_is_explained(name, data, text, full)
 
