@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Annotated, Any, Literal, TypeVar
@@ -96,6 +97,7 @@ class Finding(BaseModel):
 
 MODEL_CACHE_ENTRIES = 64  # results remembered across calls: a triage run asks for a handful, a session for a few more
 _model_cache: dict[tuple, object] = {}
+_model_cache_lock = threading.Lock()  # calls run on worker threads: eviction must not race another call's insert
 
 
 def per_model(con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], T]) -> T:
@@ -106,11 +108,15 @@ def per_model(con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], 
     if fingerprint in (None, "test"):
         return compute()
     full = (fingerprint, *key)
-    if full not in _model_cache:
-        if len(_model_cache) >= MODEL_CACHE_ENTRIES:
+    with _model_cache_lock:
+        if full in _model_cache:
+            return _model_cache[full]  # type: ignore[return-value]
+    value = compute()  # outside the lock: two calls may both compute a missing entry, neither waits on the other
+    with _model_cache_lock:
+        if len(_model_cache) >= MODEL_CACHE_ENTRIES and full not in _model_cache:
             _model_cache.pop(next(iter(_model_cache)))
-        _model_cache[full] = compute()
-    return _model_cache[full]  # type: ignore[return-value]
+        _model_cache[full] = value
+    return value
 
 
 def run_once(con: duckdb.DuckDBPyConnection, module: ModuleType, params: BaseModel) -> Any:
