@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import sqlite3
 import subprocess
@@ -88,14 +89,15 @@ def make_profile(path: Path, copies: int) -> None:
 
 
 class ChildFailed(Exception):
-    """A measuring subprocess exited with an error; the message is the last line it wrote to stderr."""
+    """A measuring subprocess exited with an error; the message is the exception line of its traceback."""
 
 
 def child(profile: Path, cache: Path, mode: str) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD, str(profile), str(cache), mode, json.dumps(TOOL_ARGS),
                            str(REPEATS)], capture_output=True, text=True)
     if done.returncode:
-        raise ChildFailed((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
+        errors = [line for line in done.stderr.splitlines() if re.match(r"[\w.]+(Error|Exception): ", line)]
+        raise ChildFailed((errors or [f"exit status {done.returncode}"])[-1])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
