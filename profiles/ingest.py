@@ -62,10 +62,8 @@ def api_join(*kinds: str) -> str:
     id; the outermost (earliest) call is kept so the join stays one-to-one.
     """
     listed = ", ".join(f"'{k}'" for k in kinds)
-    # arg_min over a hash aggregate instead of DISTINCT ON ... ORDER BY: no sort of the API table (half the time)
-    return (f"LEFT JOIN (SELECT pid, correlation_id, c.tid, c.name, c.start_ns, c.end_ns FROM ("
-            f"SELECT pid, correlation_id, arg_min({{tid: tid, name: name, start_ns: start_ns, end_ns: end_ns}}, "
-            f"start_ns) AS c FROM cuda_api WHERE kind IN ({listed}) GROUP BY pid, correlation_id)) a "
+    return (f"LEFT JOIN (SELECT DISTINCT ON (pid, correlation_id) pid, correlation_id, tid, name, start_ns, end_ns "
+            f"FROM cuda_api WHERE kind IN ({listed}) ORDER BY pid, correlation_id, start_ns) a "
             f"ON a.pid = {PID_SQL.format(col='r.globalPid')} AND a.correlation_id = r.correlationId")
 
 
