@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools.common import MAX_LIMIT, Output, ProfileRef, more_rows, ms
+from nsightful.tools.common import MAX_LIMIT, Output, ProfileRef, Scope, more_rows, ms
 from nsightful.tools.diff_side import Side, measure
 from nsightful.tools.diff_verdict import Basis, Decision, basis_of, decide
 
@@ -40,7 +40,7 @@ class SideSummary(BaseModel):
     profile: str
     program: str
     gpus: list[str]
-    window_ns: int
+    window: Scope | None = Field(description="triage's window on this side; null when it has no timed events")
     window_note: str
     iterations: int = Field(description="steady iterations in the window (0: none)")
     bound: str = Field(description="triage's classification of the run")
@@ -115,7 +115,7 @@ def _unit(side: Side, basis: Basis) -> float:
 
 def _summary(side: Side) -> SideSummary:
     return SideSummary(profile=side.profile, program=side.program, gpus=side.gpus,
-                       window_ns=side.window.duration_ns if side.window else 0, window_note=side.window_note,
+                       window=side.window, window_note=side.window_note,
                        iterations=side.iterations, bound=side.classification.bound)
 
 
@@ -208,6 +208,10 @@ def _findings(before: Side, after: Side, norm) -> list[FindingChange]:
     return sorted(out, key=lambda f: (-abs(f.after_ns - f.before_ns), f.root_cause))
 
 
+def _length(side: SideSummary) -> str:
+    return ms(side.window.duration_ns) if side.window else "none"
+
+
 def _change(row: FigureRow) -> str:
     if row.change_pct is None:
         return ""
@@ -222,7 +226,7 @@ def render(result: Result) -> str:
     d = result.decision
     lines = [f"verdict: {d.verdict}: {d.reason}", *[f"warning: {w}" for w in d.warnings]]
     for label, s in (("before", result.before), ("after", result.after)):
-        lines.append(f"{label}: {s.profile}, {s.program}, {len(s.gpus)} GPU(s), {s.bound}; window {ms(s.window_ns)}, "
+        lines.append(f"{label}: {s.profile}, {s.program}, {len(s.gpus)} GPU(s), {s.bound}; window {_length(s)}, "
                      f"{s.window_note}")
     lines += ["", f"figures {result.basis.replace('_', ' ')} (before -> after):"]
     lines += [f"  {r.figure:20} {_value(r.before, r.unit)} -> {_value(r.after, r.unit)}{_change(r)}"
@@ -249,7 +253,7 @@ def render_markdown(result: Result) -> str:
     lines += [f"> warning: {w}" for w in d.warnings] + ([""] if d.warnings else [])
     lines += ["| | before | after |", "|---|---|---|",
               f"| profile | {result.before.profile} | {result.after.profile} |",
-              f"| window | {ms(result.before.window_ns)} | {ms(result.after.window_ns)} |",
+              f"| window | {_length(result.before)} | {_length(result.after)} |",
               f"| steady iterations | {result.before.iterations} | {result.after.iterations} |",
               f"| bound | {result.before.bound} | {result.after.bound} |", "",
               f"| figure ({result.basis.replace('_', ' ')}) | before | after | change |", "|---|---|---|---|"]
