@@ -24,7 +24,7 @@ TOOL_NAMES = (
     "answer_questions",
 )
 
-PAIR_TOOL_NAMES = ("diff_profiles",)  # tools comparing two profiles, `before` and `after`
+PAIR_TOOL_NAMES = ("diff_profiles", "verify_fix")  # tools comparing two profiles, `before` and `after`
 
 
 def skills() -> dict[str, ModuleType]:

@@ -3,9 +3,10 @@
 Each side is measured on its triage window (steady iterations when found, else GPU-active; tools/diff_side.py).
 Figures are per steady iteration when both sides have them, else per second of the window (`basis` says which):
 step time, GPU busy and idle, the compute / copy / communication / idle shares, kernel time by kernel (slower,
-faster, new, gone, with counts), NCCL exposed time, copy time by direction, host time blocked in syncs, launch
-overhead, in total and per device. Triage's findings on both sides are matched by root cause (gone, new, smaller,
-bigger: did the bottleneck move?). The verdict and its threshold are tools/diff_verdict.py's.
+faster, new, gone, with counts), NCCL exposed time, copy time by direction and pageable copies, host time
+blocked in syncs, launch overhead, in total and per device. Triage's findings on both sides are matched by root
+cause (gone, new, smaller, bigger: did the bottleneck move?). The verdict and its threshold are
+tools/diff_verdict.py's.
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ def _totals(before: Side, after: Side, basis: Basis, norm) -> list[tuple[str, st
     both("NCCL exposed", "ns", lambda s: sum(d.nccl_exposed_ns for d in s.devices))
     for direction in sorted({c.direction for c in before.copies + after.copies}):
         both(f"copy {direction}", "ns", lambda s, d=direction: sum(c.time_ns for c in s.copies if c.direction == d))
+    both("pageable copies", "copies", lambda s: sum(c.pageable_count for c in s.copies))
     both("sync blocked", "ns", lambda s: s.sync_blocked_ns)
     both("sync calls", "calls", lambda s: s.sync_calls)
     both("launch API", "ns", lambda s: sum(d.launch_api_ns for d in s.devices))
@@ -218,7 +220,8 @@ def _change(row: FigureRow) -> str:
     return f" ({row.change_pct:+.1f} {'points' if row.unit == SHARE_UNIT else '%'})".replace(" %", "%")
 
 
-def _value(value: float, unit: str) -> str:
+def shown(value: float, unit: str) -> str:
+    """A figure's value for a reader: ns as ms, counts and shares as they are."""
     return ms(value) if unit.startswith("ns") else f"{value:,.1f}"
 
 
@@ -229,11 +232,11 @@ def render(result: Result) -> str:
         lines.append(f"{label}: {s.profile}, {s.program}, {len(s.gpus)} GPU(s), {s.bound}; window {_length(s)}, "
                      f"{s.window_note}")
     lines += ["", f"figures {result.basis.replace('_', ' ')} (before -> after):"]
-    lines += [f"  {r.figure:20} {_value(r.before, r.unit)} -> {_value(r.after, r.unit)}{_change(r)}"
+    lines += [f"  {r.figure:20} {shown(r.before, r.unit)} -> {shown(r.after, r.unit)}{_change(r)}"
               for r in result.figures]
     devices = sorted({r.device for r in result.devices})
     for device in devices:
-        parts = [f"{r.figure} {_value(r.before, r.unit)} -> {_value(r.after, r.unit)}{_change(r)}"
+        parts = [f"{r.figure} {shown(r.before, r.unit)} -> {shown(r.after, r.unit)}{_change(r)}"
                  for r in result.devices if r.device == device]
         lines.append(f"  device {device}: " + "; ".join(parts))
     lines += ["", "kernels, largest change first (time per unit, launches):"]
@@ -257,7 +260,7 @@ def render_markdown(result: Result) -> str:
               f"| steady iterations | {result.before.iterations} | {result.after.iterations} |",
               f"| bound | {result.before.bound} | {result.after.bound} |", "",
               f"| figure ({result.basis.replace('_', ' ')}) | before | after | change |", "|---|---|---|---|"]
-    lines += [f"| {r.figure} | {_value(r.before, r.unit)} | {_value(r.after, r.unit)} | {_change(r).strip(' ()')} |"
+    lines += [f"| {r.figure} | {shown(r.before, r.unit)} | {shown(r.after, r.unit)} | {_change(r).strip(' ()')} |"
               for r in result.figures]
     lines += ["", "| kernel | change | before | after |", "|---|---|---|---|"]
     lines += [f"| `{k.name[:60]}` | {k.status} | {ms(k.before_ns)} | {ms(k.after_ns)} |" for k in result.kernels]
