@@ -191,5 +191,9 @@ async def test_diff_profiles_through_an_mcp_client(cache_root):
         missing = await client.call_tool("diff_profiles", {"before": "nope", "after": str(AFTER)})
         assert missing.is_error and "no profile is loaded with id 'nope'" in missing.content[0].text
         assert "\n" not in missing.content[0].text
+        wrong = await client.call_tool("diff_profiles", {"before": str(BEFORE), "after": str(AFTER), "limit": "10"})
+        assert wrong.is_error and "limit" in wrong.content[0].text and "\n" not in wrong.content[0].text
+        itself = await client.call_tool("diff_profiles", {"before": str(BEFORE), "after": BEFORE.stem})
+        assert itself.structured_content["decision"]["verdict"] == "no clear change"
         listed = await client.call_tool("list_profiles", {})
         assert {p["profile"] for p in listed.structured_content["profiles"]} == {BEFORE.stem, AFTER.stem}
