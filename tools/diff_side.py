@@ -14,10 +14,12 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools import (
+    attribution,
     iterations,
     kernel_launch_overhead,
     memory_transfers,
     nccl_breakdown,
+    program,
     sync_analysis,
     top_kernels,
     triage,
@@ -110,7 +112,6 @@ def _on_window(con: duckdb.DuckDBPyConnection, module, pid: str, window: Scope, 
 
 def measure(con: duckdb.DuckDBPyConnection, pid: str) -> Side:
     """Every figure of profile `pid` (already open on `con`) on its triage window."""
-    from nsightful.tools import program
     found = run_once(con, triage, triage.Params(profile=pid, limit=triage.MAX_FINDINGS))
     prog = program.detect(con)
     common = dict(profile=pid, gpus=_gpu_names(con), program=f"{prog.kind} ({prog.process or 'unknown process'})",
@@ -147,5 +148,4 @@ def measure(con: duckdb.DuckDBPyConnection, pid: str) -> Side:
 
 def _busy(con: duckdb.DuckDBPyConnection, window: Scope) -> dict[int, int]:
     """Busy time per device: the complement of the idle attribution triage's classification uses."""
-    from nsightful.tools import attribution
     return {d: f.window_ns - f.idle_ns for d, f in attribution.attribute(con, window).devices.items()}

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, field_validator
 from nsightful.resources import book
 from nsightful.tools import diff_profiles
 from nsightful.tools.common import Output, ProfileRef, ms
-from nsightful.tools.diff_profiles import SHARE_UNIT, FigureRow, FindingChange, shown
+from nsightful.tools.diff_rows import SHARE_UNIT, FigureRow, FindingChange, shown
 from nsightful.tools.diff_side import Side, measure
 from nsightful.tools.diff_verdict import Decision
 
