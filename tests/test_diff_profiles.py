@@ -7,7 +7,7 @@ import sqlite3
 import statistics
 
 import pytest
-from conftest import FIXTURES, SYNTH_PAIRS
+from conftest import FIXTURE_IDS, FIXTURES, SYNTH_PAIRS
 from mcp.client import Client
 
 from nsightful.server import budget
@@ -97,6 +97,19 @@ def test_diff_profiles_profile_with_itself_says_no_change(open_fixture):
     assert all(r.change_pct in (0, None) for r in result.figures + result.devices)
     assert {k.status for k in result.kernels} == {"same"} and {f.status for f in result.findings} == {"same"}
     assert result.decision.warnings == []
+
+
+PER_SECOND = {"extrap_windows_con_kernel", "fuser_h200_crossentropy", "dynamicvit_empty_export", "nsysai_mock"}
+
+
+@pytest.mark.parametrize("stem", FIXTURE_IDS)
+def test_diff_profiles_every_fixture_with_itself_says_no_change_within_budget(open_fixture, stem):
+    profile = open_fixture(stem)
+    params = dp.Params(before="a", after="a")
+    text, result = budget.fit(dp.run(profile.con, profile.con, params), dp, params, budget.MAX_RESULT_CHARS)
+    assert result.decision.verdict == "no clear change" and result.cut_by in (None, "limit")
+    assert result.basis == ("per_second" if stem in PER_SECOND else "per_iteration")
+    assert len(text) < 5_000
 
 
 EXPECTED = {  # pair -> (verdict, root cause, its status)

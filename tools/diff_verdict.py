@@ -91,8 +91,8 @@ def _by_idle(before: Side, after: Side, warnings: list[str]) -> Decision:
 
 def comparability(before: Side, after: Side) -> list[str]:
     """Why the two runs may not measure the same thing; empty when nothing says so."""
-    out = [f"{s.profile} has no GPU work to compare ({s.classification.bound})" for s in (before, after)
-           if s.classification.bound in EMPTY_BOUNDS]
+    out = [f"the {label} profile ({s.profile}) has no GPU work to compare ({s.classification.bound})"
+           for label, s in (("before", before), ("after", after)) if s.classification.bound in EMPTY_BOUNDS]
     named = [(b, a) for b, a in zip(before.gpus, after.gpus, strict=False) if "unknown" not in b + a]
     if len(before.gpus) != len(after.gpus) or any(b != a for b, a in named):
         out.append(f"different GPUs: {', '.join(before.gpus) or 'none'} vs {', '.join(after.gpus) or 'none'}")
