@@ -135,8 +135,8 @@ def cmd_tool(args) -> int:
 
 
 def cmd_tools(_args) -> int:
-    from nsightful.tools import skills
-    for name, module in skills().items():
+    from nsightful.tools import pair_tools, skills
+    for name, module in (skills() | pair_tools()).items():
         print(f"{name:24} {module.__doc__.strip().splitlines()[0]}")
     return 0
 
