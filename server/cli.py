@@ -89,16 +89,16 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _parse_params(module, profile: str, pairs: list[str], key: str = "profile", **fixed: str):
+def _parse_params(module, profile: str, pairs: list[str], as_field: str = "profile", **fixed: str):
     """The tool's Params from -p KEY=VALUE strings, parsed as the types say ("0" is device 0, "true" a bool);
-    the profile goes in as `key`, with `fixed` values beside it (diff's `after`)."""
-    values: dict[str, str] = {key: profile, **fixed}
+    the profile goes in as `as_field`, with `fixed` values beside it (diff's `after`)."""
+    values: dict[str, str] = {as_field: profile, **fixed}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise NsightfulError(f"--param {pair!r} is not KEY=VALUE; e.g. -p device=0")
         values[key] = value
-    valid = [k for k in module.Params.model_fields if k != key and k not in fixed]
+    valid = [k for k in module.Params.model_fields if k != as_field and k not in fixed]
     unknown = [k for k in values if k not in module.Params.model_fields]
     if unknown:
         raise NsightfulError(unknown_arguments(unknown, valid))
@@ -155,7 +155,7 @@ def cmd_triage(args) -> int:
 def cmd_diff(args) -> int:
     from nsightful.tools import diff_profiles
     pairs = [] if args.limit is None else [f"limit={args.limit}"]
-    params = _parse_params(diff_profiles, args.before, pairs, key="before", after=args.after)
+    params = _parse_params(diff_profiles, args.before, pairs, as_field="before", after=args.after)
     if args.fail_on_regression is not None and args.fail_on_regression < 0:
         raise NsightfulError(f"--fail-on-regression {args.fail_on_regression:g} is negative; pass a percentage "
                              "of 0 or more")
