@@ -469,6 +469,7 @@ class SynthConfig:
     tiny_kernel_ns: int = 3_000
     pageable_h2d_per_iteration: int = 0
     pageable_h2d_bytes: int = 8 * _MIB_BYTES
+    pin_pageable_h2d: bool = False  # the fix of pageable_h2d: the same copies, from pinned memory (nothing planted)
     device_syncs_per_iteration: int = 0
     small_d2h_per_iteration: int = 0  # .item(): first after the loss, the rest at the end of the step
     small_d2h_bytes: int = 4
@@ -683,7 +684,7 @@ class _Rank:
         for _ in range(_PINNED_H2D_PER_ITERATION):
             self._h2d(_BATCH_H2D_BYTES, pageable=False)
         for _ in range(self.cfg.pageable_h2d_per_iteration):
-            self._h2d(self.cfg.pageable_h2d_bytes, pageable=True)
+            self._h2d(self.cfg.pageable_h2d_bytes, pageable=not self.cfg.pin_pageable_h2d)
         self._pop()
 
     def _forward(self, it: int) -> None:

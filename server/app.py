@@ -26,7 +26,7 @@ from nsightful.server.http import bearer_auth
 from nsightful.server.sessions import session_of
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB, Lease, ProfileStore, Session
 from nsightful.server.validation import NsightfulMCP
-from nsightful.tools import skills
+from nsightful.tools import pair_tools, skills
 
 log = logging.getLogger("nsightful")
 
@@ -138,6 +138,30 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
             raise _as_tool_error(exc) from exc
         return _text_result(text, result)
 
+    return _signed(call, module)
+
+
+def pair_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
+    """Like skill_tool, for a tool comparing two profiles (`before`, `after`): both are leased for the call, each
+    is measured on its own interruptible cursor (tools/diff_side.py), then module.compare(before, after, params)."""
+    from nsightful.tools.diff_side import measure
+
+    async def call(ctx: Context, **kwargs: Any) -> CallToolResult:
+        try:
+            async with _leased(store, ctx, kwargs["before"]) as before, _leased(store, ctx, kwargs["after"]) as after:
+                params = module.Params(**{**kwargs, "before": before.id, "after": after.id})
+                sides = [await run_on_cursor(lease.profile.con, lambda cur, pid=lease.id: measure(cur, pid), ctx)
+                         for lease in (before, after)]
+                text, result = budget.fit(module.compare(*sides, params), module, params, budget.server_budget())
+        except NsightfulError as exc:
+            raise _as_tool_error(exc) from exc
+        return _text_result(text, result)
+
+    return _signed(call, module)
+
+
+def _signed(call: Callable[..., Any], module: ModuleType) -> Callable[..., Any]:
+    """`call` with the module's Params as its flat keyword signature and its Result as return type."""
     parameters = [*_flat_signature(module.Params),
                   inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
     call.__signature__ = inspect.Signature(parameters, return_annotation=module.Result)
@@ -157,6 +181,10 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
 
     for name, module in modules.items():
         mcp.add_tool(skill_tool(store, module), name=name, description=inspect.cleandoc(module.__doc__),
+                     annotations=READ_ONLY, structured_output=True)
+
+    for name, module in pair_tools().items():
+        mcp.add_tool(pair_tool(store, module), name=name, description=inspect.cleandoc(module.__doc__),
                      annotations=READ_ONLY, structured_output=True)
 
     summary = modules["profile_summary"]

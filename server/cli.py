@@ -18,6 +18,7 @@ from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB
 from nsightful.server.validation import explain, unknown_arguments
 
 EXIT_USAGE = 2
+EXIT_REGRESSED = 1  # `diff --fail-on-regression`: a CI job fails on it
 
 
 def _add_profile_options(p: argparse.ArgumentParser) -> None:
@@ -71,21 +72,33 @@ def parser() -> argparse.ArgumentParser:
     fmt.add_argument("--markdown", action="store_true", help="markdown, for a pull request or issue")
     _add_profile_options(triage)
 
+    diff = sub.add_parser("diff", help="did a change make it faster? compare two profiles, with a verdict")
+    diff.add_argument("before", help="profile captured before the change")
+    diff.add_argument("after", help="profile captured after the change")
+    diff.add_argument("--format", choices=["text", "markdown", "json"], default="text",
+                      help="text (default), markdown for a pull request, or the structured result as JSON")
+    diff.add_argument("--limit", type=int, metavar="N", help="most kernel rows shown (default 10)")
+    diff.add_argument("--fail-on-regression", type=float, metavar="PCT",
+                      help=f"exit with status {EXIT_REGRESSED} when the verdict is 'regressed' by more than PCT "
+                           "(% of the step time; points of GPU idle share when a side has no steady iterations)")
+    _add_profile_options(diff)
+
     synth = sub.add_parser("synth", help="write a sample profile with planted problems and their ground truth")
     from nsightful.profiles import synth as synth_module
     synth_module.add_arguments(synth)
     return ap
 
 
-def _parse_params(module, profile: str, pairs: list[str]):
-    """The tool's Params from -p KEY=VALUE strings, parsed as the types say ("0" is device 0, "true" a bool)."""
-    values: dict[str, str] = {"profile": profile}
+def _parse_params(module, profile: str, pairs: list[str], as_field: str = "profile", **fixed: str):
+    """The tool's Params from -p KEY=VALUE strings, parsed as the types say ("0" is device 0, "true" a bool);
+    the profile goes in as `as_field`, with `fixed` values beside it (diff's `after`)."""
+    values: dict[str, str] = {as_field: profile, **fixed}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise NsightfulError(f"--param {pair!r} is not KEY=VALUE; e.g. -p device=0")
         values[key] = value
-    valid = [k for k in module.Params.model_fields if k != "profile"]
+    valid = [k for k in module.Params.model_fields if k != as_field and k not in fixed]
     unknown = [k for k in values if k not in module.Params.model_fields]
     if unknown:
         raise NsightfulError(unknown_arguments(unknown, valid))
@@ -122,8 +135,8 @@ def cmd_tool(args) -> int:
 
 
 def cmd_tools(_args) -> int:
-    from nsightful.tools import skills
-    for name, module in skills().items():
+    from nsightful.tools import pair_tools, skills
+    for name, module in (skills() | pair_tools()).items():
         print(f"{name:24} {module.__doc__.strip().splitlines()[0]}")
     return 0
 
@@ -137,6 +150,30 @@ def cmd_triage(args) -> int:
     else:
         print(text)
     return 0
+
+
+def cmd_diff(args) -> int:
+    from nsightful.tools import diff_profiles
+    pairs = [] if args.limit is None else [f"limit={args.limit}"]
+    params = _parse_params(diff_profiles, args.before, pairs, as_field="before", after=args.after)
+    if args.fail_on_regression is not None and args.fail_on_regression < 0:
+        raise NsightfulError(f"--fail-on-regression {args.fail_on_regression:g} is negative; pass a percentage "
+                             "of 0 or more")
+    before = open_profile(args.before, cache_dir=args.cache_dir, use_cache=not args.no_cache)
+    try:
+        after = open_profile(args.after, cache_dir=args.cache_dir, use_cache=not args.no_cache)
+        try:
+            text, result = budget.fit(diff_profiles.run(before.con, after.con, params), diff_profiles, params,
+                                      budget.configured())
+        finally:
+            after.close()
+    finally:
+        before.close()
+    print({"json": lambda: result.model_dump_json(indent=2), "markdown": lambda: diff_profiles.render_markdown(result),
+           "text": lambda: text}[args.format]())
+    d = result.decision
+    regressed = d.verdict == "regressed" and d.change_pct is not None and d.change_pct > (args.fail_on_regression or 0)
+    return EXIT_REGRESSED if args.fail_on_regression is not None and regressed else 0
 
 
 def cmd_serve(args) -> int:
@@ -167,7 +204,8 @@ def cmd_serve(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage}
+    commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage,
+                "diff": cmd_diff}
     try:
         if args.command == "synth":
             from nsightful.profiles import synth

@@ -132,12 +132,22 @@ def register_prompts(mcp: MCPServer) -> None:
                 "root cause, what else could explain it, which fix to try first and what a re-profile should show.")
 
     @mcp.prompt()
+    @_prompt_guard
     def verify_fix(
         before: Annotated[str, Field(description="Profile (id or path) captured before the change")],
         after: Annotated[str, Field(description="Profile (id or path) captured after the change")],
+        finding: Annotated[str | None, Field(description="Root-cause id of the finding the change meant to fix, "
+                                                         "e.g. gpu-bubbles; omit to check every finding")] = None,
     ) -> str:
         """Compare two profiles to check that a fix worked and introduced no new bottleneck."""
-        return (f"Run triage, gpu_utilization, iterations and top_kernels on {before} and on {after}. "
-                "Compare like for like (same devices, steady-state iterations): GPU busy %, idle time in gaps, "
-                "iteration time, the findings that disappeared and any new ones. Conclude whether the fix worked, "
-                "by how much, and what to look at next.")
+        if finding is None:
+            check = ("then, for each finding diff_profiles lists as gone, smaller or bigger, call "
+                     f"verify_fix(before={before}, after={after}, root_cause=<its root cause>)")
+        else:
+            book.get_entry(finding)
+            check = (f"then call verify_fix(before={before}, after={after}, root_cause={finding}) and read "
+                     f"nsightful://book/{finding} for what its verify step expects")
+        return (f"Call diff_profiles(before={before}, after={after}) for the verdict, the step time and what "
+                f"moved; {check}. Report whether the fix worked (pass / fail / unclear) and by how much, with the "
+                "figures and the threshold the verdict used, any warning that the runs are not comparable, the "
+                "findings that disappeared and any new bottleneck, and what to look at next.")

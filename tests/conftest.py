@@ -71,3 +71,35 @@ def kernels_in_export(path: Path) -> int:
     import sqlite3
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
         return con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+
+
+SYNTH_PAIR_BASE = {"devices": 2, "iterations": 10}  # small enough to build in a second or two, long enough to be steady
+SYNTH_PAIRS = {  # name -> (before overrides, after overrides): one planted change of known size each
+    "removed_sync": ({"device_syncs_per_iteration": 1}, {}),
+    "pinned_memory": ({"pageable_h2d_per_iteration": 3}, {"pageable_h2d_per_iteration": 3, "pin_pageable_h2d": True}),
+    "fewer_tiny_kernels": ({"tiny_kernels_per_iteration": 300}, {"tiny_kernels_per_iteration": 30}),
+    "slower_rank": ({}, {"straggler_device": 1}),
+}
+
+
+@pytest.fixture(scope="session")
+def synth_pair(tmp_path_factory, cache_root):
+    """synth_pair(name) -> ((before Profile, truth), (after Profile, truth)) for a SYNTH_PAIRS change, built once."""
+    from nsightful.profiles import synth
+    made: dict[str, tuple] = {}
+
+    def _pair(name: str) -> tuple:
+        if name not in made:
+            folder = tmp_path_factory.mktemp(f"pair-{name}")
+            sides = []
+            for side, overrides in zip(("before", "after"), SYNTH_PAIRS[name], strict=True):
+                path = folder / f"{side}.sqlite"
+                truth = synth.write_sample(path, synth.SynthConfig(**SYNTH_PAIR_BASE, **overrides))
+                sides.append((open_profile(path, cache_dir=cache_root), truth))
+            made[name] = tuple(sides)
+        return made[name]
+
+    yield _pair
+    for pair in made.values():
+        for profile, _ in pair:
+            profile.close()

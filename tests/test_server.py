@@ -19,9 +19,10 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from nsightful.server.app import build_server
-from nsightful.tools import TOOL_NAMES
+from nsightful.tools import PAIR_TOOL_NAMES, TOOL_NAMES
 
 LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile"}
+ALL_TOOLS = set(TOOL_NAMES) | set(PAIR_TOOL_NAMES) | LIFECYCLE_TOOLS
 MAX_RESULT_CHARS = 20_000  # the budget every default result must fit (structured + text)
 MODES = ["legacy", "auto"]
 REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"}}
@@ -46,7 +47,7 @@ def _text(result) -> str:
 async def test_server_lists_every_tool_with_schemas(server, mode):
     async with Client(server, mode=mode) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == set(TOOL_NAMES) | LIFECYCLE_TOOLS
+    assert set(tools) == ALL_TOOLS
     for tool in tools.values():
         assert tool.description and tool.output_schema, tool.name
         assert tool.annotations.read_only_hint is (tool.name != "close_profile")
@@ -57,7 +58,7 @@ async def test_server_lists_every_tool_with_schemas(server, mode):
 def test_server_every_tool_is_in_the_readme_and_every_analysis_is_cited_by_the_book():
     from nsightful.resources import book
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert [t for t in sorted(set(TOOL_NAMES) | LIFECYCLE_TOOLS) if f"`{t}`" not in readme] == []
+    assert [t for t in sorted(ALL_TOOLS) if f"`{t}`" not in readme] == []
     cited = {s.tool for entry in book.load_book().values() for s in entry.signals}
     readers = {"describe_schema", "query_sql", "triage", "answer_questions"}  # run or read the others' detectors
     assert sorted(set(TOOL_NAMES) - readers - cited) == []
@@ -209,7 +210,7 @@ def _inspector(cache_root, *args: str) -> dict:
 
 def test_server_inspector_lists_tools_and_calls(cache_root):
     listed = _inspector(cache_root, "--method", "tools/list")
-    assert {t["name"] for t in listed["tools"]} == set(TOOL_NAMES) | LIFECYCLE_TOOLS
+    assert {t["name"] for t in listed["tools"]} == ALL_TOOLS
     path = str(FIXTURES / "nsysai_h100_2gpu_1s.sqlite")
     for tool in ("top_kernels", "gpu_idle_gaps", "triage"):
         called = _inspector(cache_root, "--method", "tools/call", "--tool-name", tool, "--tool-arg", f"profile={path}")

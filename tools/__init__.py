@@ -24,7 +24,14 @@ TOOL_NAMES = (
     "answer_questions",
 )
 
+PAIR_TOOL_NAMES = ("diff_profiles", "verify_fix")  # tools comparing two profiles, `before` and `after`
+
 
 def skills() -> dict[str, ModuleType]:
     """name -> module for every skill (each has Params, Result, run, render)."""
     return {name: import_module(f"nsightful.tools.{name}") for name in TOOL_NAMES}
+
+
+def pair_tools() -> dict[str, ModuleType]:
+    """name -> module for every tool comparing two profiles (each has Params, Result, compare, render)."""
+    return {name: import_module(f"nsightful.tools.{name}") for name in PAIR_TOOL_NAMES}
