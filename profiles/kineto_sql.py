@@ -65,12 +65,13 @@ MEMSET = f"""INSERT INTO memset SELECT g.device_id, g.stream_id, coalesce(a.pid,
 FROM _k_gpu g {_api('memset')} WHERE g.kind = 'memset'"""
 
 # Depth: the running count of opens minus closes on the thread before a range, in time order: closes first, then
-# opens (outer, later-ending, first), then the closes of zero-length ranges (after their own open).
+# opens (outer, later-ending, first), each zero-length range closing right after its own open (it contains nothing).
 NVTX = """INSERT INTO nvtx
 WITH r AS (SELECT row_number() OVER () AS rid, * FROM _k_host WHERE kind IN ('cpu_op', 'user_annotation')),
-events AS (SELECT rid, pid, tid, start_ns AS t, 1 AS step, 1 AS rank, end_ns AS tie FROM r
-           UNION ALL SELECT NULL, pid, tid, end_ns, -1, CASE WHEN end_ns = start_ns THEN 2 ELSE 0 END, 0 FROM r),
-depth AS (SELECT rid, (sum(step) OVER (PARTITION BY pid, tid ORDER BY t, rank, tie DESC
+events AS (SELECT rid, pid, tid, start_ns AS t, 1 AS step, 1 AS rank, end_ns AS tie, rid AS own, 0 AS sub FROM r
+           UNION ALL SELECT NULL, pid, tid, end_ns, -1, CASE WHEN end_ns = start_ns THEN 1 ELSE 0 END, end_ns, rid, 1
+           FROM r),
+depth AS (SELECT rid, (sum(step) OVER (PARTITION BY pid, tid ORDER BY t, rank, tie DESC, own, sub
                                        ROWS UNBOUNDED PRECEDING) - 1)::INTEGER AS depth
           FROM events QUALIFY rid IS NOT NULL)
 SELECT r.pid, r.tid, r.kind, r.name, r.start_ns, r.end_ns, r.end_ns - r.start_ns, 'push_pop', d.depth
