@@ -24,7 +24,12 @@ from nsightful.profiles.kineto_meta import capability_rows, diagnostic_rows, gpu
 from nsightful.profiles.kineto_sql import GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from nsightful.profiles.model import ddl
 
-BATCH_ROWS = 50_000  # staged rows per insert: a few MB of Python objects at a time, however large the trace
+# DuckDB's share of a build, past which it spills to disk: staging only appends (128MB suffices), the mapping
+# joins and sorts need more (at 128MB DuckDB fails to allocate). With these a ~1 GB trace peaks near 460 MB RSS;
+# ingest's 1200MB suits exports, whose tables DuckDB scans in place rather than holding a copy.
+STAGE_MEMORY_LIMIT = "128MB"
+MAP_MEMORY_LIMIT = "256MB"
+BATCH_ROWS = 20_000  # staged rows per insert: ~10 MB of Python objects at a time, however large the trace
 TOTAL_STEPS = 4
 
 
@@ -57,7 +62,7 @@ class KinetoBuilder:
 
     def __init__(self, path: Path, out: Path, progress: Progress | None = None):
         self.path, self.progress = path, progress
-        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS})
+        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, "memory_limit": STAGE_MEMORY_LIMIT})
         self.con.execute(NO_PROGRESS_BAR)
         self.cancelled = threading.Event()
         self.done = 0
@@ -105,6 +110,7 @@ class KinetoBuilder:
                                          if kind == "thread_name" and pid in hosts))
 
     def model(self) -> None:
+        self.sql(f"SET memory_limit = '{MAP_MEMORY_LIMIT}'")
         for table, query in MAPPING:
             self.sql(ddl(table))
             if query:

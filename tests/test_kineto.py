@@ -10,6 +10,8 @@ import heapq
 import json
 import re
 import shutil
+import subprocess
+import sys
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
@@ -229,6 +231,16 @@ def test_kineto_trace_is_known_by_content_not_name(tmp_path, loaded, cache_root)
             assert profile.con.execute("SELECT count(*), sum(duration_ns) FROM kernels").fetchone() == expected
         finally:
             profile.close()
+
+
+def test_kineto_cli_runs_a_tool_on_a_trace(tmp_path):
+    path = SHARED[0]
+    events = xs(read_json(path), "kernel")
+    done = subprocess.run([sys.executable, "-m", "nsightful.server.cli", "tool", "top_kernels", str(path), "--json",
+                           "--cache-dir", str(tmp_path)], capture_output=True, text=True, check=True, timeout=300)
+    result = json.loads(done.stdout)
+    assert (result["kernel_count"], result["kernel_time_ns"]) == (len(events), sum(span(e)[1] - span(e)[0]
+                                                                                  for e in events))
 
 
 def _bad_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
