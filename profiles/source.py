@@ -48,8 +48,8 @@ def check_file(path: Path) -> Path:
     if path.suffix.lower() in REPORT_SUFFIXES:
         return path
     if head != SQLITE_MAGIC and not kineto_read.is_trace(path):
-        raise NotAProfile(f"{path} is neither an SQLite file (its first bytes are not an SQLite header) nor a JSON "
-                          "trace; export the report with `nsys export --type sqlite report.nsys-rep`, or pass a "
+        raise NotAProfile(f"{path} is not an SQLite file (its first bytes are not an SQLite header) nor a JSON "
+                          "object; export the report with `nsys export --type sqlite report.nsys-rep`, or pass a "
                           "torch.profiler trace (.json or .json.gz)")
     return path
 

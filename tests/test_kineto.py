@@ -245,12 +245,13 @@ def test_kineto_cli_runs_a_tool_on_a_trace(tmp_path):
 
 def _bad_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     raw = gzip.decompress(SHARED[0].read_bytes())
+    foreign = "is not an SQLite file (its first bytes are not an SQLite header) nor a JSON object"
     cases = {
         "truncated_gzip": (SHARED[0].read_bytes()[: SHARED[0].stat().st_size // 2], "not a complete torch.profiler"),
         "truncated_json": (raw[: len(raw) // 2], "not a complete torch.profiler"),
         "no_trace_events": (b'{"schemaVersion": 1, "events": []}', "has no top-level traceEvents array"),
-        "json_array": (b"[1, 2, 3]", "neither an SQLite file"),
-        "gzipped_text": (gzip.compress(b"hello, world"), "neither an SQLite file"),
+        "json_array": (b"[1, 2, 3]", foreign),
+        "gzipped_text": (gzip.compress(b"hello, world"), foreign),
     }
     out = {}
     for name, (content, message) in cases.items():
