@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -117,7 +118,8 @@ class KinetoBuilder:
                 self.sql(query)
 
 
-def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = None, on_builder=None) -> None:
+def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = None,
+          on_builder: Callable[[KinetoBuilder], None] | None = None) -> None:
     """Write the model of the Kineto trace at `path` into the DuckDB file `out` (which must not exist)."""
     head = kineto_read.header(path)
     b = KinetoBuilder(path, out, progress)

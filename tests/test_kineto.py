@@ -21,7 +21,7 @@ import pytest
 from mcp.client import Client
 
 from nsightful.profiles import open_profile
-from nsightful.profiles.errors import NotAProfile
+from nsightful.profiles.errors import LoadCancelled, NotAProfile
 from nsightful.server.app import build_server
 from nsightful.tools import TOOL_NAMES
 from nsightful.tools import iterations as it
@@ -282,6 +282,17 @@ def test_kineto_damaged_trace_over_mcp_is_one_error_and_the_server_keeps_serving
             good = await client.call_tool("load_profile", {"path": str(tmp_path / "good.json.gz")})
             assert not good.is_error
     anyio.run(main)
+
+
+def test_kineto_load_interrupted_while_streaming_stops_and_leaves_no_model(tmp_path):
+    builders = []
+
+    def progress(done, total, label):  # interrupt once streaming starts: the first batch insert stops it
+        if label == "reading trace events":
+            builders[0].interrupt()
+    with pytest.raises(LoadCancelled):
+        open_profile(SHARED[0], cache_dir=tmp_path, progress=progress, on_builder=builders.append)
+    assert [p.name for p in tmp_path.iterdir() if ".duckdb" in p.name] == []
 
 
 def test_kineto_fixture_files_are_unchanged():
