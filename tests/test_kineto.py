@@ -218,6 +218,27 @@ def test_kineto_every_tool_on_every_trace(cache_root, path):
     anyio.run(main)
 
 
+def test_kineto_diff_profiles_compares_two_ranks(cache_root):
+    """diff_profiles leases both ranks of one job; each side's window is its GPU-active span in its own JSON."""
+    rank0, rank1 = (KINETO / f"hta_sampled_rank{r}.json.gz" for r in (0, 1))
+
+    def gpu_span(path: Path) -> tuple[int, int]:
+        spans = [span(e) for e in xs(read_json(path), "kernel", "gpu_memcpy", "gpu_memset")]
+        return min(s for s, _ in spans), max(e for _, e in spans)
+
+    async def main():
+        async with Client(build_server([KINETO], cache_dir=cache_root)) as client:
+            schema = {t.name: t for t in (await client.list_tools()).tools}["diff_profiles"].output_schema
+            result = await client.call_tool("diff_profiles", {"before": str(rank0), "after": str(rank1)})
+            assert not result.is_error, result.content
+            jsonschema.validate(result.structured_content, schema)
+            return result.structured_content
+    diff = anyio.run(main)
+    for side, path in (("before", rank0), ("after", rank1)):
+        window = diff[side]["window"]
+        assert (window["start_ns"], window["end_ns"]) == gpu_span(path)
+
+
 def test_kineto_trace_is_known_by_content_not_name(tmp_path, loaded, cache_root):
     source = SHARED[0]
     packed = tmp_path / "rank0.data"
