@@ -45,6 +45,7 @@ lint: $(VENV)/.dev
 
 bench: $(VENV)/.installed loadtest
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/kineto.py
 
 loadtest: $(VENV)/.installed
 	$(BIN)/python bench/load.py

@@ -164,6 +164,14 @@ def case_10gb() -> dict:
     return {"gb": gb, "floor": floor, "first": first}
 
 
+def record(text: str) -> None:
+    """Put a section at the top of BENCHMARKS.md (newest first)."""
+    bench_md = ROOT / "BENCHMARKS.md"
+    head = "# Benchmarks\n\nWritten by `make bench` (newest first). Machine and date in each heading.\n\n"
+    old = bench_md.read_text().removeprefix(head) if bench_md.exists() else ""
+    bench_md.write_text(head + text + "\n" + old)
+
+
 def main() -> int:
     make_profile(BIG, COPIES)
     floor = scan_floor(BIG)
@@ -174,10 +182,7 @@ def main() -> int:
         first = child(BIG, cache, "triage")
     text = report(cold, warm, first, floor, BIG.stat().st_size, case_10gb() if WITH_10GB else None)
     print(text)
-    bench_md = ROOT / "BENCHMARKS.md"
-    head = "# Benchmarks\n\nWritten by `make bench` (newest first). Machine and date in each heading.\n\n"
-    old = bench_md.read_text().removeprefix(head) if bench_md.exists() else ""
-    bench_md.write_text(head + text + "\n" + old)
+    record(text)
     print(f"peak RSS of this runner: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
           file=sys.stderr)
     return 0

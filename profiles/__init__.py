@@ -1,4 +1,4 @@
-"""Profiles: open an Nsight Systems export as a cached DuckDB profile model."""
+"""Profiles: open an Nsight Systems export, or a PyTorch profiler (Kineto) trace, as a cached DuckDB profile model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 
-from nsightful.profiles import cache, source
+from nsightful.profiles import cache, kineto, kineto_read, source
 from nsightful.profiles.duck import close_model, open_model
 from nsightful.profiles.errors import CacheUnwritable
 from nsightful.profiles.ingest import Builder, Progress
@@ -35,18 +35,21 @@ class Profile:
 def open_profile(path: str | Path, *, cache_dir: Path | None = None, use_cache: bool = True,
                  progress: Progress | None = None,
                  on_builder: Callable[[Builder], None] | None = None) -> Profile:
-    """Open an export (.sqlite, or .nsys-rep/.qdrep when nsys is installed) as a read-only model."""
+    """Open an export (.sqlite, or .nsys-rep/.qdrep when nsys is installed) or a torch.profiler trace (.json or
+    .json.gz, known by its content) as a read-only model."""
     target = source.check_file(Path(path))
     directory = cache_dir or cache.cache_dir()
-    sqlite_path = target
+    sqlite_path, build_fn = target, cache.build_export
     if target.suffix.lower() in source.REPORT_SUFFIXES:
         sqlite_path = source.convert_report(target, directory)
+    elif kineto_read.is_trace(target):
+        build_fn = kineto.build
     key = source.fingerprint(sqlite_path)
     if use_cache:
         try:
-            model, con = cache.open_cached(sqlite_path, key, directory, progress, on_builder)
+            model, con = cache.open_cached(sqlite_path, key, directory, progress, on_builder, build_fn)
             return Profile(path=target, fingerprint=key, model_path=model, con=con)
         except CacheUnwritable as exc:
             log.warning("nsightful: %s; building in a temporary folder instead, for this load only", exc)
-    scratch, model = cache.build_scratch(sqlite_path, key, progress, on_builder)
+    scratch, model = cache.build_scratch(sqlite_path, key, progress, on_builder, build_fn)
     return Profile(path=target, fingerprint=key, model_path=model, con=open_model(model), _scratch=scratch)

@@ -93,8 +93,26 @@ def _remove_leftovers(final: Path, key: str) -> None:
         path.unlink(missing_ok=True)
 
 
+def build_export(sqlite_path: Path, out: Path, key: str, progress: Progress | None = None,
+                 on_builder: Callable[[Builder], None] | None = None) -> None:
+    """Build the model of an nsys export into `out`, through a private copy when the export is in WAL mode."""
+    raw = RawExport(sqlite_path)
+    try:
+        if is_wal_mode(sqlite_path):
+            raw.scan_path = _scan_copy(sqlite_path, out.parent)
+        build(raw, out, key, progress, on_builder)
+    finally:
+        raw.close()
+        if raw.scan_path != sqlite_path:
+            raw.scan_path.unlink(missing_ok=True)
+
+
+BuildFn = Callable[..., None]  # (source file, output model, fingerprint, progress, on_builder), as build_export
+
+
 def open_cached(sqlite_path: Path, key: str, directory: Path, progress: Progress | None = None,
-                on_builder: Callable[[Builder], None] | None = None) -> tuple[Path, duckdb.DuckDBPyConnection]:
+                on_builder: Callable[[Builder], None] | None = None,
+                build_fn: BuildFn = build_export) -> tuple[Path, duckdb.DuckDBPyConnection]:
     """The cached model for this content and a connection to it, building it first if needed.
 
     Raises CacheUnwritable when the model must be built and `directory` cannot be written.
@@ -108,7 +126,7 @@ def open_cached(sqlite_path: Path, key: str, directory: Path, progress: Progress
         if con is not None:
             return final, con
         _remove_leftovers(final, key)
-        build_to(sqlite_path, key, final, progress, on_builder)
+        build_to(sqlite_path, key, final, progress, on_builder, build_fn)
     return final, open_model(final)
 
 
@@ -137,9 +155,10 @@ def _changed_error(path: Path) -> ProfileChanged:
 
 
 def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None = None,
-             on_builder: Callable[[Builder], None] | None = None) -> None:
-    """Build the model of `sqlite_path` into `final` (temporary file, then atomic rename). Raises
-    ProfileChanged when the export changed while it was read, NotAProfile when part of it is unreadable."""
+             on_builder: Callable[[Builder], None] | None = None, build_fn: BuildFn = build_export) -> None:
+    """Build the model of `sqlite_path` (with `build_fn`: an nsys export, or a Kineto trace) into `final`
+    (temporary file, then atomic rename). Raises ProfileChanged when the file changed while it was read,
+    NotAProfile when part of it is unreadable."""
     before = source.identity(sqlite_path)
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{key}-", suffix=".duckdb.tmp", dir=final.parent)
@@ -148,11 +167,8 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
     os.close(fd)
     tmp = Path(tmp_name)
     tmp.unlink()  # DuckDB wants to create the file itself
-    raw = RawExport(sqlite_path)
     try:
-        if is_wal_mode(sqlite_path):
-            raw.scan_path = _scan_copy(sqlite_path, final.parent)
-        build(raw, tmp, key, progress, on_builder)
+        build_fn(sqlite_path, tmp, key, progress, on_builder)
         if _changed(sqlite_path, before, key):
             raise _changed_error(sqlite_path)
         os.replace(tmp, final)
@@ -163,16 +179,13 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
             raise damaged(sqlite_path, exc) from exc
         raise
     finally:
-        raw.close()
-        leftovers = [tmp, tmp.with_name(tmp.name + ".wal")]
-        if raw.scan_path != sqlite_path:
-            leftovers.append(raw.scan_path)
-        for leftover in leftovers:
+        for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
             leftover.unlink(missing_ok=True)
 
 
 def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,
-                  on_builder: Callable[[Builder], None] | None = None) -> tuple[Path, Path]:
+                  on_builder: Callable[[Builder], None] | None = None,
+                  build_fn: BuildFn = build_export) -> tuple[Path, Path]:
     """(folder, model) of a build in a new temporary folder, which the caller removes when done with it."""
     try:
         scratch = Path(tempfile.mkdtemp(prefix="nsightful-"))
@@ -181,7 +194,7 @@ def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,
                               f"to build the model in; set {CACHE_ENV} (or --cache-dir) to a writable folder") from exc
     model = model_path(scratch, key)
     try:
-        build_to(sqlite_path, key, model, progress, on_builder)
+        build_to(sqlite_path, key, model, progress, on_builder, build_fn)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise

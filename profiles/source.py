@@ -1,4 +1,5 @@
-"""Check what the user pointed at, convert .nsys-rep/.qdrep, and fingerprint the export's content."""
+"""Check what the user pointed at (an nsys export or a Kineto trace), convert .nsys-rep/.qdrep, and fingerprint
+its content."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+from nsightful.profiles import kineto_read
 from nsightful.profiles.errors import ConversionFailed, ConversionNeeded, NotAProfile, ProfileNotFound
 from nsightful.profiles.raw import SQLITE_MAGIC
 
@@ -45,9 +47,10 @@ def check_file(path: Path) -> Path:
         head = fh.read(len(SQLITE_MAGIC))
     if path.suffix.lower() in REPORT_SUFFIXES:
         return path
-    if head != SQLITE_MAGIC:
-        raise NotAProfile(f"{path} is not an SQLite file (its first bytes are not an SQLite header); "
-                          "export the report with `nsys export --type sqlite report.nsys-rep`")
+    if head != SQLITE_MAGIC and not kineto_read.is_trace(path):
+        raise NotAProfile(f"{path} is not an SQLite file (its first bytes are not an SQLite header) nor a JSON "
+                          "object; export the report with `nsys export --type sqlite report.nsys-rep`, or pass a "
+                          "torch.profiler trace (.json or .json.gz)")
     return path
 
 

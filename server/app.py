@@ -192,7 +192,8 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
     @mcp.tool(annotations=READ_ONLY, structured_output=True)
     async def load_profile(
         path: Annotated[str, Field(description="Path of an nsys .sqlite export (or .nsys-rep/.qdrep when nsys "
-                                               "is installed), inside the server's allowed roots")],
+                                               "is installed) or a torch.profiler .json/.json.gz trace, inside the "
+                                               "server's allowed roots")],
         ctx: Context,
     ) -> LoadResult:
         """Load a profile (built once into a cache, then reused); returns its id and summary."""

@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
 
     tool = sub.add_parser("tool", help="run one analysis tool on a profile")
     tool.add_argument("name", help="tool name, e.g. gpu_idle_gaps (see `nsightful tools`)")
-    tool.add_argument("profile", help="path of an nsys .sqlite/.nsys-rep export")
+    tool.add_argument("profile", help="path of an nsys .sqlite/.nsys-rep export or a torch.profiler .json/.json.gz "
+                                      "trace")
     tool.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                       help="a tool parameter, e.g. -p device=0 -p min_gap_ns=2000000")
     tool.add_argument("--json", action="store_true", help="print the structured result as JSON")

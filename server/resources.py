@@ -110,7 +110,8 @@ def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
 def register_prompts(mcp: MCPServer) -> None:
     @mcp.prompt()
     def triage_profile(
-        path: Annotated[str, Field(description="Path of the nsys .sqlite/.nsys-rep export")],
+        path: Annotated[str, Field(description="Path of the nsys .sqlite/.nsys-rep export or torch.profiler "
+                                               ".json/.json.gz trace")],
     ) -> str:
         """Find out why a GPU job is slow: triage a profile and explain the top causes."""
         return (f"Load the Nsight Systems profile at {path} with load_profile, then call triage on it. "

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.checks import LOAD_SOURCE
 from nsightful.profiles.ingest import API_KIND_SQL
+from nsightful.profiles.kineto_meta import PLATFORM as KINETO_PLATFORM
 from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
 from nsightful.tools import program
 from nsightful.tools.common import Finding, Output, ProfileParams, fetch_capped, ms, pct
@@ -377,8 +378,10 @@ def findings(result: Result) -> list[Finding]:
 
 
 def render(result: Result) -> str:
-    lines = [f"nsys {result.nsys_version or '?'} (export schema {result.schema_version or '?'}) on "
-             f"{result.host or '?'}: {result.command_line or 'command line not recorded'}"]
+    schema = result.schema_version or "?"
+    written_by = (f"{KINETO_PLATFORM} trace, schema {schema}," if result.platform == KINETO_PLATFORM
+                  else f"nsys {result.nsys_version or '?'} (export schema {schema})")
+    lines = [f"{written_by} on {result.host or '?'}: {result.command_line or 'command line not recorded'}"]
     if result.note:
         lines.append(f"NOTE: {result.note}")
     lines.extend(f"TRACE: {note}" for note in result.trace_quality)

@@ -1,0 +1,144 @@
+"""Build the profile model (see profiles.model) from a PyTorch profiler (Kineto) trace into a DuckDB file.
+
+Events are staged in batches into two tables (GPU activity, host events), then mapped with SQL into the
+same model tables an nsys export fills. Kineto writes no OS runtime calls, CPU samples, scheduling,
+synchronization records, CUDA graph executions, device-memory events or UVM faults: those tables stay
+empty and `capabilities` says so. CPU ops and user annotations (record_function, ProfilerStep#N) become
+push/pop NVTX ranges with domain 'cpu_op' or 'user_annotation'; Kineto's GPU copies of the annotations
+(gpu_user_annotation) are left out, so a step is counted once, on the thread that ran it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+
+from nsightful.profiles import kineto_read
+from nsightful.profiles.duck import OFFLINE
+from nsightful.profiles.errors import LoadCancelled
+from nsightful.profiles.ingest import BUILD_SETTINGS, NO_PROGRESS_BAR, WINDOW_SQL, Progress
+from nsightful.profiles.kineto_meta import capability_rows, diagnostic_rows, gpu_rows, meta_row
+from nsightful.profiles.kineto_sql import GPU_COLUMNS, HOST_COLUMNS, MAPPING
+from nsightful.profiles.model import ddl
+
+# DuckDB's share of a build, past which it spills to disk: staging only appends (128MB suffices), the mapping
+# joins and sorts need more (at 128MB DuckDB fails to allocate). With these a ~1 GB trace peaks near 460 MB RSS;
+# ingest's 1200MB suits exports, whose tables DuckDB scans in place rather than holding a copy.
+STAGE_MEMORY_LIMIT = "128MB"
+MAP_MEMORY_LIMIT = "256MB"
+BATCH_ROWS = 20_000  # staged rows per insert: ~10 MB of Python objects at a time, however large the trace
+TOTAL_STEPS = 4
+
+
+class Stage:
+    """Rows for one staging table, inserted a batch at a time: each column goes to DuckDB as one JSON array
+    (DuckDB converts Python lists value by value, tens of microseconds each; JSON text it parses in bulk)."""
+
+    def __init__(self, builder: KinetoBuilder, table: str, columns: tuple[tuple[str, str], ...]):
+        self.builder, self.rows = builder, []
+        builder.sql(f"CREATE TABLE {table} ({', '.join(f'{name} {typ}' for name, typ in columns)})")
+        self.insert = f"INSERT INTO {table} SELECT " + ", ".join(
+            f"unnest(from_json($c{i}, '[\"{typ}\"]'))" for i, (_, typ) in enumerate(columns))
+
+    def add(self, row: tuple) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= BATCH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.builder.cancelled.is_set():
+            raise LoadCancelled(f"loading {self.builder.path} was cancelled")
+        if self.rows:
+            columns = zip(*self.rows, strict=True)
+            self.builder.sql(self.insert, {f"c{i}": json.dumps(col) for i, col in enumerate(columns)})
+            self.rows = []
+
+
+class KinetoBuilder:
+    """One build of one trace; `interrupt()` from another thread stops it (as ingest.Builder)."""
+
+    def __init__(self, path: Path, out: Path, progress: Progress | None = None):
+        self.path, self.progress = path, progress
+        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, "memory_limit": STAGE_MEMORY_LIMIT})
+        self.con.execute(NO_PROGRESS_BAR)
+        self.cancelled = threading.Event()
+        self.done = 0
+        self.names: dict[tuple[str, int | None, int | None], str] = {}
+
+    def interrupt(self) -> None:
+        self.cancelled.set()
+        self.con.interrupt()
+
+    def step(self, label: str) -> None:
+        if self.cancelled.is_set():
+            raise LoadCancelled(f"loading {self.path} was cancelled")
+        self.done += 1
+        if self.progress:
+            self.progress(self.done, TOTAL_STEPS, label)
+
+    def sql(self, query: str, params: dict | None = None) -> None:
+        try:
+            self.con.execute(query, params)
+        except duckdb.InterruptException as exc:
+            raise LoadCancelled(f"loading {self.path} was cancelled") from exc
+
+    def load_list(self, table: str, rows: list[tuple]) -> None:
+        self.sql(ddl(table))
+        if rows:
+            self.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+
+    def on_name(self, kind: str, pid: int | None, tid: int | None, name: str) -> None:
+        self.names[(kind, pid, tid if kind == "thread_name" else None)] = name  # the last name given wins
+
+    def stage(self) -> None:
+        """Stream the events into _k_gpu and _k_host."""
+        gpu, host = Stage(self, "_k_gpu", GPU_COLUMNS), Stage(self, "_k_host", HOST_COLUMNS)
+        kineto_read.events(self.path, gpu.add, host.add, self.on_name)
+        gpu.flush()
+        host.flush()
+
+    def names_tables(self) -> None:
+        """Processes and threads that ran host events (Kineto also names each GPU and stream as a 'process')."""
+        hosts = {pid for (pid,) in self.con.execute("SELECT DISTINCT pid FROM _k_host").fetchall()}
+        self.load_list("processes", sorted((pid, name) for (kind, pid, _), name in self.names.items()
+                                           if kind == "process_name" and pid in hosts))
+        self.load_list("threads", sorted((pid, tid, kineto_read.thread_name(name))
+                                         for (kind, pid, tid), name in self.names.items()
+                                         if kind == "thread_name" and pid in hosts))
+
+    def model(self) -> None:
+        self.sql(f"SET memory_limit = '{MAP_MEMORY_LIMIT}'")
+        for table, query in MAPPING:
+            self.sql(ddl(table))
+            if query:
+                self.sql(query)
+
+
+def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = None,
+          on_builder: Callable[[KinetoBuilder], None] | None = None) -> None:
+    """Write the model of the Kineto trace at `path` into the DuckDB file `out` (which must not exist)."""
+    head = kineto_read.header(path)
+    b = KinetoBuilder(path, out, progress)
+    if on_builder:
+        on_builder(b)
+    try:
+        b.step("reading trace events")
+        b.stage()
+        b.step("kernels, copies, CUDA API calls, CPU ops")
+        b.names_tables()
+        b.model()
+        b.step("devices, metadata, capabilities")
+        b.load_list("gpus", gpu_rows(b.con, head))
+        b.load_list("diagnostics", diagnostic_rows(head))
+        b.load_list("meta", [meta_row(path, fingerprint, head, b.con.execute(WINDOW_SQL).fetchone())])
+        b.load_list("capabilities", capability_rows(b.con))
+        for helper in ("_k_gpu", "_k_host"):
+            b.sql(f"DROP TABLE {helper}")
+        b.step("writing the model")
+        b.sql("CHECKPOINT")
+    finally:
+        b.con.close()
