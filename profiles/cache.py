@@ -27,6 +27,7 @@ from nsightful.profiles import source
 from nsightful.profiles.duck import close_model, open_model
 from nsightful.profiles.errors import CacheUnwritable, ProfileChanged
 from nsightful.profiles.ingest import Builder, Progress, build
+from nsightful.profiles.limits import out_of_resources
 from nsightful.profiles.model import MODEL_VERSION
 from nsightful.profiles.raw import ROLLBACK_MODE, WAL_VERSION_OFFSET, RawExport, damaged, is_wal_mode
 
@@ -159,6 +160,8 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
     except (duckdb.Error, sqlite3.Error) as exc:  # a file rewritten meanwhile can fail any query, binding included
         if _changed(sqlite_path, before, key):
             raise _changed_error(sqlite_path) from exc
+        if isinstance(exc, duckdb.Error) and (exhausted := out_of_resources(exc, sqlite_path, final.parent)):
+            raise exhausted from exc
         if isinstance(exc, DAMAGE_ERRORS):
             raise damaged(sqlite_path, exc) from exc
         raise

@@ -19,13 +19,11 @@ from nsightful.profiles import checks
 from nsightful.profiles.duck import OFFLINE, load_sqlite_scanner
 from nsightful.profiles.errors import LoadCancelled
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
+from nsightful.profiles.limits import build_memory_mb
 from nsightful.profiles.model import MODEL_VERSION, ddl
 from nsightful.profiles.raw import RawExport
 
 BUILD_SETTINGS = {
-    # DuckDB spills past this; peak RSS of the 1 GB benchmark export runs about 400 MB above it (880 MB here,
-    # 1,500 MB at 1200MB), and the spilling costs about 8% more CPU than at 700MB
-    "memory_limit": "500MB",
     "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
 }
 NO_PROGRESS_BAR = "SET enable_progress_bar = false"  # progress goes to MCP notifications, never to stdout
@@ -88,7 +86,8 @@ class Builder:
 
     def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None):
         self.raw, self.out, self.progress = raw, out, progress
-        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS})
+        memory = {"memory_limit": f"{build_memory_mb()}MB"}
+        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, **memory})
         self.con.execute(NO_PROGRESS_BAR)
         self.cancelled = threading.Event()
         self.enum_source = "profile"
