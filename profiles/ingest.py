@@ -16,6 +16,7 @@ from pathlib import Path
 import duckdb
 
 from nsightful.profiles import checks
+from nsightful.profiles.chunks import ROWS_PER_RANGE, WHOLE, Range, correlation_ranges, within
 from nsightful.profiles.duck import OFFLINE, load_sqlite_scanner
 from nsightful.profiles.errors import LoadCancelled
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
@@ -54,16 +55,19 @@ CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
      ELSE 'other' END"""
 
 
-def api_join(*kinds: str) -> str:
-    """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id).
+def api_join(bounds: Range, *kinds: str) -> str:
+    """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id), for the ids in
+    `bounds` (see profiles.chunks); it ends the query, with the WHERE that keeps `r`'s rows in `bounds`.
 
     Older exports record both the runtime call and the driver call it makes under one correlation
     id; the outermost (earliest) call is kept so the join stays one-to-one.
     """
     listed = ", ".join(f"'{k}'" for k in kinds)
+    rows = "" if bounds == WHOLE else f" WHERE {within('r.correlationId', bounds, with_null=True)}"
     return (f"LEFT JOIN (SELECT DISTINCT ON (pid, correlation_id) pid, correlation_id, tid, name, start_ns, end_ns "
-            f"FROM cuda_api WHERE kind IN ({listed}) ORDER BY pid, correlation_id, start_ns) a "
-            f"ON a.pid = {PID_SQL.format(col='r.globalPid')} AND a.correlation_id = r.correlationId")
+            f"FROM cuda_api WHERE kind IN ({listed}) AND {within('correlation_id', bounds)} "
+            f"ORDER BY pid, correlation_id, start_ns) a "
+            f"ON a.pid = {PID_SQL.format(col='r.globalPid')} AND a.correlation_id = r.correlationId{rows}")
 
 
 def _label(name: str, prefix: str) -> str:
@@ -92,6 +96,7 @@ class Builder:
         self.cancelled = threading.Event()
         self.enum_source = "profile"
         self.done = 0
+        self.ranges = [WHOLE]  # correlation-id ranges of the API joins, set once cuda_api is built
 
     def interrupt(self) -> None:
         self.cancelled.set()
@@ -118,6 +123,19 @@ class Builder:
 
     def src(self, table: str) -> str:
         return f'raw."{self.raw.real_name(table)}"'
+
+    def joined(self, table: str, query: Callable[[str, Range], str], cur: duckdb.DuckDBPyConnection) -> None:
+        """Run `query(source, bounds)`, which joins `table` to its API calls: once over the raw table, or per
+        correlation-id range over a DuckDB copy of it (the SQLite scanner filters nothing: each range would
+        scan the whole table again)."""
+        if self.ranges == [WHOLE]:
+            self.sql(query(self.src(table), WHOLE), cur)
+            return
+        stage = f"_stage_{table.lower()}"
+        self.sql(f"CREATE TABLE {stage} AS SELECT * FROM {self.src(table)}", cur)
+        for bounds in self.ranges:
+            self.sql(query(stage, bounds), cur)
+        self.sql(f"DROP TABLE {stage}", cur)
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
     def create(self, table: str, cur: duckdb.DuckDBPyConnection | None = None) -> None:
@@ -203,6 +221,8 @@ class Builder:
                 r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'),
                 {self.col(t, 'returnValue')}
             FROM {self.src(t)} r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
+        self.ranges = correlation_ranges(cur, ROWS_PER_RANGE)
+
     def kernels(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_KERNEL"
         self.create("kernels", cur)
@@ -215,66 +235,69 @@ class Builder:
                      AS nccl_collective
             FROM _strings WHERE id IN (SELECT DISTINCT shortName FROM {self.src(t)}
                                       UNION SELECT DISTINCT demangledName FROM {self.src(t)})""", cur)
-        self.sql(f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
+        self.joined(t, lambda src, bounds: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')} AS pid, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 s.value, coalesce(d.value, s.value), r.gridX, r.gridY, r.gridZ, r.blockX, r.blockY, r.blockZ,
                 r.registersPerThread, r.staticSharedMemory, r.dynamicSharedMemory,
                 {self.col(t, 'graphId')}, nullif({self.col(t, 'graphNodeId')}, 0),
                 coalesce(d.category, s.category), coalesce(d.nccl_collective, s.nccl_collective),
                 a.name, a.start_ns, a.end_ns
-            FROM {self.src(t)} r
+            FROM {src} r
             LEFT JOIN _kernel_names s ON s.id = r.shortName
             LEFT JOIN _kernel_names d ON d.id = r.demangledName
-            {api_join('launch', 'graph')}""", cur)
+            {api_join(bounds, 'launch', 'graph')}""", cur)
 
     def memcpy(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMCPY"
         self.create("memcpy", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO memcpy SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
+        self.joined(t, lambda src, bounds: f"""INSERT INTO memcpy
+            SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
                 a.tid, r.correlationId, r.start, r."end", r."end" - r.start, r.bytes,
                 coalesce(op.label, 'unknown'), coalesce(sk.label, 'unknown'), coalesce(dk.label, 'unknown'),
                 {self.col(t, 'srcDeviceId')}, {self.col(t, 'dstDeviceId')}, a.name
-            FROM {self.src(t)} r
+            FROM {src} r
             LEFT JOIN enums op ON op.enum = 'ENUM_CUDA_MEMCPY_OPER' AND op.code = r.copyKind
             LEFT JOIN enums sk ON sk.enum = 'ENUM_CUDA_MEM_KIND' AND sk.code = r.srcKind
             LEFT JOIN enums dk ON dk.enum = 'ENUM_CUDA_MEM_KIND' AND dk.code = r.dstKind
-            {api_join('memcpy')}""", cur)
+            {api_join(bounds, 'memcpy')}""", cur)
 
     def memset(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMSET"
         self.create("memset", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO memset SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')}, a.tid,
+        self.joined(t, lambda src, bounds: f"""INSERT INTO memset
+            SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')}, a.tid,
                 r.correlationId, r.start, r."end", r."end" - r.start, r.bytes, coalesce(mk.label, 'unknown')
-            FROM {self.src(t)} r
+            FROM {src} r
             LEFT JOIN enums mk ON mk.enum = 'ENUM_CUDA_MEM_KIND' AND mk.code = {self.col(t, 'memKind')}
-            {api_join('memset')}""", cur)
+            {api_join(bounds, 'memset')}""", cur)
 
     def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
         self.create("sync", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO sync SELECT nullif(r.deviceId, {NO_ID}), nullif(r.streamId, {NO_ID}),
+        self.joined(t, lambda src, bounds: f"""INSERT INTO sync
+            SELECT nullif(r.deviceId, {NO_ID}), nullif(r.streamId, {NO_ID}),
                 {PID_SQL.format(col='r.globalPid')}, a.tid,
                 r.correlationId, r.start, r."end", r."end" - r.start, coalesce(st.label, 'unknown'), a.name
-            FROM {self.src(t)} r
+            FROM {src} r
             LEFT JOIN enums st ON st.enum = 'ENUM_CUPTI_SYNC_TYPE' AND st.code = r.syncType
-            {api_join('sync', 'memcpy', 'other')}""", cur)
+            {api_join(bounds, 'sync', 'memcpy', 'other')}""", cur)
 
     def graph_exec(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
         self.create("graph_exec", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO graph_exec SELECT r.deviceId, r.contextId, r.streamId,
+        self.joined(t, lambda src, bounds: f"""INSERT INTO graph_exec SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')}, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 {self.col(t, 'graphId')}, {self.col(t, 'graphExecId')}, a.name, a.start_ns, a.end_ns
-            FROM {self.src(t)} r
-            {api_join('graph')}""", cur)
+            FROM {src} r
+            {api_join(bounds, 'graph')}""", cur)
 
     def memory_usage(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
