@@ -32,6 +32,7 @@ from nsightful.profiles.model import MODEL_VERSION
 from nsightful.profiles.raw import ROLLBACK_MODE, WAL_VERSION_OFFSET, RawExport, damaged, is_wal_mode
 
 CACHE_ENV = "NSIGHTFUL_CACHE_DIR"
+SPILL_SUFFIX = ".tmp"  # DuckDB spills into a folder named after its database file plus this
 # What DuckDB or SQLite raise when the export's content cannot be read (truncated pages, invalid text or
 # values of the wrong type); our own SQL errors (binder, catalog) are not among them.
 DAMAGE_ERRORS = (sqlite3.DatabaseError, duckdb.IOException, duckdb.InvalidInputException,
@@ -89,8 +90,16 @@ def _open_valid(path: Path, key: str) -> duckdb.DuckDBPyConnection | None:
 
 
 def _remove_leftovers(final: Path, key: str) -> None:
-    """Under the lock: the stale model at `final` and temporary files of builds that were killed."""
+    """Under the lock: the stale model at `final` and temporary files of builds that were killed (their spill
+    folders included)."""
     for path in (final, final.with_name(final.name + ".wal"), *final.parent.glob(f".{key}-*.duckdb.tmp*")):
+        _remove(path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
         path.unlink(missing_ok=True)
 
 
@@ -167,11 +176,11 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
         raise
     finally:
         raw.close()
-        leftovers = [tmp, tmp.with_name(tmp.name + ".wal")]
+        leftovers = [tmp, tmp.with_name(tmp.name + ".wal"), tmp.with_name(tmp.name + SPILL_SUFFIX)]
         if raw.scan_path != sqlite_path:
             leftovers.append(raw.scan_path)
         for leftover in leftovers:
-            leftover.unlink(missing_ok=True)
+            _remove(leftover)
 
 
 def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,

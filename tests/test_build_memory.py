@@ -11,7 +11,8 @@ import pytest
 from conftest import FIXTURES
 from mcp.client import Client
 
-from nsightful.profiles import open_profile
+from nsightful.profiles import open_profile, source
+from nsightful.profiles.cache import SPILL_SUFFIX
 from nsightful.profiles.limits import BUILD_MEMORY_ENV, BuildOutOfMemory, BuildSettingInvalid, out_of_resources
 from nsightful.server.app import build_server
 
@@ -80,3 +81,18 @@ async def test_build_memory_exhausted_load_is_an_mcp_error_and_the_server_keeps_
         monkeypatch.delenv(BUILD_MEMORY_ENV)
         answer = await client.call_tool("top_kernels", {"profile": str(EXPORT)})
     assert not answer.is_error and answer.structured_content["kernel_count"] == _raw_kernels(EXPORT)
+
+
+def test_build_memory_spill_folder_of_a_killed_build_is_removed_by_the_next(tmp_path):
+    """A build killed while spilling leaves its model's temporary file and DuckDB's spill folder beside it."""
+    key = source.fingerprint(EXPORT)
+    stale = tmp_path / f".{key}-killed.duckdb.tmp"
+    (tmp_path / (stale.name + SPILL_SUFFIX)).mkdir(parents=True)
+    (tmp_path / (stale.name + SPILL_SUFFIX) / "duckdb_temp_storage-0.tmp").write_bytes(b"\0" * 4096)
+    stale.write_bytes(b"\0" * 4096)
+    profile = open_profile(EXPORT, cache_dir=tmp_path)
+    try:
+        assert profile.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == _raw_kernels(EXPORT)
+    finally:
+        profile.close()
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".duckdb", ".lock"]
