@@ -97,6 +97,7 @@ class Builder:
         self.enum_source = "profile"
         self.done = 0
         self.ranges = [WHOLE]  # correlation-id ranges of the API joins, set once cuda_api is built
+        self.staged: set[str] = set()  # DuckDB copies of activity tables, while their joins run
 
     def interrupt(self) -> None:
         self.cancelled.set()
@@ -124,18 +125,25 @@ class Builder:
     def src(self, table: str) -> str:
         return f'raw."{self.raw.real_name(table)}"'
 
-    def joined(self, table: str, query: Callable[[str, Range], str], cur: duckdb.DuckDBPyConnection) -> None:
-        """Run `query(source, bounds)`, which joins `table` to its API calls: once over the raw table, or per
-        correlation-id range over a DuckDB copy of it (the SQLite scanner filters nothing: each range would
-        scan the whole table again)."""
+    def activity(self, table: str, cur: duckdb.DuckDBPyConnection) -> str:
+        """Where to read `table`'s rows: the raw table when its API join runs once, else a DuckDB copy of it,
+        made on first use (the SQLite scanner filters nothing: each range would scan the whole table again)."""
         if self.ranges == [WHOLE]:
-            self.sql(query(self.src(table), WHOLE), cur)
-            return
+            return self.src(table)
         stage = f"_stage_{table.lower()}"
-        self.sql(f"CREATE TABLE {stage} AS SELECT * FROM {self.src(table)}", cur)
+        if stage not in self.staged:
+            self.sql(f"CREATE TABLE {stage} AS SELECT * FROM {self.src(table)}", cur)
+            self.staged.add(stage)
+        return stage
+
+    def joined(self, table: str, query: Callable[[str, Range], str], cur: duckdb.DuckDBPyConnection) -> None:
+        """Run `query(source, bounds)`, which joins `table` to its API calls, once per correlation-id range."""
+        source = self.activity(table, cur)
         for bounds in self.ranges:
-            self.sql(query(stage, bounds), cur)
-        self.sql(f"DROP TABLE {stage}", cur)
+            self.sql(query(source, bounds), cur)
+        if source in self.staged:
+            self.sql(f"DROP TABLE {source}", cur)
+            self.staged.discard(source)
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
     def create(self, table: str, cur: duckdb.DuckDBPyConnection | None = None) -> None:
@@ -233,8 +241,8 @@ class Builder:
             SELECT id, value, {KERNEL_CATEGORY_SQL} AS category,
                    CASE WHEN value ILIKE '%nccl%' THEN nullif(regexp_extract(value, '({pattern})', 1), '') END
                      AS nccl_collective
-            FROM _strings WHERE id IN (SELECT DISTINCT shortName FROM {self.src(t)}
-                                      UNION SELECT DISTINCT demangledName FROM {self.src(t)})""", cur)
+            FROM _strings WHERE id IN (SELECT DISTINCT shortName FROM {self.activity(t, cur)}
+                                      UNION SELECT DISTINCT demangledName FROM {self.activity(t, cur)})""", cur)
         self.joined(t, lambda src, bounds: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')} AS pid, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 s.value, coalesce(d.value, s.value), r.gridX, r.gridY, r.gridZ, r.blockX, r.blockY, r.blockZ,
