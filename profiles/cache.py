@@ -27,10 +27,12 @@ from nsightful.profiles import source
 from nsightful.profiles.duck import close_model, open_model
 from nsightful.profiles.errors import CacheUnwritable, ProfileChanged
 from nsightful.profiles.ingest import Builder, Progress, build
+from nsightful.profiles.limits import out_of_resources
 from nsightful.profiles.model import MODEL_VERSION
 from nsightful.profiles.raw import ROLLBACK_MODE, WAL_VERSION_OFFSET, RawExport, damaged, is_wal_mode
 
 CACHE_ENV = "NSIGHTFUL_CACHE_DIR"
+SPILL_SUFFIX = ".tmp"  # DuckDB spills into a folder named after its database file plus this
 # What DuckDB or SQLite raise when the export's content cannot be read (truncated pages, invalid text or
 # values of the wrong type); our own SQL errors (binder, catalog) are not among them.
 DAMAGE_ERRORS = (sqlite3.DatabaseError, duckdb.IOException, duckdb.InvalidInputException,
@@ -88,8 +90,16 @@ def _open_valid(path: Path, key: str) -> duckdb.DuckDBPyConnection | None:
 
 
 def _remove_leftovers(final: Path, key: str) -> None:
-    """Under the lock: the stale model at `final` and temporary files of builds that were killed."""
+    """Under the lock: the stale model at `final` and temporary files of builds that were killed (their spill
+    folders included)."""
     for path in (final, final.with_name(final.name + ".wal"), *final.parent.glob(f".{key}-*.duckdb.tmp*")):
+        _remove(path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
         path.unlink(missing_ok=True)
 
 
@@ -175,12 +185,14 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
     except (duckdb.Error, sqlite3.Error) as exc:  # a file rewritten meanwhile can fail any query, binding included
         if _changed(sqlite_path, before, key):
             raise _changed_error(sqlite_path) from exc
+        if isinstance(exc, duckdb.Error) and (exhausted := out_of_resources(exc, sqlite_path, final.parent)):
+            raise exhausted from exc
         if isinstance(exc, DAMAGE_ERRORS):
             raise damaged(sqlite_path, exc) from exc
         raise
     finally:
-        for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
-            leftover.unlink(missing_ok=True)
+        for leftover in (tmp, tmp.with_name(tmp.name + ".wal"), tmp.with_name(tmp.name + SPILL_SUFFIX)):
+            _remove(leftover)
 
 
 def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,

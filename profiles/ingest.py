@@ -16,16 +16,15 @@ from pathlib import Path
 import duckdb
 
 from nsightful.profiles import checks
+from nsightful.profiles.chunks import ROWS_PER_RANGE, WHOLE, Range, correlation_ranges, within
 from nsightful.profiles.duck import OFFLINE, load_sqlite_scanner
 from nsightful.profiles.errors import LoadCancelled
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
+from nsightful.profiles.limits import build_memory_mb
 from nsightful.profiles.model import MODEL_VERSION, ddl
 from nsightful.profiles.raw import RawExport
 
 BUILD_SETTINGS = {
-    # DuckDB spills past this; peak RSS of the 1 GB benchmark export runs about 400 MB above it (880 MB here,
-    # 1,500 MB at 1200MB), and the spilling costs about 8% more CPU than at 700MB
-    "memory_limit": "500MB",
     "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
 }
 NO_PROGRESS_BAR = "SET enable_progress_bar = false"  # progress goes to MCP notifications, never to stdout
@@ -56,16 +55,19 @@ CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
      ELSE 'other' END"""
 
 
-def api_join(*kinds: str) -> str:
-    """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id).
+def api_join(bounds: Range, *kinds: str) -> str:
+    """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id), for the ids in
+    `bounds` (see profiles.chunks); it ends the query, with the WHERE that keeps `r`'s rows in `bounds`.
 
     Older exports record both the runtime call and the driver call it makes under one correlation
     id; the outermost (earliest) call is kept so the join stays one-to-one.
     """
     listed = ", ".join(f"'{k}'" for k in kinds)
+    rows = "" if bounds == WHOLE else f" WHERE {within('r.correlationId', bounds, with_null=True)}"
     return (f"LEFT JOIN (SELECT DISTINCT ON (pid, correlation_id) pid, correlation_id, tid, name, start_ns, end_ns "
-            f"FROM cuda_api WHERE kind IN ({listed}) ORDER BY pid, correlation_id, start_ns) a "
-            f"ON a.pid = {PID_SQL.format(col='r.globalPid')} AND a.correlation_id = r.correlationId")
+            f"FROM cuda_api WHERE kind IN ({listed}) AND {within('correlation_id', bounds)} "
+            f"ORDER BY pid, correlation_id, start_ns) a "
+            f"ON a.pid = {PID_SQL.format(col='r.globalPid')} AND a.correlation_id = r.correlationId{rows}")
 
 
 def _label(name: str, prefix: str) -> str:
@@ -88,11 +90,14 @@ class Builder:
 
     def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None):
         self.raw, self.out, self.progress = raw, out, progress
-        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS})
+        memory = {"memory_limit": f"{build_memory_mb()}MB"}
+        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, **memory})
         self.con.execute(NO_PROGRESS_BAR)
         self.cancelled = threading.Event()
         self.enum_source = "profile"
         self.done = 0
+        self.ranges = [WHOLE]  # correlation-id ranges of the API joins, set once cuda_api is built
+        self.staged: set[str] = set()  # DuckDB copies of activity tables, while their joins run
 
     def interrupt(self) -> None:
         self.cancelled.set()
@@ -119,6 +124,26 @@ class Builder:
 
     def src(self, table: str) -> str:
         return f'raw."{self.raw.real_name(table)}"'
+
+    def activity(self, table: str, cur: duckdb.DuckDBPyConnection) -> str:
+        """Where to read `table`'s rows: the raw table when its API join runs once, else a DuckDB copy of it,
+        made on first use (the SQLite scanner filters nothing: each range would scan the whole table again)."""
+        if self.ranges == [WHOLE]:
+            return self.src(table)
+        stage = f"_stage_{table.lower()}"
+        if stage not in self.staged:
+            self.sql(f"CREATE TABLE {stage} AS SELECT * FROM {self.src(table)}", cur)
+            self.staged.add(stage)
+        return stage
+
+    def joined(self, table: str, query: Callable[[str, Range], str], cur: duckdb.DuckDBPyConnection) -> None:
+        """Run `query(source, bounds)`, which joins `table` to its API calls, once per correlation-id range."""
+        source = self.activity(table, cur)
+        for bounds in self.ranges:
+            self.sql(query(source, bounds), cur)
+        if source in self.staged:
+            self.sql(f"DROP TABLE {source}", cur)
+            self.staged.discard(source)
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
     def create(self, table: str, cur: duckdb.DuckDBPyConnection | None = None) -> None:
@@ -204,6 +229,8 @@ class Builder:
                 r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'),
                 {self.col(t, 'returnValue')}
             FROM {self.src(t)} r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
+        self.ranges = correlation_ranges(cur, ROWS_PER_RANGE)
+
     def kernels(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_KERNEL"
         self.create("kernels", cur)
@@ -214,68 +241,71 @@ class Builder:
             SELECT id, value, {KERNEL_CATEGORY_SQL} AS category,
                    CASE WHEN value ILIKE '%nccl%' THEN nullif(regexp_extract(value, '({pattern})', 1), '') END
                      AS nccl_collective
-            FROM _strings WHERE id IN (SELECT DISTINCT shortName FROM {self.src(t)}
-                                      UNION SELECT DISTINCT demangledName FROM {self.src(t)})""", cur)
-        self.sql(f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
+            FROM _strings WHERE id IN (SELECT DISTINCT shortName FROM {self.activity(t, cur)}
+                                      UNION SELECT DISTINCT demangledName FROM {self.activity(t, cur)})""", cur)
+        self.joined(t, lambda src, bounds: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')} AS pid, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 s.value, coalesce(d.value, s.value), r.gridX, r.gridY, r.gridZ, r.blockX, r.blockY, r.blockZ,
                 r.registersPerThread, r.staticSharedMemory, r.dynamicSharedMemory,
                 {self.col(t, 'graphId')}, nullif({self.col(t, 'graphNodeId')}, 0),
                 coalesce(d.category, s.category), coalesce(d.nccl_collective, s.nccl_collective),
                 a.name, a.start_ns, a.end_ns
-            FROM {self.src(t)} r
+            FROM {src} r
             LEFT JOIN _kernel_names s ON s.id = r.shortName
             LEFT JOIN _kernel_names d ON d.id = r.demangledName
-            {api_join('launch', 'graph')}""", cur)
+            {api_join(bounds, 'launch', 'graph')}""", cur)
 
     def memcpy(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMCPY"
         self.create("memcpy", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO memcpy SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
+        self.joined(t, lambda src, bounds: f"""INSERT INTO memcpy
+            SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
                 a.tid, r.correlationId, r.start, r."end", r."end" - r.start, r.bytes,
                 coalesce(op.label, 'unknown'), coalesce(sk.label, 'unknown'), coalesce(dk.label, 'unknown'),
                 {self.col(t, 'srcDeviceId')}, {self.col(t, 'dstDeviceId')}, a.name
-            FROM {self.src(t)} r
+            FROM {src} r
             LEFT JOIN enums op ON op.enum = 'ENUM_CUDA_MEMCPY_OPER' AND op.code = r.copyKind
             LEFT JOIN enums sk ON sk.enum = 'ENUM_CUDA_MEM_KIND' AND sk.code = r.srcKind
             LEFT JOIN enums dk ON dk.enum = 'ENUM_CUDA_MEM_KIND' AND dk.code = r.dstKind
-            {api_join('memcpy')}""", cur)
+            {api_join(bounds, 'memcpy')}""", cur)
 
     def memset(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMSET"
         self.create("memset", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO memset SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')}, a.tid,
+        self.joined(t, lambda src, bounds: f"""INSERT INTO memset
+            SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')}, a.tid,
                 r.correlationId, r.start, r."end", r."end" - r.start, r.bytes, coalesce(mk.label, 'unknown')
-            FROM {self.src(t)} r
+            FROM {src} r
             LEFT JOIN enums mk ON mk.enum = 'ENUM_CUDA_MEM_KIND' AND mk.code = {self.col(t, 'memKind')}
-            {api_join('memset')}""", cur)
+            {api_join(bounds, 'memset')}""", cur)
 
     def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
         self.create("sync", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO sync SELECT nullif(r.deviceId, {NO_ID}), nullif(r.streamId, {NO_ID}),
+        self.joined(t, lambda src, bounds: f"""INSERT INTO sync
+            SELECT nullif(r.deviceId, {NO_ID}), nullif(r.streamId, {NO_ID}),
                 {PID_SQL.format(col='r.globalPid')}, a.tid,
                 r.correlationId, r.start, r."end", r."end" - r.start, coalesce(st.label, 'unknown'), a.name
-            FROM {self.src(t)} r
+            FROM {src} r
             LEFT JOIN enums st ON st.enum = 'ENUM_CUPTI_SYNC_TYPE' AND st.code = r.syncType
-            {api_join('sync', 'memcpy', 'other')}""", cur)
+            {api_join(bounds, 'sync', 'memcpy', 'other')}""", cur)
 
     def graph_exec(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
         self.create("graph_exec", cur)
         if not self.raw.has(t):
             return
-        self.sql(f"""INSERT INTO graph_exec SELECT r.deviceId, r.contextId, r.streamId,
+        self.joined(t, lambda src, bounds: f"""INSERT INTO graph_exec SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')}, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 {self.col(t, 'graphId')}, {self.col(t, 'graphExecId')}, a.name, a.start_ns, a.end_ns
-            FROM {self.src(t)} r
-            {api_join('graph')}""", cur)
+            FROM {src} r
+            {api_join(bounds, 'graph')}""", cur)
 
     def memory_usage(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
