@@ -98,7 +98,8 @@ async def _client(url: str, mode: str, calls: list[Call], seed: int, rounds: int
                 out.calls += 1
                 out.tool_errors += got[0]
                 if got != expected[call.key()]:
-                    out.errors.append(f"{mode} {call.tool} {call.args}: answer differs from the quiet run")
+                    said = f" (it answered: {got[1]})" if got[0] else ""
+                    out.errors.append(f"{mode} {call.tool} {call.args}: answer differs from the quiet run{said}")
 
 
 async def load_run(served: Served, calls: list[Call], clients: int, rounds: int, time_limit_s: float) -> Outcome:
