@@ -72,10 +72,9 @@ def main() -> int:
         rows.append(f"| {path.name} | {path.stat().st_size / 1e9:.2f} GB ({BIG.stat().st_size / 1e9:.2f} GB of JSON) | "
                     f"{result['seconds']:.1f} s | {result['cpu_seconds']:.1f} s | {result['peak_rss_mb']:.0f} MB |")
     text = "\n".join([
-        f"## {date.today().isoformat()}: Kineto trace load, draft (shared machine), {machine()}", "",
+        f"## {date.today().isoformat()}: Kineto trace load, {machine()}", "",
         f"{COPIES} copies of {SOURCE.name}'s events (shifted in time and correlation id), streamed with ijson "
-        "(yajl2_c) and staged into DuckDB in batches; each load in a fresh process with an empty cache. The machine "
-        "was shared with other engineers' builds and tests, so times are noisy.", "",
+        "(yajl2_c) and staged into DuckDB in batches; each load in a fresh process with an empty cache.", "",
         "| trace | size | cold load (wall) | CPU | peak RSS |", "|---|---|---|---|---|", *rows]) + "\n"
     print(text)
     record(text)
