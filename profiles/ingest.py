@@ -85,19 +85,21 @@ def _direction(name: str) -> str:
     return "unknown" if short == "UNKNOWN" else re.sub(r"([A-Z])TO([A-Z])", r"\g<1>2\g<2>", short)
 
 
-class Builder:
-    """One build of one export; `interrupt()` from another thread stops it."""
+class BuildSteps:
+    """What every model build shares (an nsys export's, a Kineto trace's): its connection, named progress steps
+    out of `total_steps`, and `interrupt()` from another thread, which stops it at the next query or step."""
 
-    def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None):
-        self.raw, self.out, self.progress = raw, out, progress
-        memory = {"memory_limit": f"{build_memory_mb()}MB"}
-        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, **memory})
+    total_steps: int
+
+    def __init__(self, source: Path, out: Path, progress: Progress | None, memory_limit: str):
+        self.source, self.progress = source, progress
+        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, "memory_limit": memory_limit})
         self.con.execute(NO_PROGRESS_BAR)
         self.cancelled = threading.Event()
-        self.enum_source = "profile"
         self.done = 0
-        self.ranges = [WHOLE]  # correlation-id ranges of the API joins, set once cuda_api is built
-        self.staged: set[str] = set()  # DuckDB copies of activity tables, while their joins run
+
+    def cancelled_error(self) -> LoadCancelled:
+        return LoadCancelled(f"loading {self.source} was cancelled")
 
     def interrupt(self) -> None:
         self.cancelled.set()
@@ -105,16 +107,36 @@ class Builder:
 
     def step(self, label: str) -> None:
         if self.cancelled.is_set():
-            raise LoadCancelled(f"loading {self.raw.path} was cancelled")
+            raise self.cancelled_error()
         self.done += 1
         if self.progress:
-            self.progress(self.done, TOTAL_STEPS, label)
+            self.progress(self.done, self.total_steps, label)
 
-    def sql(self, query: str, cur: duckdb.DuckDBPyConnection | None = None) -> None:
+    def sql(self, query: str, cur: duckdb.DuckDBPyConnection | None = None, params: dict | None = None) -> None:
         try:
-            (cur or self.con).execute(query)
+            (cur or self.con).execute(query, params)
         except duckdb.InterruptException as exc:
-            raise LoadCancelled(f"loading {self.raw.path} was cancelled") from exc
+            raise self.cancelled_error() from exc
+
+    def create(self, table: str, cur: duckdb.DuckDBPyConnection | None = None) -> None:
+        self.sql(ddl(table), cur)
+
+    def load_list(self, table: str, rows: list[tuple]) -> None:
+        self.create(table)
+        if rows:
+            self.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+
+
+class Builder(BuildSteps):
+    """One build of one export."""
+
+    def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None):
+        super().__init__(raw.path, out, progress, f"{build_memory_mb()}MB")
+        self.total_steps = TOTAL_STEPS
+        self.raw, self.out = raw, out
+        self.enum_source = "profile"
+        self.ranges = [WHOLE]  # correlation-id ranges of the API joins, set once cuda_api is built
+        self.staged: set[str] = set()  # DuckDB copies of activity tables, while their joins run
 
     def cols(self, table: str) -> set[str]:
         return set(self.raw.columns(table))
@@ -146,14 +168,6 @@ class Builder:
             self.staged.discard(source)
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
-    def create(self, table: str, cur: duckdb.DuckDBPyConnection | None = None) -> None:
-        self.sql(ddl(table), cur)
-
-    def load_list(self, table: str, rows: list[tuple]) -> None:
-        self.create(table)
-        if rows:
-            self.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
-
     def strings(self) -> None:
         rows = self.raw.rows("StringIds", "id, value") if self.raw.has("StringIds") else []
         ids = [r[0] for r in rows]

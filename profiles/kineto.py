@@ -11,16 +11,11 @@ push/pop NVTX ranges with domain 'cpu_op' or 'user_annotation'; Kineto's GPU cop
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import duckdb
-
 from nsightful.profiles import kineto_read
-from nsightful.profiles.duck import OFFLINE
-from nsightful.profiles.errors import LoadCancelled
-from nsightful.profiles.ingest import BUILD_SETTINGS, NO_PROGRESS_BAR, WINDOW_SQL, Progress
+from nsightful.profiles.ingest import WINDOW_SQL, BuildSteps, Progress
 from nsightful.profiles.kineto_meta import capability_rows, diagnostic_rows, gpu_rows, meta_row
 from nsightful.profiles.kineto_sql import GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from nsightful.profiles.model import ddl
@@ -51,45 +46,22 @@ class Stage:
 
     def flush(self) -> None:
         if self.builder.cancelled.is_set():
-            raise LoadCancelled(f"loading {self.builder.path} was cancelled")
+            raise self.builder.cancelled_error()
         if self.rows:
             columns = zip(*self.rows, strict=True)
-            self.builder.sql(self.insert, {f"c{i}": json.dumps(col) for i, col in enumerate(columns)})
+            self.builder.sql(self.insert, params={f"c{i}": json.dumps(col) for i, col in enumerate(columns)})
             self.rows = []
 
 
-class KinetoBuilder:
-    """One build of one trace; `interrupt()` from another thread stops it (as ingest.Builder)."""
+class KinetoBuilder(BuildSteps):
+    """One build of one trace."""
+
+    total_steps = TOTAL_STEPS
 
     def __init__(self, path: Path, out: Path, progress: Progress | None = None):
-        self.path, self.progress = path, progress
-        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, "memory_limit": STAGE_MEMORY_LIMIT})
-        self.con.execute(NO_PROGRESS_BAR)
-        self.cancelled = threading.Event()
-        self.done = 0
+        super().__init__(path, out, progress, STAGE_MEMORY_LIMIT)
+        self.path = path
         self.names: dict[tuple[str, int | None, int | None], str] = {}
-
-    def interrupt(self) -> None:
-        self.cancelled.set()
-        self.con.interrupt()
-
-    def step(self, label: str) -> None:
-        if self.cancelled.is_set():
-            raise LoadCancelled(f"loading {self.path} was cancelled")
-        self.done += 1
-        if self.progress:
-            self.progress(self.done, TOTAL_STEPS, label)
-
-    def sql(self, query: str, params: dict | None = None) -> None:
-        try:
-            self.con.execute(query, params)
-        except duckdb.InterruptException as exc:
-            raise LoadCancelled(f"loading {self.path} was cancelled") from exc
-
-    def load_list(self, table: str, rows: list[tuple]) -> None:
-        self.sql(ddl(table))
-        if rows:
-            self.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
 
     def on_name(self, kind: str, pid: int | None, tid: int | None, name: str) -> None:
         self.names[(kind, pid, tid if kind == "thread_name" else None)] = name  # the last name given wins
