@@ -14,6 +14,17 @@ FIXTURE_FILES = sorted(FIXTURES.glob("*.sqlite"))
 FIXTURE_IDS = [p.stem for p in FIXTURE_FILES]
 
 
+@pytest.fixture
+def anyio_backend():
+    """The MCP client and server tests run on asyncio (anyio would also try trio)."""
+    return "asyncio"
+
+
+def text_of(result) -> str:
+    """The text content of an MCP tool result."""
+    return "".join(c.text for c in result.content if getattr(c, "text", None))
+
+
 @pytest.fixture(scope="session")
 def cache_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("nsightful-cache")

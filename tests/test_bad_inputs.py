@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import duckdb
 import pytest
-from conftest import FIXTURE_FILES, FIXTURES
+from conftest import FIXTURE_FILES, FIXTURES, text_of
 from mcp.client import Client
 
 from nsightful.profiles import open_profile
@@ -33,10 +33,6 @@ REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "fin
 CLI = [sys.executable, "-m", "nsightful.server.cli"]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.fixture(scope="module", autouse=True)
 def fixtures_unchanged():
@@ -46,9 +42,6 @@ def fixtures_unchanged():
     yield
     assert hashes() == before, "a fixture file changed"
 
-
-def _text(result) -> str:
-    return "".join(c.text for c in result.content if getattr(c, "text", None))
 
 
 def _listing(folder: Path) -> list[str]:
@@ -154,8 +147,8 @@ async def test_bad_inputs_path_is_one_sentence_for_every_tool_and_the_server_kee
             with anyio.fail_after(30):  # a FIFO must not block the call
                 result = await client.call_tool(name, args)
             assert result.is_error, name
-            _one_sentence(_text(result))
-            assert words in _text(result), (name, _text(result))
+            _one_sentence(text_of(result))
+            assert words in text_of(result), (name, text_of(result))
         good = await client.call_tool("top_kernels", {"profile": str(root / "good.sqlite")})
     assert not good.is_error and good.structured_content["kernel_count"] == _raw_count(
         MOCK, f"SELECT count(*) FROM {KERNEL}")
@@ -212,12 +205,12 @@ async def test_bad_inputs_damaged_export_loads_what_is_readable_and_every_tool_a
     before = _listing(path.parent)
     async with Client(server) as client:
         loaded = await client.call_tool("load_profile", {"path": str(path)})
-        assert not loaded.is_error, _text(loaded)
+        assert not loaded.is_error, text_of(loaded)
         pid, summary = loaded.structured_content["profile"], loaded.structured_content["summary"]
         for name in TOOL_NAMES:
             result = await client.call_tool(name, {"profile": pid, **REQUIRED_ARGS.get(name, {})})
             if result.is_error:  # only where the profile has no data for the tool
-                _one_sentence(_text(result))
+                _one_sentence(text_of(result))
     assert summary["table_rows"]["kernels"] == (0 if lost == ALL else recorded - lost)
     quality = summary["trace_quality"]
     if note:
@@ -275,8 +268,8 @@ async def test_bad_inputs_unusable_export_is_one_not_a_profile_sentence(data_ser
     async with Client(server) as client:
         refused = await client.call_tool("load_profile", {"path": str(path)})
         good = await client.call_tool("top_kernels", {"profile": str(_copy(MOCK, root / f"{case}-good"))})
-    assert refused.is_error and words in _text(refused) and str(path) in _text(refused), _text(refused)
-    _one_sentence(_text(refused))
+    assert refused.is_error and words in text_of(refused) and str(path) in text_of(refused), text_of(refused)
+    _one_sentence(text_of(refused))
     assert not good.is_error and good.structured_content["kernel_count"] == 2
     assert _listing(path.parent) == before
 

@@ -10,7 +10,7 @@ import sys
 
 import jsonschema
 import pytest
-from conftest import FIXTURE_FILES, FIXTURES
+from conftest import FIXTURE_FILES, FIXTURES, text_of
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -36,10 +36,6 @@ WORST_ARGS = {  # each tool's largest answer: every limit at its maximum, the wi
 KEPT = re.compile(r"([\d,]+) of ([\d,]+) (\w+)")
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.fixture(scope="module")
 def eight_gpus(tmp_path_factory):
@@ -53,9 +49,6 @@ def eight_gpus(tmp_path_factory):
 def server(cache_root, eight_gpus):
     return build_server([FIXTURES, eight_gpus.parent], cache_dir=cache_root)
 
-
-def _text(result) -> str:
-    return "".join(c.text for c in result.content if getattr(c, "text", None))
 
 
 def _number(text: str) -> int:
@@ -96,9 +89,9 @@ async def test_budget_every_tool_at_its_largest_limits_fits_and_explains_the_cut
             args = {"profile": pid, **WORST_ARGS.get(name, {})}
             result = await client.call_tool(name, args)
             if result.is_error:  # only where the profile has no data for the tool
-                assert "\n" not in _text(result) and "characters" not in _text(result), name
+                assert "\n" not in text_of(result) and "characters" not in text_of(result), name
                 continue
-            data, text = result.structured_content, _text(result)
+            data, text = result.structured_content, text_of(result)
             assert len(json.dumps(data)) <= budget.MAX_RESULT_CHARS and len(text) <= budget.MAX_RESULT_CHARS, name
             jsonschema.validate(data, schemas[name])
             with server.store.leased(server.store.sessionless, str(path)) as lease, lease.profile.con.cursor() as cur:
@@ -119,14 +112,14 @@ async def test_budget_query_sql_select_star_at_limit_1000_keeps_real_rows(server
     assert f"kept {len(data['rows']):,} of 1,000 rows" in data["cut_note"] and "GROUP BY" in data["cut_note"]
     where = {c: data["columns"].index(c) for c in ("device_id", "start_ns", "end_ns")}
     assert all((r[where["device_id"]], r[where["start_ns"]], r[where["end_ns"]]) in spans for r in data["rows"])
-    assert max(len(json.dumps(data)), len(_text(result))) <= budget.MAX_RESULT_CHARS
+    assert max(len(json.dumps(data)), len(text_of(result))) <= budget.MAX_RESULT_CHARS
 
 
 @pytest.mark.anyio
 async def test_budget_query_sql_one_huge_value_is_cut_not_dropped(server):
     path = str(FIXTURES / "nsysai_mock.sqlite")
     result = await _call(server, "query_sql", {"profile": path, "sql": "SELECT repeat('x', 30000) AS big"})
-    data, text = result.structured_content, _text(result)
+    data, text = result.structured_content, text_of(result)
     (value,) = data["rows"][0]
     kept = len(value) - len(value.lstrip("x"))
     assert data["row_count"] == 1 and len(data["rows"]) == 1 and data["truncated"] is False
@@ -153,7 +146,7 @@ async def test_budget_query_sql_values_round_trip_through_mcp(server):
         "huge": 170141183460469231731687303715884105727, "day": "2024-02-29", "ts": "2024-02-29T01:02:03.500000",
         "blob": "\\x00A", "nothing": None, "yes": True}
     assert data["types"][:4] == ["DOUBLE", "DOUBLE", "FLOAT", "INTEGER[]"] and data["types"][6] == "DECIMAL(6,2)"
-    assert "NaN | Infinity | -Infinity | [1, null, 3]" in _text(result)
+    assert "NaN | Infinity | -Infinity | [1, null, 3]" in text_of(result)
 
 
 @pytest.mark.anyio
@@ -163,9 +156,9 @@ async def test_budget_query_sql_errors_keep_duckdbs_hint_and_point_at_describe_s
         table = await client.call_tool("query_sql", {"profile": path, "sql": "SELECT * FROM kernel"})
         column = await client.call_tool("query_sql", {"profile": path, "sql": "SELECT duration FROM kernels"})
         still = await client.call_tool("query_sql", {"profile": path, "sql": "SELECT count(*) AS n FROM kernels"})
-    assert table.is_error and 'Did you mean "kernels"?' in _text(table) and "describe_schema" in _text(table)
-    assert column.is_error and '"duration_ns"' in _text(column)
-    assert all("\n" not in _text(r) and "LINE 1" not in _text(r) for r in (table, column))
+    assert table.is_error and 'Did you mean "kernels"?' in text_of(table) and "describe_schema" in text_of(table)
+    assert column.is_error and '"duration_ns"' in text_of(column)
+    assert all("\n" not in text_of(r) and "LINE 1" not in text_of(r) for r in (table, column))
     assert still.structured_content["rows"] == [[2]]
 
 
@@ -175,9 +168,9 @@ async def test_budget_setting_is_honoured_and_a_limit_cut_names_limit(server, mo
     monkeypatch.setenv(budget.ENV, "6000")
     small = await _call(server, "gpu_idle_gaps", {"profile": path, "min_gap_ns": 1000, "limit": 500})
     data = small.structured_content
-    assert max(len(json.dumps(data)), len(_text(small))) <= 6000
+    assert max(len(json.dumps(data)), len(text_of(small))) <= 6000
     assert data["cut_by"] == "characters" and "6,000-character result budget" in data["cut_note"]
-    assert "lower `limit`" in data["cut_note"] and "raise `limit`" not in _text(small)
+    assert "lower `limit`" in data["cut_note"] and "raise `limit`" not in text_of(small)
     monkeypatch.delenv(budget.ENV)
     limited = await _call(server, "gpu_idle_gaps", {"profile": path, "min_gap_ns": 1000, "limit": 5})
     data = limited.structured_content
@@ -210,7 +203,7 @@ async def test_budget_serve_option_sets_the_budget_over_stdio(cache_root):
         result = await client.call_tool("nvtx_breakdown", {"profile": str(FIXTURES / "nsysai_mfu_2gpu_after.sqlite"),
                                                           "merge_numbers": False, "limit": 500})
     data = result.structured_content
-    assert max(len(json.dumps(data)), len(_text(result))) <= 5000 and "5,000-character" in data["cut_note"]
+    assert max(len(json.dumps(data)), len(text_of(result))) <= 5000 and "5,000-character" in data["cut_note"]
 
 
 def test_budget_covers_every_tool():

@@ -20,10 +20,6 @@ EXPORT = FIXTURES / "nsysai_h100_2gpu_1s.sqlite"  # 2.3 MB; its build needs more
 TINY_MB = "5"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def _raw_kernels(path: Path) -> int:
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:

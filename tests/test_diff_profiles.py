@@ -185,10 +185,6 @@ def test_diff_profiles_cli_formats_and_fails_on_regression(cache_root, capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.mark.anyio
 async def test_diff_profiles_through_an_mcp_client(cache_root):

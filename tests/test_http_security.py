@@ -27,10 +27,6 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def _post(url: str, **headers: str) -> httpx2.Response:
     return httpx2.post(url, json=INITIALIZE, headers={**HEADERS, **headers}, timeout=30)

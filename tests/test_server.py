@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import jsonschema
 import pytest
-from conftest import FIXTURE_FILES, FIXTURES
+from conftest import FIXTURE_FILES, FIXTURES, text_of
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -28,18 +28,11 @@ MODES = ["legacy", "auto"]
 REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"}}
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.fixture(scope="module")
 def server(cache_root):
     return build_server([FIXTURES], cache_dir=cache_root)
 
-
-def _text(result) -> str:
-    return "".join(c.text for c in result.content if getattr(c, "text", None))
 
 
 @pytest.mark.anyio
@@ -74,18 +67,18 @@ async def test_server_every_tool_on_every_fixture(server, mode, fixture, snapsho
     async with Client(server, mode=mode) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
         loaded = await client.call_tool("load_profile", {"path": str(fixture)})
-        assert not loaded.is_error, _text(loaded)
+        assert not loaded.is_error, text_of(loaded)
         pid = loaded.structured_content["profile"]
         for name in TOOL_NAMES:
             args = {"profile": pid, **REQUIRED_ARGS.get(name, {})}
             result = await client.call_tool(name, args)
             if result.is_error:
-                message = _text(result)
+                message = text_of(result)
                 assert "\n" not in message and "Traceback" not in message
                 outcomes[name] = {"error": message}
                 continue
             jsonschema.validate(result.structured_content, tools[name].output_schema)
-            size = len(json.dumps(result.structured_content)) + len(_text(result))
+            size = len(json.dumps(result.structured_content)) + len(text_of(result))
             assert size < MAX_RESULT_CHARS, f"{name}: {size} chars"
             outcomes[name] = result.structured_content
     if mode == "legacy":
@@ -96,16 +89,16 @@ async def test_server_every_tool_on_every_fixture(server, mode, fixture, snapsho
 async def test_server_errors_are_one_sentence_and_server_keeps_serving(server):
     async with Client(server) as client:
         outside = await client.call_tool("load_profile", {"path": "/etc/passwd"})
-        assert outside.is_error and "outside the allowed roots" in _text(outside)
+        assert outside.is_error and "outside the allowed roots" in text_of(outside)
         unknown = await client.call_tool("top_kernels", {"profile": "nope"})
-        assert unknown.is_error and "no profile is loaded with id 'nope'" in _text(unknown)
+        assert unknown.is_error and "no profile is loaded with id 'nope'" in text_of(unknown)
         path = str(FIXTURES / "nsysai_mock.sqlite")
         bad_device = await client.call_tool("top_kernels", {"profile": path, "device": 7})
-        assert bad_device.is_error and "device 7 is not in this profile (devices: 0)" in _text(bad_device)
+        assert bad_device.is_error and "device 7 is not in this profile (devices: 0)" in text_of(bad_device)
         bad_window = await client.call_tool("gpu_utilization", {"profile": path, "start_ns": 10, "end_ns": 5})
-        assert bad_window.is_error and "empty" in _text(bad_window)
+        assert bad_window.is_error and "empty" in text_of(bad_window)
         refused = await client.call_tool("query_sql", {"profile": path, "sql": "COPY kernels TO '/tmp/x.csv'"})
-        assert refused.is_error and "only SELECT" in _text(refused)
+        assert refused.is_error and "only SELECT" in text_of(refused)
         still = await client.call_tool("top_kernels", {"profile": path})
         assert not still.is_error and still.structured_content["kernel_count"] == 2
         listed = await client.call_tool("list_profiles", {})

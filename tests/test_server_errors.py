@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, text_of
 from mcp.client import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, PromptReference
@@ -39,18 +39,11 @@ PROMPT_S = 2.0  # a next call after a cancel answers within this (the fixture's 
 MODES = ["legacy", "auto"]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.fixture(scope="module")
 def server(cache_root):
     return build_server([FIXTURES], cache_dir=cache_root)
 
-
-def _text(result) -> str:
-    return "".join(c.text for c in result.content if getattr(c, "text", None))
 
 
 EXACT = [
@@ -92,7 +85,7 @@ async def test_server_errors_invalid_arguments_are_one_exact_sentence(server, mo
     async with Client(server, mode=mode) as client:
         for tool, args, message in EXACT:
             result = await client.call_tool(tool, args)
-            assert result.is_error and _text(result) == f"Error executing tool {tool}: {message}", (tool, args)
+            assert result.is_error and text_of(result) == f"Error executing tool {tool}: {message}", (tool, args)
         still = await client.call_tool("top_kernels", {"profile": MOCK, "device": 0, "limit": 1})
         whole = await client.call_tool("query_sql", {"profile": MOCK, "sql": "SELECT 1 AS x", "timeout_s": 5})
         unset = await client.call_tool("top_kernels", {"profile": MOCK, "device": None})
@@ -124,14 +117,14 @@ async def test_server_errors_every_tool_every_parameter_refuses_wrong_types(serv
             for name, spec in tool.input_schema["properties"].items():
                 for value in _wrong_values(spec):
                     result = await client.call_tool(tool.name, {**base, name: value})
-                    message = _text(result)
+                    message = text_of(result)
                     assert result.is_error and "\n" not in message, (tool.name, name, value, message)
                     assert message.startswith(f"Error executing tool {tool.name}: {name} must be "), message
                     assert message.endswith(f"(got {shown(value)})") and "pydantic" not in message
                     checked += 1
             if tool.input_schema.get("required"):
                 missing = await client.call_tool(tool.name, {})
-                assert missing.is_error and f": {tool.input_schema['required'][0]} is required: " in _text(missing)
+                assert missing.is_error and f": {tool.input_schema['required'][0]} is required: " in text_of(missing)
         still = await client.call_tool("top_kernels", {"profile": MOCK})
     assert checked > 100 and not still.is_error
 

@@ -18,10 +18,6 @@ CLUE = FIXTURES / "clue_t4_report4.sqlite"
 SAXPY = FIXTURES / "pipit_saxpy_mpi_a100.sqlite"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def _listed(result) -> list[str]:
     return [p["profile"] for p in result.structured_content["profiles"]]

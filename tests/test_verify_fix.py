@@ -84,10 +84,6 @@ def test_verify_fix_unknown_root_cause_names_the_valid_ones():
         vf.Params(before="b", after="a", root_cause="slow")
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.mark.anyio
 async def test_verify_fix_through_an_mcp_client_and_its_prompt(cache_root):
