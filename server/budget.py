@@ -59,7 +59,9 @@ def fit(result: BaseModel, module: ModuleType, params: BaseModel, max_chars: int
     data = result.model_dump(mode="json")
     if data.get("truncated"):
         data |= {"cut_by": "limit", "cut_note": _limit_note(module, params)}
-    model, text = _rendered(module, data)
+        model, text = _rendered(module, data)
+    else:  # nothing to add: the result as it is (no round trip through validation on every call)
+        model, text = result, module.render(result)
     if max_chars is None or _size(data, text) <= max_chars:
         return text, model
     room = max_chars - NOTE_CHARS
