@@ -1,0 +1,99 @@
+"""Synthetic rank sets: one export per rank of a data-parallel job, with a planted straggler of known delay.
+
+`write_rank_set(folder, ranks=4, straggler_rank=2, delay_ns=3_000_000)` simulates the whole job once with
+the synth module (one rank process per GPU, two all-reduce buckets per step, every collective shared by all
+ranks), then writes what `nsys profile -o rank_%q{RANK}` would have recorded: `rank_<r>.sqlite` holding only
+rank r's process, thread and device rows (the machine tables, enums and metadata stay whole, as every rank
+records them). The straggler is synth's: before each step's first all-reduce its host works `delay_ns` longer
+than the others', so its NCCL kernels start that much after its peers' (and its GPU idles meanwhile). All
+ranks share one host and one clock. `straggler_rank=None` writes a balanced set.
+
+Ground truth goes to `<folder>/job.truth.json` (times in ns on the shared clock):
+  generator, truth_version  "nsightful.profiles.synth_ranks", 1
+  ranks                     [{rank, path, device, pid}]
+  straggler                 null, or {rank, delay_ns, lateness_ns (median over the collectives it delayed of
+                            its NCCL start minus the latest peer start), delayed (collectives it delayed),
+                            peer_extra_ns (median of the peers' mean NCCL duration minus its own)}
+  collectives               synth's [{iteration, bucket, name, per_device: [{device, start_ns, end_ns}]}]
+  iterations                synth's per-step ranges, per device
+  job                       the synth truth of the whole job's export (config, totals, planted)
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nsightful.profiles.synth import SynthConfig, truth_path, write_sample
+
+GENERATOR = "nsightful.profiles.synth_ranks"
+TRUTH_VERSION = 1
+TRUTH_NAME = "job.truth.json"
+_GLOBAL_PID_MASK = ~0xFFFFFF  # globalTid = globalPid + tid: clearing the low 24 bits gives the process's globalPid
+
+
+def rank_path(folder: Path, rank: int) -> Path:
+    return Path(folder) / f"rank_{rank}.sqlite"
+
+
+def _keep_rank(path: Path, global_pid: int, pid: int, device: int) -> None:
+    """Delete every row of another rank's process or device from the export at path."""
+    con = sqlite3.connect(path, isolation_level=None)
+    try:
+        con.execute("BEGIN")
+        tables = [name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            columns = {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
+            if "deviceId" in columns:
+                con.execute(f"DELETE FROM {table} WHERE deviceId <> ?", (device,))
+            if "globalPid" in columns:
+                con.execute(f"DELETE FROM {table} WHERE globalPid <> ?", (global_pid,))
+            elif "globalTid" in columns:
+                con.execute(f"DELETE FROM {table} WHERE (globalTid & ?) <> ?", (_GLOBAL_PID_MASK, global_pid))
+            elif "pid" in columns and table == "PROCESSES":
+                con.execute(f"DELETE FROM {table} WHERE pid <> ?", (pid,))
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
+def _straggler(truth: dict[str, Any], rank: int | None) -> dict[str, Any] | None:
+    planted = next((p for p in truth["planted"] if p["kind"] == "nccl_straggler"), None)
+    if rank is None or planted is None:
+        return None
+    return {"rank": rank, "delay_ns": planted["delay_ns"], "lateness_ns": planted["lateness_ns"],
+            "delayed": planted["count"], "peer_extra_ns": planted["peer_extra_ns"]}
+
+
+def write_rank_set(folder: Path, ranks: int = 4, iterations: int = 12, straggler_rank: int | None = None,
+                   delay_ns: int = 3_000_000, seed: int = 0, force: bool = False) -> dict[str, Any]:
+    """Write rank_<r>.sqlite for r in 0..ranks-1 and job.truth.json into folder (which must exist); return the
+    truth. Rank r drives device r. Existing rank files are replaced only when force is true."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"directory {folder} does not exist; create it first")
+    taken = [p.name for p in map(lambda r: rank_path(folder, r), range(ranks)) if p.exists()]
+    if taken and not force:
+        raise FileExistsError(f"{folder} already holds {', '.join(taken)}; choose an empty folder or pass force")
+    config = SynthConfig.clean(devices=ranks, iterations=iterations, seed=seed, straggler_device=straggler_rank,
+                               straggler_delay_ns=delay_ns if straggler_rank is not None else 0)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        whole = Path(scratch) / "job.sqlite"
+        job = write_sample(whole, config)
+        truth_path(whole).unlink()
+        for r, info in enumerate(job["ranks"]):
+            target = rank_path(folder, r)
+            part = Path(scratch) / target.name
+            part.write_bytes(whole.read_bytes())
+            _keep_rank(part, info["global_pid"], info["pid"], info["device"])
+            part.replace(target)
+    truth = {"generator": GENERATOR, "truth_version": TRUTH_VERSION,
+             "ranks": [{"rank": r, "path": str(rank_path(folder, r)), "device": info["device"], "pid": info["pid"]}
+                       for r, info in enumerate(job["ranks"])],
+             "straggler": _straggler(job, straggler_rank), "collectives": job["collectives"],
+             "iterations": job["iterations"], "job": job}
+    (folder / TRUTH_NAME).write_text(json.dumps(truth, indent=1) + "\n", encoding="utf-8")
+    return truth
