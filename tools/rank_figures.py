@@ -1,0 +1,135 @@
+"""Per-rank figures of a job connection (every model table a view with a leading `rank` column): GPU time
+shares, per-collective waits, step times and the spread of one kernel's duration across ranks.
+
+Definitions are in tools/rank_imbalance.py's docstring; this module only computes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import duckdb
+
+from nsightful.profiles.model import TABLE_NAMES
+from nsightful.tools import iterations
+from nsightful.tools.common import run_once
+
+# Union length per (rank, device, kind) in one ordered pass over each rank's GPU-active window, as in
+# tools/shares.py: each interval adds what lies past the furthest end before it; 'busy' is every kind at once.
+SHARES_SQL = """
+WITH win AS (SELECT rank, gpu_start_ns AS lo, gpu_end_ns AS hi FROM meta WHERE gpu_start_ns < gpu_end_ns),
+work AS (
+  SELECT x.rank, x.device_id, x.cat, greatest(x.start_ns, w.lo) AS s, least(x.end_ns, w.hi) AS e
+  FROM (SELECT rank, device_id, CASE WHEN category = 'nccl' THEN 'communication' ELSE 'compute' END AS cat,
+               start_ns, end_ns FROM kernels
+        UNION ALL SELECT rank, device_id, 'compute', start_ns, end_ns FROM graph_exec
+        UNION ALL SELECT rank, device_id, 'copy', start_ns, end_ns FROM memcpy
+        UNION ALL SELECT rank, device_id, 'copy', start_ns, end_ns FROM memset) x JOIN win w USING (rank)
+  WHERE x.end_ns > x.start_ns AND x.end_ns > w.lo AND x.start_ns < w.hi),
+keyed AS (SELECT rank, device_id, cat, s, e FROM work UNION ALL SELECT rank, device_id, 'busy', s, e FROM work),
+reach AS (
+  SELECT rank, cat, greatest(0, e - greatest(s, coalesce(max(e) OVER (
+           PARTITION BY rank, device_id, cat ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), s)))
+         AS adds, device_id FROM keyed)
+SELECT w.rank, w.hi - w.lo, count(DISTINCT r.device_id),
+       coalesce(sum(r.adds) FILTER (WHERE r.cat = 'compute'), 0),
+       coalesce(sum(r.adds) FILTER (WHERE r.cat = 'copy'), 0),
+       coalesce(sum(r.adds) FILTER (WHERE r.cat = 'communication'), 0),
+       coalesce(sum(r.adds) FILTER (WHERE r.cat = 'busy'), 0)
+FROM win w LEFT JOIN reach r USING (rank) GROUP BY w.rank, w.hi, w.lo ORDER BY w.rank
+"""
+
+# Collective k of a kind on a rank is its k-th NCCL kernel of that kind in start order; the ranks that ran the
+# kind are its participants, and (kind, k) is a group when every participant has a k-th (at least two).
+# A group whose kernels all run at one moment (min end >= max start) is simultaneous: true of any real
+# collective on one clock.
+GROUPS = """
+WITH n AS (
+  SELECT rank, coalesce(nccl_collective, 'other') AS coll, start_ns, end_ns, end_ns - start_ns AS dur,
+         row_number() OVER (PARTITION BY rank, coalesce(nccl_collective, 'other') ORDER BY start_ns, end_ns) AS k
+  FROM kernels WHERE category = 'nccl' AND end_ns > start_ns),
+parts AS (SELECT coll, count(DISTINCT rank) AS parts FROM n GROUP BY coll HAVING count(DISTINCT rank) >= 2),
+groups AS (
+  SELECT coll, k, max(start_ns) AS last_ns, min(dur) AS min_dur, min(end_ns) >= max(start_ns) AS simultaneous
+  FROM n JOIN parts USING (coll) GROUP BY coll, k, parts HAVING count(*) = parts)"""
+
+GROUPS_SQL = GROUPS + "\nSELECT count(*), count(*) FILTER (WHERE simultaneous) FROM groups"
+
+# Per (rank, group) the rank's wait: arrival basis, its kernel time before the last rank started
+# ([own start, min(last start, own end))); durations basis, its kernel duration minus the group's shortest.
+# The last rank waits least (lowest rank on a tie); lead = the second-least wait minus the least.
+WAITS = GROUPS + """,
+w AS (
+  SELECT n.rank, n.coll, n.k, n.dur,
+         CASE WHEN $arrival THEN least(g.last_ns, n.end_ns) - n.start_ns ELSE n.dur - g.min_dur END AS wait
+  FROM n JOIN groups g USING (coll, k) WHERE g.simultaneous OR NOT $arrival),
+per AS (
+  SELECT coll, k, arg_min(rank, (wait, rank)) AS last_rank, max(wait) - min(wait) AS skew,
+         list(wait ORDER BY wait)[2] - min(wait) AS lead, arg_min(dur, (wait, rank)) AS transfer
+  FROM w GROUP BY coll, k)"""
+
+SUMMARY_SQL = WAITS + """
+SELECT count(*), median(skew), quantile_cont(skew, 0.9), median(transfer) FROM per
+"""
+
+# Per (rank, last rank): groups, the rank's wait and NCCL time in them, and the median lead of the last rank.
+RANK_WAIT_SQL = WAITS + """
+SELECT w.rank, p.last_rank, count(*), sum(w.wait), sum(w.dur), median(p.lead)
+FROM w JOIN per p USING (coll, k) GROUP BY ALL ORDER BY ALL
+"""
+
+KERNEL_SPREAD_SQL = """
+WITH per AS (
+  SELECT coalesce(short_name, name, '') AS kname, rank, count(*) AS n, avg(duration_ns) AS mean,
+         sum(duration_ns) AS total
+  FROM kernels WHERE category <> 'nccl' GROUP BY ALL)
+SELECT kname, count(*), sum(n), sum(total), min(mean), median(mean), max(mean), arg_max(rank, (mean, -rank))
+FROM per GROUP BY kname HAVING count(*) >= 2 ORDER BY sum(total) DESC, kname LIMIT $limit
+"""
+
+
+@dataclass
+class RankWait:
+    """One rank's side of the matched collectives."""
+    collectives: int = 0
+    wait_ns: int = 0
+    nccl_ns: int = 0
+    last_count: int = 0
+    lateness_ns: int = 0  # median lead over the collectives it arrived last to
+    waits_by_last: dict[int, int] | None = None  # last rank -> this rank's wait in the collectives it was last to
+
+
+def rank_waits(con: duckdb.DuckDBPyConnection, arrival: bool) -> dict[int, RankWait]:
+    out: dict[int, RankWait] = {}
+    for rank, last, count, wait, dur, lead in con.execute(RANK_WAIT_SQL, {"arrival": arrival}).fetchall():
+        mine = out.setdefault(rank, RankWait(waits_by_last={}))
+        mine.collectives += count
+        mine.wait_ns += int(wait)
+        mine.nccl_ns += int(dur)
+        mine.waits_by_last[last] = int(wait)
+        if last == rank:
+            mine.last_count, mine.lateness_ns = count, int(lead or 0)
+    return out
+
+
+@contextmanager
+def rank_view(con: duckdb.DuckDBPyConnection, rank: int) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor on which every model table is rank `rank`'s alone (temporary views, private to the cursor), so
+    single-profile skills run on one rank unchanged."""
+    cur = con.cursor()
+    try:
+        database = cur.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
+        for table in TABLE_NAMES:
+            cur.execute(f'CREATE TEMP VIEW {table} AS SELECT * EXCLUDE (rank) FROM "{database}".main.{table} '
+                        f"WHERE rank = {int(rank)}")
+        yield cur
+    finally:
+        cur.close()
+
+
+def rank_steps(con: duckdb.DuckDBPyConnection, rank: int) -> iterations.Result:
+    """The iterations skill on one rank (its own step detection: ProfilerStep#N, NVTX, or a kernel rhythm)."""
+    with rank_view(con, rank) as cur:
+        return run_once(cur, iterations, iterations.Params(profile=f"rank {rank}"))
