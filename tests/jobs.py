@@ -13,13 +13,17 @@ import duckdb
 from nsightful.profiles.model import TABLE_NAMES
 
 
-def job_connection(models: list[Path], rank_source: str = "order") -> duckdb.DuckDBPyConnection:
-    """Rank r is models[r] (a built model file), attached read-only."""
+def job_connection(models: list[Path], rank_source: str = "order", hosts: list[str] | None = None
+                   ) -> duckdb.DuckDBPyConnection:
+    """Rank r is models[r] (a built model file), attached read-only; `hosts` replaces meta.host per rank (ranks
+    captured on different machines)."""
     con = duckdb.connect(":memory:")
     for r, model in enumerate(models):
         con.execute(f"ATTACH '{model}' AS rank{r} (READ_ONLY)")
     for table in TABLE_NAMES:
-        parts = " UNION ALL BY NAME ".join(f"SELECT {r}::INTEGER AS rank, * FROM rank{r}.{table}"
+        star = {r: f"* REPLACE ('{hosts[r]}' AS host)" if hosts and table == "meta" else "*"
+                for r in range(len(models))}
+        parts = " UNION ALL BY NAME ".join(f"SELECT {r}::INTEGER AS rank, {star[r]} FROM rank{r}.{table}"
                                            for r in range(len(models)))
         con.execute(f"CREATE VIEW {table} AS {parts}")
     con.execute("CREATE TABLE ranks (rank INTEGER, rank_source VARCHAR, source_path VARCHAR, profile_id VARCHAR)")

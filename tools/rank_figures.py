@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import duckdb
 
 from nsightful.profiles.model import TABLE_NAMES
-from nsightful.tools import iterations
+from nsightful.tools import iterations, nccl_breakdown
 from nsightful.tools.common import run_once
 
 # Union length per (rank, device, kind) in one ordered pass over each rank's GPU-active window, as in
@@ -41,44 +41,45 @@ SELECT w.rank, w.hi - w.lo, count(DISTINCT r.device_id),
 FROM win w LEFT JOIN reach r USING (rank) GROUP BY w.rank, w.hi, w.lo ORDER BY w.rank
 """
 
-# Collective k of a kind on a rank is its k-th NCCL kernel of that kind in start order; the ranks that ran the
-# kind are its participants, and (kind, k) is a group when every participant has a k-th (at least two).
-# A group whose kernels all run at one moment (min end >= max start) is simultaneous: true of any real
-# collective on one clock.
-GROUPS = """
+# Matching on arrival is nccl_breakdown's, with ranks in the place of devices: its kernels CTE gives each NCCL
+# kernel its rank as device_id, and $devices lists the ranks, $start/$end span the job.
+RANK_KERNELS = "WITH kernels AS (SELECT rank AS device_id, category, nccl_collective, start_ns, end_ns FROM kernels),"
+ARRIVAL = nccl_breakdown.MATCH.replace("WITH n AS", RANK_KERNELS + "\nn AS", 1) + """,
+w AS (
+  SELECT a.device_id AS rank, a.coll, a.idx AS k, a.end_ns - a.start_ns AS dur,
+         least(m.last_ns, a.end_ns) - a.start_ns AS wait
+  FROM aligned a JOIN matched m USING (coll, idx))"""
+
+# Matching on durations (no common clock): collective k of a kind on a rank is its k-th NCCL kernel of that kind
+# in start order; the ranks that ran the kind take part, and (kind, k) is matched when each has a k-th. A rank's
+# wait: its kernel duration minus the shortest of the collective.
+DURATIONS = """
 WITH n AS (
-  SELECT rank, coalesce(nccl_collective, 'other') AS coll, start_ns, end_ns, end_ns - start_ns AS dur,
+  SELECT rank, coalesce(nccl_collective, 'other') AS coll, end_ns - start_ns AS dur,
          row_number() OVER (PARTITION BY rank, coalesce(nccl_collective, 'other') ORDER BY start_ns, end_ns) AS k
   FROM kernels WHERE category = 'nccl' AND end_ns > start_ns),
 parts AS (SELECT coll, count(DISTINCT rank) AS parts FROM n GROUP BY coll HAVING count(DISTINCT rank) >= 2),
-groups AS (
-  SELECT coll, k, max(start_ns) AS last_ns, min(dur) AS min_dur, min(end_ns) >= max(start_ns) AS simultaneous
-  FROM n JOIN parts USING (coll) GROUP BY coll, k, parts HAVING count(*) = parts)"""
+groups AS (SELECT coll, k, min(dur) AS min_dur FROM n JOIN parts USING (coll) GROUP BY coll, k, parts
+           HAVING count(*) = parts),
+w AS (SELECT n.rank, n.coll, n.k, n.dur, n.dur - g.min_dur AS wait FROM n JOIN groups g USING (coll, k))"""
 
-GROUPS_SQL = GROUPS + "\nSELECT count(*), count(*) FILTER (WHERE simultaneous) FROM groups"
-
-# Per (rank, group) the rank's wait: arrival basis, its kernel time before the last rank started
-# ([own start, min(last start, own end))); durations basis, its kernel duration minus the group's shortest.
-# The last rank waits least (lowest rank on a tie); lead = the second-least wait minus the least.
-WAITS = GROUPS + """,
-w AS (
-  SELECT n.rank, n.coll, n.k, n.dur,
-         CASE WHEN $arrival THEN least(g.last_ns, n.end_ns) - n.start_ns ELSE n.dur - g.min_dur END AS wait
-  FROM n JOIN groups g USING (coll, k) WHERE g.simultaneous OR NOT $arrival),
+# Per matched collective: the rank that waits least arrived last (lowest rank on a tie); lead = the
+# second-least wait minus the least; transfer = the last rank's kernel duration.
+PER = """,
 per AS (
   SELECT coll, k, arg_min(rank, (wait, rank)) AS last_rank, max(wait) - min(wait) AS skew,
          list(wait ORDER BY wait)[2] - min(wait) AS lead, arg_min(dur, (wait, rank)) AS transfer
   FROM w GROUP BY coll, k)"""
-
-SUMMARY_SQL = WAITS + """
-SELECT count(*), median(skew), quantile_cont(skew, 0.9), median(transfer) FROM per
+SUMMARY = PER + """
+SELECT count(*), median(skew), quantile_cont(skew, 0.9), median(transfer), (SELECT count(*) FROM n),
+       (SELECT count(*) FROM w) FROM per
 """
-
-# Per (rank, last rank): groups, the rank's wait and NCCL time in them, and the median lead of the last rank.
-RANK_WAIT_SQL = WAITS + """
+# Per (rank, last rank): collectives, the rank's wait and NCCL time in them, and the median lead of the last rank.
+RANK_WAITS = PER + """
 SELECT w.rank, p.last_rank, count(*), sum(w.wait), sum(w.dur), median(p.lead)
 FROM w JOIN per p USING (coll, k) GROUP BY ALL ORDER BY ALL
 """
+MATCHING = {"arrival": ARRIVAL, "durations": DURATIONS}
 
 KERNEL_SPREAD_SQL = """
 WITH per AS (
@@ -101,9 +102,24 @@ class RankWait:
     waits_by_last: dict[int, int] | None = None  # last rank -> this rank's wait in the collectives it was last to
 
 
-def rank_waits(con: duckdb.DuckDBPyConnection, arrival: bool) -> dict[int, RankWait]:
+def match_args(con: duckdb.DuckDBPyConnection, basis: str) -> dict[str, object]:
+    """The bound parameters of MATCHING[basis]."""
+    if basis == "durations":
+        return {}
+    ranks, start, end = con.execute("SELECT list(rank ORDER BY rank), min(capture_start_ns), max(capture_end_ns) "
+                                    "FROM meta").fetchone()
+    return {"devices": ranks, "start": start, "end": end, "max_shift": nccl_breakdown.MAX_SHIFT}
+
+
+def summary(con: duckdb.DuckDBPyConnection, basis: str) -> tuple:
+    """(matched, median skew, p90 skew, median transfer, NCCL kernels, matched kernels)."""
+    return con.execute(MATCHING[basis] + SUMMARY, match_args(con, basis)).fetchone()
+
+
+def rank_waits(con: duckdb.DuckDBPyConnection, basis: str) -> dict[int, RankWait]:
     out: dict[int, RankWait] = {}
-    for rank, last, count, wait, dur, lead in con.execute(RANK_WAIT_SQL, {"arrival": arrival}).fetchall():
+    rows = con.execute(MATCHING[basis] + RANK_WAITS, match_args(con, basis)).fetchall()
+    for rank, last, count, wait, dur, lead in rows:
         mine = out.setdefault(rank, RankWait(waits_by_last={}))
         mine.collectives += count
         mine.wait_ns += int(wait)

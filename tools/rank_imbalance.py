@@ -67,6 +67,7 @@ CAUSE_SAID = {"compute": "it computes longer than the others", "idle": "its GPU 
 
 JobRef = Annotated[str, Field(description="Job id returned by load_job")]
 Clock = Literal["same_host", "different_hosts", "unknown"]
+Basis = Literal["arrival", "durations"]
 
 
 class Params(BaseModel):
@@ -132,9 +133,10 @@ class Result(Output):
     ranks: int
     rank_sources: list[str] = Field(description="how the ranks were numbered (the `ranks` table)")
     clock: Clock
-    basis: Literal["arrival", "durations"]
+    basis: Basis
     basis_note: str = Field(description="why that basis")
     matched: int = Field(description="collectives matched across their ranks")
+    unmatched_kernels: int = Field(description="NCCL kernels left out of every matched collective")
     median_skew_ns: int
     p90_skew_ns: int
     median_transfer_ns: int
@@ -158,15 +160,16 @@ def _clock(con: duckdb.DuckDBPyConnection) -> Clock:
     return "same_host" if hosts and None not in hosts else "unknown"
 
 
-def _basis(clock: Clock, groups: int, simultaneous: int) -> tuple[Literal["arrival", "durations"], str]:
+def _basis(con: duckdb.DuckDBPyConnection, clock: Clock) -> tuple[Basis, str]:
     if clock == "different_hosts":
         return "durations", ("the ranks ran on different hosts, whose clocks cannot be compared: waits are read "
                              "from kernel durations instead of arrival times")
-    if groups and pct(simultaneous, groups) < SIMULTANEOUS_MIN_PCT:
-        return "durations", (f"only {simultaneous} of {groups} matched collectives overlap in time on every rank, "
-                             "so the ranks' clocks disagree: waits are read from kernel durations instead")
+    apart = con.execute("SELECT max(gpu_start_ns) >= min(gpu_end_ns) FROM meta").fetchone()[0]
+    if apart:
+        return "durations", ("the ranks' GPU activity does not overlap in time on their clocks, so the clocks "
+                             "disagree: waits are read from kernel durations instead of arrival times")
     where = "one host" if clock == "same_host" else "hosts not recorded, taken as one clock"
-    return "arrival", f"arrival times compared ({where}; {simultaneous} of {groups} collectives simultaneous)"
+    return "arrival", f"arrival times compared ({where})"
 
 
 def _rows(con: duckdb.DuckDBPyConnection, ranks: list[int], waits: dict[int, figures.RankWait]) -> list[RankRow]:
@@ -235,9 +238,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     sources = [s for (s,) in con.execute("SELECT DISTINCT rank_source FROM ranks ORDER BY 1").fetchall()]
     clock = _clock(con)
-    basis, note = _basis(clock, *con.execute(figures.GROUPS_SQL).fetchone())
-    matched, skew, p90, transfer = con.execute(figures.SUMMARY_SQL, {"arrival": basis == "arrival"}).fetchone()
-    waits = figures.rank_waits(con, basis == "arrival")
+    basis, note = _basis(con, clock)
+    matched, skew, p90, transfer, kernels, matched_kernels = figures.summary(con, basis)
+    waits = figures.rank_waits(con, basis)
     rows = _rows(con, ranks, waits)
     threshold = int(max(MIN_SKEW_NS, SKEW_TRANSFER_RATIO * (transfer or 0)))
     straggler, verdict = _straggler(rows, waits, matched, threshold)
@@ -248,7 +251,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     histograms = [_histogram(m, [getattr(r, m) for r in rows if getattr(r, m) is not None]) for m in metrics
                   if any(getattr(r, m) is not None for r in rows)]
     result = Result(job=params.job, ranks=len(ranks), rank_sources=sources, clock=clock, basis=basis,
-                    basis_note=note, matched=matched, median_skew_ns=int(skew or 0), p90_skew_ns=int(p90 or 0),
+                    basis_note=note, matched=matched, unmatched_kernels=kernels - matched_kernels,
+                    median_skew_ns=int(skew or 0), p90_skew_ns=int(p90 or 0),
                     median_transfer_ns=int(transfer or 0), skew_threshold_ns=threshold,
                     median_window_ns=int(statistics.median(r.window_ns for r in rows)) if rows else 0,
                     median_communication_pct=statistics.median(r.communication_pct for r in rows) if rows else 0.0,
@@ -297,7 +301,8 @@ def cross_rank_findings(con: duckdb.DuckDBPyConnection, job: str) -> list[Findin
 def render(result: Result) -> str:
     r = result
     lines = [f"job {r.job}: {r.ranks} ranks (numbered by {', '.join(r.rank_sources)}); {r.basis_note}",
-             f"collectives: {r.matched:,} matched; skew median {ms(r.median_skew_ns)}, p90 {ms(r.p90_skew_ns)}; "
+             f"collectives: {r.matched:,} matched ({r.unmatched_kernels:,} NCCL kernels unmatched); skew median "
+             f"{ms(r.median_skew_ns)}, p90 {ms(r.p90_skew_ns)}; "
              f"transfer median {ms(r.median_transfer_ns)}", r.verdict]
     if r.straggler:
         s = r.straggler
