@@ -113,6 +113,9 @@ class Straggler(BaseModel):
     peer_wait_ns: int = Field(description="median over the other ranks of their wait in those collectives")
     compute_excess_pct: float = Field(description="its compute_pct minus the other ranks' median")
     idle_excess_pct: float = Field(description="its idle_pct minus the other ranks' median")
+    compute_excess_per_step_ns: float | None = Field(description="its compute_ns minus the other ranks' median, "
+                                                                 "per step of its own; null without steps")
+    idle_excess_per_step_ns: float | None = Field(description="the same for idle_ns")
     cause: Literal["compute", "idle", "unclear"]
 
 
@@ -210,11 +213,15 @@ def _straggler(rows: list[RankRow], waits: dict[int, figures.RankWait], matched:
     compute = round(top.compute_pct - statistics.median(r.compute_pct for r in others), 2)
     idle = round(top.idle_pct - statistics.median(r.idle_pct for r in others), 2)
     cause = "compute" if compute >= idle and compute > 0 else "idle" if idle > 0 else "unclear"
+    per_step = {what: round((getattr(top, what) - statistics.median(getattr(r, what) for r in others)) / top.steps, 1)
+                if top.steps else None for what in ("compute_ns", "idle_ns")}
     peer = int(statistics.median(waits[r.rank].waits_by_last.get(top.rank, 0) if r.rank in waits else 0
                                  for r in others))
     return Straggler(rank=top.rank, last_count=top.last_count, collectives=top.collectives,
                      last_share_pct=top.last_share_pct, lateness_ns=late.lateness_ns, peer_wait_ns=peer,
-                     compute_excess_pct=compute, idle_excess_pct=idle, cause=cause), f"straggler: {said}"
+                     compute_excess_pct=compute, idle_excess_pct=idle, cause=cause,
+                     compute_excess_per_step_ns=per_step["compute_ns"], idle_excess_per_step_ns=per_step["idle_ns"]
+                     ), f"straggler: {said}"
 
 
 def _histogram(metric: str, values: list[float]) -> Histogram:
@@ -276,7 +283,9 @@ def findings(result: Result) -> list[Finding]:
                   f"each (median); {CAUSE_SAID[s.cause]}",
             evidence={"straggler_rank": s.rank, "last_share_pct": s.last_share_pct, "lateness_ns": s.lateness_ns,
                       "peer_wait_ns": s.peer_wait_ns, "compute_excess_pct": s.compute_excess_pct,
-                      "idle_excess_pct": s.idle_excess_pct, "cause": s.cause, "basis": result.basis},
+                      "idle_excess_pct": s.idle_excess_pct, "cause": s.cause, "basis": result.basis,
+                      **{k: v for k, v in (("compute_excess_per_step_ns", s.compute_excess_per_step_ns),
+                                           ("idle_excess_per_step_ns", s.idle_excess_per_step_ns)) if v is not None}},
             time_at_stake_ns=stake, device=None, tags=[f"straggler-{s.cause}"])]
     if (result.matched >= MIN_MATCHED and result.median_skew_ns >= result.skew_threshold_ns
             and result.median_communication_pct >= NCCL_SHARE_PCT and result.median_wait_ns > 0):
@@ -308,7 +317,8 @@ def render(result: Result) -> str:
         s = r.straggler
         lines.append(f"rank {s.rank} is late by {ms(s.lateness_ns)} per collective; others wait {ms(s.peer_wait_ns)} "
                      f"for it; vs the others its compute is {s.compute_excess_pct:+.1f} and its idle "
-                     f"{s.idle_excess_pct:+.1f} points of its GPU time ({s.cause})")
+                     f"{s.idle_excess_pct:+.1f} points of its GPU time ({ms(s.compute_excess_per_step_ns)} and "
+                     f"{ms(s.idle_excess_per_step_ns)} per step): {s.cause}")
     lines.extend(f"  rank {w.rank}: step {ms(w.step_ns)} ({w.steps} steps), compute {w.compute_pct:.1f}%, copy "
                  f"{w.copy_pct:.1f}%, NCCL {w.communication_pct:.1f}%, idle {w.idle_pct:.1f}%; waits "
                  f"{ms(w.wait_ns)} ({w.wait_share_pct:.1f}% of its NCCL time), last to {w.last_count} of "
