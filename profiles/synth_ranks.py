@@ -24,9 +24,11 @@ Ground truth goes to `<folder>/job.truth.json` (times in ns on the shared clock)
 
 from __future__ import annotations
 
+import argparse
 import json
 import sqlite3
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -109,9 +111,11 @@ def write_rank_set(folder: Path, ranks: int = 4, iterations: int = 12, straggler
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"directory {folder} does not exist; create it first")
+    if straggler_rank is not None and not 0 <= straggler_rank < ranks:
+        raise ValueError(f"straggler rank {straggler_rank} is not one of the {ranks} ranks (0-{ranks - 1})")
     taken = [p.name for p in map(lambda r: rank_path(folder, r), range(ranks)) if p.exists()]
     if taken and not force:
-        raise FileExistsError(f"{folder} already holds {', '.join(taken)}; choose an empty folder or pass force")
+        raise FileExistsError(f"{folder} already holds {', '.join(taken)}; choose an empty folder or pass --force")
     config = SynthConfig.clean(devices=ranks, iterations=iterations, seed=seed, straggler_device=straggler_rank,
                                straggler_delay_ns=delay_ns if straggler_rank is not None else 0)
     added: list[int] = []
@@ -136,3 +140,30 @@ def write_rank_set(folder: Path, ranks: int = 4, iterations: int = 12, straggler
              "iterations": job["iterations"], "job": job}
     (folder / TRUTH_NAME).write_text(json.dumps(truth, indent=1) + "\n", encoding="utf-8")
     return truth
+
+
+# --- CLI: `nsightful synth FOLDER --ranks N` (synth's own options --iterations, --seed, --force apply) -------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rank sets", "with --ranks, OUT is a folder that receives rank_<r>.sqlite "
+                                                   f"per rank and {TRUTH_NAME}")
+    group.add_argument("--ranks", type=int, help="write a rank set of this many ranks (one export each)")
+    group.add_argument("--straggler-rank", type=int, help="the rank planted late (default: none, a balanced set)")
+    group.add_argument("--straggler-delay-ns", type=int, default=3_000_000,
+                       help="how late it arrives at each step's first all-reduce (default 3000000)")
+    group.add_argument("--straggler-kind", choices=["compute", "host"], default="compute",
+                       help="compute: it computes that much longer (default); host: its GPU idles that long")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    try:
+        truth = write_rank_set(args.out, ranks=args.ranks, iterations=args.iterations or 12,
+                               straggler_rank=args.straggler_rank, delay_ns=args.straggler_delay_ns,
+                               kind=args.straggler_kind, seed=args.seed or 0, force=args.force)
+    except (ValueError, OSError) as exc:
+        print(f"nsightful synth: {exc}", file=sys.stderr)
+        return 2
+    late = truth["straggler"]
+    print(f"wrote {len(truth['ranks'])} rank exports to {args.out} ("
+          + (f"rank {late['rank']} late by {late['lateness_ns']:,} ns, {late['kind']}" if late else "balanced")
+          + f") and {TRUTH_NAME}")
+    return 0

@@ -290,3 +290,12 @@ def test_synth_ranks_write_one_rank_per_file_and_the_truth(tmp_path):
         assert kernels == whole[rank["rank"]]["kernels"]
     with pytest.raises(FileExistsError):
         write_rank_set(tmp_path, ranks=2, iterations=3)
+
+
+def test_synth_ranks_cli_writes_a_rank_set_and_refuses_a_bad_rank(tmp_path, capsys):
+    from nsightful.server import cli
+    assert cli.main(["synth", str(tmp_path), "--ranks", "2", "--iterations", "3", "--straggler-rank", "1"]) == 0
+    truth = json.loads((tmp_path / TRUTH_NAME).read_text())
+    assert (truth["straggler"]["rank"], truth["straggler"]["kind"], len(truth["ranks"])) == (1, "compute", 2)
+    assert cli.main(["synth", str(tmp_path), "--ranks", "2", "--straggler-rank", "2", "--force"]) == 2
+    assert "straggler rank 2 is not one of the 2 ranks (0-1)" in capsys.readouterr().err
