@@ -185,6 +185,7 @@ def comp(rank: int, s: int, e: int, name: str = "gemm") -> dict:
 def tiny_job(tmp_path: Path, per_rank: list[list[dict]], hosts: list[str] | None = None
              ) -> duckdb.DuckDBPyConnection:
     """A job of make_model ranks (kernels only), each saved to a file the job attaches."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     files = []
     for rank, kernels in enumerate(per_rank):
         model = make_model(meta={"fingerprint": "test", "host": "h"}, kernels=kernels)
@@ -266,6 +267,16 @@ def test_rank_imbalance_shares_kernel_spread_and_histograms(tmp_path):
     means = [(7 + r) * MS for r in range(10)]
     assert (attn.min_mean_ns, attn.max_mean_ns, attn.slowest_rank) == (7 * MS, 16 * MS, 9)
     assert attn.spread_pct == round(100 * 9 * MS / statistics.median(means), 2)
+
+
+def test_rank_imbalance_ranks_without_nccl_or_events_compare_nothing(tmp_path):
+    result = run(tiny_job(tmp_path, [[comp(0, 0, 5 * MS)], []]))
+    assert result.matched == 0 and result.straggler is None and "no NCCL collective" in result.verdict
+    empty = by_rank(result)[1]
+    assert (empty.window_ns, empty.steps, empty.step_ns, empty.idle_pct) == (0, 0, None, 0.0)
+    assert by_rank(result)[0].compute_pct == 100.0 and result.findings == []
+    alone = run(tiny_job(tmp_path / "one", [[comp(0, 0, 5 * MS)]]))
+    assert alone.verdict.startswith("one rank")
 
 
 def test_rank_imbalance_cross_rank_findings_for_triage(rank_set):

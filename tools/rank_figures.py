@@ -11,10 +11,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import duckdb
+from pydantic import BaseModel, Field
 
+from nsightful.profiles.errors import InvalidRequest
 from nsightful.profiles.model import TABLE_NAMES
 from nsightful.tools import iterations, nccl_breakdown
-from nsightful.tools.common import run_once
+from nsightful.tools.common import pct, run_once
+
+KERNELS_SHOWN = 5  # kernels whose spread is listed: the costliest few carry the time
+HISTOGRAM_BINS = 8  # equal-width bins per histogram: the shape of 8 or 800 ranks in one line each
 
 # Union length per (rank, device, kind) in one ordered pass over each rank's GPU-active window, as in
 # tools/shares.py: each interval adds what lies past the furthest end before it; 'busy' is every kind at once.
@@ -145,7 +150,47 @@ def rank_view(con: duckdb.DuckDBPyConnection, rank: int) -> Iterator[duckdb.Duck
         cur.close()
 
 
-def rank_steps(con: duckdb.DuckDBPyConnection, rank: int) -> iterations.Result:
-    """The iterations skill on one rank (its own step detection: ProfilerStep#N, NVTX, or a kernel rhythm)."""
+def rank_steps(con: duckdb.DuckDBPyConnection, rank: int) -> iterations.Result | None:
+    """The iterations skill on one rank (its own step detection: ProfilerStep#N, NVTX, or a kernel rhythm); None
+    when the rank recorded no timed event at all."""
     with rank_view(con, rank) as cur:
-        return run_once(cur, iterations, iterations.Params(profile=f"rank {rank}"))
+        try:
+            return run_once(cur, iterations, iterations.Params(profile=f"rank {rank}"))
+        except InvalidRequest:
+            return None
+
+
+class Histogram(BaseModel):
+    metric: str
+    low: float
+    high: float
+    counts: list[int] = Field(description=f"ranks per equal-width bin from low to high ({HISTOGRAM_BINS} bins)")
+
+
+class KernelSpread(BaseModel):
+    kernel: str
+    ranks: int
+    count: int
+    total_ns: int
+    min_mean_ns: float
+    median_mean_ns: float
+    max_mean_ns: float
+    spread_pct: float = Field(description="(max - min) / median of the per-rank mean durations")
+    slowest_rank: int
+
+
+def histogram(metric: str, values: list[float]) -> Histogram:
+    low, high = min(values), max(values)
+    width = (high - low) / HISTOGRAM_BINS
+    counts = [0] * HISTOGRAM_BINS
+    for v in values:
+        counts[min(int((v - low) / width), HISTOGRAM_BINS - 1) if width else 0] += 1
+    return Histogram(metric=metric, low=low, high=high, counts=counts)
+
+
+def kernel_spread(con: duckdb.DuckDBPyConnection) -> list[KernelSpread]:
+    return [KernelSpread(kernel=k, ranks=n_ranks, count=count, total_ns=total, min_mean_ns=round(lo, 1),
+                         median_mean_ns=round(med, 1), max_mean_ns=round(hi, 1), spread_pct=pct(hi - lo, med),
+                         slowest_rank=slowest)
+            for k, n_ranks, count, total, lo, med, hi, slowest in
+            con.execute(KERNEL_SPREAD_SQL, {"limit": KERNELS_SHOWN}).fetchall()]

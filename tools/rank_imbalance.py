@@ -9,17 +9,21 @@ them; each *_pct is over capacity. step_ns: the iterations skill on the rank alo
 NVTX range or a kernel rhythm): the median of its iterations 1..n-1 (the only one's duration when n = 1).
 
 Clocks: 'same_host' when every rank's meta names the same host, 'different_hosts' when two name different
-ones, 'unknown' otherwise. Collective k of a kind on a rank is its k-th NCCL kernel of that kind (in start
-order); the ranks that ran the kind take part, and (kind, k) is matched when each of them has a k-th. Basis
-'arrival' compares start times, unless hosts differ or fewer than SIMULTANEOUS_MIN_PCT of the matched
-collectives run at one moment on every rank (min end >= max start, true of any real collective on one clock):
-then 'durations', which needs no common clock. A rank's wait in a collective: arrival, its kernel time before
-the last rank starts ([own start, min(last start, own end))); durations, its kernel duration minus the
-shortest of the collective (the last rank finds everyone there and runs the transfer alone). The rank that
-waits least arrived last (lowest rank on a tie); skew = most - least wait; lead = second-least - least wait
-(how much sooner the collective could have begun without its last rank); transfer = the last rank's kernel
-duration. Per rank: wait_ns summed over its matched collectives, wait_share_pct = wait_ns / its NCCL kernel
-time in them (the share of its NCCL time spent waiting for other ranks), last_count, last_share_pct.
+ones, 'unknown' otherwise. Basis 'arrival' compares kernel start times on the ranks' clocks, unless the hosts
+differ or the ranks' GPU-active spans do not overlap at all (the clocks evidently disagree): then 'durations',
+which needs no common clock.
+- arrival: collectives are matched as nccl_breakdown matches them across devices, with ranks in their place
+  (per kind, each rank's instances aligned on the reference rank's by kernel ends, a shift of up to MAX_SHIFT
+  instances; a matched collective has an instance on every rank that ran the kind, all running at one moment).
+  A rank's wait: its kernel time before the last rank starts, [own start, min(last start, own end)).
+- durations: collective k of a kind is the k-th NCCL kernel of that kind on each rank that ran it (start
+  order). A rank's wait: its kernel duration minus the shortest of the collective (the last rank finds
+  everyone there and runs the transfer alone).
+The rank that waits least arrived last (lowest rank on a tie); skew = most - least wait; lead = second-least
+- least wait (how much sooner the collective could have begun without its last rank); transfer = the last
+rank's kernel duration. Per rank: wait_ns summed over its matched collectives, wait_share_pct = wait_ns / its
+NCCL kernel time in them (the share of its NCCL time spent waiting for other ranks), last_count,
+last_share_pct = last_count / its matched collectives.
 
 Straggler: the rank that arrives last most often, named when matched >= MIN_MATCHED, its last_share_pct >=
 LAST_SHARE_MIN_PCT and its lateness_ns >= max(MIN_SKEW_NS, SKEW_TRANSFER_RATIO x median transfer), where
@@ -28,9 +32,9 @@ the next-latest rank it arrives. peer_wait_ns: median over the other ranks of th
 Why: its compute_pct and idle_pct minus the other ranks' medians; 'compute' when the compute excess is the
 larger and positive (more GPU work), 'idle' when the idle excess is (its GPU waits on its host), else 'unclear'.
 
-Kernel spread: the KERNELS_SHOWN non-NCCL kernels (by short name) with the most time over the ranks that run
-them on two ranks or more: min, median and max over ranks of the per-rank mean duration; spread_pct = (max -
-min) / median. Rows: the `limit` worst ranks (last_share_pct, then step_ns, then compute_ns, highest first);
+Kernel spread: the rank_figures.KERNELS_SHOWN non-NCCL kernels (by short name) with the most time, over the
+ranks that run them (two or more): min, median and max over ranks of the per-rank mean duration; spread_pct =
+(max - min) / median. Rows: the `limit` worst ranks (last_share_pct, then step_ns, then compute_ns, highest first);
 histograms cover every rank. Findings (job-wide, device null, the rank in evidence): nccl-straggler when a
 straggler is named, at stake peer_wait_ns; compute-communication-imbalance when none is but the median skew
 reaches the same threshold over MIN_MATCHED collectives and the median rank spends NCCL_SHARE_PCT of its
@@ -57,9 +61,6 @@ from nsightful.tools.nccl_breakdown import (
 )
 
 RANKS_SHOWN = 8  # worst ranks listed by default: the histograms carry the rest of a large job
-SIMULTANEOUS_MIN_PCT = 50.0  # below this, matched kernels mostly do not overlap: the clocks disagree, not the ranks
-KERNELS_SHOWN = 5  # kernels whose spread is listed: the costliest few carry the time
-HISTOGRAM_BINS = 8  # equal-width bins per histogram: the shape of 8 or 800 ranks in one line each
 
 CAUSE_SAID = {"compute": "it computes longer than the others", "idle": "its GPU idles longer than the others' "
                                                                     "(its host is late to launch)",
@@ -96,13 +97,6 @@ class RankRow(BaseModel):
     last_share_pct: float
 
 
-class Histogram(BaseModel):
-    metric: str
-    low: float
-    high: float
-    counts: list[int] = Field(description=f"ranks per equal-width bin from low to high ({HISTOGRAM_BINS} bins)")
-
-
 class Straggler(BaseModel):
     rank: int
     last_count: int
@@ -117,18 +111,6 @@ class Straggler(BaseModel):
                                                                  "per step of its own; null without steps")
     idle_excess_per_step_ns: float | None = Field(description="the same for idle_ns")
     cause: Literal["compute", "idle", "unclear"]
-
-
-class KernelSpread(BaseModel):
-    kernel: str
-    ranks: int
-    count: int
-    total_ns: int
-    min_mean_ns: float
-    median_mean_ns: float
-    max_mean_ns: float
-    spread_pct: float = Field(description="(max - min) / median of the per-rank mean durations")
-    slowest_rank: int
 
 
 class Result(Output):
@@ -151,8 +133,8 @@ class Result(Output):
     verdict: str = Field(description="why a straggler is or is not named")
     rows: list[RankRow] = Field(description="the worst ranks first")
     truncated: bool
-    histograms: list[Histogram]
-    kernel_spread: list[KernelSpread]
+    histograms: list[figures.Histogram]
+    kernel_spread: list[figures.KernelSpread]
     findings: list[Finding] = []
 
 
@@ -182,13 +164,14 @@ def _rows(con: duckdb.DuckDBPyConnection, ranks: list[int], waits: dict[int, fig
         window, devices, compute, copy, comm, busy = shares.get(rank, (0, 0, 0, 0, 0, 0))
         capacity = window * max(devices, 1)
         steps = figures.rank_steps(con, rank)
-        step = steps.steady_median_ns or (steps.first_ns if steps.iteration_count else None)
+        count = steps.iteration_count if steps else 0
+        step = (steps.steady_median_ns or steps.first_ns) if count else None
         w = waits.get(rank, figures.RankWait())
         rows.append(RankRow(
             rank=rank, window_ns=window, compute_ns=compute, copy_ns=copy, communication_ns=comm,
             idle_ns=capacity - busy, compute_pct=pct(compute, capacity), copy_pct=pct(copy, capacity),
             communication_pct=pct(comm, capacity), idle_pct=pct(capacity - busy, capacity),
-            steps=steps.iteration_count, step_ns=step, collectives=w.collectives, wait_ns=w.wait_ns,
+            steps=count, step_ns=step, collectives=w.collectives, wait_ns=w.wait_ns,
             wait_share_pct=pct(w.wait_ns, w.nccl_ns), last_count=w.last_count,
             last_share_pct=pct(w.last_count, w.collectives)))
     return rows
@@ -198,6 +181,8 @@ def _straggler(rows: list[RankRow], waits: dict[int, figures.RankWait], matched:
                ) -> tuple[Straggler | None, str]:
     if len(rows) < 2:
         return None, "one rank: a straggler needs two or more ranks to compare"
+    if not matched:
+        return None, "no NCCL collective ran on two ranks or more: nothing to compare arrival on"
     if matched < MIN_MATCHED:
         return None, (f"only {matched} collectives matched across ranks: too few to tell a habit from chance "
                       f"(at least {MIN_MATCHED} needed)")
@@ -224,23 +209,6 @@ def _straggler(rows: list[RankRow], waits: dict[int, figures.RankWait], matched:
                      ), f"straggler: {said}"
 
 
-def _histogram(metric: str, values: list[float]) -> Histogram:
-    low, high = min(values), max(values)
-    width = (high - low) / HISTOGRAM_BINS
-    counts = [0] * HISTOGRAM_BINS
-    for v in values:
-        counts[min(int((v - low) / width), HISTOGRAM_BINS - 1) if width else 0] += 1
-    return Histogram(metric=metric, low=low, high=high, counts=counts)
-
-
-def _kernel_spread(con: duckdb.DuckDBPyConnection) -> list[KernelSpread]:
-    return [KernelSpread(kernel=k, ranks=n_ranks, count=count, total_ns=total, min_mean_ns=round(lo, 1),
-                         median_mean_ns=round(med, 1), max_mean_ns=round(hi, 1), spread_pct=pct(hi - lo, med),
-                         slowest_rank=slowest)
-            for k, n_ranks, count, total, lo, med, hi, slowest in
-            con.execute(figures.KERNEL_SPREAD_SQL, {"limit": KERNELS_SHOWN}).fetchall()]
-
-
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()]
     sources = [s for (s,) in con.execute("SELECT DISTINCT rank_source FROM ranks ORDER BY 1").fetchall()]
@@ -251,11 +219,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     rows = _rows(con, ranks, waits)
     threshold = int(max(MIN_SKEW_NS, SKEW_TRANSFER_RATIO * (transfer or 0)))
     straggler, verdict = _straggler(rows, waits, matched, threshold)
-    if not matched:
-        verdict = "no NCCL collective ran on two ranks or more: nothing to compare arrival on"
     worst = sorted(rows, key=lambda r: (-r.last_share_pct, -(r.step_ns or 0), -r.compute_ns, r.rank))
     metrics = ("step_ns", "compute_pct", "idle_pct", "wait_share_pct")
-    histograms = [_histogram(m, [getattr(r, m) for r in rows if getattr(r, m) is not None]) for m in metrics
+    histograms = [figures.histogram(m, [getattr(r, m) for r in rows if getattr(r, m) is not None]) for m in metrics
                   if any(getattr(r, m) is not None for r in rows)]
     result = Result(job=params.job, ranks=len(ranks), rank_sources=sources, clock=clock, basis=basis,
                     basis_note=note, matched=matched, unmatched_kernels=kernels - matched_kernels,
@@ -266,7 +232,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     median_wait_ns=int(statistics.median(r.wait_ns for r in rows)) if rows else 0,
                     straggler=straggler,
                     verdict=verdict, rows=worst[:params.limit], truncated=len(worst) > params.limit,
-                    histograms=histograms, kernel_spread=_kernel_spread(con))
+                    histograms=histograms, kernel_spread=figures.kernel_spread(con))
     result.findings = findings(result)
     return result
 
