@@ -279,6 +279,16 @@ def test_rank_imbalance_ranks_without_nccl_or_events_compare_nothing(tmp_path):
     assert alone.verdict.startswith("one rank")
 
 
+def test_rank_imbalance_fits_the_result_budget(rank_set):
+    from nsightful.server import budget
+    con, _, _ = rank_set("compute")
+    params = ri.Params(job="j", limit=3)
+    text, result = budget.fit(ri.run(con, params), ri, params, budget.MIN_RESULT_CHARS)
+    assert len(text) <= budget.MIN_RESULT_CHARS and len(result.model_dump_json()) <= budget.MIN_RESULT_CHARS
+    assert result.cut_by in ("limit", "characters") and result.truncated
+    assert result.straggler.rank == 1 and [f.root_cause for f in result.findings] == ["nccl-straggler"]
+
+
 def test_rank_imbalance_cross_rank_findings_for_triage(rank_set):
     con, truth, _ = rank_set("compute")
     found = ri.cross_rank_findings(con, "j")

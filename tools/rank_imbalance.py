@@ -273,6 +273,10 @@ def cross_rank_findings(con: duckdb.DuckDBPyConnection, job: str) -> list[Findin
     return run(con, Params(job=job)).findings
 
 
+def _shown(metric: str, value: float) -> str:
+    return ms(value) if metric.endswith("_ns") else f"{value:.1f}%"
+
+
 def render(result: Result) -> str:
     r = result
     lines = [f"job {r.job}: {r.ranks} ranks (numbered by {', '.join(r.rank_sources)}); {r.basis_note}",
@@ -291,7 +295,8 @@ def render(result: Result) -> str:
                  f"{w.collectives}" for w in r.rows)
     if r.truncated:
         lines.extend(f"  {line}" for line in more_rows(r, r.ranks - len(r.rows), "ranks"))
-    lines.extend(f"histogram {h.metric} {h.low:,.6g}..{h.high:,.6g}: {h.counts}" for h in r.histograms)
+    lines.extend(f"ranks by {h.metric}, {_shown(h.metric, h.low)}..{_shown(h.metric, h.high)} in "
+                 f"{len(h.counts)} bins: {h.counts}" for h in r.histograms)
     lines.extend(f"kernel {k.kernel}: mean {ms(k.min_mean_ns)}..{ms(k.max_mean_ns)} over {k.ranks} ranks "
                  f"(spread {k.spread_pct:.1f}%, slowest rank {k.slowest_rank})" for k in r.kernel_spread)
     lines.extend(f"finding [{f.severity}] {f.title}" for f in r.findings)
