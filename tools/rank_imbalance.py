@@ -290,9 +290,9 @@ def render(result: Result) -> str:
                      f"{s.idle_excess_pct:+.1f} points of its GPU time ({ms(s.compute_excess_per_step_ns)} and "
                      f"{ms(s.idle_excess_per_step_ns)} per step): {s.cause}")
     lines.extend(f"  rank {w.rank}: step {ms(w.step_ns)} ({w.steps} steps), compute {w.compute_pct:.1f}%, copy "
-                 f"{w.copy_pct:.1f}%, NCCL {w.communication_pct:.1f}%, idle {w.idle_pct:.1f}%; waits "
-                 f"{ms(w.wait_ns)} ({w.wait_share_pct:.1f}% of its NCCL time), last to {w.last_count} of "
-                 f"{w.collectives}" for w in r.rows)
+                 f"{w.copy_pct:.1f}%, NCCL {w.communication_pct:.1f}%, idle {w.idle_pct:.1f}%"
+                 + (f"; waits {ms(w.wait_ns)} ({w.wait_share_pct:.1f}% of its NCCL time), last to {w.last_count} "
+                    f"of {w.collectives}" if w.collectives else "") for w in r.rows)
     if r.truncated:
         lines.extend(f"  {line}" for line in more_rows(r, r.ranks - len(r.rows), "ranks"))
     lines.extend(f"ranks by {h.metric}, {_shown(h.metric, h.low)}..{_shown(h.metric, h.high)} in "
