@@ -226,6 +226,18 @@ def test_rank_imbalance_too_few_collectives_name_nobody(tmp_path):
     assert result.straggler is None and "too few" in result.verdict and result.findings == []
 
 
+def test_rank_imbalance_rank_in_few_collectives_is_not_named(tmp_path):
+    ranks = arrivals(12, {0: 0, 1: 0})  # ranks 0 and 1 arrive together, rank 0 last on the tie
+    ranks.append([comp(2, 0, 30 * MS)])
+    for i in range(2):  # rank 2 joins rank 0 in two broadcasts only, 1 ms late
+        at = 30 * MS + i * 2 * MS
+        ranks[0].append(nccl(0, at, at + 1400 * US, "Broadcast"))
+        ranks[2].append(nccl(2, at + MS, at + 1400 * US, "Broadcast"))
+    result = run(tiny_job(tmp_path, ranks))
+    assert result.basis == "arrival" and result.matched == 14 and by_rank(result)[2].last_share_pct == 100.0
+    assert result.straggler is None and result.verdict.startswith("rank 0 arrives last to 12 of 14")
+
+
 def test_rank_imbalance_small_lateness_is_not_worth_chasing(tmp_path):
     con = tiny_job(tmp_path, arrivals(12, {0: 0, 1: 50 * US}))
     result = run(con)

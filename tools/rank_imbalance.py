@@ -25,7 +25,8 @@ rank's kernel duration. Per rank: wait_ns summed over its matched collectives, w
 NCCL kernel time in them (the share of its NCCL time spent waiting for other ranks), last_count,
 last_share_pct = last_count / its matched collectives.
 
-Straggler: the rank that arrives last most often, named when matched >= MIN_MATCHED, its last_share_pct >=
+Straggler: of the ranks in MIN_MATCHED matched collectives or more, the one with the highest last_share_pct
+(lowest rank on a tie), named when its last_share_pct >=
 LAST_SHARE_MIN_PCT and its lateness_ns >= max(MIN_SKEW_NS, SKEW_TRANSFER_RATIO x median transfer), where
 lateness_ns ("by how much") is the median of its lead over the collectives it arrived last to: how far behind
 the next-latest rank it arrives. peer_wait_ns: median over the other ranks of their wait in those collectives.
@@ -183,10 +184,11 @@ def _straggler(rows: list[RankRow], waits: dict[int, figures.RankWait], matched:
         return None, "one rank: a straggler needs two or more ranks to compare"
     if not matched:
         return None, "no NCCL collective ran on two ranks or more: nothing to compare arrival on"
-    if matched < MIN_MATCHED:
+    enough = [r for r in rows if r.collectives >= MIN_MATCHED]  # a rank in one collective is last to all of it
+    if not enough:
         return None, (f"only {matched} collectives matched across ranks: too few to tell a habit from chance "
-                      f"(at least {MIN_MATCHED} needed)")
-    top = max(rows, key=lambda r: (r.last_share_pct, r.last_count, -r.rank))
+                      f"(at least {MIN_MATCHED} per rank needed)")
+    top = max(enough, key=lambda r: (r.last_share_pct, r.last_count, -r.rank))
     late = waits[top.rank]
     said = (f"rank {top.rank} arrives last to {top.last_count} of {top.collectives} collectives "
             f"({top.last_share_pct:.1f}%), {ms(late.lateness_ns)} behind the next-latest rank (median)")
