@@ -26,6 +26,8 @@ TOOL_NAMES = (
 
 PAIR_TOOL_NAMES = ("diff_profiles", "verify_fix")  # tools comparing two profiles, `before` and `after`
 
+JOB_TOOL_NAMES = ("rank_imbalance",)  # tools reading every rank of a job (Params.job; a job connection)
+
 
 def skills() -> dict[str, ModuleType]:
     """name -> module for every skill (each has Params, Result, run, render)."""
@@ -35,3 +37,8 @@ def skills() -> dict[str, ModuleType]:
 def pair_tools() -> dict[str, ModuleType]:
     """name -> module for every tool comparing two profiles (each has Params, Result, compare, render)."""
     return {name: import_module(f"nsightful.tools.{name}") for name in PAIR_TOOL_NAMES}
+
+
+def job_tools() -> dict[str, ModuleType]:
+    """name -> module for every tool reading a job's ranks (each has Params, Result, run, render)."""
+    return {name: import_module(f"nsightful.tools.{name}") for name in JOB_TOOL_NAMES}
