@@ -16,8 +16,8 @@ from pathlib import Path
 
 from nsightful.profiles import kineto_read
 from nsightful.profiles.ingest import WINDOW_SQL, BuildSteps, Progress
-from nsightful.profiles.kineto_meta import capability_rows, diagnostic_rows, gpu_rows, meta_row
-from nsightful.profiles.kineto_sql import GPU_COLUMNS, HOST_COLUMNS, MAPPING
+from nsightful.profiles.kineto_meta import capability_rows, diagnostic_rows, distributed, gpu_rows, meta_row
+from nsightful.profiles.kineto_sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from nsightful.profiles.model import ddl
 
 # DuckDB's share of a build, past which it spills to disk: staging only appends (128MB suffices), the mapping
@@ -66,12 +66,14 @@ class KinetoBuilder(BuildSteps):
     def on_name(self, kind: str, pid: int | None, tid: int | None, name: str) -> None:
         self.names[(kind, pid, tid if kind == "thread_name" else None)] = name  # the last name given wins
 
-    def stage(self) -> None:
-        """Stream the events into _k_gpu and _k_host."""
-        gpu, host = Stage(self, "_k_gpu", GPU_COLUMNS), Stage(self, "_k_host", HOST_COLUMNS)
-        kineto_read.events(self.path, gpu.add, host.add, self.on_name)
-        gpu.flush()
-        host.flush()
+    def stage(self) -> dict:
+        """Stream the events into _k_gpu, _k_host and _k_comms; return the top-level values after the events."""
+        stages = [Stage(self, "_k_gpu", GPU_COLUMNS), Stage(self, "_k_host", HOST_COLUMNS),
+                  Stage(self, "_k_comms", COMMS_COLUMNS)]
+        after = kineto_read.events(self.path, *(s.add for s in stages), self.on_name)
+        for s in stages:
+            s.flush()
+        return after
 
     def names_tables(self) -> None:
         """Processes and threads that ran host events (Kineto also names each GPU and stream as a 'process')."""
@@ -82,12 +84,13 @@ class KinetoBuilder(BuildSteps):
                                          for (kind, pid, tid), name in self.names.items()
                                          if kind == "thread_name" and pid in hosts))
 
-    def model(self) -> None:
+    def model(self, rank: int | None) -> None:
+        """The model tables from the staged events; `rank` (meta.rank) places NCCL kernels in their groups."""
         self.sql(f"SET memory_limit = '{MAP_MEMORY_LIMIT}'")
         for table, query in MAPPING:
             self.sql(ddl(table))
             if query:
-                self.sql(query)
+                self.sql(query, params={"rank": rank} if "$rank" in query else None)
 
 
 def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = None,
@@ -99,16 +102,16 @@ def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = N
         on_builder(b)
     try:
         b.step("reading trace events")
-        b.stage()
+        head = {**b.stage(), **head}  # values some Kineto versions write after the events
         b.step("kernels, copies, CUDA API calls, CPU ops")
         b.names_tables()
-        b.model()
+        b.model(distributed(head)[0])
         b.step("devices, metadata, capabilities")
         b.load_list("gpus", gpu_rows(b.con, head))
         b.load_list("diagnostics", diagnostic_rows(head))
         b.load_list("meta", [meta_row(path, fingerprint, head, b.con.execute(WINDOW_SQL).fetchone())])
         b.load_list("capabilities", capability_rows(b.con))
-        for helper in ("_k_gpu", "_k_host"):
+        for helper in ("_k_gpu", "_k_host", "_k_comms"):
             b.sql(f"DROP TABLE {helper}")
         b.step("writing the model")
         b.sql("CHECKPOINT")
