@@ -10,12 +10,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
+import duckdb
 import pytest
 from mcp.client import Client
 from test_kineto import KINETO, SHARED, ns, read_json, xs
 from test_kineto_nccl import write_json
 
 from nsightful.profiles import kineto_read, open_profile
+from nsightful.profiles.errors import LoadCancelled
+from nsightful.profiles.kineto import KinetoBuilder
+from nsightful.profiles.kineto_stage import BATCH_ROWS, Stage, Writer
 from nsightful.server.app import build_server
 from nsightful.server.sessions import Session
 from nsightful.tools import profile_summary as ps
@@ -107,3 +111,34 @@ def test_kineto_profile_id_over_mcp_is_the_trace_name(tmp_path, cache_root):
     ids, rank = anyio.run(main)
     assert ids == ["hta_sampled_rank0", "hta_sampled_rank0-2", "hta_sampled_rank0"]
     assert rank == f"rank 0 of world size {read_json(copies[1])['distributedInfo']['world_size']} (distributedInfo)"
+
+
+def test_kineto_stage_writer_inserts_in_order_and_raises_its_errors(tmp_path):
+    """The staging writer thread: batches arrive in order; an insert that fails (its table is gone) is raised to the
+    parser on a later batch, never lost or hung on; a cancelled build stops at the next batch."""
+    builder = KinetoBuilder(tmp_path / "t.json", tmp_path / "t.duckdb")
+    try:
+        writer = Writer(builder)
+        stage = Stage(writer, "_t", (("x", "INTEGER"),))
+        for i in range(3 * BATCH_ROWS + 7):
+            stage.add((i,))
+        stage.flush()
+        writer.close(failed=False)
+        assert builder.con.execute("SELECT count(*), sum(x), min(x) FROM _t").fetchone() == (
+            3 * BATCH_ROWS + 7, sum(range(3 * BATCH_ROWS + 7)), 0)
+        writer = Writer(builder)
+        stage = Stage(writer, "_u", (("x", "INTEGER"),))
+        builder.con.execute("DROP TABLE _u")
+        with pytest.raises(duckdb.CatalogException):
+            for i in range(5 * BATCH_ROWS):
+                stage.add((i,))
+        writer.close(failed=True)
+        writer = Writer(builder)
+        stage = Stage(writer, "_v", (("x", "INTEGER"),))
+        builder.interrupt()
+        with pytest.raises(LoadCancelled):
+            stage.add((1,))
+            stage.flush()
+        writer.close(failed=True)
+    finally:
+        builder.con.close()
