@@ -74,7 +74,8 @@ def main() -> int:
     text = "\n".join([
         f"## {date.today().isoformat()}: Kineto trace load, {machine()}", "",
         f"{COPIES} copies of {SOURCE.name}'s events (shifted in time and correlation id), streamed with ijson "
-        "(yajl2_c) and staged into DuckDB in batches; each load in a fresh process with an empty cache.", "",
+        "(yajl2_c) and staged into DuckDB in batches on a writer thread; each load in a fresh process with an empty "
+        "cache.", "",
         "| trace | size | cold load (wall) | CPU | peak RSS |", "|---|---|---|---|---|", *rows]) + "\n"
     print(text)
     record(text)

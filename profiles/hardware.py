@@ -145,4 +145,5 @@ def meta_row(raw: RawExport, path: Path, size: int, fingerprint: str, model_vers
     duration = cap_end - cap_start if cap_start is not None and cap_end is not None else None
     return (str(path), size, fingerprint, model_version, raw.nsys_version, meta.get("EXPORT_SCHEMA_VERSION"), table,
             enum_source, meta.get("EXPORT_PLATFORM"), meta.get("EXPORT_HOST"), _command_line(raw), session,
-            cap_start, cap_end, duration, gpu_start, gpu_end, machine_gpus(raw), derived_from(raw))
+            cap_start, cap_end, duration, gpu_start, gpu_end, machine_gpus(raw), derived_from(raw),
+            None, None, None)  # nsys records no distributed rank

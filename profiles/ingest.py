@@ -263,7 +263,7 @@ class Builder(BuildSteps):
                 r.registersPerThread, r.staticSharedMemory, r.dynamicSharedMemory,
                 {self.col(t, 'graphId')}, nullif({self.col(t, 'graphNodeId')}, 0),
                 coalesce(d.category, s.category), coalesce(d.nccl_collective, s.nccl_collective),
-                a.name, a.start_ns, a.end_ns
+                a.name, a.start_ns, a.end_ns, NULL, NULL, NULL, NULL
             FROM {src} r
             LEFT JOIN _kernel_names s ON s.id = r.shortName
             LEFT JOIN _kernel_names d ON d.id = r.demangledName

@@ -1,23 +1,24 @@
 """Build the profile model (see profiles.model) from a PyTorch profiler (Kineto) trace into a DuckDB file.
 
-Events are staged in batches into two tables (GPU activity, host events), then mapped with SQL into the
-same model tables an nsys export fills. Kineto writes no OS runtime calls, CPU samples, scheduling,
-synchronization records, CUDA graph executions, device-memory events or UVM faults: those tables stay
-empty and `capabilities` says so. CPU ops and user annotations (record_function, ProfilerStep#N) become
-push/pop NVTX ranges with domain 'cpu_op' or 'user_annotation'; Kineto's GPU copies of the annotations
-(gpu_user_annotation) are left out, so a step is counted once, on the thread that ran it.
+Events are staged in batches (profiles.kineto_stage) into three tables (GPU activity, host events, NCCL
+record_param_comms ops), then mapped with SQL into the same model tables an nsys export fills. Kineto writes no
+OS runtime calls, CPU samples, scheduling, synchronization records, CUDA graph executions, device-memory events
+or UVM faults: those tables stay empty and `capabilities` says so. CPU ops and user annotations
+(record_function, ProfilerStep#N) become push/pop NVTX ranges with domain 'cpu_op' or 'user_annotation';
+Kineto's GPU copies of the annotations (gpu_user_annotation) are left out, so a step is counted once, on the
+thread that ran it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from nsightful.profiles import kineto_read
 from nsightful.profiles.ingest import WINDOW_SQL, BuildSteps, Progress
-from nsightful.profiles.kineto_meta import capability_rows, diagnostic_rows, gpu_rows, meta_row
-from nsightful.profiles.kineto_sql import GPU_COLUMNS, HOST_COLUMNS, MAPPING
+from nsightful.profiles.kineto_meta import capability_rows, diagnostic_rows, distributed, gpu_rows, meta_row
+from nsightful.profiles.kineto_sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
+from nsightful.profiles.kineto_stage import Stage, Writer
 from nsightful.profiles.model import ddl
 
 # DuckDB's share of a build, past which it spills to disk: staging only appends (128MB suffices), the mapping
@@ -25,32 +26,7 @@ from nsightful.profiles.model import ddl
 # ingest's 1200MB suits exports, whose tables DuckDB scans in place rather than holding a copy.
 STAGE_MEMORY_LIMIT = "128MB"
 MAP_MEMORY_LIMIT = "256MB"
-BATCH_ROWS = 20_000  # staged rows per insert: ~10 MB of Python objects at a time, however large the trace
 TOTAL_STEPS = 4
-
-
-class Stage:
-    """Rows for one staging table, inserted a batch at a time: each column goes to DuckDB as one JSON array
-    (DuckDB converts Python lists value by value, tens of microseconds each; JSON text it parses in bulk)."""
-
-    def __init__(self, builder: KinetoBuilder, table: str, columns: tuple[tuple[str, str], ...]):
-        self.builder, self.rows = builder, []
-        builder.sql(f"CREATE TABLE {table} ({', '.join(f'{name} {typ}' for name, typ in columns)})")
-        self.insert = f"INSERT INTO {table} SELECT " + ", ".join(
-            f"unnest(from_json($c{i}, '[\"{typ}\"]'))" for i, (_, typ) in enumerate(columns))
-
-    def add(self, row: tuple) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= BATCH_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.builder.cancelled.is_set():
-            raise self.builder.cancelled_error()
-        if self.rows:
-            columns = zip(*self.rows, strict=True)
-            self.builder.sql(self.insert, params={f"c{i}": json.dumps(col) for i, col in enumerate(columns)})
-            self.rows = []
 
 
 class KinetoBuilder(BuildSteps):
@@ -66,12 +42,19 @@ class KinetoBuilder(BuildSteps):
     def on_name(self, kind: str, pid: int | None, tid: int | None, name: str) -> None:
         self.names[(kind, pid, tid if kind == "thread_name" else None)] = name  # the last name given wins
 
-    def stage(self) -> None:
-        """Stream the events into _k_gpu and _k_host."""
-        gpu, host = Stage(self, "_k_gpu", GPU_COLUMNS), Stage(self, "_k_host", HOST_COLUMNS)
-        kineto_read.events(self.path, gpu.add, host.add, self.on_name)
-        gpu.flush()
-        host.flush()
+    def stage(self) -> dict:
+        """Stream the events into _k_gpu, _k_host and _k_comms; return the top-level values after the events."""
+        writer, failed = Writer(self), True
+        try:
+            stages = [Stage(writer, "_k_gpu", GPU_COLUMNS), Stage(writer, "_k_host", HOST_COLUMNS),
+                      Stage(writer, "_k_comms", COMMS_COLUMNS)]
+            after = kineto_read.events(self.path, *(s.add for s in stages), self.on_name)
+            for s in stages:
+                s.flush()
+            failed = False
+        finally:
+            writer.close(failed)
+        return after
 
     def names_tables(self) -> None:
         """Processes and threads that ran host events (Kineto also names each GPU and stream as a 'process')."""
@@ -82,12 +65,13 @@ class KinetoBuilder(BuildSteps):
                                          for (kind, pid, tid), name in self.names.items()
                                          if kind == "thread_name" and pid in hosts))
 
-    def model(self) -> None:
+    def model(self, rank: int | None) -> None:
+        """The model tables from the staged events; `rank` (meta.rank) places NCCL kernels in their groups."""
         self.sql(f"SET memory_limit = '{MAP_MEMORY_LIMIT}'")
         for table, query in MAPPING:
             self.sql(ddl(table))
             if query:
-                self.sql(query)
+                self.sql(query, params={"rank": rank} if "$rank" in query else None)
 
 
 def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = None,
@@ -99,16 +83,16 @@ def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = N
         on_builder(b)
     try:
         b.step("reading trace events")
-        b.stage()
+        head = {**b.stage(), **head}  # values some Kineto versions write after the events
         b.step("kernels, copies, CUDA API calls, CPU ops")
         b.names_tables()
-        b.model()
+        b.model(distributed(head)[0])
         b.step("devices, metadata, capabilities")
         b.load_list("gpus", gpu_rows(b.con, head))
         b.load_list("diagnostics", diagnostic_rows(head))
         b.load_list("meta", [meta_row(path, fingerprint, head, b.con.execute(WINDOW_SQL).fetchone())])
         b.load_list("capabilities", capability_rows(b.con))
-        for helper in ("_k_gpu", "_k_host"):
+        for helper in ("_k_gpu", "_k_host", "_k_comms"):
             b.sql(f"DROP TABLE {helper}")
         b.step("writing the model")
         b.sql("CHECKPOINT")

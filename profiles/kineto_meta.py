@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
 
 from nsightful.profiles import ingest
+from nsightful.profiles.kineto_nccl import as_int
 from nsightful.profiles.model import MODEL_VERSION
 
 PLATFORM = "torch.profiler (Kineto)"  # meta.platform of every Kineto trace: what wrote it
+RANK_SOURCE = "distributedInfo"  # meta.rank_source: the trace's own distributedInfo block
+EPOCH_FLOOR_NS = 946_684_800 * 10**9  # 2000-01-01: an earlier start is a clock that does not count from the epoch
 DIAGNOSTIC_SOURCE = "kineto"  # diagnostics.source of what the trace says about its capture
 NOT_IN_KINETO = "not recorded by torch.profiler; capture the run with nsys {flag} to get it"
 CUDA_ACTIVITY = "torch.profiler with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
@@ -57,14 +61,34 @@ def diagnostic_rows(head: dict) -> list[tuple]:
              + (f" ({extra})" if extra else ""))]
 
 
+def distributed(head: dict) -> tuple[int | None, int | None, str | None]:
+    """(rank, world size, rank source) from the trace's distributedInfo; Nones without one."""
+    info = head.get("distributedInfo")
+    if not isinstance(info, dict):
+        return None, None, None
+    rank, world = as_int(info.get("rank")), as_int(info.get("world_size"))
+    return rank, world, RANK_SOURCE if rank is not None else None
+
+
+def started_utc(head: dict, capture_start_ns: int | None) -> str | None:
+    """The capture's wall-clock start as nsys writes utcTime (UTC, to the second): Kineto's times count from
+    baseTimeNanoseconds (Unix epoch ns; traces without it count from the epoch itself). None before
+    EPOCH_FLOOR_NS, a clock that is not the epoch's."""
+    base = as_int(head.get("baseTimeNanoseconds")) or 0
+    if capture_start_ns is None or base + capture_start_ns < EPOCH_FLOOR_NS:
+        return None
+    return datetime.fromtimestamp((base + capture_start_ns) // 10**9, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def meta_row(path: Path, fingerprint: str, head: dict, windows: tuple) -> tuple:
     cap_start, cap_end, gpu_start, gpu_end = windows
     duration = cap_end - cap_start if cap_start is not None and cap_end is not None else None
     schema = head.get("schemaVersion")
     machine = ", ".join(str(p["name"]) for _, p in sorted(_properties(head).items()) if p.get("name")) or None
     return (str(path), path.stat().st_size, fingerprint, MODEL_VERSION, None, None if schema is None else str(schema),
-            None, "profile", PLATFORM, None, None, None, cap_start, cap_end, duration, gpu_start, gpu_end, machine,
-            None)
+            None, "profile", PLATFORM, None, None, started_utc(head, cap_start), cap_start,
+            cap_end, duration, gpu_start, gpu_end, machine,
+            None, *distributed(head))
 
 
 def _gpu_info_flag(devices: int, named: int) -> str:

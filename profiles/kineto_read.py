@@ -1,16 +1,20 @@
 """Stream a PyTorch profiler (Kineto) Chrome trace, plain or gzipped, into rows for the profile model.
 
 The file is read twice, never whole: once up to its `traceEvents` key for the header (deviceProperties,
-distributedInfo, schemaVersion, which Kineto writes before the events), then event by event with ijson's
-C backend. Times are converted from Kineto's microseconds (decimal fractions, read exactly as Decimal) to
-integer nanoseconds once, here: ns = round(us * 1000), halves to even; an end is round((ts + dur) * 1000),
+distributedInfo, schemaVersion, which most Kineto versions write before the events), then event by event with
+ijson's C backend, keeping the last TAIL_BYTES read: the values some versions write after the events
+(baseTimeNanoseconds, and deviceProperties or distributedInfo) are parsed from those bytes, not by a third pass.
+Times are converted from Kineto's microseconds (decimal fractions, read exactly as Decimal) to integer
+nanoseconds once, here: ns = round(us * 1000), halves to even; an end is round((ts + dur) * 1000),
 so it is never rounded twice. Kineto writes at most 3 decimals, so no rounding happens in practice.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import gzip
+import json
 import re
 import zlib
 from collections.abc import Callable, Iterator
@@ -20,8 +24,10 @@ from typing import IO
 
 import ijson
 
+from nsightful.profiles import kineto_nccl
 from nsightful.profiles.errors import NotAProfile
 from nsightful.profiles.ingest import NCCL_COLLECTIVES
+from nsightful.profiles.kineto_nccl import as_int as _int
 
 GZIP_MAGIC = b"\x1f\x8b"
 HEAD_BYTES = 64  # enough to see past leading whitespace to the opening brace
@@ -36,6 +42,12 @@ THREAD_NAME = re.compile(r"^thread \d+ \((.*)\)$")  # Kineto's 'thread <tid> (<O
 # Kineto's collective names (allreduce, _allgather_base, reduce_scatter_tensor_coalesced, ...) are matched, letters
 # only, by their longest leading model name: the model's nccl_collective labels, longest first.
 COLLECTIVES = sorted(NCCL_COLLECTIVES, key=len, reverse=True)
+# Bytes kept from the end of the file for the values after traceEvents: Kineto's own trailing block (device
+# properties of 8 GPUs, distributedInfo with its process groups, its log lines) is tens of KB.
+TAIL_BYTES = 1 << 20
+STRUCTURE = re.compile(rb'["{}\[\],]')  # the bytes that decide JSON nesting, and quotes, which hide them
+BACKSLASHES = re.compile(rb"\\*")  # before a quote: an odd count escapes it
+EVENTS_KEY = re.compile(rb'\s*"traceEvents"\s*:')
 # What a damaged file raises while it is decompressed or parsed.
 READ_ERRORS = (ijson.JSONError, gzip.BadGzipFile, EOFError, zlib.error, UnicodeDecodeError, OSError)
 
@@ -97,13 +109,6 @@ def ns(us) -> int:
     return round(us * 1000)
 
 
-def _int(value) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _dims(args: dict, key: str) -> tuple:
     dims = args.get(key)
     return tuple(_int(d) for d in dims[:3]) if isinstance(dims, list) and len(dims) >= 3 else (None, None, None)
@@ -123,12 +128,19 @@ def collective(name: str) -> str | None:
 
 def gpu_row(kind: str, ev: dict, args: dict) -> tuple:
     """(kind, device, context, stream, correlation, start, end, name, grid xyz, block xyz, registers, bytes,
-    Kineto's collective name)."""
+    Kineto's collective name, External id, kineto_nccl.fields)."""
     start = ev["ts"]
     return (kind, _int(args.get("device")), _int(args.get("context")), _int(args.get("stream")),
             _int(args.get("correlation")), ns(start), ns(start + ev.get("dur", 0)), ev.get("name"),
             *_dims(args, "grid"), *_dims(args, "block"), _int(args.get("registers per thread")),
-            _int(args.get("bytes")), collective(str(args.get("Collective name") or "")))
+            _int(args.get("bytes")), collective(str(args.get("Collective name") or "")),
+            _int(args.get("External id")), *kineto_nccl.fields(args))
+
+
+def comms_row(ev: dict, args: dict) -> tuple:
+    """(External id, start, Kineto's collective name, kineto_nccl.fields) of a record_param_comms op."""
+    return (_int(args.get("External id")), ns(ev["ts"]), collective(str(args.get("Collective name") or "")),
+            *kineto_nccl.fields(args))
 
 
 def host_row(kind: str, ev: dict, args: dict) -> tuple:
@@ -138,12 +150,58 @@ def host_row(kind: str, ev: dict, args: dict) -> tuple:
             ns(start), ns(start + ev.get("dur", 0)))
 
 
+class _Tail:
+    """A binary reader that keeps the last TAIL_BYTES it read (and a chunk more at most)."""
+
+    def __init__(self, fh: IO[bytes]):
+        self.fh, self.chunks, self.kept = fh, collections.deque(), 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.fh.read(size)
+        self.chunks.append(data)
+        self.kept += len(data)
+        while self.kept - len(self.chunks[0]) >= TAIL_BYTES:
+            self.kept -= len(self.chunks.popleft())
+        return data
+
+    def bytes(self) -> bytes:
+        return b"".join(self.chunks)[-TAIL_BYTES:]
+
+
+def trailing(tail: bytes) -> dict:
+    """The top-level values after traceEvents in `tail`, the last bytes of a well-formed trace. Scanned backwards
+    from the closing brace: each comma at depth 1 outside strings starts a key; the values after the key
+    traceEvents are parsed as one object. Values that start before the tail (past TAIL_BYTES) are left out."""
+    end = tail.rfind(b"}")
+    reverse = tail[:end][::-1]
+    depth, quoted, start = 1, False, None
+    for match in STRUCTURE.finditer(reverse):
+        char, at = match.group(), end - 1 - match.start()
+        if char == b'"':
+            quoted ^= len(BACKSLASHES.match(reverse, match.end()).group()) % 2 == 0
+        elif quoted:
+            continue
+        elif char in b"}]":
+            depth += 1
+        elif char in b"{[":
+            depth -= 1
+            if depth == 0:
+                break
+        elif depth == 1:
+            if EVENTS_KEY.match(tail, at + 1):
+                break
+            start = at
+    return {} if start is None else json.loads(b"{" + tail[start + 1:end + 1])
+
+
 def events(path: Path, on_gpu: Callable[[tuple], None], on_host: Callable[[tuple], None],
-           on_name: Callable[[str, int | None, int | None, str], None]) -> None:
-    """Feed every complete ('X') event of a known category, and every process/thread name, to the callbacks."""
+           on_comms: Callable[[tuple], None], on_name: Callable[[str, int | None, int | None, str], None]) -> dict:
+    """Feed every complete ('X') event of a known category, every record_param_comms op, and every process/thread
+    name to the callbacks; return the top-level values written after traceEvents."""
     try:
         with _open(path) as fh:
-            for ev in ijson.items(fh, f"{TRACE_EVENTS}.item"):
+            tail = _Tail(fh)
+            for ev in ijson.items(tail, f"{TRACE_EVENTS}.item"):
                 ph, args = ev.get("ph"), ev.get("args") or {}
                 if ph == "X" and "ts" in ev:
                     kind = CATEGORIES.get(str(ev.get("cat", "")).lower())
@@ -151,7 +209,10 @@ def events(path: Path, on_gpu: Callable[[tuple], None], on_host: Callable[[tuple
                         on_gpu(gpu_row(kind, ev, args))
                     elif kind is not None:
                         on_host(host_row(kind, ev, args))
+                        if ev.get("name") == kineto_nccl.COMMS_OP:
+                            on_comms(comms_row(ev, args))
                 elif ph == "M" and ev.get("name") in ("process_name", "thread_name") and "name" in args:
                     on_name(ev["name"], _int(ev.get("pid")), _int(ev.get("tid")), str(args["name"]))
-    except (*READ_ERRORS, TypeError) as exc:  # TypeError: a time that is not a number
+        return trailing(tail.bytes())
+    except (*READ_ERRORS, TypeError, json.JSONDecodeError) as exc:  # TypeError: a time that is not a number
         raise _broken(path, exc) from exc

@@ -7,14 +7,16 @@ Kineto gives copies and sets: 'Memcpy HtoD (Pageable -> Device)', 'Memset (Devic
 
 from __future__ import annotations
 
+from nsightful.profiles import kineto_nccl
 from nsightful.profiles.ingest import API_KIND_SQL, KERNEL_CATEGORY_SQL, NCCL_COLLECTIVES
 
-# Staging tables, in the column order of kineto_read.gpu_row and host_row.
+# Staging tables, in the column order of kineto_read.gpu_row, host_row and comms_row.
 GPU_COLUMNS = (("kind", "VARCHAR"), ("device_id", "INTEGER"), ("context_id", "INTEGER"), ("stream_id", "INTEGER"),
                ("correlation_id", "BIGINT"), ("start_ns", "BIGINT"), ("end_ns", "BIGINT"), ("name", "VARCHAR"),
                ("grid_x", "INTEGER"), ("grid_y", "INTEGER"), ("grid_z", "INTEGER"), ("block_x", "INTEGER"),
                ("block_y", "INTEGER"), ("block_z", "INTEGER"), ("registers", "INTEGER"), ("bytes", "BIGINT"),
-               ("collective", "VARCHAR"))
+               ("collective", "VARCHAR"), ("external_id", "BIGINT"), *kineto_nccl.COLUMNS)
+COMMS_COLUMNS = (("external_id", "BIGINT"), ("start_ns", "BIGINT"), ("collective", "VARCHAR"), *kineto_nccl.COLUMNS)
 HOST_COLUMNS = (("kind", "VARCHAR"), ("pid", "BIGINT"), ("tid", "BIGINT"), ("correlation_id", "BIGINT"),
                 ("name", "VARCHAR"), ("start_ns", "BIGINT"), ("end_ns", "BIGINT"))
 
@@ -48,8 +50,10 @@ WITH names AS (
 SELECT g.device_id, g.context_id, g.stream_id, coalesce(a.pid, {HOST_PID}), a.tid, g.correlation_id,
        g.start_ns, g.end_ns, g.end_ns - g.start_ns, n.short, g.name, g.grid_x, g.grid_y, g.grid_z,
        g.block_x, g.block_y, g.block_z, g.registers, NULL, NULL, NULL, NULL, coalesce(n.category, 'other'),
-       coalesce(n.nccl_collective, g.collective), a.name, a.start_ns, a.end_ns
+       coalesce(n.nccl_collective, g.collective, c.collective), a.name, a.start_ns, a.end_ns,
+       {kineto_nccl.KERNEL_SQL}
 FROM _k_gpu g LEFT JOIN names n ON n.value = g.name {_api('launch', 'graph')}
+{kineto_nccl.COMMS_JOIN}
 WHERE g.kind = 'kernel'"""
 
 MEMCPY = f"""INSERT INTO memcpy SELECT g.device_id, g.stream_id, coalesce(a.pid, {HOST_PID}), a.tid, g.correlation_id,

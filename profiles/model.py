@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 8  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 9  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,11 @@ TABLES: tuple[Table, ...] = (
         ("derived_from", "VARCHAR", "'<source> by <tool>, window <a>-<b> ns' when another tool cut or rewrote "
                                     "this export and recorded it (DERIVED_* metadata keys); NULL for an export as "
                                     "nsys wrote it"),
+        ("rank", "INTEGER", "global rank of the process that wrote the profile in its distributed job; NULL when "
+                            "not recorded"),
+        ("world_size", "INTEGER", "ranks in that job; NULL when not recorded"),
+        ("rank_source", "VARCHAR", "where rank and world_size come from: 'distributedInfo' (a torch.profiler "
+                                   "trace's own block); NULL when unknown (nsys exports record no rank)"),
     )),
     Table("capabilities", "Which data this profile has; for what it lacks, the nsys flag that captures it.", (
         ("data", "VARCHAR", "kernels, memcpy, memset, cuda_api, sync, nvtx, os_runtime, cpu_samples, "
@@ -103,6 +108,14 @@ TABLES: tuple[Table, ...] = (
         ("launch_api", "VARCHAR", "name of the CUDA API call that launched it, e.g. cudaLaunchKernel"),
         ("launch_start_ns", "BIGINT", "start of that API call"),
         ("launch_end_ns", "BIGINT", "end of that API call"),
+        ("nccl_message_bytes", "BIGINT", "NCCL kernels: bytes of the collective's whole buffer, the larger of its "
+                                         "input and output element counts x the element size (AllGather: the "
+                                         "gathered output); NULL when not recorded (nsys exports, older PyTorch)"),
+        ("nccl_group", "VARCHAR", "NCCL kernels: name of the process group (torch.distributed's, e.g. '0'); NULL "
+                                  "when not recorded"),
+        ("nccl_group_size", "INTEGER", "NCCL kernels: ranks in that process group; NULL when not recorded"),
+        ("nccl_rank", "INTEGER", "NCCL kernels: rank of the launching process within that group; NULL when not "
+                                 "recorded"),
     )),
     Table("memcpy", "Memory copies (CUPTI_ACTIVITY_KIND_MEMCPY).", (
         ("device_id", "INTEGER", "device that executed the copy"),

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 STATE_KEY = "nsightful.session"
 ID_CHARS = re.compile(r"[^a-z0-9_-]+")
 MAX_ID_CHARS = 32
+# File endings an id leaves out, longest first: nsys exports and torch.profiler traces (plain or gzipped).
+ID_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json", ".sqlite")
 
 
 @dataclass
@@ -38,7 +40,7 @@ class Session:
     def add(self, path: Path, fingerprint: str) -> str:
         pid = self.id_of(path)
         if pid is None:
-            base = ID_CHARS.sub("-", path.stem.lower()).strip("-")[:MAX_ID_CHARS] or "profile"
+            base = ID_CHARS.sub("-", _stem(path.name.lower())).strip("-")[:MAX_ID_CHARS] or "profile"
             pid, n = base, 1
             while pid in self.ids:
                 n += 1
@@ -49,6 +51,12 @@ class Session:
 
     def listed(self) -> str:
         return ", ".join(self.ids) or "none yet"
+
+
+def _stem(name: str) -> str:
+    """The file name without its profile ending (rank0.pt.trace.json.gz -> rank0), or without its last suffix."""
+    ending = next((e for e in ID_SUFFIXES if name.endswith(e) and len(name) > len(e)), None)
+    return name[:-len(ending)] if ending else Path(name).stem
 
 
 def _connection(ctx: Context) -> Connection:

@@ -41,7 +41,7 @@ straggler_wait_ns, goes to at most one finding, first match wins:
 2. compute-communication-imbalance: no straggler, NCCL >= NCCL_SHARE_PCT of the window on the device and a
    median skew at or above the threshold; stake = wait_ns within the pool (waiting for varying late ranks).
 3. nccl-serialization: overlapped_pct < OVERLAP_MIN_PCT and pool >= EXPOSED_MIN_PCT of the window; stake = pool.
-Times in ns.
+Message sizes and algorithm bandwidth, where the profile records them: see tools.nccl_sizes. Times in ns.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from __future__ import annotations
 import duckdb
 from pydantic import BaseModel, Field
 
+from nsightful.tools import nccl_sizes
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -169,6 +170,8 @@ class Result(Output):
     spread_pct: float = Field(description="spread_ns / mean per-device NCCL time")
     nccl_on_compute_stream: list[SharedStream]
     arrival: Arrival | None = Field(description="per-collective arrival across devices; null without NCCL")
+    message_sizes: nccl_sizes.Sizes | None = Field(None, description="message sizes and algorithm bandwidth per "
+                                                   "(collective, size, group), where recorded; null without NCCL")
     findings: list[Finding] = []
 
 
@@ -323,7 +326,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         nccl_on_compute_stream=[SharedStream(device=r[0], stream=r[1], nccl_kernels=r[2], compute_kernels=r[3],
                                              exposed_ns=stream_exposed.get((r[0], r[1]), 0))
                                 for r in con.execute(SHARED_SQL, args).fetchall()],
-        arrival=_arrival(con, args, scope, params.limit) if devices else None)
+        arrival=_arrival(con, args, scope, params.limit) if devices else None,
+        message_sizes=nccl_sizes.run(con, args, params.limit) if devices else None)
     result.findings = findings(result)
     return result
 
@@ -422,6 +426,7 @@ def render(result: Result) -> str:
         lines.extend(f"  {line}" for line in more_rows(result, result.total_rows - len(result.rows), "rows"))
     lines.extend(f"  device {d.device}: {ms(d.nccl_ns)} NCCL ({d.window_pct:.1f}%), exposed {ms(d.exposed_ns)}"
                  for d in result.devices)
+    lines.extend(nccl_sizes.render(result.message_sizes))
     lines.extend(f"shared stream: device {s.device} stream {s.stream} ({s.nccl_kernels} NCCL, {s.compute_kernels} "
                  f"compute, {ms(s.exposed_ns)} NCCL exposed)" for s in result.nccl_on_compute_stream)
     a = result.arrival

@@ -123,6 +123,7 @@ class Result(Output):
     command_line: str | None
     machine_gpus: str | None = Field(description="GPUs the export lists for the machine, used or not")
     derived_from: str | None = Field(description="set when another tool cut or rewrote the export")
+    rank: str | None = Field(None, description="'rank R of world size W (source)' when the profile records its rank")
     capture: Window | None
     gpu_active: Window | None
     gpu_active_pct: float | None = Field(description="gpu_active duration / capture duration, %")
@@ -161,6 +162,8 @@ p AS (SELECT pid, min(name) AS name FROM processes GROUP BY pid)
 SELECT k.pid, p.name, k.n, k.threads FROM k LEFT JOIN p USING (pid) ORDER BY k.n DESC, k.pid LIMIT $top
 """
 
+RANK_SQL = """SELECT CASE WHEN rank IS NOT NULL THEN format('rank {} of world size {} ({})', rank,
+    coalesce(world_size::VARCHAR, '?'), rank_source) END FROM meta"""
 COUNTED_TABLES = [t for t in TABLE_NAMES if t not in ("meta", "capabilities")]
 TABLE_ROWS_SQL = " UNION ALL ".join(f"SELECT '{t}', count(*) FROM {t}" for t in COUNTED_TABLES)
 PROCESS_COUNT_SQL = "SELECT count(DISTINCT pid) FROM processes"
@@ -369,7 +372,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   capture=capture, gpu_active=gpu_active, gpu_active_pct=active_pct, devices=devices,
                   process_count=con.execute(PROCESS_COUNT_SQL).fetchone()[0], top_processes=processes,
                   table_rows=table_rows, missing=missing, libraries=_libraries(con), diagnostics=_diagnostics(con),
-                  trace_quality=_trace_quality(con, capture, gpu_active, active_pct, devices, meta[9], meta[10]))
+                  trace_quality=_trace_quality(con, capture, gpu_active, active_pct, devices, meta[9], meta[10]),
+                  rank=con.execute(RANK_SQL).fetchone()[0])
 
 
 def findings(result: Result) -> list[Finding]:
@@ -381,7 +385,8 @@ def render(result: Result) -> str:
     schema = result.schema_version or "?"
     written_by = (f"{KINETO_PLATFORM} trace, schema {schema}," if result.platform == KINETO_PLATFORM
                   else f"nsys {result.nsys_version or '?'} (export schema {schema})")
-    lines = [f"{written_by} on {result.host or '?'}: {result.command_line or 'command line not recorded'}"]
+    lines = [f"{written_by} on {result.host or '?'}: {result.command_line or 'command line not recorded'}"
+             + (f"; {result.rank}" if result.rank else "")]
     if result.note:
         lines.append(f"NOTE: {result.note}")
     lines.extend(f"TRACE: {note}" for note in result.trace_quality)
