@@ -6,7 +6,8 @@ synchronous ones) that overlap the window, clipped to it, made by threads that p
 in scope (a thread that launched nothing counts with its process's devices). blocked_ns sums call durations;
 blocked_window_pct = blocked_ns / window. gpu_idle_ns = per call, the time inside it when none of the
 devices that thread (process) launched to ran a kernel, memcpy or memset (call interval minus the union
-of their work), summed. scope_kind: device (device/context syncs), stream, event, other.
+of their work), summed. scope_kind (tools/rules.py): device (device, context and the deprecated thread
+syncs), stream, event, other; device_sync_count and device_sync_ns cover every thread's device syncs.
 steady_device_syncs: device syncs between the first and last GPU work of the thread's devices in the
 window (not setup or teardown). Findings: the idle time the syncs and read-backs cost the devices, from the
 idle attribution (tools/idle_causes.py). Times in ns.
