@@ -92,7 +92,7 @@ def test_profile_summary_whole_result_on_tiny_model():
             {"device": 1, "name": None, "chip": None, "sm_count": None, "memory_bytes": None,
              "compute_capability": None, "kernel_count": 1, "kernel_time_ns": 5, "stream_count": 1,
              "memcpy_count": 1, "memset_count": 0, "graph_count": 0, "peak_memory_bytes": None}],
-        "process_count": 4,
+        "process_count": 4, "launching_process_count": 3,  # process 1 launched nothing
         "top_processes": [{"pid": 100, "name": "proc100", "kernel_launches": 3, "threads_launching": 3},
                           {"pid": 101, "name": "proc101", "kernel_launches": 3, "threads_launching": 3},
                           {"pid": 102, "name": "proc102", "kernel_launches": 1, "threads_launching": 1}],

@@ -75,11 +75,13 @@ def test_thread_utilization_cuda_api_skips_syncs_and_waits():
         cuda_api=[api(1, 0, 10), api(1, 5, 20), api(1, 20, 80, "cudaStreamSynchronize", "sync"), api(1, 80, 90)],
         os_runtime=[{"pid": 1, "tid": 1, "name": "ioctl", "start_ns": 85, "end_ns": 95},
                     {"pid": 1, "tid": 2, "name": "pthread_cond_wait", "start_ns": 0, "end_ns": 100},
-                    {"pid": 1, "tid": 2, "name": "read", "start_ns": 40, "end_ns": 50}],
+                    {"pid": 1, "tid": 2, "name": "write", "start_ns": 40, "end_ns": 50},
+                    {"pid": 1, "tid": 2, "name": "read", "start_ns": 60, "end_ns": 75}],
         threads=THREADS)
     result = run(con)
     assert result.basis == "cuda_api"
-    assert [(r.tid, r.busy_ns) for r in result.rows] == [(1, 35), (2, 10)]  # [0,20] + [80,95]; the read
+    # [0,20] + [80,95]; the write (a read waits for its data, as in the idle attribution: rules.WAIT_CALLS)
+    assert [(r.tid, r.busy_ns) for r in result.rows] == [(1, 35), (2, 10)]
 
 
 def test_thread_utilization_cuda_api_basis_draws_no_finding():

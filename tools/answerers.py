@@ -1,8 +1,10 @@
-"""Answers to the veteran questions, each read from the tools' results on triage's window (SQL of its own only
-for the count of processes that launched kernels, which no tool reports whole).
+"""Answers to the veteran questions, each read from the tools' results on triage's window, with no SQL of its own.
 
-An answerer returns (value, evidence) when the data gives a real answer to its question, else None. Every
-tool runs at most once per answer_questions call (Evidence keeps its result).
+Triage runs first (once per model, through run_once); the answers then read its result, the idle attribution
+of its window, and the results of the tools it ran, asked for with the same parameters so that they come from
+the per-model cache. Only the questions no triage detector covers run their tool (gpu_utilization,
+kernel_launch_overhead, thread_utilization, sync_analysis), each once per model and window.
+An answerer returns (value, evidence) when the data gives a real answer to its question, else None.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import duckdb
 from pydantic import BaseModel
 
 from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import iterations
+from nsightful.tools import attribution, iterations
 from nsightful.tools.common import ms, pct, run_once
+from nsightful.tools.rules import HOTSPOT_PCT
+from nsightful.tools.triage import MAX_FINDINGS
 
-DOMINANT_KERNEL_PCT = 30.0  # veteran question 12
 HOT_THREAD_PCT = 90.0  # veteran question 25
+MOSTLY_PINNED_PCT = 90.0  # veteran question 17: "mostly" pinned when this share of the H2D bytes is
+TOP_KERNELS = 5  # veteran question 11 asks for the top five
+TOP_CAUSES = 3  # idle causes named in the answer to question 8, the costliest first
 MIN_ITERATIONS = iterations.MIN_ITERATIONS  # fewer cannot show a steady state or its spread
-GPU_PROCESSES_SQL = "SELECT count(DISTINCT pid) FROM kernels"
 SPREAD_STEADY = 1.2  # p90/p10 of iteration times under this: the steps are even
 Answer = tuple[str, dict[str, Any]] | None
 
@@ -34,7 +39,7 @@ class Evidence:
 
     @cached_property
     def triage(self) -> BaseModel | None:
-        return self.tool("triage", window_scoped=False, limit=100)
+        return self.tool("triage", window_scoped=False, limit=MAX_FINDINGS)
 
     def tool(self, name: str, window_scoped: bool = True, **params: Any) -> Any:
         """The tool's result (None when it cannot run here), on triage's window unless told otherwise."""
@@ -57,8 +62,22 @@ class Evidence:
         return self.triage is not None and self.triage.window is not None
 
     @property
+    def idle(self) -> attribution.Attribution:
+        """Triage's idle attribution of its window (computed once per model and window)."""
+        return attribution.attribute(self.con, self.triage.window)
+
+    @property
     def summary(self) -> Any:
         return self.tool("profile_summary", window_scoped=False)
+
+    def steps_in_window(self) -> int:
+        """Iterations inside triage's window, from the capture's iterations: a steady-state window leaves out the
+        first iteration when it is the warmup (iterations.steady_window), any other window holds them all."""
+        it = self.tool("iterations", window_scoped=False)
+        if not it or not it.iteration_count:
+            return 0
+        steady = self.triage.window.window_basis == "steady_state"
+        return it.iteration_count - (1 if steady and iterations.first_is_warmup(it) else 0)
 
     def finding(self, *causes: str) -> list:
         return [f for f in (self.triage.findings if self.triage else []) if f.root_cause in causes]
@@ -70,7 +89,7 @@ def _hardware(e: Evidence) -> Answer:
     ids = {"devices": [d.device for d in devices]}
     if names:
         return f"{len(devices)} device(s): {', '.join(names)}", ids
-    top = e.tool("top_kernels", window_scoped=False)
+    top = e.tool("top_kernels")
     arch = max((g.min_arch_from_names or 0 for g in top.gemms), default=0) if top else 0
     if not devices or not arch:
         return None
@@ -91,7 +110,7 @@ def _parallelism(e: Evidence) -> Answer:
         hint = "AllGather/ReduceScatter: sharded data parallel (FSDP/ZeRO) or tensor parallel"
     else:
         hint = f"{', '.join(kinds)}: point-to-point or all-to-all (pipeline, sequence or expert parallel)"
-    gpu_processes = e.con.execute(GPU_PROCESSES_SQL).fetchone()[0]
+    gpu_processes = e.summary.launching_process_count
     return (f"{len(devices)} device(s), {gpu_processes} process(es) launching kernels; {hint}",
             {"collectives": kinds, "gpu_processes": gpu_processes})
 
@@ -126,22 +145,26 @@ def _warmup(e: Evidence) -> Answer:
 
 
 def _utilization(e: Evidence) -> Answer:
-    gaps = e.tool("gpu_idle_gaps")
-    if not gaps or not gaps.devices:
+    idle = e.idle
+    if not idle.devices:
         return None
-    busy = {d.device: d.busy_pct for d in gaps.devices}
-    return (f"busy (kernels, copies, memsets) over {ms(gaps.scope.duration_ns)}: "
+    busy = {d.device: d.busy_pct for d in idle.devices.values()}
+    return (f"busy (kernels, copies, memsets) over {ms(e.triage.window.duration_ns)}: "
             + ", ".join(f"device {d} {b:.1f}%" for d, b in busy.items()), {"busy_pct": busy})
 
 
 def _idle_gaps(e: Evidence) -> Answer:
-    gaps = e.tool("gpu_idle_gaps")
-    if not gaps or not gaps.devices:
+    idle = e.idle
+    if not idle.devices:
         return None
-    causes = {c.cause: c.idle_ns for d in gaps.devices for c in d.by_cause[:3]}
-    top = ", ".join(f"{c} {ms(n)}" for c, n in sorted(causes.items(), key=lambda kv: -kv[1])[:3])
-    return (f"{gaps.gap_count} gaps of {ms(gaps.min_gap_ns)} or more ({ms(gaps.gap_time_ns)}); idle by cause: {top}",
-            {"gap_count": gaps.gap_count, "gap_time_ns": gaps.gap_time_ns})
+    causes: dict[str, int] = {}
+    for d in idle.devices.values():
+        for cause, t in d.causes.items():
+            causes[cause] = causes.get(cause, 0) + t.ns
+    top = ", ".join(f"{c} {ms(n)}" for c, n in sorted(causes.items(), key=lambda kv: -kv[1])[:TOP_CAUSES])
+    gap_time = sum(g.end_ns - g.start_ns for g in idle.long_gaps)
+    return (f"{len(idle.long_gaps)} gaps of {ms(attribution.BUBBLE_MIN_NS)} or more ({ms(gap_time)}); idle by cause: "
+            f"{top}", {"gap_count": len(idle.long_gaps), "gap_time_ns": gap_time})
 
 
 def _idle_distribution(e: Evidence) -> Answer:
@@ -163,28 +186,28 @@ def _streams(e: Evidence) -> Answer:
 
 
 def _top5(e: Evidence) -> Answer:
-    top = e.tool("top_kernels", limit=5)
+    top = e.tool("top_kernels")
     if not top or not top.rows:
         return None
-    return "; ".join(f"{r.display_name} {r.kernel_time_pct:.1f}%" for r in top.rows), {
-        "top_ns": [r.total_ns for r in top.rows]}
+    rows = top.rows[:TOP_KERNELS]
+    return "; ".join(f"{r.display_name} {r.kernel_time_pct:.1f}%" for r in rows), {"top_ns": [r.total_ns for r in rows]}
 
 
 def _dominant(e: Evidence) -> Answer:
-    top = e.tool("top_kernels", limit=5)
+    top = e.tool("top_kernels")
     if not top or not top.rows:
         return None
     r = top.rows[0]
-    verdict = "yes" if r.kernel_time_pct > DOMINANT_KERNEL_PCT else "no"
+    verdict = "yes" if r.kernel_time_pct > HOTSPOT_PCT else "no"
     return (f"{verdict}: the largest, {r.display_name} ({r.kind}), is {r.kernel_time_pct:.1f}% of kernel time",
             {"kernel_time_pct": r.kernel_time_pct})
 
 
 def _small(e: Evidence) -> Answer:
-    k, gaps = e.tool("kernel_launch_overhead"), e.tool("gpu_idle_gaps")
+    k = e.tool("kernel_launch_overhead")
     if not k or not k.kernel_count:
         return None
-    idle = sum(c.idle_ns for d in gaps.devices for c in d.by_cause if c.cause == "launch_tiny") if gaps else 0
+    idle = sum(d.ns("launch_tiny") for d in e.idle.devices.values())
     return (f"{k.tiny_count:,} of {k.kernel_count:,} kernels ({k.tiny_kernel_pct:.1f}%) run under "
             f"{k.threshold_ns / 1000:g} us; the devices idle {ms(idle)} waiting for their launches",
             {"tiny_count": k.tiny_count, "kernel_count": k.kernel_count, "launch_idle_ns": idle})
@@ -202,7 +225,7 @@ def _flash(e: Evidence) -> Answer:
 
 
 def _h2d(e: Evidence) -> Answer:
-    m = e.tool("memory_transfers", limit=50)
+    m = e.tool("memory_transfers")
     if not m or not m.copy_count:
         return None
     rows = {r.direction: r for r in m.rows}
@@ -229,21 +252,21 @@ def _peak_memory(e: Evidence) -> Answer:
 
 
 def _pinned(e: Evidence) -> Answer:
-    m, it = e.tool("memory_transfers", limit=50), e.tool("iterations")
+    m = e.tool("memory_transfers")
     rows = [r for r in m.rows if r.direction == "H2D"] if m else []
     if not rows:
         return None
-    r, steps = rows[0], (it.iteration_count if it and it.iteration_count else 0)
+    r, steps = rows[0], e.steps_in_window()
     share = pct(r.pinned_bytes, r.bytes)
     per_step = f", {r.pageable_count / steps:.1f} pageable copies per iteration" if steps and r.pageable_count else ""
-    verdict = "yes" if r.pageable_bytes == 0 else "mostly" if share >= 90 else "no"
+    verdict = "yes" if r.pageable_bytes == 0 else "mostly" if share >= MOSTLY_PINNED_PCT else "no"
     return (f"{verdict}: {share:.1f}% of H2D bytes come from pinned memory ({r.pageable_count} pageable copies, "
             f"{r.pageable_bytes / 2**20:,.1f} MiB{per_step})",
             {"pinned_bytes": r.pinned_bytes, "pageable_bytes": r.pageable_bytes, "pageable_count": r.pageable_count})
 
 
 def _d2h(e: Evidence) -> Answer:
-    m = e.tool("memory_transfers", limit=50)
+    m = e.tool("memory_transfers")
     if not m or not m.copy_count:
         return None
     reads = e.finding("blocking-d2h-sync")
@@ -272,7 +295,7 @@ def _nccl_balance(n: Any) -> Answer:
 
 
 def _hot_thread(e: Evidence) -> Answer:
-    t = e.tool("thread_utilization", limit=3)
+    t = e.tool("thread_utilization")
     if not t or t.basis == "cuda_api" or not t.rows:
         return None
     r = t.rows[0]
@@ -299,12 +322,11 @@ def _first_iteration(e: Evidence) -> Answer:
 
 
 def _device_sync(e: Evidence) -> Answer:
-    s = e.tool("sync_analysis", limit=50)
+    s = e.tool("sync_analysis")
     if s is None or not e.summary.table_rows.get("cuda_api"):
         return None
-    calls = [a for a in s.apis if a.scope_kind == "device"]
-    n = sum(a.count for a in calls)
-    return ((f"yes: {n:,} device-wide synchronize calls blocking the host {ms(sum(a.blocked_ns for a in calls))}"
+    n = s.device_sync_count
+    return ((f"yes: {n:,} device-wide synchronize calls blocking the host {ms(s.device_sync_ns)}"
              if n else "no device-wide synchronize calls in the window"), {"count": n})
 
 

@@ -202,6 +202,13 @@ def fetch_capped(con: duckdb.DuckDBPyConnection, sql: str, args: dict[str, objec
     return rows[:limit], len(rows) > limit
 
 
+def records(con: duckdb.DuckDBPyConnection, sql: str, args: dict[str, object]) -> list[dict[str, Any]]:
+    """The rows of `sql`, each a dict by column name."""
+    cur = con.execute(sql, args)
+    columns = [d[0] for d in cur.description]
+    return [dict(zip(columns, row, strict=True)) for row in cur.fetchall()]
+
+
 def pct(part: float, whole: float) -> float:
     """part/whole in percent, rounded to 0.01; 0 when whole is 0."""
     return round(100.0 * part / whole, 2) if whole else 0.0

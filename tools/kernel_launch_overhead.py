@@ -20,7 +20,7 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, idle_causes, program
+from nsightful.tools import attribution, idle_causes, program, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -41,7 +41,7 @@ ROOT_CAUSES = {"small-kernel-overhead", "cpu-bottleneck"}  # the idle findings t
 
 class Params(ScopedParams):
     threshold_ns: Annotated[int, Field(description="Kernels shorter than this count as tiny, ns", ge=1)] = (
-        attribution.TINY_KERNEL_NS)
+        rules.TINY_KERNEL_NS)
     limit: LimitParam = DEFAULT_LIMIT
 
 

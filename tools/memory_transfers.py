@@ -6,8 +6,9 @@ time_ns; window_pct = time_ns / (window x devices). Host memory kind: pageable w
 pageable, else pinned when either side is pinned. exposed_time_ns = copy time during which the copying
 device ran no kernel (copy interval minus the union of that device's kernels). Synchronous copy APIs:
 traced copy calls whose name lacks 'Async' (cudaMemcpy, ...): distinct calls and their host duration.
-Small D2H: D2H copies of <= 1 KiB; blocking when the call is synchronous, or asynchronous and followed by
-a sync call on the same thread starting within 100 us after it returns (the .item() pattern);
+Small D2H: D2H copies of <= 1 KiB; blocking when the call blocks the host (synchronous, or from pageable
+memory: tools/rules.py), or is followed by a sync call on the same thread starting within 100 us after it
+returns (the .item() pattern; the idle attribution uses the same two rules);
 blocked_ns = the copy call's duration, plus that sync's for an asynchronous copy (the idle time such reads
 cost the devices is blocking-d2h-sync in gpu_idle_gaps).
 Findings, per device and disjoint: pageable-host-memory claims the exposed pageable copy time that pinned
@@ -23,7 +24,7 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution
+from nsightful.tools import attribution, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -41,14 +42,13 @@ from nsightful.tools.common import (
 from nsightful.tools.intervals import gaps, overlaps
 
 SMALL_D2H_BYTES = 1024  # a scalar or a handful of values read back: .item(), .cpu() of a metric
-FOLLOW_NS = 100_000  # a sync starting this soon after the copy call belongs to the same host read
 PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
 PAGEABLE_MIN_BYTES = 1 << 20  # ... moving enough data for staging to matter
 LARGE_COPY_PCT = 5.0  # one pageable copy this long (share of the window) matters however few there are
 PINNED_SPEEDUP = 2.0  # without a pinned copy to compare: pinned copies run at least 2x pageable (no staging)
-MIN_STAKE_PCT = 1.0  # a copy finding must be worth 1% of the window
 H2D_WINDOW_PCT = 5.0  # book excessive-h2d-transfers: H2D time above ~5% of the time
 EXPOSED_SHARE = 0.5  # most of the H2D time with no kernel running: the copy is on the critical path
+IDLE_HIGH_SHARE = 0.5  # pageable-host-memory is high when the devices sat idle in the copies for half the saving
 HOST_SIDE = ("H2D", "D2H", "H2H", "H2A", "A2H", "UVM_H2D", "UVM_D2H")
 
 
@@ -151,7 +151,7 @@ SELECT count(*), coalesce(sum(duration_ns), 0) FROM (
 
 SMALL_D2H_SQL = COPIES + """,
 small AS (
-  SELECT c.copy_id, a.pid, a.tid, a.name, a.end_ns, a.duration_ns FROM c
+  SELECT c.copy_id, c.host_kind = 'pageable' AS pageable, a.pid, a.tid, a.name, a.end_ns, a.duration_ns FROM c
   LEFT JOIN cuda_api a ON a.pid = c.pid AND a.correlation_id = c.correlation_id AND a.kind = 'memcpy'
   WHERE c.direction = 'D2H' AND c.bytes <= $small_bytes),
 syncs AS (
@@ -162,7 +162,9 @@ followed AS (
   FROM small s ASOF LEFT JOIN syncs y ON y.pid = s.pid AND y.tid = s.tid AND y.start_ns >= s.end_ns)
 SELECT count(*), count(*) FILTER (WHERE blocking),
        coalesce(sum(duration_ns + CASE WHEN synced AND is_async THEN sync_ns ELSE 0 END) FILTER (WHERE blocking), 0)
-FROM (SELECT *, name LIKE '%Async%' AS is_async, name IS NOT NULL AND (name NOT LIKE '%Async%' OR synced) AS blocking
+FROM (SELECT *, name LIKE '%Async%' AS is_async,
+             name IS NOT NULL AND (""" + rules.blocking_copy_sql("name", "coalesce(pageable, false)") + """ OR synced)
+               AS blocking
       FROM followed)
 """
 
@@ -183,8 +185,8 @@ def _row(r: tuple, capacity: int) -> DirectionRow:
 
 
 def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
-    """(small D2H copies, blocking ones, host ns blocked) in scope; shared with sync_analysis."""
-    args = {**scope_args(scope), "small_bytes": SMALL_D2H_BYTES, "follow": FOLLOW_NS}
+    """(small D2H copies, blocking ones, host ns blocked) in scope."""
+    args = {**scope_args(scope), "small_bytes": SMALL_D2H_BYTES, "follow": rules.READBACK_FOLLOW_NS}
     count, blocking, blocked = con.execute(SMALL_D2H_SQL, args).fetchone()
     return count, blocking, int(blocked)
 
@@ -237,13 +239,13 @@ def findings(rows: list[DirectionRow], pageable: dict[tuple[int, str], _Pageable
         largest = max((x.largest_ns for x in extra if x), default=0)
         recurring = any(r.pageable_count >= PAGEABLE_MIN_COUNT and r.pageable_bytes >= PAGEABLE_MIN_BYTES for r in host)
         large = pct(largest, window_ns) >= LARGE_COPY_PCT
-        if (recurring or large or idle_ns.get(device, 0)) and pct(stake, window_ns) >= MIN_STAKE_PCT:
+        if (recurring or large or idle_ns.get(device, 0)) and rules.worth_reporting(stake, window_ns):
             tags = (["large-single"] if large and not recurring else []) + (
                 ["async-blocking"] if any(x and x.async_count for x in extra) else [])
             out.append(_pageable_finding(device, host, stake, idle_ns.get(device, 0), largest, tags))
         out += [_h2d_finding(device, r, saving.get("H2D", 0), window_ns) for r in mine
                 if r.direction == "H2D" and r.window_pct >= H2D_WINDOW_PCT
-                and pct(r.exposed_time_ns - saving.get("H2D", 0), window_ns) >= MIN_STAKE_PCT]
+                and rules.worth_reporting(r.exposed_time_ns - saving.get("H2D", 0), window_ns)]
     return out
 
 
@@ -251,7 +253,7 @@ def _pageable_finding(device: int, host: list[DirectionRow], stake: int, idle: i
                       tags: list[str]) -> Finding:
     count, nbytes = sum(r.pageable_count for r in host), sum(r.pageable_bytes for r in host)
     return Finding(
-        root_cause="pageable-host-memory", severity="high" if stake and idle >= stake // 2 else "medium",
+        root_cause="pageable-host-memory", severity="high" if stake and idle >= IDLE_HIGH_SHARE * stake else "medium",
         title=f"device {device}: {count} copies ({nbytes / 2**20:,.1f} MiB) from pageable memory at "
               f"{', '.join(f'{r.direction} {r.pageable_bandwidth_gb_per_s} GB/s' for r in host)}; pinned memory "
               f"would save ~{ms(stake)}",

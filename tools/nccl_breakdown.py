@@ -49,7 +49,7 @@ from __future__ import annotations
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import nccl_sizes
+from nsightful.tools import nccl_sizes, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -69,7 +69,6 @@ OVERLAP_MIN_PCT = 50.0  # book nccl-serialization: overlapped_pct well below 50%
 EXPOSED_MIN_PCT = 10.0  # ... and only when the exposed time is a sizeable share of the window
 NCCL_SHARE_PCT = 20.0  # book compute-communication-imbalance: NCCL above 20% of the window is a red flag
 SHARED_MIN_PCT = 50.0  # shared streams holding most of a device's exposed NCCL time: the stream layout decides
-STRAGGLER_HIGH_PCT = 10.0  # waiting a tenth of the window or more for one rank is a high-severity loss
 BUCKET_NS = 1_000_000  # overlap join buckets: NCCL kernels span a few, most compute kernels fit in one
 MAX_SHIFT = 3  # instances: a window or capture edge cuts the collective in flight at each end, with room to spare
 MIN_MATCHED = 10  # below this, two evenly matched ranks show a 3-in-4 last share by chance in over 1 run in 10
@@ -360,7 +359,7 @@ def _straggler(result: Result) -> list[Finding]:
     tags = {d.device: _tags(d) for d in result.devices}
     return [Finding(
         root_cause="nccl-straggler",
-        severity="high" if pct(a.straggler_wait_ns, result.scope.duration_ns) >= STRAGGLER_HIGH_PCT else "medium",
+        severity=rules.severity(a.straggler_wait_ns, result.scope.duration_ns),
         title=f"device {a.device} waits {ms(a.straggler_wait_ns)} inside NCCL kernels for device {late.device}, "
               f"which arrives last to {late.last_count} of {late.collectives} collectives",
         evidence={"late_device": late.device, "late_last_share_pct": late.last_share_pct,

@@ -6,7 +6,8 @@ devices: the GPUs with hardware details where recorded, and per device over the 
 (count, summed duration_ns, streams), memcpy, memset and whole-graph executions (graph_count), and
 peak_memory_bytes: the highest device memory in use (model.PEAK_MEMORY_SQL: running sum of device-resident
 allocations minus frees, counting only what was allocated inside the capture; null without
---cuda-memory-usage data). top_processes: processes ranked by kernels they launched. table_rows: rows per model
+--cuda-memory-usage data). top_processes: processes ranked by kernels they launched
+(launching_process_count: how many launched any). table_rows: rows per model
 table; missing: data the capture lacks, with the nsys flag that records it. libraries: frameworks and libraries
 recognised from kernel names, each with the number of kernel executions and distinct names behind the guess.
 diagnostics: nsys' own messages about the capture, counted per severity, with the error and warning texts
@@ -30,9 +31,10 @@ from nsightful.profiles.checks import LOAD_SOURCE
 from nsightful.profiles.ingest import API_KIND_SQL
 from nsightful.profiles.kineto_meta import PLATFORM as KINETO_PLATFORM
 from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
-from nsightful.tools import program
+from nsightful.tools import program, rules
 from nsightful.tools.common import Finding, Output, ProfileParams, fetch_capped, ms, pct
 from nsightful.tools.program import KERNEL_FAMILIES, Program
+from nsightful.tools.rules import Missing
 
 TOP_PROCESSES = 5  # a capture can hold hundreds of idle helper processes: the launching few matter
 TOP_DIAGNOSTICS = 5  # distinct warning/error texts shown; real captures repeat one text per process
@@ -83,11 +85,6 @@ class Process(BaseModel):
     threads_launching: int = Field(description="threads that launched those kernels")
 
 
-class Missing(BaseModel):
-    data: str
-    capture_flag: str
-
-
 class Library(BaseModel):
     library: str
     kernel_count: int = Field(description="kernel executions whose name matched")
@@ -129,6 +126,7 @@ class Result(Output):
     gpu_active_pct: float | None = Field(description="gpu_active duration / capture duration, %")
     devices: list[Device]
     process_count: int
+    launching_process_count: int = Field(description="processes that launched kernels")
     top_processes: list[Process] = Field(description=f"at most {TOP_PROCESSES}, most kernel launches first")
     table_rows: dict[str, int]
     missing: list[Missing]
@@ -167,6 +165,7 @@ RANK_SQL = """SELECT CASE WHEN rank IS NOT NULL THEN format('rank {} of world si
 COUNTED_TABLES = [t for t in TABLE_NAMES if t not in ("meta", "capabilities")]
 TABLE_ROWS_SQL = " UNION ALL ".join(f"SELECT '{t}', count(*) FROM {t}" for t in COUNTED_TABLES)
 PROCESS_COUNT_SQL = "SELECT count(DISTINCT pid) FROM processes"
+LAUNCHING_COUNT_SQL = "SELECT count(DISTINCT pid) FROM kernels"
 
 LIBRARIES_SQL = """
 WITH names AS (SELECT coalesce(name, short_name) AS kname, any_value(short_name) AS short, count(*) AS n
@@ -364,14 +363,14 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                for r in con.execute(DEVICES_SQL, {"kinds": list(DEVICE_MEMORY_KINDS)}).fetchall()]
     processes = [Process(pid=r[0], name=r[1], kernel_launches=r[2], threads_launching=r[3])
                  for r in con.execute(PROCESSES_SQL, {"top": TOP_PROCESSES}).fetchall()]
-    missing = [Missing(data=d, capture_flag=f) for d, f in con.execute(
-        "SELECT data, capture_flag FROM capabilities WHERE NOT present ORDER BY data").fetchall()]
     return Result(profile=params.profile, program=program.detect(con), has_gpu_activity=gpu_active is not None,
                   note=_note(capture, gpu_active, table_rows), nsys_version=meta[0], schema_version=meta[1],
                   host=meta[2], platform=meta[3], command_line=meta[4], machine_gpus=meta[9], derived_from=meta[10],
                   capture=capture, gpu_active=gpu_active, gpu_active_pct=active_pct, devices=devices,
                   process_count=con.execute(PROCESS_COUNT_SQL).fetchone()[0], top_processes=processes,
-                  table_rows=table_rows, missing=missing, libraries=_libraries(con), diagnostics=_diagnostics(con),
+                  launching_process_count=con.execute(LAUNCHING_COUNT_SQL).fetchone()[0],
+                  table_rows=table_rows, missing=rules.missing(con), libraries=_libraries(con),
+                  diagnostics=_diagnostics(con),
                   trace_quality=_trace_quality(con, capture, gpu_active, active_pct, devices, meta[9], meta[10]),
                   rank=con.execute(RANK_SQL).fetchone()[0])
 

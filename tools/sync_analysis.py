@@ -6,7 +6,8 @@ synchronous ones) that overlap the window, clipped to it, made by threads that p
 in scope (a thread that launched nothing counts with its process's devices). blocked_ns sums call durations;
 blocked_window_pct = blocked_ns / window. gpu_idle_ns = per call, the time inside it when none of the
 devices that thread (process) launched to ran a kernel, memcpy or memset (call interval minus the union
-of their work), summed. scope_kind: device (device/context syncs), stream, event, other.
+of their work), summed. scope_kind (tools/rules.py): device (device, context and the deprecated thread
+syncs), stream, event, other; device_sync_count and device_sync_ns cover every thread's device syncs.
 steady_device_syncs: device syncs between the first and last GPU work of the thread's devices in the
 window (not setup or teardown). Findings: the idle time the syncs and read-backs cost the devices, from the
 idle attribution (tools/idle_causes.py). Times in ns.
@@ -14,12 +15,10 @@ idle attribution (tools/idle_causes.py). Times in ns.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, idle_causes, program
+from nsightful.tools import attribution, idle_causes, program, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -30,6 +29,7 @@ from nsightful.tools.common import (
     more_rows,
     ms,
     pct,
+    records,
     resolve_scope,
     scope_args,
 )
@@ -37,7 +37,6 @@ from nsightful.tools.intervals import GPU_WORK, gaps, overlaps
 
 OVERLAP_BUCKETS = 20_000  # time buckets for the call x idle-stretch join
 ROOT_CAUSES = {"excessive-synchronization", "blocking-d2h-sync"}  # the idle findings this tool shows
-ScopeKind = Literal["device", "stream", "event", "other"]
 
 
 class Params(ScopedParams):
@@ -46,7 +45,7 @@ class Params(ScopedParams):
 
 class ApiRow(BaseModel):
     api_name: str
-    scope_kind: ScopeKind
+    scope_kind: rules.SyncScope
     count: int
     blocked_ns: int
     mean_ns: float
@@ -75,23 +74,25 @@ class Result(Output):
     call_count: int
     blocked_ns: int
     gpu_idle_ns: int = Field(description="GPU idle time while the host waited, summed over calls")
+    device_sync_count: int = Field(description="device/context-wide sync calls, all threads")
+    device_sync_ns: int = Field(description="host time blocked in them")
     apis: list[ApiRow] = Field(description="by blocked time, at most `limit`")
     threads: list[ThreadRow] = Field(description="by blocked time, at most `limit`")
     truncated: bool = Field(description="true when apis or threads were cut at `limit`")
     findings: list[Finding] = []
 
 
-SQL = "WITH " + GPU_WORK + """,
-launches AS (
+# The stages: find the calls (each with its scope and the devices its thread launched to), measure the idle
+# time inside them, group by API and by thread, then name the threads shown. Each stage leaves a temp table
+# private to the cursor (the model itself is read-only) or returns rows read by column name.
+FIND_SQL = """CREATE OR REPLACE TEMP TABLE sync_calls AS
+WITH launches AS (
   SELECT pid, tid, device_id FROM kernels UNION ALL SELECT pid, tid, device_id FROM memcpy
   UNION ALL SELECT pid, tid, device_id FROM memset),
 thread_devices AS (SELECT DISTINCT pid, tid, device_id FROM launches WHERE tid IS NOT NULL),
 process_devices AS (SELECT DISTINCT pid, device_id FROM launches),
 raw_calls AS (
-  SELECT row_number() OVER () AS call_id, pid, tid, name,
-         CASE WHEN regexp_matches(name, '(Device|Ctx)Synchronize') THEN 'device'
-              WHEN name LIKE '%StreamSynchronize%' THEN 'stream' WHEN name LIKE '%EventSynchronize%' THEN 'event'
-              ELSE 'other' END AS scope_kind,
+  SELECT row_number() OVER () AS call_id, pid, tid, name, """ + rules.sync_scope_sql("name") + """ AS scope_kind,
          greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
   FROM cuda_api WHERE kind = 'sync' AND end_ns > $start AND start_ns < $end),
 call_devices AS (
@@ -100,59 +101,94 @@ call_devices AS (
     UNION ALL
     SELECT c.call_id, d.device_id FROM raw_calls c JOIN process_devices d ON d.pid = c.pid
     WHERE NOT EXISTS (SELECT 1 FROM thread_devices t WHERE t.pid = c.pid AND t.tid = c.tid))
-  WHERE device_id IN (SELECT unnest($devices))),
-call_sets AS (SELECT call_id, list_sort(list(device_id)) AS devs FROM call_devices GROUP BY call_id),
-sets AS (SELECT devs, row_number() OVER (ORDER BY devs) AS lane FROM (SELECT DISTINCT devs FROM call_sets)),
+  WHERE device_id IN (SELECT unnest($devices)))
+SELECT c.*, d.devs FROM raw_calls c
+JOIN (SELECT call_id, list_sort(list(device_id)) AS devs FROM call_devices GROUP BY call_id) d USING (call_id)
+"""
+
+# Per call: the time inside it when none of its devices ran anything (one lane per distinct device set), and
+# whether it lies between the first and last GPU work of those devices.
+IDLE_SQL = "CREATE OR REPLACE TEMP TABLE sync_idle AS WITH " + GPU_WORK + """,
+sets AS (SELECT devs, row_number() OVER (ORDER BY devs) AS lane FROM (SELECT DISTINCT devs FROM sync_calls)),
 work AS (
   SELECT s.lane, w.start_ns, w.end_ns FROM gpu_work w JOIN (SELECT lane, unnest(devs) AS device_id FROM sets) s
     ON s.device_id = w.device_id
   UNION ALL SELECT lane, $start, $start FROM sets UNION ALL SELECT lane, $end, $end FROM sets),
 """ + gaps("idle", "work", "lane") + """,
-probes AS (
-  SELECT c.call_id AS probe_id, s.lane, c.start_ns, c.end_ns
-  FROM raw_calls c JOIN call_sets cs USING (call_id) JOIN sets s USING (devs)),
+probes AS (SELECT c.call_id AS probe_id, s.lane, c.start_ns, c.end_ns FROM sync_calls c JOIN sets s USING (devs)),
 """ + overlaps("idle_hits", "probes", "idle", "lane") + """,
 spans AS (
   SELECT s.devs, min(w.start_ns) AS first_ns, max(w.end_ns) AS last_ns
-  FROM (SELECT devs, unnest(devs) AS device_id FROM sets) s JOIN gpu_work w USING (device_id) GROUP BY s.devs),
-calls AS MATERIALIZED (
-  SELECT c.*, cs.devs, c.end_ns - c.start_ns AS blocked_ns, coalesce(i.idle_ns, 0) AS idle_ns,
-         coalesce(c.start_ns > sp.first_ns AND c.end_ns < sp.last_ns, false) AS inside
-  FROM raw_calls c JOIN call_sets cs USING (call_id) LEFT JOIN spans sp USING (devs)
-  LEFT JOIN (SELECT probe_id AS call_id, sum(end_ns - start_ns) AS idle_ns FROM idle_hits GROUP BY probe_id) i
-    USING (call_id)),
-by_api AS (
-  SELECT {api_name: name, scope_kind: any_value(scope_kind), count: count(*), blocked_ns: sum(blocked_ns),
-          mean_ns: round(avg(blocked_ns), 1), max_ns: max(blocked_ns), gpu_idle_ns: sum(idle_ns)} AS a
-  FROM calls GROUP BY name),
-by_thread AS (
-  SELECT {pid: pid, tid: tid, devices: any_value(devs), count: count(*), blocked_ns: sum(blocked_ns),
-          device_syncs: count(*) FILTER (WHERE scope_kind = 'device'),
-          steady_device_syncs: count(*) FILTER (WHERE scope_kind = 'device' AND inside),
-          device_sync_ns: coalesce(sum(blocked_ns) FILTER (WHERE scope_kind = 'device'), 0),
-          gpu_idle_ns: sum(idle_ns)} AS t
-  FROM calls GROUP BY pid, tid)
-SELECT
-  (SELECT count(*) FROM calls), (SELECT coalesce(sum(blocked_ns), 0) FROM calls),
-  (SELECT coalesce(sum(idle_ns), 0) FROM calls),
-  (SELECT list(a ORDER BY a.blocked_ns DESC, a.api_name) FROM by_api),
-  (SELECT list(struct_insert(t, thread_name := n.name) ORDER BY t.blocked_ns DESC, t.pid, t.tid)
-   FROM by_thread LEFT JOIN (SELECT pid, tid, any_value(name) AS name FROM threads GROUP BY ALL) n
-     ON n.pid = t.pid AND n.tid = t.tid)
+  FROM (SELECT devs, unnest(devs) AS device_id FROM sets) s JOIN gpu_work w USING (device_id) GROUP BY s.devs)
+SELECT c.call_id, coalesce(i.idle_ns, 0) AS idle_ns,
+       coalesce(c.start_ns > sp.first_ns AND c.end_ns < sp.last_ns, false) AS inside
+FROM sync_calls c LEFT JOIN spans sp USING (devs)
+LEFT JOIN (SELECT probe_id AS call_id, sum(end_ns - start_ns) AS idle_ns FROM idle_hits GROUP BY probe_id) i
+  USING (call_id)
 """
+
+CALLS = """(SELECT c.*, c.end_ns - c.start_ns AS blocked_ns, i.idle_ns, i.inside
+           FROM sync_calls c JOIN sync_idle i USING (call_id))"""
+TOTALS_SQL = f"""
+SELECT count(*) AS call_count, coalesce(sum(blocked_ns), 0) AS blocked_ns, coalesce(sum(idle_ns), 0) AS gpu_idle_ns,
+       count(*) FILTER (WHERE scope_kind = 'device') AS device_sync_count,
+       coalesce(sum(blocked_ns) FILTER (WHERE scope_kind = 'device'), 0) AS device_sync_ns
+FROM {CALLS}"""
+APIS_SQL = f"""
+SELECT name AS api_name, any_value(scope_kind) AS scope_kind, count(*) AS count, sum(blocked_ns) AS blocked_ns,
+       round(avg(blocked_ns), 1) AS mean_ns, max(blocked_ns) AS max_ns, sum(idle_ns) AS gpu_idle_ns
+FROM {CALLS} GROUP BY name ORDER BY blocked_ns DESC, api_name LIMIT $limit + 1"""
+THREADS_SQL = f"""
+SELECT pid, tid, any_value(devs) AS devices, count(*) AS count, sum(blocked_ns) AS blocked_ns,
+       count(*) FILTER (WHERE scope_kind = 'device') AS device_syncs,
+       count(*) FILTER (WHERE scope_kind = 'device' AND inside) AS steady_device_syncs,
+       coalesce(sum(blocked_ns) FILTER (WHERE scope_kind = 'device'), 0) AS device_sync_ns,
+       sum(idle_ns) AS gpu_idle_ns
+FROM {CALLS} GROUP BY pid, tid ORDER BY blocked_ns DESC, pid, tid LIMIT $limit + 1"""
+NAMES_SQL = """
+SELECT t.pid, t.tid, any_value(t.name) AS name FROM threads t
+JOIN (SELECT unnest($pids) AS pid, unnest($tids) AS tid) k ON k.pid = t.pid AND k.tid = t.tid GROUP BY ALL"""
+STAGE_TABLES = ("sync_calls", "sync_idle")
+
+
+def find(con: duckdb.DuckDBPyConnection, scope: Scope) -> None:
+    """Stage 1: the temp table sync_calls(call_id, pid, tid, name, scope_kind, start_ns, end_ns, devs)."""
+    con.execute(FIND_SQL, scope_args(scope))
+
+
+def measure_idle(con: duckdb.DuckDBPyConnection, scope: Scope) -> None:
+    """Stage 2 (after find): the temp table sync_idle(call_id, idle_ns, inside)."""
+    con.execute(IDLE_SQL, {**scope_args(scope), "bucket_ns": max(1000, scope.duration_ns // OVERLAP_BUCKETS)})
+
+
+def group(con: duckdb.DuckDBPyConnection, limit: int) -> tuple[dict, list[dict], list[dict]]:
+    """Stage 3: the totals, and the first limit + 1 APIs and threads by blocked time."""
+    return (records(con, TOTALS_SQL, {})[0], records(con, APIS_SQL, {"limit": limit}),
+            records(con, THREADS_SQL, {"limit": limit}))
+
+
+def name_threads(con: duckdb.DuckDBPyConnection, threads: list[dict]) -> list[dict]:
+    """Stage 4: the threads shown, each with its name (None when the export names none)."""
+    found = records(con, NAMES_SQL, {"pids": [t["pid"] for t in threads], "tids": [t["tid"] for t in threads]})
+    names = {(n["pid"], n["tid"]): n["name"] for n in found}
+    return [{**t, "thread_name": names.get((t["pid"], t["tid"]))} for t in threads]
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
-    args = {**scope_args(scope), "bucket_ns": max(1000, scope.duration_ns // OVERLAP_BUCKETS)}
-    count, blocked, idle, apis, threads = con.execute(SQL, args).fetchone()
-    apis, threads = apis or [], threads or []
+    try:
+        find(con, scope)
+        measure_idle(con, scope)
+        totals, apis, threads = group(con, params.limit)
+    finally:
+        for table in STAGE_TABLES:
+            con.execute(f"DROP TABLE IF EXISTS {table}")
     found = idle_causes.findings(attribution.attribute(con, scope).devices, program.detect(con))
     return Result(
-        scope=scope, call_count=count, blocked_ns=int(blocked), gpu_idle_ns=int(idle),
+        scope=scope, **totals,
         apis=[ApiRow(**a, gpu_idle_pct=pct(a["gpu_idle_ns"], a["blocked_ns"])) for a in apis[:params.limit]],
         threads=[ThreadRow(**t, blocked_window_pct=pct(t["blocked_ns"], scope.duration_ns))
-                 for t in threads[:params.limit]],
+                 for t in name_threads(con, threads[:params.limit])],
         truncated=len(apis) > params.limit or len(threads) > params.limit,
         findings=[f for f in found if f.root_cause in ROOT_CAUSES])
 

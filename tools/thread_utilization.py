@@ -21,7 +21,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import attribution, idle_causes, program
+from nsightful.tools import attribution, idle_causes, program, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -37,7 +37,6 @@ from nsightful.tools.common import (
     scope_args,
 )
 
-WAIT_CALLS = "wait|poll|select|sleep|futex|pause|sem_|pthread_join|pthread_cond|accept|recv|epoll"  # blocking
 Basis = Literal["sched", "cpu_samples", "cuda_api"]
 BASIS_MEANING = {
     "sched": "time on a CPU from scheduler events (sched-in to next sched-out)",
@@ -155,7 +154,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         period = con.execute(PERIOD_SQL).fetchone()[0] or 0
         sql, args = SAMPLES_SQL, {**args, "period": period}
     else:
-        sql, args = API_SQL, {**args, "waits": WAIT_CALLS}
+        sql, args = API_SQL, {**args, "waits": rules.WAIT_CALLS}
     del args["devices"]
     rows, truncated = fetch_capped(con, sql + TAIL_SQL, args, params.limit)
     out = [ThreadRow(pid=r[0], tid=r[1], name=r[2], busy_ns=int(r[3]), busy_pct=pct(r[3], scope.duration_ns),

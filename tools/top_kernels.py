@@ -43,8 +43,8 @@ from nsightful.tools.common import (
     scope_args,
 )
 from nsightful.tools.kernel_kinds import KINDS, NAME_CHARS, display_names, kind_of, min_arch_of
+from nsightful.tools.rules import HOTSPOT_PCT
 
-HOTSPOT_PCT = 30.0  # book kernel-hotspot: one kernel above this share of kernel time is worth a look on its own
 MIN_NAMES_FOR_HOTSPOT = 2  # with a single kernel name its 100% share says nothing
 DOMINANT_PCT = 50.0  # an FP32 GEMM share above this is most of the device's work: severity high
 FP32_GEMM_MIN_PCT = 10.0  # book fp32-gemm-no-tensor-cores: FP32 GEMMs above ~10% of kernel time are worth moving

@@ -1,0 +1,74 @@
+"""answer_questions reads triage's results: after a triage it runs only the tools no detector of triage covers,
+and the answers it derives from triage's work equal what the tools themselves report on the same window."""
+
+from __future__ import annotations
+
+import pytest
+
+from nsightful.tools import (
+    answer_questions,
+    answerers,
+    common,
+    gpu_idle_gaps,
+    iterations,
+    skills,
+    sync_analysis,
+    triage,
+)
+
+UNCOVERED = {"gpu_utilization", "kernel_launch_overhead", "thread_utilization", "sync_analysis"}
+
+
+def _answers(con, profile: str) -> dict[str, answer_questions.Answer]:
+    return {a.id: a for a in answer_questions.run(con, answer_questions.Params(profile=profile)).answers}
+
+
+def test_answer_questions_after_triage_runs_only_the_tools_triage_does_not(demo, monkeypatch):
+    profile, _ = demo
+    monkeypatch.setattr(common, "_model_cache", {})  # a fresh per-model cache: nothing computed by other tests
+    triage.run(profile.con, triage.Params(profile="demo"))
+    ran: list[str] = []
+    for name, module in skills().items():
+        def counted(con, params, run=module.run, name=name):
+            ran.append(name)
+            return run(con, params)
+        if name != "answer_questions":
+            monkeypatch.setattr(module, "run", counted)
+    answers = _answers(profile.con, "demo")
+    # triage again with a larger limit: its detectors, attribution and shares come from the cache
+    assert sorted(ran) == sorted({"triage"} | UNCOVERED), ran
+    assert answers["q16-h2d-volume"].status == answers["q08-idle-gaps"].status == "answered"
+
+
+@pytest.mark.parametrize("stem", ["nsysai_h100_2gpu_1s", "clue_t4_report4"])
+def test_answer_questions_idle_answers_equal_gpu_idle_gaps_on_triages_window(open_fixture, stem):
+    con = open_fixture(stem).con
+    w = triage.run(con, triage.Params(profile=stem)).window
+    gaps = gpu_idle_gaps.run(con, gpu_idle_gaps.Params(profile=stem, start_ns=w.start_ns, end_ns=w.end_ns))
+    answers = _answers(con, stem)
+    assert answers["q07-gpu-utilization"].evidence == {"busy_pct": {d.device: d.busy_pct for d in gaps.devices}}
+    assert answers["q08-idle-gaps"].evidence == {"gap_count": gaps.gap_count, "gap_time_ns": gaps.gap_time_ns}
+    launch_tiny = sum(c.idle_ns for d in gaps.devices for c in d.by_cause if c.cause == "launch_tiny")
+    assert answers["q13-small-kernels"].evidence["launch_idle_ns"] == launch_tiny
+
+
+def test_answer_questions_device_syncs_are_all_of_the_windows(demo):
+    profile, _ = demo
+    con = profile.con
+    w = triage.run(con, triage.Params(profile="demo")).window
+    every = sync_analysis.run(con, sync_analysis.Params(profile="demo", start_ns=w.start_ns, end_ns=w.end_ns,
+                                                        limit=common.MAX_LIMIT))
+    device_wide = [a for a in every.apis if a.scope_kind == "device"]
+    assert sum(a.count for a in device_wide) > 0
+    assert _answers(con, "demo")["q28-device-synchronize"].evidence == {"count": sum(a.count for a in device_wide)}
+    assert every.device_sync_ns == sum(a.blocked_ns for a in device_wide)
+
+
+@pytest.mark.parametrize("sample", ["demo", "clean"])
+def test_answer_questions_steps_in_window_equal_the_iterations_found_inside_it(request, sample):
+    profile, _ = request.getfixturevalue(sample)
+    w = triage.run(profile.con, triage.Params(profile=sample)).window
+    inside = iterations.run(profile.con, iterations.Params(profile=sample, start_ns=w.start_ns, end_ns=w.end_ns))
+    evidence = answerers.Evidence(profile.con, sample)
+    assert w.window_basis == "steady_state"
+    assert evidence.steps_in_window() == inside.iteration_count > 0
