@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from nsightful.profiles.errors import InvalidRequest, NsightfulError
+from nsightful.profiles.errors import BudgetSettingInvalid, ResultTooLarge
 
 MAX_RESULT_CHARS = 20_000  # characters, text and JSON each: about 5,000 tokens, a fair share of a model's context
 MIN_RESULT_CHARS = 4_000  # characters: below this some results (scope, figures, one row) fit on no fixture
@@ -29,14 +29,6 @@ NOTE_PREFIX = "\ncut: "  # the text's last line: the cut note
 MIN_VALUE_CHARS = 40  # characters a cut text value keeps: fewer would not name anything
 KEPT_LAST = ("findings",)  # the conclusions: cut only after every other row list
 NARROWING = ("device", "start_ns", "end_ns", "pattern", "table", "phase")  # parameters that ask for less
-
-
-class BudgetSettingInvalid(NsightfulError):
-    pass
-
-
-class ResultTooLarge(InvalidRequest):
-    pass
 
 
 def configured() -> int | None:

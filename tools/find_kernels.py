@@ -172,11 +172,6 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   note=_note(con, params, int(count)))
 
 
-def findings(result: Result) -> list[Finding]:
-    """A search diagnoses nothing by itself: top_kernels and the detectors judge the time."""
-    return []
-
-
 def render(result: Result) -> str:
     kind = "regex" if result.regex else "text"
     lines = [f"{result.count:,} kernels match {kind} {result.pattern!r} on device(s) {result.scope.devices}: "

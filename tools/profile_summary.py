@@ -372,11 +372,6 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   trace_quality=_trace_quality(con, capture, gpu_active, active_pct, devices, meta[9], meta[10]))
 
 
-def findings(result: Result) -> list[Finding]:
-    """A summary diagnoses nothing: the detectors live in the other tools."""
-    return []
-
-
 def render(result: Result) -> str:
     schema = result.schema_version or "?"
     written_by = (f"{KINETO_PLATFORM} trace, schema {schema}," if result.platform == KINETO_PLATFORM

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import duckdb
 from pydantic import Field
 
-from nsightful.profiles.errors import InvalidRequest
+from nsightful.profiles.errors import QueryRefused
 from nsightful.tools.common import Output, ProfileParams, more_rows
 
 MAX_ROWS = 1000  # rows: more belongs in an aggregate, not in a model's context
@@ -33,10 +33,6 @@ CELLS = ("cells as JSON: numbers, text, true/false, null; NaN, Infinity and -Inf
          "arrays; structs and maps as objects (map keys as text); DECIMAL as numbers; dates, times and timestamps "
          "as ISO 8601 text; intervals and UUIDs as text; BLOBs as text with \\xHH escapes; `types` names each "
          "column's DuckDB type")
-
-
-class QueryRefused(InvalidRequest):
-    pass
 
 
 class Params(ProfileParams):
