@@ -6,7 +6,7 @@ INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
 DEMO := out/demo.sqlite
 
-.PHONY: demo test lint bench loadtest clean install dev inspector
+.PHONY: demo test lint docs bench loadtest clean install dev inspector
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nsightful needs Python >= 3.11")'
@@ -42,6 +42,9 @@ test: $(VENV)/.dev $(INSPECTOR)
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check profiles tools server resources tests bench
+
+docs: $(VENV)/.installed  # the README's tool table, from the tools the server registers
+	$(BIN)/python -m nsightful.server.docs README.md
 
 bench: $(VENV)/.installed loadtest
 	$(BIN)/python bench/run.py

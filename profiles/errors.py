@@ -1,10 +1,19 @@
-"""Named errors. Each message is one sentence: what was wrong and what to do next."""
+"""Every named error, in one place. Each message is one sentence: what was wrong and what to do next.
+
+The server turns any NsightfulError into an MCP error (or the CLI into one line on stderr) in one place;
+the classes tell callers and tests what went wrong, by layer.
+"""
 
 
 class NsightfulError(Exception):
     """Base of every error the server turns into a clean MCP/CLI error."""
 
 
+class InvalidRequest(NsightfulError):
+    """A parameter is valid by type but not for this profile (device, window, name)."""
+
+
+# --- loading a profile (profiles/) ----------------------------------------------------------------
 class ProfileNotFound(NsightfulError):
     pass
 
@@ -33,5 +42,52 @@ class LoadCancelled(NsightfulError):
     pass
 
 
-class InvalidRequest(NsightfulError):
-    """A parameter is valid by type but not for this profile (device, window, name)."""
+class BuildSettingInvalid(NsightfulError):
+    """NSIGHTFUL_BUILD_MEMORY_MB (or another build setting) is not a usable value."""
+
+
+class BuildOutOfMemory(NsightfulError):
+    """The build needed more memory than its limit, or more disk than the cache folder has for spilling."""
+
+
+# --- the book and the questions (resources/) ------------------------------------------------------
+class BookError(NsightfulError):
+    """A packaged book or question file is malformed."""
+
+
+class UnknownEntry(NsightfulError):
+    pass
+
+
+class UnknownPhase(NsightfulError):
+    pass
+
+
+# --- tools/ ---------------------------------------------------------------------------------------
+class QueryRefused(InvalidRequest):
+    """query_sql was given something other than one read-only SELECT."""
+
+
+# --- serving (server/) ----------------------------------------------------------------------------
+class OutsideRoots(InvalidRequest):
+    """A path outside the folders given with --root."""
+
+
+class UnknownProfile(InvalidRequest):
+    """No profile is loaded with that id in this session."""
+
+
+class BudgetSettingInvalid(NsightfulError):
+    """NSIGHTFUL_MAX_RESULT_CHARS / --max-result-chars is not a usable value."""
+
+
+class ResultTooLarge(InvalidRequest):
+    """A result does not fit the character budget even cut to one row."""
+
+
+class InsecureBind(NsightfulError):
+    """HTTP on a non-loopback address without a bearer token."""
+
+
+class ClientGone(NsightfulError):
+    """The HTTP client left before the answer was ready (said to nobody; it ends the call)."""

@@ -11,21 +11,13 @@ from pathlib import Path
 
 import duckdb
 
-from nsightful.profiles.errors import NsightfulError
+from nsightful.profiles.errors import BuildOutOfMemory, BuildSettingInvalid
 
 BUILD_MEMORY_ENV = "NSIGHTFUL_BUILD_MEMORY_MB"
 # MB DuckDB may hold while building; it spills past it. Peak RSS of the 1 GB benchmark export runs about
 # 400 MB above it (880 MB at 500 MB, 1,500 MB at 1,200 MB); spilling costs about 8% more CPU than 700 MB.
 BUILD_MEMORY_MB = 500
 NO_SPACE = "No space left on device"  # the OS error text DuckDB passes on when a spill file cannot grow
-
-
-class BuildSettingInvalid(NsightfulError):
-    pass
-
-
-class BuildOutOfMemory(NsightfulError):
-    """The build needed more memory than its limit, or more disk than the cache folder has for spilling."""
 
 
 def build_memory_mb() -> int:

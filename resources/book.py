@@ -20,28 +20,15 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from nsightful.profiles.errors import NsightfulError
+from nsightful.profiles.errors import BookError, UnknownEntry, UnknownPhase
 
 Family = Literal["pytorch", "python", "cuda", "offload", "generic"]
-FAMILIES: tuple[str, ...] = get_args(Family)
 Phase = Literal["orientation", "gpu-utilization", "kernels", "memory", "communication", "system",
                 "hypothesis", "verification", "meta"]
 PHASES: tuple[str, ...] = get_args(Phase)
 
 _FRONT_MATTER = re.compile(r"\A\+\+\+[ \t]*\r?\n(.*?)\r?\n\+\+\+[ \t]*(?:\r?\n|\Z)(.*)\Z", re.DOTALL)
 _NonEmpty = Field(min_length=1)
-
-
-class BookError(NsightfulError):
-    """A packaged book or question file is malformed."""
-
-
-class UnknownEntry(NsightfulError):
-    pass
-
-
-class UnknownPhase(NsightfulError):
-    pass
 
 
 class _Strict(BaseModel):

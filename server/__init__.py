@@ -1,3 +1,5 @@
 """MCP wiring (tools, resources, prompts, transports) and the command line."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+__version__ = version("nsightful")  # pyproject.toml's, as installed: the one place it is written

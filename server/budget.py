@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from nsightful.profiles.errors import InvalidRequest, NsightfulError
+from nsightful.profiles.errors import BudgetSettingInvalid, ResultTooLarge
+from nsightful.tools.common import Paged
 
 MAX_RESULT_CHARS = 20_000  # characters, text and JSON each: about 5,000 tokens, a fair share of a model's context
 MIN_RESULT_CHARS = 4_000  # characters: below this some results (scope, figures, one row) fit on no fixture
@@ -29,14 +30,6 @@ NOTE_PREFIX = "\ncut: "  # the text's last line: the cut note
 MIN_VALUE_CHARS = 40  # characters a cut text value keeps: fewer would not name anything
 KEPT_LAST = ("findings",)  # the conclusions: cut only after every other row list
 NARROWING = ("device", "start_ns", "end_ns", "pattern", "table", "phase")  # parameters that ask for less
-
-
-class BudgetSettingInvalid(NsightfulError):
-    pass
-
-
-class ResultTooLarge(InvalidRequest):
-    pass
 
 
 def configured() -> int | None:
@@ -67,7 +60,10 @@ def fit(result: BaseModel, module: ModuleType, params: BaseModel, max_chars: int
     room = max_chars - NOTE_CHARS
     limit_cut = data.get("truncated")
     data |= {"cut_by": "characters", "cut_note": None} | ({"truncated": True} if "truncated" in data else {})
+    page_rows = len(data.get("rows") or [])
     kept = _cut_rows(module, data, room)
+    if issubclass(module.Result, Paged) and len(data.get("rows") or []) < page_rows:
+        data["next_offset"] = data.get("offset", 0) + len(data["rows"])  # the next page starts after the rows kept
     if not kept and "truncated" in data:  # only text values were cut: every row is still there
         data["truncated"] = limit_cut
     values = _cut_values(module, data, room)
@@ -157,9 +153,13 @@ def _limit_note(module: ModuleType, params: BaseModel) -> str:
     if info is None:
         return f"more rows exist than were returned; {_asking_less(module, params)}"
     top = min(m.le for m in info.metadata if getattr(m, "le", None) is not None)
+    page = (f"; ask again with `offset`={params.offset + params.limit:,} for the next page"
+            if "offset" in type(params).model_fields else "")
     if params.limit < top:
-        return f"more rows exist than `limit`={params.limit:,} returned; raise `limit` (up to {top:,}) to see more"
-    return f"more rows exist than the largest `limit` ({top:,}) returns; {_asking_less(module, params, lower=False)}"
+        return (f"more rows exist than `limit`={params.limit:,} returned; raise `limit` (up to {top:,}) to see "
+                f"more{page}")
+    return (f"more rows exist than the largest `limit` ({top:,}) returns; "
+            f"{_asking_less(module, params, lower=False)}{page}")
 
 
 def _asking_less(module: ModuleType, params: BaseModel, lower: bool = True) -> str:

@@ -21,16 +21,12 @@ import duckdb
 from mcp.server.mcpserver import Context
 from starlette.requests import Request
 
-from nsightful.profiles.errors import NsightfulError
+from nsightful.profiles.errors import ClientGone
 
 T = TypeVar("T")
 STOP_POLL_S = 0.05  # between interrupts: one that lands between two queries of a tool is lost
 STOP_WAIT_S = 5.0  # longest wait for an interrupted worker; steps between queries are short Python
 GONE_POLL_S = 0.25  # between checks that an HTTP client is still connected
-
-
-class ClientGone(NsightfulError):
-    """The HTTP client left before the answer was ready (said to nobody; it ends the call)."""
 
 
 class _Worker(Generic[T]):

@@ -138,9 +138,9 @@ def cmd_tool(args) -> int:
 
 
 def cmd_tools(_args) -> int:
-    from nsightful.tools import pair_tools, skills
-    for name, module in (skills() | pair_tools()).items():
-        print(f"{name:24} {module.__doc__.strip().splitlines()[0]}")
+    from nsightful.server.docs import tool_summaries
+    for name, line in tool_summaries():
+        print(f"{name:24} {line}")
     return 0
 
 

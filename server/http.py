@@ -14,15 +14,11 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
 
-from nsightful.profiles.errors import NsightfulError
+from nsightful.profiles.errors import InsecureBind
 
 TOKEN_ENV = "NSIGHTFUL_TOKEN"
 LOOPBACK_NAMES = ("localhost",)
 CLIENT_ID = "nsightful-token"  # the one principal a static token stands for
-
-
-class InsecureBind(NsightfulError):
-    pass
 
 
 class StaticToken:

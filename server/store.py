@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nsightful.profiles import Profile, open_profile
-from nsightful.profiles.errors import InvalidRequest, ProfileNotFound
+from nsightful.profiles.errors import InvalidRequest, OutsideRoots, ProfileNotFound, UnknownProfile
 from nsightful.profiles.ingest import Builder, Progress
 from nsightful.server.sessions import Session
 
@@ -24,14 +24,6 @@ MB = 1 << 20
 # and reopens from the cache on its next use.
 DEFAULT_MEMORY_BUDGET_MB = 4096
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # file://, http://, s3:// (a Path keeps one slash)
-
-
-class OutsideRoots(InvalidRequest):
-    pass
-
-
-class UnknownProfile(InvalidRequest):
-    pass
 
 
 @dataclass
@@ -216,9 +208,3 @@ class ProfileStore:
         with self.lock:
             return sum(m.cost_bytes for m in self.models.values())
 
-    def close_all(self) -> None:
-        with self.lock:
-            closing = [m.profile for m in self.models.values()]
-            self.models.clear()
-            self.sessions.clear()
-        self._close(closing)

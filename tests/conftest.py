@@ -6,12 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+from fixture_guard import FIXTURES_ROOT, missing_fixtures_hooks
 
 from nsightful.profiles import Profile, open_profile
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "nsys"
+FIXTURES = FIXTURES_ROOT / "nsys"
 FIXTURE_FILES = sorted(FIXTURES.glob("*.sqlite"))
 FIXTURE_IDS = [p.stem for p in FIXTURE_FILES]
+
+pytest_configure, pytest_collection_modifyitems, pytest_terminal_summary = missing_fixtures_hooks()
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ NCCL_NAMES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", 
 
 
 def _digests() -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(KINETO.iterdir())}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(KINETO.glob("*"))}
 
 
 BEFORE = _digests()

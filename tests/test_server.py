@@ -57,12 +57,10 @@ def test_server_every_tool_is_in_the_readme_and_every_analysis_is_cited_by_the_b
     assert sorted(set(TOOL_NAMES) - readers - cited) == []
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("fixture", FIXTURE_FILES, ids=[p.stem for p in FIXTURE_FILES])
-async def test_server_every_tool_on_every_fixture(server, mode, fixture, snapshot):
-    """Each tool returns a result that validates against its output schema and fits the budget,
-    or (only where the profile has no data for it) a one-sentence error."""
+async def _every_tool(server, mode: str, fixture: Path) -> dict[str, tuple[bool, str, dict | None]]:
+    """tool -> (is_error, text, structured content) for every single-profile tool on `fixture`, checked on the way:
+    a result validates against the tool's output schema and its text and JSON each fit the budget; an error
+    (only where the profile has no data for the tool) is one sentence."""
     outcomes = {}
     async with Client(server, mode=mode) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
@@ -70,19 +68,36 @@ async def test_server_every_tool_on_every_fixture(server, mode, fixture, snapsho
         assert not loaded.is_error, text_of(loaded)
         pid = loaded.structured_content["profile"]
         for name in TOOL_NAMES:
-            args = {"profile": pid, **REQUIRED_ARGS.get(name, {})}
-            result = await client.call_tool(name, args)
+            result = await client.call_tool(name, {"profile": pid, **REQUIRED_ARGS.get(name, {})})
+            text = text_of(result)
             if result.is_error:
-                message = text_of(result)
-                assert "\n" not in message and "Traceback" not in message
-                outcomes[name] = {"error": message}
-                continue
-            jsonschema.validate(result.structured_content, tools[name].output_schema)
-            size = len(json.dumps(result.structured_content)) + len(text_of(result))
-            assert size < MAX_RESULT_CHARS, f"{name}: {size} chars"
-            outcomes[name] = result.structured_content
-    if mode == "legacy":
-        assert outcomes == snapshot
+                assert "\n" not in text and "Traceback" not in text, f"{name}: {text}"
+            else:
+                jsonschema.validate(result.structured_content, tools[name].output_schema)
+                assert len(json.dumps(result.structured_content)) <= MAX_RESULT_CHARS, name
+                assert len(text) <= MAX_RESULT_CHARS, name
+            outcomes[name] = (result.is_error, text, result.structured_content)
+    return outcomes
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fixture", FIXTURE_FILES, ids=[p.stem for p in FIXTURE_FILES])
+async def test_server_every_tool_on_every_fixture(server, mode, fixture, snapshot):
+    """Schema, budget and one-sentence errors on every fixture in both protocol modes; the first line of each text
+    (the headline a reader sees first: counts, window, verdict, or the error) is snapshotted, so a change to any
+    figure in it shows up in a diff one line per tool."""
+    outcomes = await _every_tool(server, mode, fixture)
+    first_lines = {name: ("error: " if is_error else "") + text.split("\n", 1)[0]
+                   for name, (is_error, text, _) in outcomes.items()}
+    assert first_lines == snapshot
+
+
+@pytest.mark.anyio
+async def test_server_every_tool_whole_text_on_the_smallest_export(server, snapshot):
+    """The whole text of every tool on nsysai_mock (2 kernels, 1 copy, 1 sync): short enough to review in full."""
+    outcomes = await _every_tool(server, "legacy", FIXTURES / "nsysai_mock.sqlite")
+    assert {name: text for name, (_, text, _) in outcomes.items()} == snapshot
 
 
 @pytest.mark.anyio

@@ -50,6 +50,7 @@ EXACT = [
     ("top_kernels", {}, f"profile is required: {PROFILE_HELP}"),
     ("top_kernels", {"profile": MOCK, "limit": 0}, "limit must be an integer from 1 to 500 (got 0)"),
     ("top_kernels", {"profile": MOCK, "limit": "ten"}, "limit must be an integer from 1 to 500 (got 'ten')"),
+    ("top_kernels", {"profile": MOCK, "offset": -1}, "offset must be an integer from 0 to 1000000 (got -1)"),
     ("top_kernels", {"profile": MOCK, "device": -1}, "device must be an integer of at least 0, or null (got -1)"),
     ("top_kernels", {"profile": MOCK, "device": True}, "device must be an integer of at least 0, or null (got true)"),
     ("top_kernels", {"profile": MOCK, "device": 1.5}, "device must be an integer of at least 0, or null (got 1.5)"),
@@ -58,7 +59,7 @@ EXACT = [
     ("top_kernels", {"profile": MOCK, "group_by": "size"},
      "group_by must be one of 'name', 'short_name' (got 'size')"),
     ("top_kernels", {"profile": MOCK, "bogus": 1, "limt": 2},
-     f"'bogus', 'limt' are not parameters of this tool (parameters: {SCOPED}, group_by, per_device, limit)"),
+     f"'bogus', 'limt' are not parameters of this tool (parameters: {SCOPED}, group_by, per_device, limit, offset)"),
     ("query_sql", {"profile": MOCK}, "sql is required: One DuckDB SELECT/WITH/DESCRIBE/EXPLAIN statement over the "
                                      "model tables (see describe_schema); bind no parameters"),
     ("query_sql", {"profile": MOCK, "sql": ""}, "sql must be a non-empty string (got '')"),
@@ -142,7 +143,7 @@ def test_server_errors_cli_reads_shell_strings_and_words_errors_as_the_server(ca
     code = cli.main(["tool", "query_sql", MOCK, "-p", "sql=SELECT 1", "-p", "rows=3"])
     assert code == cli.EXIT_USAGE
     assert capsys.readouterr().err == ("nsightful: error: 'rows' is not a parameter of this tool "
-                                       "(parameters: sql, limit, timeout_s)\n")
+                                       "(parameters: sql, limit, offset, timeout_s)\n")
 
 
 def test_server_errors_formatter_words_lists_per_item():

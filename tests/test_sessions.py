@@ -113,7 +113,8 @@ def test_sessions_lru_keeps_open_models_within_the_budget_and_reopens_evicted_on
     for path in (MOCK, CLUE, SAXPY):
         with probe.leased(session, str(path)) as lease:
             sizes[path.resolve()] = lease.profile.model_path.stat().st_size
-    probe.close_all()
+    probe.end_session(session)
+    assert probe.models == {}
     two_fit_mb = -(-(sizes[CLUE.resolve()] + sizes[SAXPY.resolve()]) // (1 << 20))  # ceil: room for these two
     assert two_fit_mb * (1 << 20) < sum(sizes.values())
 
@@ -129,7 +130,7 @@ def test_sessions_lru_keeps_open_models_within_the_budget_and_reopens_evicted_on
         assert reopened.profile.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == kernels_in_export(MOCK)
         assert MOCK.resolve() in store.models
     assert CLUE.resolve() not in store.models
-    store.close_all()
+    store.end_session(session)
 
 
 def test_sessions_lru_never_closes_a_model_a_call_is_using(cache_root):

@@ -15,6 +15,7 @@ from nsightful.profiles.errors import InvalidRequest
 T = TypeVar("T")
 DEFAULT_LIMIT = 20  # rows: keeps a result well under ~20,000 characters
 MAX_LIMIT = 500  # rows: beyond this a model's context is the bottleneck, use query_sql
+MAX_OFFSET = 1_000_000  # rows: paging further than this is reading a table, which query_sql's aggregates do better
 
 ProfileRef = Annotated[str, Field(
     description="Profile id returned by load_profile, or a path to an nsys .sqlite/.nsys-rep export")]
@@ -28,6 +29,9 @@ EndParam = Annotated[int | None, Field(
 LimitParam = Annotated[int, Field(
     description=f"Maximum rows to return (1-{MAX_LIMIT}); results say truncated=true when more exist",
     ge=1, le=MAX_LIMIT)]
+OffsetParam = Annotated[int, Field(
+    description=f"Rows to skip before the first one returned (0-{MAX_OFFSET:,}): a result cut by `limit` names "
+                "the offset of its next page", ge=0, le=MAX_OFFSET)]
 
 
 CutBy = Literal["limit", "characters"]
@@ -43,6 +47,23 @@ class Output(BaseModel):
         "present only when rows were left out: one sentence saying what was cut and which parameter to change"))
 
 
+class Paged(Output):
+    """The result of a tool whose `rows` can be read page by page (its Params take `offset`)."""
+    offset: int = Field(0, exclude_if=lambda v: v == 0, description=(
+        "present only when not 0: the rows skipped before the first one (the `offset` asked for)"))
+    next_offset: int | None = Field(None, exclude_if=lambda v: v is None, description=(
+        "present only when rows were left out after this page: the `offset` that returns the next rows"))
+
+    def rows_after(self, total: int) -> int:
+        """Rows of `total` after this page."""
+        return total - self.offset - len(self.rows)  # each Paged result holds its page in `rows`
+
+
+def next_page(offset: int, shown: int, more: bool) -> int | None:
+    """The offset of the page after one that showed `shown` rows from `offset` (None: it was the last)."""
+    return offset + shown if more else None
+
+
 def more_rows(result: Output, more: int | None, what: str, remedy: str = "raise `limit` to see them") -> list[str]:
     """The line a render puts after its rows when `more` were left out (None: an unknown number); `remedy` holds
     for a `limit` cut, while a cut to fit the result budget points at the budget's own last line."""
@@ -50,6 +71,8 @@ def more_rows(result: Output, more: int | None, what: str, remedy: str = "raise 
         return []
     if result.cut_by == "characters":
         remedy = "cut to fit the result budget (see the last line)"
+    elif getattr(result, "next_offset", None) is not None:
+        remedy = f"{remedy}, or ask again with `offset`={result.next_offset:,} for the next page"
     return [f"... {'' if more is None else f'{more:,} '}more {what}: {remedy}"]
 
 

@@ -21,12 +21,14 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
-    Output,
+    OffsetParam,
+    Paged,
     Scope,
     ScopedParams,
     fetch_capped,
     more_rows,
     ms,
+    next_page,
     resolve_scope,
     scope_args,
 )
@@ -44,6 +46,7 @@ class Params(ScopedParams):
     order: Annotated[Literal["time", "duration"], Field(
         description="time: chronological; duration: longest first")] = "time"
     limit: LimitParam = DEFAULT_LIMIT
+    offset: OffsetParam = 0
 
 
 class KernelInstance(BaseModel):
@@ -68,7 +71,7 @@ class MatchedName(BaseModel):
     total_ns: int
 
 
-class Result(Output):
+class Result(Paged):
     scope: Scope
     pattern: str
     regex: bool
@@ -115,7 +118,7 @@ ROWS_SQL = "WITH " + MATCH + """,
 top AS (
   SELECT row_number() OVER (ORDER BY o, start_ns, device_id, stream_id) AS rn, * FROM (
     SELECT CASE WHEN $by_duration THEN -duration_ns END AS o, * FROM m
-    ORDER BY o, start_ns, device_id, stream_id LIMIT $limit)),
+    ORDER BY o, start_ns, device_id, stream_id LIMIT $limit OFFSET $offset)),
 paths AS (
   SELECT t.rn, string_agg(coalesce(n.text, '(unnamed)'), ' > ' ORDER BY n.depth, n.start_ns) AS path
   FROM top t JOIN nvtx n ON n.pid = t.pid AND n.tid = t.tid AND n.kind = 'push_pop'
@@ -163,18 +166,14 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     names = con.execute(NAMES_SQL, {**args, "chars": NAME_CHARS, "names": NAME_LIMIT}).fetchall()
     distinct, count, total, low, high = names[0][3:8] if names else (0, 0, 0, None, None)
     rows, truncated = fetch_capped(con, ROWS_SQL, {**args, "by_duration": params.order == "duration",
-                                                   "path_chars": PATH_CHARS}, params.limit)
+                                                   "path_chars": PATH_CHARS, "offset": params.offset}, params.limit)
     instances = [_instance(r) for r in rows]
     return Result(scope=scope, pattern=params.pattern, regex=params.regex, count=int(count), total_ns=int(total),
                   mean_ns=round(total / count, 1) if count else 0.0, min_ns=low, max_ns=high,
                   matched_names=[MatchedName(name=n[0], count=n[1], total_ns=int(n[2])) for n in names],
                   distinct_names=distinct, rows=instances, truncated=truncated, total_rows=int(count),
+                  offset=params.offset, next_offset=next_page(params.offset, len(instances), truncated),
                   note=_note(con, params, int(count)))
-
-
-def findings(result: Result) -> list[Finding]:
-    """A search diagnoses nothing by itself: top_kernels and the detectors judge the time."""
-    return []
 
 
 def render(result: Result) -> str:
@@ -190,6 +189,6 @@ def render(result: Result) -> str:
                      f"grid {r.grid} block {r.block} {r.name[:60]}"
                      + (f"  [{r.nvtx_path[:120]}]" if r.nvtx_path else ""))
     if result.truncated:
-        lines.extend(more_rows(result, result.total_rows - len(result.rows), "instances",
+        lines.extend(more_rows(result, result.rows_after(result.total_rows), "instances",
                                "raise `limit` or narrow the window/pattern"))
     return "\n".join(lines)

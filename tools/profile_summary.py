@@ -375,11 +375,6 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   rank=con.execute(RANK_SQL).fetchone()[0])
 
 
-def findings(result: Result) -> list[Finding]:
-    """A summary diagnoses nothing: the detectors live in the other tools."""
-    return []
-
-
 def render(result: Result) -> str:
     schema = result.schema_version or "?"
     written_by = (f"{KINETO_PLATFORM} trace, schema {schema}," if result.platform == KINETO_PLATFORM

@@ -19,10 +19,11 @@ from typing import Annotated, Any
 import duckdb
 from pydantic import Field
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools.common import Output, ProfileParams, more_rows
+from nsightful.profiles.errors import QueryRefused
+from nsightful.tools.common import OffsetParam, Paged, ProfileParams, more_rows, next_page
 
 MAX_ROWS = 1000  # rows: more belongs in an aggregate, not in a model's context
+SKIP_BATCH_ROWS = 10_000  # rows read and dropped at a time while skipping to `offset`: bounded memory
 MAX_TIMEOUT_S = 60
 ALLOWED_START = ("select", "with", "describe", "explain")
 LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*\n?|/\*.*?\*/|\()+", re.S)
@@ -35,19 +36,16 @@ CELLS = ("cells as JSON: numbers, text, true/false, null; NaN, Infinity and -Inf
          "column's DuckDB type")
 
 
-class QueryRefused(InvalidRequest):
-    pass
-
-
 class Params(ProfileParams):
     sql: Annotated[str, Field(description="One DuckDB SELECT/WITH/DESCRIBE/EXPLAIN statement over the model "
                                           "tables (see describe_schema); bind no parameters", min_length=1)]
     limit: Annotated[int, Field(description=f"Maximum rows returned (1-{MAX_ROWS})", ge=1, le=MAX_ROWS)] = 100
+    offset: OffsetParam = 0
     timeout_s: Annotated[float, Field(description=f"Interrupt the query after this many seconds "
                                                   f"(max {MAX_TIMEOUT_S})", gt=0, le=MAX_TIMEOUT_S)] = 10.0
 
 
-class Result(Output):
+class Result(Paged):
     profile: str
     columns: list[str]
     types: list[str] = Field(description="DuckDB type of each column, e.g. BIGINT, DOUBLE, VARCHAR[]")
@@ -101,6 +99,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     timer.start()
     try:
         cur = con.execute(params.sql)
+        _skip(cur, params.offset)
         rows = cur.fetchmany(params.limit + 1)
         description = cur.description or []
     except duckdb.InterruptException as exc:
@@ -113,7 +112,17 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         timer.cancel()
     shown = [[cell(v) for v in row] for row in rows[:params.limit]]
     return Result(profile=params.profile, columns=[d[0] for d in description], types=[str(d[1]) for d in description],
-                  rows=shown, row_count=len(shown), truncated=len(rows) > params.limit)
+                  rows=shown, row_count=len(shown), truncated=len(rows) > params.limit,
+                  offset=params.offset, next_offset=next_page(params.offset, len(shown), len(rows) > params.limit))
+
+
+def _skip(cur: duckdb.DuckDBPyConnection, rows: int) -> None:
+    """Read past the first `rows` rows of the query's answer (in its own order), a batch at a time."""
+    while rows > 0:
+        skipped = len(cur.fetchmany(min(rows, SKIP_BATCH_ROWS)))
+        if not skipped:
+            return
+        rows -= skipped
 
 
 def _text(value: Any) -> str:

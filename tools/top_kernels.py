@@ -33,11 +33,13 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
-    Output,
+    OffsetParam,
+    Paged,
     Scope,
     ScopedParams,
     more_rows,
     ms,
+    next_page,
     pct,
     resolve_scope,
     scope_args,
@@ -62,6 +64,7 @@ class Params(ScopedParams):
                     "(as nsys stats); short_name: instantiations merged under their short name")] = "name"
     per_device: Annotated[bool, Field(description="One row per (kernel, device) instead of per kernel")] = False
     limit: LimitParam = DEFAULT_LIMIT
+    offset: OffsetParam = 0
 
 
 class KernelRow(BaseModel):
@@ -98,7 +101,7 @@ class DeviceGemms(BaseModel):
     basis: Basis = Field(description="what decided tf32_tensor_cores")
 
 
-class Result(Output):
+class Result(Paged):
     scope: Scope
     group_by: str
     kernel_count: int = Field(description="kernels in scope")
@@ -125,7 +128,7 @@ GROUP BY ALL ORDER BY 1, 5 DESC, 2
 """
 
 # Shares are taken within the device partition (one partition, NULL, when not per_device). Returns the
-# first $limit + 1 rows and every hotspot row, whatever its rank.
+# rows $offset + 1 .. $offset + $limit + 1 and every hotspot row, whatever its rank.
 ROWS_SQL = """
 WITH g AS (
   SELECT CASE WHEN $by = 'name' THEN coalesce(name, short_name, '(unnamed)')
@@ -142,7 +145,7 @@ s AS (
            AND count(*) OVER (PARTITION BY device) >= $min_names AS hot
   FROM g)
 SELECT key, device, n, total, mean, med, lo, hi, sd, scope_total, total_rows, rn, hot FROM s
-WHERE rn <= $limit + 1 OR hot ORDER BY rn
+WHERE (rn > $offset AND rn <= $offset + $limit + 1) OR hot ORDER BY rn
 """
 
 CAPABILITY_SQL = "SELECT device_id, compute_capability FROM gpus WHERE device_id IN (SELECT unnest($devices))"
@@ -249,9 +252,10 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     names = _Names(con.execute(NAMES_SQL, scope_args(scope)).fetchall())
     fetched = con.execute(ROWS_SQL, {**scope_args(scope), "by": params.group_by, "per_device": params.per_device,
                                      "hot_pct": HOTSPOT_PCT, "min_names": MIN_NAMES_FOR_HOTSPOT,
-                                     "limit": params.limit}).fetchall()
+                                     "limit": params.limit, "offset": params.offset}).fetchall()
     total_rows = fetched[0][10] if fetched else 0
-    shown = [r for r in fetched if r[11] <= params.limit]
+    shown = [r for r in fetched if params.offset < r[11] <= params.offset + params.limit]
+    more = total_rows > params.offset + params.limit
     hot = [r for r in fetched if r[12]]
     rows = _rows(shown + hot, names, params, scope)
     in_scope = [r for r in names.rows if r[3]]
@@ -259,7 +263,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     result = Result(scope=scope, group_by=params.group_by, kernel_count=sum(r[3] for r in in_scope),
                     kernel_time_ns=sum(r[4] for r in in_scope),
                     distinct_names=len({r[1] if params.group_by == "name" else r[2] for r in in_scope}),
-                    rows=rows[:len(shown)], truncated=total_rows > params.limit, total_rows=total_rows,
+                    rows=rows[:len(shown)], truncated=more, total_rows=total_rows, offset=params.offset,
+                    next_offset=next_page(params.offset, len(shown), more),
                     hotspots=[r for r in rows[len(shown):] if r.kind != "nccl"], gemms=gemms, notes=_notes(gemms))
     result.findings = findings(result)
     return result
@@ -311,7 +316,7 @@ def render(result: Result) -> str:
         lines.append(f"{r.kernel_time_pct:6.2f}%  {ms(r.total_ns):>14}  x{r.count:<7,} mean {ms(r.mean_ns)}  "
                      f"{r.kind:<11}  {r.display_name[:100]}{where}")
     if result.truncated:
-        lines.extend(more_rows(result, result.total_rows - len(result.rows), "names"))
+        lines.extend(more_rows(result, result.rows_after(result.total_rows), "names"))
     for g in result.gemms:
         if g.gemm_fp32_ns or g.gemm_tensor_ns or g.gemm_other_ns:
             cores = {True: "has", False: "has no", None: "may have"}[g.tf32_tensor_cores]
