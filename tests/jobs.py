@@ -21,7 +21,9 @@ def job_connection(models: list[Path], rank_source: str = "order", hosts: list[s
     for r, model in enumerate(models):
         con.execute(f"ATTACH '{model}' AS rank{r} (READ_ONLY)")
     for table in TABLE_NAMES:
-        star = {r: f"* REPLACE ('{hosts[r]}' AS host)" if hosts and table == "meta" else "*"
+        own_rank = table == "meta" and "rank" in {c for c, *_ in con.execute(f"DESCRIBE rank0.{table}").fetchall()}
+        star = "* EXCLUDE (rank)" if own_rank else "*"
+        star = {r: f"{star} REPLACE ('{hosts[r]}' AS host)" if hosts and table == "meta" else star
                 for r in range(len(models))}
         parts = " UNION ALL BY NAME ".join(f"SELECT {r}::INTEGER AS rank, {star[r]} FROM rank{r}.{table}"
                                            for r in range(len(models)))

@@ -51,6 +51,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.tools import rank_figures as figures
+from nsightful.tools import rules
 from nsightful.tools.common import MAX_LIMIT, Finding, Output, more_rows, ms, pct
 from nsightful.tools.nccl_breakdown import (
     LAST_SHARE_MIN_PCT,
@@ -58,7 +59,6 @@ from nsightful.tools.nccl_breakdown import (
     MIN_SKEW_NS,
     NCCL_SHARE_PCT,
     SKEW_TRANSFER_RATIO,
-    STRAGGLER_HIGH_PCT,
 )
 
 RANKS_SHOWN = 8  # worst ranks listed by default: the histograms carry the rest of a large job
@@ -245,7 +245,7 @@ def findings(result: Result) -> list[Finding]:
     if s is not None:
         stake = min(s.peer_wait_ns, window)
         return [Finding(
-            root_cause="nccl-straggler", severity="high" if pct(stake, window) >= STRAGGLER_HIGH_PCT else "medium",
+            root_cause="nccl-straggler", severity=rules.severity(stake, window),
             title=f"rank {s.rank} arrives last to {s.last_count} of {s.collectives} collectives, "
                   f"{ms(s.lateness_ns)} behind the next rank (median); the other ranks wait {ms(s.peer_wait_ns)} "
                   f"each (median); {CAUSE_SAID[s.cause]}",
