@@ -261,8 +261,8 @@ class Builder(BuildSteps):
             SELECT id, value, {KERNEL_CATEGORY_SQL} AS category,
                    CASE WHEN value ILIKE '%nccl%' THEN nullif(regexp_extract(value, '({pattern})', 1), '') END
                      AS nccl_collective
-            FROM _strings WHERE id IN (SELECT DISTINCT shortName FROM {self.activity(t, cur)}
-                                      UNION SELECT DISTINCT demangledName FROM {self.activity(t, cur)})""", cur)
+            FROM _strings WHERE id IN (SELECT DISTINCT unnest([shortName, demangledName])
+                                      FROM {self.activity(t, cur)})""", cur)  # one pass over the kernels
         self.joined(t, lambda src, bounds: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')} AS pid, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 s.value, coalesce(d.value, s.value), r.gridX, r.gridY, r.gridZ, r.blockX, r.blockY, r.blockZ,
