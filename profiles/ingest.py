@@ -370,7 +370,8 @@ class Builder(BuildSteps):
 
     def nvtx(self) -> None:
         """Final NVTX table. Push/pop ranges nest per thread, so a range's depth is the running count
-        of opens minus closes before it, in time order (closes first, outer ranges first on ties, then row order).
+        of opens minus closes before it, in time order; at one time, ranges that end there close first, then
+        ranges open (outer first, then in row order: two with the same times nest), then zero-length ranges close.
 
         Every open has its close on its own thread, so the running sum over all threads in (thread, time) order
         is each thread's own: one sort of the opens and closes, no partitioned window. The depths come out in
@@ -380,9 +381,10 @@ class Builder(BuildSteps):
         self.sql("""CREATE TABLE _depth AS
             WITH ranges AS (SELECT rowid AS rid, gtid, start_ns, end_ns,
                                    kind = 'push_pop' AND end_ns >= start_ns AS opens FROM _nvtx),
-            events AS (SELECT rid, gtid, start_ns AS t, 1 AS step, end_ns AS tie FROM ranges WHERE opens
-                       UNION ALL SELECT NULL, gtid, end_ns, -1, 0 FROM ranges WHERE opens),
-            running AS (SELECT rid, step, sum(step) OVER (ORDER BY gtid, t, step, tie DESC, rid
+            events AS (SELECT rid, gtid, start_ns AS t, 1 AS step, 1 AS turn, end_ns AS tie FROM ranges WHERE opens
+                       UNION ALL SELECT NULL, gtid, end_ns, -1, CASE WHEN end_ns = start_ns THEN 2 ELSE 0 END, 0
+                       FROM ranges WHERE opens),
+            running AS (SELECT rid, step, sum(step) OVER (ORDER BY gtid, t, turn, tie DESC, rid
                                                           ROWS UNBOUNDED PRECEDING) AS open_now FROM events)
             SELECT rid, (open_now - 1)::INTEGER AS depth FROM running WHERE step = 1
             UNION ALL SELECT rid, NULL FROM ranges WHERE opens IS NOT TRUE
