@@ -14,6 +14,7 @@ from nsightful.profiles import cache, kineto, kineto_read, source
 from nsightful.profiles.duck import close_model, open_model
 from nsightful.profiles.errors import CacheUnwritable
 from nsightful.profiles.ingest import Builder, Progress
+from nsightful.profiles.limits import model_memory_mb
 
 log = logging.getLogger("nsightful")
 
@@ -38,6 +39,7 @@ def open_profile(path: str | Path, *, cache_dir: Path | None = None, use_cache: 
     """Open an export (.sqlite, or .nsys-rep/.qdrep when nsys is installed) or a torch.profiler trace (.json or
     .json.gz, known by its content) as a read-only model."""
     target = source.check_file(Path(path))
+    model_memory_mb()  # a wrong setting is said now, not after minutes of building
     directory = cache_dir or cache.cache_dir()
     sqlite_path, build_fn = target, cache.build_export
     if target.suffix.lower() in source.REPORT_SUFFIXES:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 import duckdb
 
 from nsightful.profiles.errors import NotAProfile
+from nsightful.profiles.limits import model_memory_mb
 
 OFFLINE = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
@@ -33,8 +35,16 @@ _shared: dict[Path, tuple[duckdb.DuckDBPyConnection, int]] = {}
 _shared_lock = threading.Lock()
 
 
+def spill_folder(model: Path) -> Path:
+    """Where DuckDB spills for this process's connection to `model`: beside the model (in the cache folder, never
+    the profile's), one per process so that two processes never share spill files. DuckDB makes it on the first
+    spill and removes it when the connection closes."""
+    return model.with_name(f"{model.name}.spill-{os.getpid()}")
+
+
 def open_model(path: Path) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to a built model, with file and network access from SQL switched off.
+    """A read-only connection to a built model, with file and network access from SQL switched off, within the
+    model memory limit (profiles.limits).
 
     DuckDB allows one configuration per database file in a process, so every open of the same
     model shares one base connection and gets its own cursor; `close_model` releases it.
@@ -42,7 +52,9 @@ def open_model(path: Path) -> duckdb.DuckDBPyConnection:
     with _shared_lock:
         base, users = _shared.get(path, (None, 0))
         if base is None:
-            base = duckdb.connect(str(path), read_only=True, config={**OFFLINE, "enable_external_access": False})
+            base = duckdb.connect(str(path), read_only=True, config={
+                **OFFLINE, "enable_external_access": False, "memory_limit": f"{model_memory_mb()}MB",
+                "temp_directory": str(spill_folder(path))})
             base.execute("SET enable_progress_bar = false")
             base.execute("SET lock_configuration = true")
         _shared[path] = (base, users + 1)

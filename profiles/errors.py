@@ -42,12 +42,16 @@ class LoadCancelled(NsightfulError):
     pass
 
 
-class BuildSettingInvalid(NsightfulError):
-    """NSIGHTFUL_BUILD_MEMORY_MB (or another build setting) is not a usable value."""
+class MemorySettingInvalid(NsightfulError):
+    """NSIGHTFUL_BUILD_MEMORY_MB or NSIGHTFUL_MODEL_MEMORY_MB is not a whole number of MB."""
 
 
 class BuildOutOfMemory(NsightfulError):
     """The build needed more memory than its limit, or more disk than the cache folder has for spilling."""
+
+
+class ModelOutOfMemory(NsightfulError):
+    """A tool call on an open model needed more memory than the model's limit, and could not spill."""
 
 
 # --- the book and the questions (resources/) ------------------------------------------------------

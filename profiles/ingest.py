@@ -44,6 +44,9 @@ CASE WHEN value IS NULL THEN 'other'
      WHEN value ILIKE '%nccl%' THEN 'nccl'
      WHEN regexp_matches(lower(value), 'memcpy|memset|copy|fill_kernel') THEN 'copy'
      ELSE 'compute' END"""
+# NVTX event types the model keeps, as the kind they become (domain: a domain's name, kept only to name the others).
+NVTX_KINDS = {"NvtxPushPopRange": "push_pop", "NvtxtPushPopRange": "push_pop", "NvtxStartEndRange": "start_end",
+              "NvtxtStartEndRange": "start_end", "NvtxMark": "mark", "NvtxtMark": "mark", "NvtxDomainCreate": "domain"}
 API_KIND_SQL = """
 CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
      WHEN regexp_matches(name, '^(cuda|cu)Launch') THEN 'launch'
@@ -234,15 +237,18 @@ class Builder(BuildSteps):
         self.create("cuda_api", cur)
         if not self.raw.has(t):
             return
+        # One pass of the SQLite scanner: the ids the calls name come from the DuckDB copy, not a second pass.
+        self.sql(f"""CREATE TABLE _api AS SELECT r.globalTid, r.correlationId, r.nameId, r.start, r."end",
+                {self.col(t, 'returnValue')} AS returnValue FROM {self.src(t)} r""", cur)
         self.sql(f"""CREATE TABLE _api_names AS
             SELECT id, name, {API_KIND_SQL} AS kind FROM (
               SELECT id, regexp_replace(value, '_v[0-9]+$', '') AS name FROM _strings
-              WHERE id IN (SELECT DISTINCT nameId FROM {self.src(t)}))""", cur)
+              WHERE id IN (SELECT DISTINCT nameId FROM _api))""", cur)
         self.sql(f"""INSERT INTO cuda_api
             SELECT {PID_SQL.format(col='r.globalTid')}, {TID_SQL.format(col='r.globalTid')},
-                r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'),
-                {self.col(t, 'returnValue')}
-            FROM {self.src(t)} r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
+                r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'), r.returnValue
+            FROM _api r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
+        self.sql("DROP TABLE _api", cur)
         self.ranges = correlation_ranges(cur, ROWS_PER_RANGE)
 
     def kernels(self, cur: duckdb.DuckDBPyConnection) -> None:
@@ -255,8 +261,8 @@ class Builder(BuildSteps):
             SELECT id, value, {KERNEL_CATEGORY_SQL} AS category,
                    CASE WHEN value ILIKE '%nccl%' THEN nullif(regexp_extract(value, '({pattern})', 1), '') END
                      AS nccl_collective
-            FROM _strings WHERE id IN (SELECT DISTINCT shortName FROM {self.activity(t, cur)}
-                                      UNION SELECT DISTINCT demangledName FROM {self.activity(t, cur)})""", cur)
+            FROM _strings WHERE id IN (SELECT DISTINCT unnest([shortName, demangledName])
+                                      FROM {self.activity(t, cur)})""", cur)  # one pass over the kernels
         self.joined(t, lambda src, bounds: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')} AS pid, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 s.value, coalesce(d.value, s.value), r.gridX, r.gridY, r.gridZ, r.blockX, r.blockY, r.blockZ,
@@ -345,48 +351,55 @@ class Builder(BuildSteps):
                 FROM {self.src(gpu)} r""", cur)
 
     def nvtx_stage(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """Scan NVTX_EVENTS once (the largest table of most exports) into a staging table."""
+        """Scan NVTX_EVENTS once (the largest table of most exports) into a staging table, each event type decoded
+        once into its model kind (NVTX_KINDS) rather than compared as text per row later."""
         t = "NVTX_EVENTS"
-        self.sql("""CREATE TABLE _nvtx (gtid BIGINT, start_ns BIGINT, end_ns BIGINT, etype VARCHAR, text VARCHAR,
+        self.sql("""CREATE TABLE _nvtx (gtid BIGINT, start_ns BIGINT, end_ns BIGINT, kind VARCHAR, text VARCHAR,
                     domain_id BIGINT)""", cur)
         if not self.raw.has(t):
             return
+        kinds = " ".join(f"WHEN '{label}' THEN '{kind}'" for label, kind in NVTX_KINDS.items())
+        self.sql(f"""CREATE TABLE _nvtx_kinds AS SELECT code, CASE label {kinds} END AS kind FROM enums
+                     WHERE enum = 'ENUM_NSYS_EVENT_TYPE' AND label IN (SELECT unnest($labels))""", cur,
+                 {"labels": list(NVTX_KINDS)})
         text = checks.UTF8_TEXT_SQL.format(col="r.text")
-        self.sql(f"""INSERT INTO _nvtx SELECT r.globalTid, r.start, r."end", e.label, coalesce({text}, s.value),
+        self.sql(f"""INSERT INTO _nvtx SELECT r.globalTid, r.start, r."end", k.kind, coalesce({text}, s.value),
                 {self.col(t, "domainId", "0")}
-            FROM {self.src(t)} r JOIN enums e ON e.enum = 'ENUM_NSYS_EVENT_TYPE' AND e.code = r.eventType
-            LEFT JOIN _strings s ON s.id = {self.col(t, "textId")}
-            WHERE e.label IN ('NvtxPushPopRange', 'NvtxStartEndRange', 'NvtxMark', 'NvtxtPushPopRange',
-                              'NvtxtStartEndRange', 'NvtxtMark', 'NvtxDomainCreate')""", cur)
+            FROM {self.src(t)} r JOIN _nvtx_kinds k ON k.code = r.eventType
+            LEFT JOIN _strings s ON s.id = {self.col(t, "textId")}""", cur)
 
     def nvtx(self) -> None:
         """Final NVTX table. Push/pop ranges nest per thread, so a range's depth is the running count
-        of opens minus closes before it, in time order (closes first, outer ranges first on ties).
+        of opens minus closes before it, in time order; at one time, ranges that end there close first, then
+        ranges open (outer first, then in row order: two with the same times nest), then zero-length ranges close.
 
-        The depths come out in _nvtx's row order and are paired with its rows by position: joining them
-        back on rowid cost as much as computing them (8M ranges: about 6 s of CPU)."""
+        Every open has its close on its own thread, so the running sum over all threads in (thread, time) order
+        is each thread's own: one sort of the opens and closes, no partitioned window. The depths come out in
+        _nvtx's row order and are paired with its rows by position: joining them back on rowid cost as much as
+        computing them (8M ranges: about 6 s of CPU)."""
         self.sql("SET preserve_insertion_order = true")  # _depth written in rowid order
         self.sql("""CREATE TABLE _depth AS
             WITH ranges AS (SELECT rowid AS rid, gtid, start_ns, end_ns,
-                                   (etype LIKE '%PushPop%' AND end_ns >= start_ns)::INTEGER AS opens FROM _nvtx),
-            events AS (SELECT rid, gtid, start_ns AS t, opens AS step, end_ns AS tie FROM ranges
-                       UNION ALL SELECT NULL, gtid, end_ns, -1, 0 FROM ranges WHERE opens = 1)
-            SELECT rid, CASE WHEN step = 1 THEN
-                          (sum(step) OVER (PARTITION BY gtid ORDER BY t, step, tie DESC) - 1)::INTEGER END AS depth
-            FROM events QUALIFY rid IS NOT NULL ORDER BY rid""")
+                                   kind = 'push_pop' AND end_ns >= start_ns AS opens FROM _nvtx),
+            events AS (SELECT rid, gtid, start_ns AS t, 1 AS step, 1 AS turn, end_ns AS tie FROM ranges WHERE opens
+                       UNION ALL SELECT NULL, gtid, end_ns, -1, CASE WHEN end_ns = start_ns THEN 2 ELSE 0 END, 0
+                       FROM ranges WHERE opens),
+            running AS (SELECT rid, step, sum(step) OVER (ORDER BY gtid, t, turn, tie DESC, rid
+                                                          ROWS UNBOUNDED PRECEDING) AS open_now FROM events)
+            SELECT rid, (open_now - 1)::INTEGER AS depth FROM running WHERE step = 1
+            UNION ALL SELECT rid, NULL FROM ranges WHERE opens IS NOT TRUE
+            ORDER BY rid""")
         self.sql(f"SET preserve_insertion_order = {BUILD_SETTINGS['preserve_insertion_order']}")
         self.create("nvtx")
         self.sql("""INSERT INTO nvtx
             WITH domains AS (SELECT domain_id, any_value(text) AS name FROM _nvtx
-                             WHERE etype = 'NvtxDomainCreate' GROUP BY domain_id)
+                             WHERE kind = 'domain' GROUP BY domain_id)
             SELECT ((n.gtid >> 24) & 16777215)::BIGINT AS pid, (n.gtid & 16777215)::BIGINT AS tid,
                    d.name AS domain, n.text, n.start_ns, CASE WHEN n.end_ns >= n.start_ns THEN n.end_ns END AS end_ns,
-                   CASE WHEN n.end_ns >= n.start_ns THEN n.end_ns - n.start_ns END AS duration_ns,
-                   CASE WHEN etype LIKE '%PushPop%' THEN 'push_pop' WHEN etype LIKE '%StartEnd%' THEN 'start_end'
-                        ELSE 'mark' END AS kind, x.depth
+                   CASE WHEN n.end_ns >= n.start_ns THEN n.end_ns - n.start_ns END AS duration_ns, n.kind, x.depth
             FROM _nvtx n POSITIONAL JOIN _depth x
             LEFT JOIN domains d ON d.domain_id = n.domain_id AND n.domain_id <> 0
-            WHERE n.etype <> 'NvtxDomainCreate'""")
+            WHERE n.kind <> 'domain'""")
 
     def os_runtime(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "OSRT_API"
@@ -515,7 +528,7 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
         b.gpus()
         b.meta(raw.path, raw.path.stat().st_size, fingerprint)
         b.capabilities()
-        for helper in ("_strings", "_api_names", "_kernel_names", "_nvtx", "_depth", "enums"):
+        for helper in ("_strings", "_api_names", "_kernel_names", "_nvtx", "_nvtx_kinds", "_depth", "enums"):
             b.sql(f"DROP TABLE IF EXISTS {helper}")
         b.sql("DETACH raw")
         b.step("writing the model")

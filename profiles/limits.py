@@ -1,34 +1,67 @@
-"""The build's memory limit, and the one sentence a build gets when memory or disk for spilling runs out.
+"""Memory limits (the build's, and each open model's), and the one sentence a build or a tool call gets when
+memory or disk for spilling runs out.
 
 DuckDB keeps the build within NSIGHTFUL_BUILD_MEMORY_MB and spills what does not fit to a temporary folder
-beside the model being built (in the cache folder); when neither suffices the load fails with one sentence.
+beside the model being built (in the cache folder); tools on an open model likewise stay within
+NSIGHTFUL_MODEL_MEMORY_MB and spill beside the model (see profiles.duck). When neither suffices the load or
+the call fails with one sentence.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
 
-from nsightful.profiles.errors import BuildOutOfMemory, BuildSettingInvalid
+from nsightful.profiles.errors import BuildOutOfMemory, MemorySettingInvalid, ModelOutOfMemory
 
 BUILD_MEMORY_ENV = "NSIGHTFUL_BUILD_MEMORY_MB"
 # MB DuckDB may hold while building; it spills past it. Peak RSS of the 1 GB benchmark export runs about
 # 400 MB above it (880 MB at 500 MB, 1,500 MB at 1,200 MB); spilling costs about 8% more CPU than 700 MB.
 BUILD_MEMORY_MB = 500
+MODEL_MEMORY_ENV = "NSIGHTFUL_MODEL_MEMORY_MB"
+# MB DuckDB may hold per open model while tools run; it spills past it. Unlimited, DuckDB takes 80% of RAM: the
+# 10 GB export's first triage reached 16.7 GB RSS. First triage of the 1 GB export (one run each, busy machine):
+# peak RSS 656 MB at 500, 927 MB at 750, 1,145 MB at 1,000, 1,836 MB unlimited; CPU 27-29 s with any of these
+# limits against 20 s unlimited.
+MODEL_MEMORY_MB = 500
 NO_SPACE = "No space left on device"  # the OS error text DuckDB passes on when a spill file cannot grow
+
+
+def _megabytes(env: str, default: int) -> int:
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise MemorySettingInvalid(f"{env}={raw!r} is not a whole number of MB; set it to a size such "
+                                   f"as 2000 (default {default}) or unset it")
+    return int(raw)
 
 
 def build_memory_mb() -> int:
     """The build's memory limit in MB: NSIGHTFUL_BUILD_MEMORY_MB, else BUILD_MEMORY_MB."""
-    raw = os.environ.get(BUILD_MEMORY_ENV, "").strip()
-    if not raw:
-        return BUILD_MEMORY_MB
-    if not raw.isdigit() or int(raw) < 1:
-        raise BuildSettingInvalid(f"{BUILD_MEMORY_ENV}={raw!r} is not a whole number of MB; set it to a size such "
-                                  f"as 2000 (default {BUILD_MEMORY_MB}) or unset it")
-    return int(raw)
+    return _megabytes(BUILD_MEMORY_ENV, BUILD_MEMORY_MB)
+
+
+def model_memory_mb() -> int:
+    """Each open model's memory limit in MB: NSIGHTFUL_MODEL_MEMORY_MB, else MODEL_MEMORY_MB."""
+    return _megabytes(MODEL_MEMORY_ENV, MODEL_MEMORY_MB)
+
+
+@contextmanager
+def model_memory() -> Iterator[None]:
+    """Around a tool call on an open model: running out of memory there is one sentence."""
+    try:
+        yield
+    except duckdb.OutOfMemoryException as exc:
+        limit = model_memory_mb()
+        raise ModelOutOfMemory(
+            f"this call needed more than the {limit:,} MB each open profile may use, and could not spill the rest to "
+            f"disk; set {MODEL_MEMORY_ENV} higher (e.g. {max(2 * limit, 2000):,}) and restart nsightful, or ask "
+            "about a narrower part (one device, a time window)") from exc
 
 
 def out_of_resources(exc: duckdb.Error, export: Path, spill_folder: Path) -> BuildOutOfMemory | None:

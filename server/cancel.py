@@ -22,6 +22,7 @@ from mcp.server.mcpserver import Context
 from starlette.requests import Request
 
 from nsightful.profiles.errors import ClientGone
+from nsightful.profiles.limits import model_memory
 
 T = TypeVar("T")
 STOP_POLL_S = 0.05  # between interrupts: one that lands between two queries of a tool is lost
@@ -113,7 +114,7 @@ async def run_on_cursor(con: duckdb.DuckDBPyConnection, job: Callable[[duckdb.Du
     cur = con.cursor()
 
     def work() -> T:
-        with cur:
+        with cur, model_memory():
             return job(cur)
 
     def interrupt() -> None:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from nsightful.profiles import open_profile
 from nsightful.profiles.errors import NsightfulError
+from nsightful.profiles.limits import model_memory
 from nsightful.server import __version__, budget
 from nsightful.server.http import TOKEN_ENV
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB
@@ -126,7 +127,8 @@ def _run_tool(args, name: str, pairs: list[str]):
     params = _parse_params(module, args.profile, pairs)
     profile = open_profile(args.profile, cache_dir=args.cache_dir, use_cache=not args.no_cache)
     try:
-        return module, *budget.fit(module.run(profile.con, params), module, params, budget.configured())
+        with model_memory():
+            return module, *budget.fit(module.run(profile.con, params), module, params, budget.configured())
     finally:
         profile.close()
 

@@ -13,7 +13,7 @@ from mcp.client import Client
 
 from nsightful.profiles import open_profile, source
 from nsightful.profiles.cache import SPILL_SUFFIX
-from nsightful.profiles.limits import BUILD_MEMORY_ENV, BuildOutOfMemory, BuildSettingInvalid, out_of_resources
+from nsightful.profiles.limits import BUILD_MEMORY_ENV, BuildOutOfMemory, MemorySettingInvalid, out_of_resources
 from nsightful.server.app import build_server
 
 EXPORT = FIXTURES / "nsysai_h100_2gpu_1s.sqlite"  # 2.3 MB; its build needs more than 5 MB of DuckDB memory
@@ -49,7 +49,7 @@ def test_build_memory_exhausted_is_one_sentence_and_leaves_only_the_lock(tmp_pat
 
 def test_build_memory_setting_is_used_and_checked(tmp_path, monkeypatch):
     monkeypatch.setenv(BUILD_MEMORY_ENV, "2x")
-    with pytest.raises(BuildSettingInvalid) as caught:
+    with pytest.raises(MemorySettingInvalid) as caught:
         open_profile(EXPORT, cache_dir=tmp_path)
     _one_sentence(str(caught.value))
     assert f"{BUILD_MEMORY_ENV}='2x' is not a whole number of MB" in str(caught.value)
