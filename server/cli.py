@@ -84,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
                            "(% of the step time; points of GPU idle share when a side has no steady iterations)")
     _add_profile_options(diff)
 
+    from nsightful.server.cli_job import add_build_parser
+    add_build_parser(sub)
+
     synth = sub.add_parser("synth", help="write a sample profile with planted problems and their ground truth")
     from nsightful.profiles import synth as synth_module
     synth_module.add_arguments(synth)
@@ -204,9 +207,10 @@ def cmd_serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nsightful.server.cli_job import cmd_build
     args = parser().parse_args(argv)
     commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage,
-                "diff": cmd_diff}
+                "diff": cmd_diff, "build": cmd_build}
     try:
         if args.command == "synth":
             from nsightful.profiles import synth

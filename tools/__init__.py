@@ -25,6 +25,7 @@ TOOL_NAMES = (
 )
 
 PAIR_TOOL_NAMES = ("diff_profiles", "verify_fix")  # tools comparing two profiles, `before` and `after`
+JOB_TOOL_NAMES: tuple[str, ...] = ()  # tools on every rank of a job (`job`: the id load_job returned)
 
 
 def skills() -> dict[str, ModuleType]:
@@ -35,3 +36,9 @@ def skills() -> dict[str, ModuleType]:
 def pair_tools() -> dict[str, ModuleType]:
     """name -> module for every tool comparing two profiles (each has Params, Result, compare, render)."""
     return {name: import_module(f"nsightful.tools.{name}") for name in PAIR_TOOL_NAMES}
+
+
+def job_tools() -> dict[str, ModuleType]:
+    """name -> module for every tool on a job (each has Params with `job`, Result, run on the job connection,
+    render)."""
+    return {name: import_module(f"nsightful.tools.{name}") for name in JOB_TOOL_NAMES}
