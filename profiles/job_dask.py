@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,12 @@ def connect(address: str | None, scheduler_file: Path | None) -> Any:
 
 
 def _finished(pending: set) -> set:
-    from distributed import wait
-    try:
-        return wait(list(pending), timeout=POLL_S, return_when="FIRST_COMPLETED").done
-    except TimeoutError:  # distributed's wait raises when nothing finished within the timeout
-        return set()
+    """The futures done now, after waiting a poll interval for one (distributed.wait would need a default client,
+    and this one is not made the default, to leave the caller's own Dask code alone)."""
+    done = {f for f in pending if f.done()}
+    if not done:
+        time.sleep(POLL_S)
+    return done
 
 
 class DaskRunner:

@@ -7,7 +7,8 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from nsightful.profiles.errors import InvalidRequest, ProfileNotFound
+from nsightful.profiles import kineto_read
+from nsightful.profiles.errors import InvalidRequest, NotAProfile, ProfileNotFound
 
 # What a folder of rank profiles holds: nsys exports and reports, and torch.profiler traces.
 PROFILE_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep", ".json", ".json.gz")
@@ -27,8 +28,18 @@ def _natural(path: Path) -> tuple:
 
 
 def _is_profile(path: Path) -> bool:
+    """Whether a file found in a folder or by a glob is a profile: JSON counts only when it is a torch.profiler
+    trace (a folder of runs often holds other JSON, such as `nsightful synth`'s truth files)."""
     name = path.name.lower()
-    return path.is_file() and not name.startswith(".") and name.endswith(PROFILE_SUFFIXES)
+    if not path.is_file() or name.startswith(".") or not name.endswith(PROFILE_SUFFIXES):
+        return False
+    if not name.endswith((".json", ".json.gz")):
+        return True
+    try:
+        kineto_read.header(path)
+    except NotAProfile:
+        return False
+    return True
 
 
 def _expand(item: str, check: Callable[[Path], Path]) -> list[Path]:
