@@ -6,7 +6,7 @@ INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
 DEMO := out/demo.sqlite
 
-.PHONY: demo test lint bench loadtest clean install dev inspector
+.PHONY: demo test lint bench bench-job loadtest clean install dev inspector
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nsightful needs Python >= 3.11")'
@@ -46,6 +46,9 @@ lint: $(VENV)/.dev
 bench: $(VENV)/.installed loadtest
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/kineto.py
+
+bench-job: $(VENV)/.dev  # minutes: 8 ranks of ~250 MB built serial and in parallel (psutil comes with distributed)
+	$(BIN)/python bench/job.py
 
 loadtest: $(VENV)/.installed
 	$(BIN)/python bench/load.py

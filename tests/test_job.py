@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from modeldb import make_model
 
 from nsightful.profiles import synth
 from nsightful.profiles.job import load_job
 from nsightful.profiles.job_dask import DaskUnavailable, connect
 from nsightful.profiles.job_files import rank_in_name
-from nsightful.profiles.job_ranks import RanksInvalid
+from nsightful.profiles.job_ranks import NCCL_RANK_COLUMN, RanksInvalid, assign, probe
 from nsightful.profiles.model import TABLE_NAMES
 
 KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "kineto"
@@ -173,3 +174,40 @@ def test_load_job_dask_missing_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)
     with pytest.raises(DaskUnavailable, match=r"pip install 'nsightful\[distributed\]'"):
         connect("tcp://127.0.0.1:8786", None)
+
+
+def _probe(con, name: str):
+    return probe(con, Path(f"/runs/{name}"), name, Path(f"/cache/{name}.duckdb"), 0.0)
+
+
+def _kernel(pid: int, device: int, start: int) -> dict:
+    return {"pid": pid, "device_id": device, "start_ns": start, "end_ns": start + 10, "category": "compute"}
+
+
+def test_load_job_ranks_from_meta_rank_before_the_file_name():
+    models = []
+    for rank in (1, 0):
+        con = make_model(kernels=[_kernel(7, 0, 100)])
+        con.execute("ALTER TABLE meta ADD COLUMN rank INTEGER")
+        con.execute("UPDATE meta SET rank = ?", [rank])
+        models.append(con)
+    specs = assign([_probe(models[0], "rank_0.sqlite"), _probe(models[1], "rank_1.sqlite")])
+    assert [(s.rank, s.rank_source, s.path.name) for s in specs] == [(0, "distributedInfo", "rank_1.sqlite"),
+                                                                     (1, "distributedInfo", "rank_0.sqlite")]
+
+
+def test_load_job_processes_ranked_by_nccl_metadata_when_each_has_one():
+    con = make_model(kernels=[_kernel(10, 0, 100), _kernel(20, 1, 100), _kernel(20, 1, 300)])
+    con.execute(f"ALTER TABLE kernels ADD COLUMN {NCCL_RANK_COLUMN} INTEGER")
+    con.execute(f"UPDATE kernels SET {NCCL_RANK_COLUMN} = CASE pid WHEN 10 THEN 1 ELSE 0 END")
+    specs = assign([_probe(con, "node0.sqlite")])
+    assert [(s.rank, s.rank_source, s.unit.kind, s.unit.value) for s in specs] == [(0, "nccl", "process", 20),
+                                                                                   (1, "nccl", "process", 10)]
+
+
+def test_load_job_one_process_on_several_devices_is_a_rank_per_device():
+    con = make_model(kernels=[_kernel(10, 3, 100), _kernel(10, 1, 100)])
+    later = make_model(kernels=[_kernel(11, 0, 100)])
+    specs = assign([_probe(con, "node0.sqlite"), _probe(later, "node1.sqlite")])
+    assert [(s.rank, s.rank_source, s.unit.value) for s in specs] == [(0, "device", 1), (1, "device", 3),
+                                                                      (2, "order", None)]
