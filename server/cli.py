@@ -84,8 +84,8 @@ def parser() -> argparse.ArgumentParser:
                            "(% of the step time; points of GPU idle share when a side has no steady iterations)")
     _add_profile_options(diff)
 
-    from nsightful.server.cli_job import add_build_parser
-    add_build_parser(sub)
+    from nsightful.server.cli_job import add_job_parsers
+    add_job_parsers(sub)
 
     synth = sub.add_parser("synth", help="write a sample profile with planted problems and their ground truth")
     from nsightful.profiles import synth as synth_module
@@ -139,8 +139,8 @@ def cmd_tool(args) -> int:
 
 
 def cmd_tools(_args) -> int:
-    from nsightful.tools import pair_tools, skills
-    for name, module in (skills() | pair_tools()).items():
+    from nsightful.tools import job_tools, pair_tools, skills
+    for name, module in (skills() | pair_tools() | job_tools()).items():
         print(f"{name:24} {module.__doc__.strip().splitlines()[0]}")
     return 0
 
@@ -207,7 +207,7 @@ def cmd_serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from nsightful.server.cli_job import cmd_build
+    from nsightful.server.cli_job import cmd_build, cmd_job_tool
     args = parser().parse_args(argv)
     commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage,
                 "diff": cmd_diff, "build": cmd_build}
@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "synth":
             from nsightful.profiles import synth
             return synth.run_cli(args)
+        if getattr(args, "job_tool", None):
+            return cmd_job_tool(args)
         return commands[args.command](args)
     except NsightfulError as exc:
         print(f"nsightful: error: {exc}", file=sys.stderr)

@@ -128,3 +128,11 @@ def test_build_cli_honours_dask_scheduler_address(tmp_path, capsys, monkeypatch)
         tasks = cluster.scheduler.task_prefixes
     assert {"build_file", "write_rank"} <= set(tasks)
     assert "rank 1: " in capsys.readouterr().out
+
+
+def test_job_tool_cli_command_runs_on_the_job(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tools, "job_tools", lambda: {"rank_kernels": jobskill})
+    assert cli.main(["rank-kernels", GLOB, "--workers", "1", "--cache-dir", str(tmp_path), "-p", "min_rank=1"]) == 0
+    assert capsys.readouterr().out.strip() == f"rank 1: {EXPECTED[1]} kernels"
+    assert cli.main(["rank-kernels", GLOB, "--cache-dir", str(tmp_path), "-p", "min_rank=x"]) == cli.EXIT_USAGE
+    assert "min_rank must be an integer of at least 0 (got 'x')" in capsys.readouterr().err
