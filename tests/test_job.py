@@ -8,12 +8,14 @@ import json
 import shutil
 import sqlite3
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from modeldb import make_model
 
 from nsightful.profiles import synth
+from nsightful.profiles.errors import LoadCancelled
 from nsightful.profiles.job import load_job
 from nsightful.profiles.job_dask import DaskUnavailable, connect
 from nsightful.profiles.job_files import rank_in_name
@@ -211,3 +213,11 @@ def test_load_job_one_process_on_several_devices_is_a_rank_per_device():
     specs = assign([_probe(con, "node0.sqlite"), _probe(later, "node1.sqlite")])
     assert [(s.rank, s.rank_source, s.unit.value) for s in specs] == [(0, "device", 1), (1, "device", 3),
                                                                       (2, "order", None)]
+
+
+def test_load_job_cancelled_stops_before_writing(tmp_path):
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(LoadCancelled, match="loading the job was cancelled"):
+        load_job(KINETO_RANKS, cache_dir=tmp_path, workers=1, cancelled=cancelled)
+    assert not (tmp_path / "jobs").exists() and not list(tmp_path.glob("*.duckdb"))

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import anyio
 import jobskill
 import pytest
 from conftest import text_of
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from test_job import KINETO, KINETO_RANKS, trace_kernels, write_ranks
+from test_server import _free_port, _nsightful_cmd
 
 from nsightful import tools
 from nsightful.server import cli
 from nsightful.server.app import build_server
+from nsightful.server.jobs import JobStore
+from nsightful.server.sessions import Session
+from nsightful.server.store import ProfileStore
 
 GLOB = str(KINETO / "hta_sampled_rank*.json.gz")
 EXPECTED = {0: trace_kernels(KINETO_RANKS[0]), 1: trace_kernels(KINETO_RANKS[1])}
@@ -136,3 +145,45 @@ def test_job_tool_cli_command_runs_on_the_job(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out.strip() == f"rank 1: {EXPECTED[1]} kernels"
     assert cli.main(["rank-kernels", GLOB, "--cache-dir", str(tmp_path), "-p", "min_rank=x"]) == cli.EXIT_USAGE
     assert "min_rank must be an integer of at least 0 (got 'x')" in capsys.readouterr().err
+
+
+def test_close_job_waits_for_the_calls_running_on_it(tmp_path):
+    jobs = JobStore(ProfileStore(roots=[KINETO], cache_dir=tmp_path))
+    session = Session("s")
+    opened = jobs.load(session, [GLOB], 1, None, threading.Event())
+    with jobs.leased(session, opened.id) as running:
+        assert jobs.close(session, opened.id) == opened.id
+        assert running.job.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == sum(EXPECTED.values())
+    with pytest.raises(Exception, match="(?i)closed"):
+        opened.job.con.execute("SELECT 1")
+    second = jobs.load(session, [GLOB], 1, None, threading.Event())
+    jobs.profiles.end_session(session)
+    assert jobs.listing(session) == []
+    with pytest.raises(Exception, match="(?i)closed"):
+        second.job.con.execute("SELECT 1")
+
+
+@pytest.mark.anyio
+async def test_load_job_over_streamable_http(tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen([*_nsightful_cmd(), "serve", "--transport", "http", "--port", str(port), "--root",
+                             str(KINETO), "--cache-dir", str(tmp_path)], stderr=subprocess.DEVNULL)
+    try:
+        await _wait_for_port(port)
+        async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
+            loaded = await client.call_tool("load_job", {"paths": [GLOB], "workers": 2})
+            listed = await client.call_tool("list_jobs", {})
+        assert [r["rank_source"] for r in loaded.structured_content["ranks"]] == ["distributedInfo"] * 2
+        assert [j["job"] for j in listed.structured_content["jobs"]] == ["job-kineto"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def _wait_for_port(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        await anyio.sleep(0.2)
