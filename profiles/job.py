@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,7 +125,7 @@ def _write_job(run: Runner, specs: list[RankSpec], final: Path, threads: int, re
 
 
 def load_job(spec: str | Path | Sequence[str | Path], *, cache_dir: Path | None = None, workers: int | None = None,
-             progress: Progress | None = None, check=Path.resolve, dask_client: Any = None,
+             progress: Progress | None = None, check: Callable[[Path], Path] = Path.resolve, dask_client: Any = None,
              cancelled: threading.Event | None = None) -> Job:
     """The job made of the profiles `spec` names (paths, a folder or a glob; see job_files): models built with
     `workers` processes (default: this machine's cores), or as tasks on a Dask cluster through `dask_client`.
