@@ -30,6 +30,8 @@ from nsightful.profiles.model import MODEL_VERSION
 
 JOB_FORMAT = 1  # bump when the Parquet layout changes: cached jobs are written anew
 JOBS_FOLDER = "jobs"  # under the cache folder: one folder of Parquet per job
+# A temporary folder of a job older than this is a killed load's: writing a job takes minutes, not a day.
+STALE_WRITE_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,9 @@ def _jobs_dir(directory: Path) -> Path:
 def _write_job(run: Runner, specs: list[RankSpec], final: Path, threads: int, report: _Reporter) -> float:
     """Write every rank into a temporary folder beside `final`, then rename it into place (a load killed half way
     leaves only its temporary folder; two loads of one job write twice and the first rename wins)."""
+    for old in final.parent.glob(f".{final.name}-*"):
+        if time.time() - old.stat().st_mtime > STALE_WRITE_S:
+            shutil.rmtree(old, ignore_errors=True)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     except OSError as exc:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import sqlite3
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from modeldb import make_model
 
 from nsightful.profiles import synth
 from nsightful.profiles.errors import LoadCancelled
-from nsightful.profiles.job import load_job
+from nsightful.profiles.job import STALE_WRITE_S, load_job
 from nsightful.profiles.job_dask import DaskUnavailable, connect
 from nsightful.profiles.job_files import rank_in_name
 from nsightful.profiles.job_ranks import NCCL_RANK_COLUMN, RanksInvalid, assign, probe
@@ -90,6 +92,20 @@ def test_load_job_parquet_in_cache_partitioned_by_rank(tmp_path):
     again = load_job(folder, cache_dir=tmp_path / "cache", workers=1)
     assert again.timings.reused and again.folder == job.folder
     again.close()
+
+
+def test_load_job_removes_a_killed_loads_temporary_folder(tmp_path):
+    paths = write_ranks(tmp_path / "run", ["rank_0.sqlite"])
+    job = load_job(paths, cache_dir=tmp_path / "cache", workers=1)
+    job.close()
+    shutil.rmtree(job.folder)
+    killed, recent = (job.folder.with_name(f".{job.folder.name}-{n}") for n in ("killed", "running"))
+    for folder in (killed, recent):
+        (folder / "kernels").mkdir(parents=True)
+    old = time.time() - STALE_WRITE_S - 60
+    os.utime(killed, (old, old))
+    load_job(paths, cache_dir=tmp_path / "cache", workers=1).close()
+    assert not killed.exists() and recent.exists() and job.folder.is_dir()
 
 
 def test_load_job_parallel_build_matches_serial(tmp_path):
