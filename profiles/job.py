@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,9 @@ def _write_job(run: Runner, specs: list[RankSpec], final: Path, threads: int, re
     """Write every rank into a temporary folder beside `final`, then rename it into place (a load killed half way
     leaves only its temporary folder; two loads of one job write twice and the first rename wins)."""
     for old in final.parent.glob(f".{final.name}-*"):
-        if time.time() - old.stat().st_mtime > STALE_WRITE_S:
-            shutil.rmtree(old, ignore_errors=True)
+        with suppress(OSError):  # removed meanwhile by another load of this job
+            if time.time() - old.stat().st_mtime > STALE_WRITE_S:
+                shutil.rmtree(old, ignore_errors=True)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     except OSError as exc:
