@@ -28,6 +28,9 @@ from nsightful.server.sessions import session_of
 from nsightful.server.validation import NsightfulMCP
 
 MAX_LISTED_RANKS = 64  # ranks listed in load_job's answer; the job's `ranks` table has them all
+# Most build processes a client may ask for: each build holds up to its memory limit (about 1 GB at peak), so more
+# than this exhausts a server's memory long before it speeds anything up.
+MAX_WORKERS = 64
 
 
 class RankEntry(BaseModel):
@@ -124,7 +127,7 @@ def register_job_tools(mcp: NsightfulMCP, jobs: JobStore) -> None:
             "roots: their paths, their folder, or a glob such as '/runs/42/rank_*.sqlite'; one profile of several "
             "processes or devices is a rank per process or device"))],
         ctx: Context,
-        workers: Annotated[int | None, Field(ge=1, description=(
+        workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS, description=(
             "processes building the ranks' models at once; omit for this machine's cores"))] = None,
     ) -> JobLoaded:
         """Load every rank of a distributed job (built in parallel, cached); returns the job id, its ranks and how
