@@ -98,6 +98,8 @@ async def test_load_job_errors_are_one_sentence(server, tmp_path):
         twice = await client.call_tool("load_job", {"paths": both_zero})
         message = text_of(twice)
         assert twice.is_error and "two parts of the job claim one rank (rank 0 by" in message and "\n" not in message
+        workers = await client.call_tool("load_job", {"paths": [GLOB], "workers": 0})
+        assert workers.is_error and "workers must be an integer from 1 to 64, or null (got 0)" in text_of(workers)
         still = await client.call_tool("load_job", {"paths": [GLOB]})
         assert not still.is_error
 
