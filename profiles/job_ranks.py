@@ -22,7 +22,11 @@ from nsightful.profiles.job_files import rank_in_name
 RankSource = Literal["distributedInfo", "nccl", "file name", "process", "device", "order"]
 UnitKind = Literal["process", "device"]
 KINETO_RANK_TEXT = re.compile(r"trace of rank (\d+) of world size")  # kineto_meta.diagnostic_rows' wording
-NCCL_RANK_COLUMN = "nccl_rank"  # kernels column with the NCCL rank of each NCCL kernel, in models that have it
+NCCL_RANK_COLUMN = "nccl_rank"  # kernels column: the launching process's rank in the kernel's process group
+NCCL_GROUP_COLUMN = "nccl_group"  # kernels column: that process group's name
+# torch.distributed's name for the default (world) group: a rank in it is the global rank, while a rank in a
+# subgroup (tensor or pipeline parallel) is not.
+WORLD_GROUP = "0"
 GPU_WORK_SQL = """SELECT pid, device_id FROM kernels UNION SELECT pid, device_id FROM memcpy
     UNION SELECT pid, device_id FROM memset"""
 
@@ -80,11 +84,14 @@ def _distributed_rank(con: duckdb.DuckDBPyConnection) -> int | None:
 
 
 def _nccl_ranks(con: duckdb.DuckDBPyConnection) -> dict[int, int]:
-    """pid -> its one NCCL rank, for processes whose NCCL kernels name exactly one."""
-    if NCCL_RANK_COLUMN not in _columns(con, "kernels"):
+    """pid -> its one NCCL rank, for processes whose NCCL kernels name exactly one (in the world group, where the
+    model names groups)."""
+    columns = _columns(con, "kernels")
+    if NCCL_RANK_COLUMN not in columns:
         return {}
+    world = f"AND {NCCL_GROUP_COLUMN} = '{WORLD_GROUP}'" if NCCL_GROUP_COLUMN in columns else ""
     rows = con.execute(f"SELECT pid, min({NCCL_RANK_COLUMN}) FROM kernels WHERE {NCCL_RANK_COLUMN} IS NOT NULL "
-                       f"GROUP BY pid HAVING count(DISTINCT {NCCL_RANK_COLUMN}) = 1").fetchall()
+                       f"{world} GROUP BY pid HAVING count(DISTINCT {NCCL_RANK_COLUMN}) = 1").fetchall()
     return {int(pid): int(rank) for pid, rank in rows}
 
 

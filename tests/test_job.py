@@ -21,7 +21,7 @@ from nsightful.profiles.errors import LoadCancelled
 from nsightful.profiles.job import STALE_WRITE_S, load_job
 from nsightful.profiles.job_dask import DaskUnavailable, connect
 from nsightful.profiles.job_files import rank_in_name
-from nsightful.profiles.job_ranks import NCCL_RANK_COLUMN, RanksInvalid, assign, probe
+from nsightful.profiles.job_ranks import NCCL_GROUP_COLUMN, NCCL_RANK_COLUMN, RanksInvalid, assign, probe
 from nsightful.profiles.model import TABLE_NAMES
 
 KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "kineto"
@@ -221,6 +221,16 @@ def test_load_job_processes_ranked_by_nccl_metadata_when_each_has_one():
     specs = assign([_probe(con, "node0.sqlite")])
     assert [(s.rank, s.rank_source, s.unit.kind, s.unit.value) for s in specs] == [(0, "nccl", "process", 20),
                                                                                    (1, "nccl", "process", 10)]
+
+
+def test_load_job_nccl_rank_counts_only_in_the_world_group():
+    con = make_model(kernels=[_kernel(10, 0, 100), _kernel(10, 0, 300)])
+    con.execute(f"ALTER TABLE kernels ADD COLUMN {NCCL_RANK_COLUMN} INTEGER")
+    con.execute(f"ALTER TABLE kernels ADD COLUMN {NCCL_GROUP_COLUMN} VARCHAR")
+    con.execute(f"UPDATE kernels SET {NCCL_RANK_COLUMN} = 0, {NCCL_GROUP_COLUMN} = '3'")  # a subgroup's rank 0
+    assert _probe(con, "x.json").nccl_rank is None
+    con.execute(f"UPDATE kernels SET {NCCL_RANK_COLUMN} = 5, {NCCL_GROUP_COLUMN} = '0' WHERE start_ns = 300")
+    assert _probe(con, "x.json").nccl_rank == 5
 
 
 def test_load_job_one_process_on_several_devices_is_a_rank_per_device():
