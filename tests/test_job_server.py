@@ -19,6 +19,7 @@ from test_job import KINETO, KINETO_RANKS, trace_kernels, write_ranks
 from test_server import _free_port, _nsightful_cmd
 
 from nsightful import tools
+from nsightful.profiles.job import load_job
 from nsightful.server import cli
 from nsightful.server.app import build_server
 from nsightful.server.jobs import JobStore
@@ -139,6 +140,9 @@ def test_build_cli_honours_dask_scheduler_address(tmp_path, capsys, monkeypatch)
         tasks = cluster.scheduler.task_prefixes
     assert {"build_file", "write_rank"} <= set(tasks)
     assert "rank 1: " in capsys.readouterr().out
+    after = load_job(GLOB, cache_dir=tmp_path, workers=1)  # the server's load then finds the cluster's work
+    assert after.timings.reused
+    after.close()
 
 
 def test_job_tool_cli_command_runs_on_the_job(tmp_path, capsys, monkeypatch):
