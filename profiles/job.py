@@ -22,7 +22,7 @@ from typing import Any
 
 import duckdb
 
-from nsightful.profiles import cache, job_parquet
+from nsightful.profiles import cache, job_parquet, source
 from nsightful.profiles.ingest import Progress
 from nsightful.profiles.job_build import Runner, build_file, cores, runner
 from nsightful.profiles.job_files import job_files
@@ -99,6 +99,13 @@ def _write_all(run: Runner, specs: list[RankSpec], folder: Path, threads: int, r
     return sum(seconds)
 
 
+def _all_cached(files: list[Path], directory: Path) -> bool:
+    """Whether every file's model is in the cache already: reopening them here is quicker than starting a pool
+    (spawning its processes takes about two seconds)."""
+    return all(f.suffix.lower() not in source.REPORT_SUFFIXES
+               and cache.model_path(directory, source.fingerprint(f)).exists() for f in files)
+
+
 def _jobs_dir(directory: Path) -> Path:
     jobs = directory / JOBS_FOLDER
     try:
@@ -140,18 +147,20 @@ def load_job(spec: str | Path | Sequence[str | Path], *, cache_dir: Path | None 
     start = time.perf_counter()
     files = job_files(spec, check)
     directory = cache_dir or cache.cache_dir()
-    workers = workers or cores()
+    workers, cancelled = workers or cores(), cancelled or threading.Event()
     report = _Reporter(progress, len(files))
-    run = runner(workers, len(files), cancelled or threading.Event(), dask_client)
+    cached = dask_client is None and _all_cached(files, directory)
+    run = runner(1 if cached else workers, len(files), cancelled, dask_client)
     try:
         probes = _build_all(run, files, directory, report)
         specs = assign(probes)
         report.total = len(files) + len(specs)
-        key = job_key(specs)
-        folder = _jobs_dir(directory) / key
+        folder = _jobs_dir(directory) / job_key(specs)
         reused = folder.is_dir()
+        if not reused and cached:  # the models were only reopened here; the writes may still use a pool
+            run = runner(workers, len(specs), cancelled, None)
         write_s = 0.0 if reused else _write_job(run, specs, folder, max(1, cores() // workers), report)
     finally:
         run.close()
     timings = Timings(sum(p.build_s for p in probes), write_s, time.perf_counter() - start, reused)
-    return Job(key, folder, specs, timings, job_parquet.connect(folder, specs))
+    return Job(folder.name, folder, specs, timings, job_parquet.connect(folder, specs))

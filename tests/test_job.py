@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from modeldb import make_model
 
-from nsightful.profiles import synth
+from nsightful.profiles import job_build, synth
 from nsightful.profiles.errors import LoadCancelled
 from nsightful.profiles.job import STALE_WRITE_S, load_job
 from nsightful.profiles.job_dask import DaskUnavailable, connect
@@ -247,3 +247,13 @@ def test_load_job_cancelled_stops_before_writing(tmp_path):
     with pytest.raises(LoadCancelled, match="loading the job was cancelled"):
         load_job(KINETO_RANKS, cache_dir=tmp_path, workers=1, cancelled=cancelled)
     assert not (tmp_path / "jobs").exists() and not list(tmp_path.glob("*.duckdb"))
+
+
+def test_load_job_reopen_from_the_cache_starts_no_pool(tmp_path, monkeypatch):
+    load_job(KINETO_RANKS, cache_dir=tmp_path, workers=1).close()
+    monkeypatch.setattr(job_build, "Pool", lambda *args: pytest.fail("a process pool was started"))
+    again = load_job(KINETO_RANKS, cache_dir=tmp_path, workers=2)
+    try:
+        assert again.timings.reused and len(again.ranks) == 2
+    finally:
+        again.close()
