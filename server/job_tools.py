@@ -127,7 +127,7 @@ def register_job_tools(mcp: NsightfulMCP, jobs: JobStore) -> None:
             "roots: their paths, their folder, or a glob such as '/runs/42/rank_*.sqlite'; one profile of several "
             "processes or devices is a rank per process or device"))],
         ctx: Context,
-        workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS, description=(
+        workers: Annotated[int | None, Field(strict=True, ge=1, le=MAX_WORKERS, description=(
             "processes building the ranks' models at once; omit for this machine's cores"))] = None,
     ) -> JobLoaded:
         """Load every rank of a distributed job (built in parallel, cached); returns the job id, its ranks and how
