@@ -90,6 +90,8 @@ def parser() -> argparse.ArgumentParser:
     synth = sub.add_parser("synth", help="write a sample profile with planted problems and their ground truth")
     from nsightful.profiles import synth as synth_module
     synth_module.add_arguments(synth)
+    from nsightful.profiles import synth_ranks
+    synth_ranks.add_arguments(synth)
     return ap
 
 
@@ -213,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 "diff": cmd_diff, "build": cmd_build}
     try:
         if args.command == "synth":
-            from nsightful.profiles import synth
-            return synth.run_cli(args)
+            from nsightful.profiles import synth, synth_ranks
+            return (synth_ranks if args.ranks else synth).run_cli(args)
         if getattr(args, "job_tool", None):
             return cmd_job_tool(args)
         return commands[args.command](args)

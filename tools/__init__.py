@@ -25,7 +25,8 @@ TOOL_NAMES = (
 )
 
 PAIR_TOOL_NAMES = ("diff_profiles", "verify_fix")  # tools comparing two profiles, `before` and `after`
-JOB_TOOL_NAMES: tuple[str, ...] = ()  # tools on every rank of a job (`job`: the id load_job returned)
+
+JOB_TOOL_NAMES = ("rank_imbalance",)  # tools reading every rank of a job (Params.job; a job connection)
 
 
 def skills() -> dict[str, ModuleType]:
@@ -39,6 +40,5 @@ def pair_tools() -> dict[str, ModuleType]:
 
 
 def job_tools() -> dict[str, ModuleType]:
-    """name -> module for every tool on a job (each has Params with `job`, Result, run on the job connection,
-    render)."""
+    """name -> module for every tool reading a job's ranks (each has Params, Result, run, render)."""
     return {name: import_module(f"nsightful.tools.{name}") for name in JOB_TOOL_NAMES}
