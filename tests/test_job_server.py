@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import anyio
 import jobskill
 import pytest
 from conftest import text_of
+from jobs import job_connection
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from test_job import KINETO, KINETO_RANKS, trace_kernels, write_ranks
@@ -20,11 +22,13 @@ from test_server import _free_port, _nsightful_cmd
 
 from nsightful import tools
 from nsightful.profiles.job import load_job
+from nsightful.profiles.synth_ranks import write_rank_set
 from nsightful.server import cli
 from nsightful.server.app import build_server
 from nsightful.server.jobs import JobStore
 from nsightful.server.sessions import Session
 from nsightful.server.store import ProfileStore
+from nsightful.tools import rank_imbalance
 
 GLOB = str(KINETO / "hta_sampled_rank*.json.gz")
 EXPECTED = {0: trace_kernels(KINETO_RANKS[0]), 1: trace_kernels(KINETO_RANKS[1])}
@@ -193,3 +197,42 @@ async def _wait_for_port(port: int, timeout_s: float = 30) -> None:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         await anyio.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def straggler_set(tmp_path_factory):
+    """A synthetic rank set with rank 1 planted as a straggler (its truth), written once."""
+    folder = tmp_path_factory.mktemp("straggler") / "run"
+    folder.mkdir()
+    truth = write_rank_set(folder, ranks=4, iterations=8, delay_ns=3_000_000, straggler_rank=1, kind="compute")
+    return folder, truth
+
+
+@pytest.mark.anyio
+async def test_rank_imbalance_over_mcp_names_the_planted_straggler(straggler_set, tmp_path):
+    folder, truth = straggler_set
+    server = build_server([folder], cache_dir=tmp_path)
+    async with Client(server) as client:
+        loaded = await client.call_tool("load_job", {"paths": [str(folder)], "workers": 2})
+        assert [(r["rank"], r["rank_source"]) for r in loaded.structured_content["ranks"]] == [
+            (r, "file name") for r in range(4)]
+        result = await client.call_tool("rank_imbalance", {"job": loaded.structured_content["job"]})
+    assert not result.is_error, text_of(result)
+    straggler = result.structured_content["straggler"]
+    assert straggler["rank"] == truth["straggler"]["rank"] == 1
+    assert straggler["lateness_ns"] == truth["straggler"]["lateness_ns"]
+    assert [f["root_cause"] for f in result.structured_content["findings"]] == ["nccl-straggler"]
+
+
+def test_rank_imbalance_cli_on_the_job_matches_the_ranks_models(straggler_set, tmp_path, capsys):
+    folder, truth = straggler_set
+    assert cli.main(["rank-imbalance", str(folder), "--workers", "2", "--cache-dir", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    job = load_job(folder, cache_dir=tmp_path, workers=1)  # reopened: the models the command built
+    try:
+        attached = job_connection([s.model_path for s in job.ranks])  # the ranks' models read directly
+        direct = json.loads(rank_imbalance.run(attached, rank_imbalance.Params(job="job")).model_dump_json())
+    finally:
+        job.close()
+    assert printed["straggler"]["rank"] == truth["straggler"]["rank"]
+    assert (printed["straggler"], printed["rows"]) == (direct["straggler"], direct["rows"])
