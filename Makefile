@@ -6,7 +6,7 @@ INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
 DEMO := out/demo.sqlite
 
-.PHONY: demo test lint docs bench loadtest clean install dev inspector
+.PHONY: demo test lint docs bench bench-job loadtest clean install dev inspector
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nsightful needs Python >= 3.11")'
@@ -18,7 +18,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	@touch $@
 
 $(VENV)/.dev: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,distributed]'
 	@touch $@
 
 install: $(VENV)/.installed
@@ -49,6 +49,9 @@ docs: $(VENV)/.installed  # the README's tool table, from the tools the server r
 bench: $(VENV)/.installed loadtest
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/kineto.py
+
+bench-job: $(VENV)/.dev  # minutes: 8 ranks of ~250 MB built serial and in parallel (psutil comes with distributed)
+	$(BIN)/python bench/job.py
 
 loadtest: $(VENV)/.installed
 	$(BIN)/python bench/load.py

@@ -35,7 +35,8 @@ READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_worl
 INSTRUCTIONS = """nsightful reads NVIDIA Nsight Systems profiles (nsys export --type sqlite, or .nsys-rep).
 Start with load_profile(path) or triage(profile); every tool takes `profile` as the id load_profile returned
 or a path. Figures are in ns/bytes; each result echoes its scope (devices, window) and says when rows were cut.
-Findings cite root causes in the book: read nsightful://book/{id} for the fix and how to verify it."""
+Findings cite root causes in the book: read nsightful://book/{id} for the fix and how to verify it.
+For every rank of a distributed job, load_job(paths) and pass its id as `job` to the job tools."""
 
 
 class LoadResult(BaseModel):
@@ -233,4 +234,8 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
 
     from nsightful.server.resources import register_resources
     register_resources(mcp, store)
+    from nsightful.server.job_tools import register_job_tools
+    from nsightful.server.jobs import JobStore
+    mcp.jobs = JobStore(store)  # for tests
+    register_job_tools(mcp, mcp.jobs)
     return mcp

@@ -85,6 +85,9 @@ def parser() -> argparse.ArgumentParser:
                            "(% of the step time; points of GPU idle share when a side has no steady iterations)")
     _add_profile_options(diff)
 
+    from nsightful.server.cli_job import add_job_parsers
+    add_job_parsers(sub)
+
     synth = sub.add_parser("synth", help="write a sample profile with planted problems and their ground truth")
     from nsightful.profiles import synth as synth_module
     synth_module.add_arguments(synth)
@@ -208,13 +211,16 @@ def cmd_serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nsightful.server.cli_job import cmd_build, cmd_job_tool
     args = parser().parse_args(argv)
     commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage,
-                "diff": cmd_diff}
+                "diff": cmd_diff, "build": cmd_build}
     try:
         if args.command == "synth":
             from nsightful.profiles import synth, synth_ranks
             return (synth_ranks if args.ranks else synth).run_cli(args)
+        if getattr(args, "job_tool", None):
+            return cmd_job_tool(args)
         return commands[args.command](args)
     except NsightfulError as exc:
         print(f"nsightful: error: {exc}", file=sys.stderr)

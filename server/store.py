@@ -53,6 +53,7 @@ class ProfileStore:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # requests outside any session (the 2026-07-28 protocol over HTTP has none) share these ids
     sessionless: Session = field(default_factory=lambda: Session("sessionless"))
+    ended: list[Callable[[Session], None]] = field(default_factory=list)  # told when a session ends (its jobs)
 
     def __post_init__(self) -> None:
         self.sessions.append(self.sessionless)
@@ -92,6 +93,8 @@ class ProfileStore:
             session.ids.clear()
             closing = self._take_unreferenced()
         self._close(closing)
+        for hook in self.ended:
+            hook(session)
 
     def _path_of(self, session: Session, ref: str) -> tuple[str | None, Path]:
         if ref in session.ids:

@@ -19,10 +19,10 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from nsightful.server.app import build_server
-from nsightful.tools import PAIR_TOOL_NAMES, TOOL_NAMES
+from nsightful.tools import JOB_TOOL_NAMES, PAIR_TOOL_NAMES, TOOL_NAMES
 
-LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile"}
-ALL_TOOLS = set(TOOL_NAMES) | set(PAIR_TOOL_NAMES) | LIFECYCLE_TOOLS
+LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile", "load_job", "list_jobs", "close_job"}
+ALL_TOOLS = set(TOOL_NAMES) | set(PAIR_TOOL_NAMES) | set(JOB_TOOL_NAMES) | LIFECYCLE_TOOLS
 MAX_RESULT_CHARS = 20_000  # the budget every default result must fit (structured + text)
 MODES = ["legacy", "auto"]
 REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"}}
@@ -43,7 +43,7 @@ async def test_server_lists_every_tool_with_schemas(server, mode):
     assert set(tools) == ALL_TOOLS
     for tool in tools.values():
         assert tool.description and tool.output_schema, tool.name
-        assert tool.annotations.read_only_hint is (tool.name != "close_profile")
+        assert tool.annotations.read_only_hint is (tool.name not in ("close_profile", "close_job"))
         for name, prop in tool.input_schema["properties"].items():
             assert prop.get("description"), f"{tool.name}.{name} has no description"
 
