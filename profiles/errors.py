@@ -95,3 +95,20 @@ class InsecureBind(NsightfulError):
 
 class ClientGone(NsightfulError):
     """The HTTP client left before the answer was ready (said to nobody; it ends the call)."""
+
+
+# --- jobs: every rank of a run (profiles/job*, server/jobs) ---------------------------------------
+class DaskUnavailable(NsightfulError):
+    """A scheduler was asked for but Dask is not installed, or it cannot be reached."""
+
+
+class NoJobFiles(InvalidRequest):
+    """load_job was given paths, a folder or a glob that name no profile."""
+
+
+class RanksInvalid(InvalidRequest):
+    """Two files claim one rank, or ranks are missing between the lowest and the highest."""
+
+
+class UnknownJob(InvalidRequest):
+    """No job is loaded with that id in this session."""

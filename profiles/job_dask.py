@@ -13,16 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nsightful.profiles.errors import NsightfulError
+from nsightful.profiles.errors import DaskUnavailable
 from nsightful.profiles.job_build import POLL_S, drain
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"  # Dask's own convention for where the scheduler is
 INSTALL = "pip install 'nsightful[distributed]'"
 CONNECT_TIMEOUT_S = 30  # to reach a scheduler: a cluster that is up answers in well under a second
-
-
-class DaskUnavailable(NsightfulError):
-    """A scheduler was asked for but Dask is not installed, or it cannot be reached."""
 
 
 def scheduler_from(address: str | None, scheduler_file: Path | None) -> tuple[str | None, Path | None]:

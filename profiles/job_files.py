@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nsightful.profiles import kineto_read
-from nsightful.profiles.errors import InvalidRequest, NotAProfile, ProfileNotFound
+from nsightful.profiles.errors import NoJobFiles, NotAProfile, ProfileNotFound
 
 # What a folder of rank profiles holds: nsys exports and reports, and torch.profiler traces.
 PROFILE_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep", ".json", ".json.gz")
@@ -16,10 +16,6 @@ PROFILE_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep", ".json", ".json.gz")
 RANK_IN_NAME = (re.compile(r"rank[_-]?(\d+)", re.IGNORECASE), re.compile(r"[_-]r(\d+)(?=\D|$)", re.IGNORECASE),
                 re.compile(r"\.(\d+)\."))
 GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-class NoJobFiles(InvalidRequest):
-    pass
 
 
 def _natural(path: Path) -> tuple:

@@ -16,7 +16,7 @@ from typing import Literal
 
 import duckdb
 
-from nsightful.profiles.errors import InvalidRequest
+from nsightful.profiles.errors import RanksInvalid
 from nsightful.profiles.job_files import rank_in_name
 
 RankSource = Literal["distributedInfo", "nccl", "file name", "process", "device", "order"]
@@ -29,10 +29,6 @@ NCCL_GROUP_COLUMN = "nccl_group"  # kernels column: that process group's name
 WORLD_GROUP = "0"
 GPU_WORK_SQL = """SELECT pid, device_id FROM kernels UNION SELECT pid, device_id FROM memcpy
     UNION SELECT pid, device_id FROM memset"""
-
-
-class RanksInvalid(InvalidRequest):
-    """Two files claim one rank, or ranks are missing between the lowest and the highest."""
 
 
 @dataclass(frozen=True)

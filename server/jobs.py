@@ -9,17 +9,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from nsightful.profiles.errors import InvalidRequest
+from nsightful.profiles.errors import UnknownJob
 from nsightful.profiles.ingest import Progress
 from nsightful.profiles.job import Job, load_job
 from nsightful.server.sessions import MAX_ID_CHARS, Session
 from nsightful.server.store import ProfileStore
 
 ID_CHARS = re.compile(r"[^a-z0-9_-]+")
-
-
-class UnknownJob(InvalidRequest):
-    pass
 
 
 @dataclass

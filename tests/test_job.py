@@ -206,7 +206,6 @@ def test_load_job_ranks_from_meta_rank_before_the_file_name():
     models = []
     for rank in (1, 0):
         con = make_model(kernels=[_kernel(7, 0, 100)])
-        con.execute("ALTER TABLE meta ADD COLUMN rank INTEGER")
         con.execute("UPDATE meta SET rank = ?", [rank])
         models.append(con)
     specs = assign([_probe(models[0], "rank_0.sqlite"), _probe(models[1], "rank_1.sqlite")])
@@ -216,7 +215,6 @@ def test_load_job_ranks_from_meta_rank_before_the_file_name():
 
 def test_load_job_processes_ranked_by_nccl_metadata_when_each_has_one():
     con = make_model(kernels=[_kernel(10, 0, 100), _kernel(20, 1, 100), _kernel(20, 1, 300)])
-    con.execute(f"ALTER TABLE kernels ADD COLUMN {NCCL_RANK_COLUMN} INTEGER")
     con.execute(f"UPDATE kernels SET {NCCL_RANK_COLUMN} = CASE pid WHEN 10 THEN 1 ELSE 0 END")
     specs = assign([_probe(con, "node0.sqlite")])
     assert [(s.rank, s.rank_source, s.unit.kind, s.unit.value) for s in specs] == [(0, "nccl", "process", 20),
@@ -225,8 +223,6 @@ def test_load_job_processes_ranked_by_nccl_metadata_when_each_has_one():
 
 def test_load_job_nccl_rank_counts_only_in_the_world_group():
     con = make_model(kernels=[_kernel(10, 0, 100), _kernel(10, 0, 300)])
-    con.execute(f"ALTER TABLE kernels ADD COLUMN {NCCL_RANK_COLUMN} INTEGER")
-    con.execute(f"ALTER TABLE kernels ADD COLUMN {NCCL_GROUP_COLUMN} VARCHAR")
     con.execute(f"UPDATE kernels SET {NCCL_RANK_COLUMN} = 0, {NCCL_GROUP_COLUMN} = '3'")  # a subgroup's rank 0
     assert _probe(con, "x.json").nccl_rank is None
     con.execute(f"UPDATE kernels SET {NCCL_RANK_COLUMN} = 5, {NCCL_GROUP_COLUMN} = '0' WHERE start_ns = 300")
