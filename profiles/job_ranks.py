@@ -1,7 +1,7 @@
 """How each file of a job becomes one rank or several: what a built model says about its rank, and the assignment.
 
-A file's rank comes from, in this order: the model's meta.rank (torch.profiler's distributedInfo; older models keep
-it in the Kineto diagnostics row), NCCL metadata (a per-kernel NCCL rank column, when the model has one), the file
+A file's rank comes from, in this order: the model's meta.rank (torch.profiler's distributedInfo), NCCL metadata
+(kernels.nccl_rank in the world group), the file
 name (rank_3, _r3, .3., rank3), else its position in the order given. A file whose GPU work comes from several
 processes is a rank per process (by NCCL rank when each has one, else by pid), and one process driving several
 devices a rank per device; such a file's ranks follow the ranks of the files before it.
@@ -9,7 +9,6 @@ devices a rank per device; such a file's ranks follow the ranks of the files bef
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,9 +20,6 @@ from nsightful.profiles.job_files import rank_in_name
 
 RankSource = Literal["distributedInfo", "nccl", "file name", "process", "device", "order"]
 UnitKind = Literal["process", "device"]
-KINETO_RANK_TEXT = re.compile(r"trace of rank (\d+) of world size")  # kineto_meta.diagnostic_rows' wording
-NCCL_RANK_COLUMN = "nccl_rank"  # kernels column: the launching process's rank in the kernel's process group
-NCCL_GROUP_COLUMN = "nccl_group"  # kernels column: that process group's name
 # torch.distributed's name for the default (world) group: a rank in it is the global rank, while a rank in a
 # subgroup (tensor or pipeline parallel) is not.
 WORLD_GROUP = "0"
@@ -63,32 +59,19 @@ class RankSpec:
     unit: Unit
 
 
-def _columns(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
-    return {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
+DISTRIBUTED_RANK_SQL = "SELECT rank FROM meta WHERE rank IS NOT NULL"
+# pid -> its one rank in the world group, for processes whose NCCL kernels name exactly one
+NCCL_RANKS_SQL = """SELECT pid, min(nccl_rank) FROM kernels WHERE nccl_rank IS NOT NULL AND nccl_group = $world
+    GROUP BY pid HAVING count(DISTINCT nccl_rank) = 1"""
 
 
 def _distributed_rank(con: duckdb.DuckDBPyConnection) -> int | None:
-    if "rank" in _columns(con, "meta"):
-        row = con.execute("SELECT rank FROM meta").fetchone()
-        if row and row[0] is not None:
-            return int(row[0])
-    for (text,) in con.execute("SELECT text FROM diagnostics WHERE source = 'kineto'").fetchall():
-        found = KINETO_RANK_TEXT.search(text or "")
-        if found:
-            return int(found.group(1))
-    return None
+    row = con.execute(DISTRIBUTED_RANK_SQL).fetchone()
+    return int(row[0]) if row else None
 
 
 def _nccl_ranks(con: duckdb.DuckDBPyConnection) -> dict[int, int]:
-    """pid -> its one NCCL rank, for processes whose NCCL kernels name exactly one (in the world group, where the
-    model names groups)."""
-    columns = _columns(con, "kernels")
-    if NCCL_RANK_COLUMN not in columns:
-        return {}
-    world = f"AND {NCCL_GROUP_COLUMN} = '{WORLD_GROUP}'" if NCCL_GROUP_COLUMN in columns else ""
-    rows = con.execute(f"SELECT pid, min({NCCL_RANK_COLUMN}) FROM kernels WHERE {NCCL_RANK_COLUMN} IS NOT NULL "
-                       f"{world} GROUP BY pid HAVING count(DISTINCT {NCCL_RANK_COLUMN}) = 1").fetchall()
-    return {int(pid): int(rank) for pid, rank in rows}
+    return {int(pid): int(rank) for pid, rank in con.execute(NCCL_RANKS_SQL, {"world": WORLD_GROUP}).fetchall()}
 
 
 def probe(con: duckdb.DuckDBPyConnection, path: Path, fingerprint: str, model_path: Path, build_s: float) -> Probe:

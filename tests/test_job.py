@@ -21,7 +21,7 @@ from nsightful.profiles.errors import LoadCancelled
 from nsightful.profiles.job import STALE_WRITE_S, load_job
 from nsightful.profiles.job_dask import DaskUnavailable, connect
 from nsightful.profiles.job_files import rank_in_name
-from nsightful.profiles.job_ranks import NCCL_GROUP_COLUMN, NCCL_RANK_COLUMN, RanksInvalid, assign, probe
+from nsightful.profiles.job_ranks import RanksInvalid, assign, probe
 from nsightful.profiles.model import TABLE_NAMES
 
 KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "kineto"
@@ -215,7 +215,7 @@ def test_load_job_ranks_from_meta_rank_before_the_file_name():
 
 def test_load_job_processes_ranked_by_nccl_metadata_when_each_has_one():
     con = make_model(kernels=[_kernel(10, 0, 100), _kernel(20, 1, 100), _kernel(20, 1, 300)])
-    con.execute(f"UPDATE kernels SET {NCCL_RANK_COLUMN} = CASE pid WHEN 10 THEN 1 ELSE 0 END")
+    con.execute("UPDATE kernels SET nccl_group = '0', nccl_rank = CASE pid WHEN 10 THEN 1 ELSE 0 END")
     specs = assign([_probe(con, "node0.sqlite")])
     assert [(s.rank, s.rank_source, s.unit.kind, s.unit.value) for s in specs] == [(0, "nccl", "process", 20),
                                                                                    (1, "nccl", "process", 10)]
@@ -223,9 +223,9 @@ def test_load_job_processes_ranked_by_nccl_metadata_when_each_has_one():
 
 def test_load_job_nccl_rank_counts_only_in_the_world_group():
     con = make_model(kernels=[_kernel(10, 0, 100), _kernel(10, 0, 300)])
-    con.execute(f"UPDATE kernels SET {NCCL_RANK_COLUMN} = 0, {NCCL_GROUP_COLUMN} = '3'")  # a subgroup's rank 0
+    con.execute("UPDATE kernels SET nccl_rank = 0, nccl_group = '3'")  # a subgroup's rank 0
     assert _probe(con, "x.json").nccl_rank is None
-    con.execute(f"UPDATE kernels SET {NCCL_RANK_COLUMN} = 5, {NCCL_GROUP_COLUMN} = '0' WHERE start_ns = 300")
+    con.execute("UPDATE kernels SET nccl_rank = 5, nccl_group = '0' WHERE start_ns = 300")
     assert _probe(con, "x.json").nccl_rank == 5
 
 
