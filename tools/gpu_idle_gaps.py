@@ -2,7 +2,8 @@
 
 Over the window (default: GPU-active), a device is idle where none of its kernels, copies or memsets runs
 (the union of their intervals); every idle stretch (a gap, including the stretches before the device's first
-and after its last operation) gets one cause from tools/attribution.py, which says how each is decided.
+and after its last operation) gets one cause from tools/attribution.py, which says how each is decided (a gap
+begun inside a blocking call whose host resumed late gives that late part, late_ns, a second cause).
 devices: per device busy_pct = 1 - idle / window, idle by cause over all gaps (ns, gap count, the blocking
 API for the blocking causes), and the gaps of at least min_gap_ns (count, time, largest).
 gaps: the longest gaps of at least min_gap_ns, with the kernels before and after (within 1 s), the blocking
@@ -78,6 +79,9 @@ class Gap(BaseModel):
     duration_ns: int
     cause: str
     blocked_in: str | None = Field(description="blocking API the host was inside when the device ran dry")
+    late_ns: int = Field(description="for a gap begun inside a blocking call: the time the host resumed late, past "
+                                     "the call's share (its return + 1 ms turnaround), charged to late_cause")
+    late_cause: str | None = Field(description="the cause of late_ns (what the host did meanwhile), else null")
     kernel_before: str | None
     kernel_after: str | None
     nvtx: list[str] = Field(description="innermost NVTX ranges of the launching threads covering half the gap")
@@ -122,7 +126,8 @@ class Result(Output):
 # The gaps to show come from the attribution (cached), or from LABELLED for a min_gap_ns below its long
 # gaps; this query only groups them and enriches the `limit` longest.
 FOUND_SQL = LABELLED + """
-SELECT gap_id, device_id, start_ns, end_ns, cause, blocked_in, pid, tid FROM labelled WHERE duration_ns >= $min_gap
+SELECT gap_id, device_id, start_ns, end_ns, cause, blocked_in, pid, tid, late_ns, late_cause FROM labelled
+WHERE duration_ns >= $min_gap
 """
 ENRICH_SQL = """
 WITH found AS (
@@ -222,7 +227,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     groups, top = _enrich(con, found, params.limit)
     by_id = {g.gap_id: g for g in found}
     gaps = [Gap(device=(g := by_id[t["gap_id"]]).device, start_ns=g.start_ns, end_ns=g.end_ns,
-                duration_ns=g.end_ns - g.start_ns, cause=g.cause, blocked_in=g.blocked_in,
+                duration_ns=g.end_ns - g.start_ns, cause=g.cause, blocked_in=g.blocked_in, late_ns=g.late_ns,
+                late_cause=g.late_cause,
                 kernel_before=t["kernel_before"], kernel_after=t["kernel_after"], nvtx=t["nvtx"],
                 periodic=t["periodic"], edge=g.start_ns == scope.start_ns or g.end_ns == scope.end_ns) for t in top]
     devices = [_device(attr.devices[d], [g for g in found if g.device == d]) for d in scope.devices]
@@ -234,7 +240,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     periodic_groups=[_group(g, by_id) for g in groups[:PERIODIC_ROWS]],
                     periodic_group_count=len(groups), gaps=gaps,
                     truncated=len(found) > params.limit, note=note)
-    found_all = idle_causes.findings(attr.devices, program.detect(con))
+    found_all = idle_causes.findings(attr.devices, program.detect(con),
+                                     step_ns=idle_causes.step_ns(con, params.profile, params.device))
     result.findings, result.findings_total = leads_first(found_all, lambda f: f, FINDINGS_SHOWN), len(found_all)
     return result
 
@@ -255,6 +262,8 @@ def render(result: Result) -> str:
         lines.append(f"... {result.periodic_group_count - len(result.periodic_groups)} more periodic groups")
     for g in result.gaps:
         blocked = f" in {g.blocked_in}" if g.blocked_in else ""
+        if g.late_ns:
+            blocked += f", then {ms(g.late_ns)} late resume ({g.late_cause})"
         lines.append(f"{ms(g.duration_ns):>14} dev {g.device} at {g.start_ns}: {g.cause}{blocked}"
                      f"{' (periodic)' if g.periodic else ''}; {g.kernel_before or '-'} -> {g.kernel_after or '-'}"[:200]
                      + (f"; nvtx {' < '.join(g.nvtx)}" if g.nvtx else ""))
