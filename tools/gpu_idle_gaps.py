@@ -11,6 +11,7 @@ call the host was in when the device ran dry, and nvtx = up to 3 of the shortest
 thread (see tools/attribution.py) that cover at least half the gap.
 periodic_groups: gaps of similar length (within 20%) recurring at a steady period (>= 3 gaps, 75% of intervals
 within 20% of the median), the costliest 5. Findings: every idle root cause (tools/idle_causes.py). Times in ns.
+The queries are tools/gap_stages.py's: find -> group -> enrich the longest.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, idle_causes, program
-from nsightful.tools.attribution import LABELLED, periodic
+from nsightful.tools import attribution, gap_stages, idle_causes, program
 from nsightful.tools.common import (
     FINDINGS_SHOWN,
     Finding,
@@ -33,17 +33,13 @@ from nsightful.tools.common import (
     leads_first,
     more_rows,
     ms,
-    packed,
     pct,
     resolve_scope,
     scope_args,
-    unpacked,
 )
 
 GAP_ROWS = 10  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
 PERIODIC_ROWS = 5  # a pattern recurs on every rank of a node: the costliest few make the point
-NVTX_NAMES = 3  # innermost ranges reported per gap
-KERNEL_HORIZON_NS = 1_000_000_000  # kernel_before/after: the nearest kernel within this distance
 BUCKETS_MS = ((0, 1), (1, 2), (2, 5), (5, 10), (10, 50), (50, 100), (100, None))  # histogram, ms
 
 
@@ -123,53 +119,6 @@ class Result(Output):
     findings_total: int = 0
 
 
-# The gaps to show come from the attribution (cached), or from LABELLED for a min_gap_ns below its long
-# gaps; this query only groups them and enriches the `limit` longest.
-FOUND_SQL = LABELLED + """
-SELECT gap_id, device_id, start_ns, end_ns, cause, blocked_in, pid, tid, late_ns, late_cause FROM labelled
-WHERE duration_ns >= $min_gap
-"""
-ENRICH_SQL = """
-WITH found AS (
-  SELECT unnest(""" + unpacked("$ids") + """) AS gap_id, unnest(""" + unpacked("$devs") + """) AS device_id,
-         unnest(""" + unpacked("$starts") + """) AS start_ns, unnest(""" + unpacked("$ends") + """) AS end_ns,
-         unnest(""" + unpacked("$pids") + """) AS pid, unnest(""" + unpacked("$tids") + """) AS tid),
-sized AS (SELECT *, end_ns - start_ns AS duration_ns FROM found),
-""" + periodic("groups", "sized", "device_id") + """,
-marked AS MATERIALIZED (
-  SELECT f.*, g.grp, g.periodic, g.period_ns FROM sized f JOIN groups g USING (gap_id, device_id)),
-top AS (SELECT * FROM marked ORDER BY duration_ns DESC, device_id, start_ns LIMIT $limit),
-klanes AS (SELECT device_id, short_name, start_ns, end_ns FROM kernels WHERE device_id IN (SELECT device_id FROM top)),
-before AS (
-  SELECT t.gap_id, arg_max(k.short_name, k.end_ns) AS short_name
-  FROM (SELECT *, unnest([start_ns // $horizon - 1, start_ns // $horizon]) AS bucket FROM top) t
-  JOIN (SELECT *, end_ns // $horizon AS bucket FROM klanes) k
-    ON k.device_id = t.device_id AND k.bucket = t.bucket AND k.end_ns <= t.start_ns
-  GROUP BY t.gap_id),
-after AS (
-  SELECT t.gap_id, arg_min(k.short_name, k.start_ns) AS short_name
-  FROM (SELECT *, unnest([end_ns // $horizon, end_ns // $horizon + 1]) AS bucket FROM top) t
-  JOIN (SELECT *, start_ns // $horizon AS bucket FROM klanes) k
-    ON k.device_id = t.device_id AND k.bucket = t.bucket AND k.start_ns >= t.end_ns
-  GROUP BY t.gap_id),
-long_ranges AS (  -- only a range half as long as the shortest gap listed can cover half of one
-  SELECT pid, tid, text, start_ns, end_ns, duration_ns FROM nvtx
-  WHERE duration_ns >= (SELECT min(duration_ns) FROM top) // 2 AND (pid, tid) IN (SELECT (pid, tid) FROM top)),
-ranges AS (
-  SELECT t.gap_id, list(n.text ORDER BY n.duration_ns, n.text)[1:$nvtx_names] AS names
-  FROM top t JOIN long_ranges n ON n.pid = t.pid AND n.tid = t.tid AND n.duration_ns >= t.duration_ns // 2
-   AND least(n.end_ns, t.end_ns) - greatest(n.start_ns, t.start_ns) >= t.duration_ns / 2
-  GROUP BY t.gap_id)
-SELECT
-  (SELECT list(g ORDER BY g.total_ns DESC, g.device, g.first_start_ns) FROM (
-     SELECT {device: device_id, count: count(*), mean_duration_ns: avg(duration_ns)::BIGINT,
-             period_ns: any_value(period_ns), total_ns: sum(duration_ns), first_start_ns: min(start_ns),
-             gap_ids: list(gap_id)} AS g
-     FROM marked WHERE periodic GROUP BY device_id, grp)),
-  (SELECT list({gap_id: t.gap_id, kernel_before: b.short_name, kernel_after: a.short_name,
-                nvtx: coalesce(r.names, []), periodic: t.periodic} ORDER BY t.duration_ns DESC, t.device_id, t.start_ns)
-   FROM top t LEFT JOIN before b USING (gap_id) LEFT JOIN after a USING (gap_id) LEFT JOIN ranges r USING (gap_id))
-"""
 TRACED_SQL = """SELECT count(*) FROM kernels WHERE tid IS NOT NULL AND device_id IN (SELECT unnest($devices))
                 AND end_ns > $start AND start_ns < $end"""
 
@@ -200,37 +149,19 @@ def _group(row: dict, by_id: dict[int, attribution.Gap]) -> PeriodicGroup:
     return PeriodicGroup(**row, cause=max(sorted(causes), key=causes.get))
 
 
-def _found(con: duckdb.DuckDBPyConnection, scope: Scope, attr: attribution.Attribution,
-           min_gap_ns: int) -> list[attribution.Gap]:
-    if min_gap_ns >= attribution.BUBBLE_MIN_NS:
-        return [g for g in attr.long_gaps if g.end_ns - g.start_ns >= min_gap_ns]
-    rows = con.execute(FOUND_SQL, {**attribution.args(scope), "min_gap": min_gap_ns}).fetchall()
-    return [attribution.Gap(*r) for r in rows]
-
-
-def _enrich(con: duckdb.DuckDBPyConnection, found: list[attribution.Gap], limit: int) -> tuple[list, list]:
-    if not found:
-        return [], []
-    cols = {name: packed(getattr(g, field) for g in found) for name, field in (
-        ("ids", "gap_id"), ("devs", "device"), ("starts", "start_ns"), ("ends", "end_ns"), ("pids", "pid"),
-        ("tids", "tid"))}
-    params = {**cols, **attribution.PERIODIC_ARGS, "limit": limit, "horizon": KERNEL_HORIZON_NS,
-              "nvtx_names": NVTX_NAMES}
-    groups, top = con.execute(ENRICH_SQL, params).fetchone()
-    return groups or [], top or []
-
-
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params, default="gpu_active")
     attr = attribution.attribute(con, scope)
-    found = _found(con, scope, attr, params.min_gap_ns)
-    groups, top = _enrich(con, found, params.limit)
+    found = gap_stages.find(con, scope, params.min_gap_ns)
+    groups = gap_stages.group(con, found)
+    periodic = {i for g in groups for i in g["gap_ids"]}
+    top = gap_stages.longest(found, params.limit)
+    around = gap_stages.enrich(con, top)
+    gaps = [Gap(device=g.device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
+                cause=g.cause, blocked_in=g.blocked_in, late_ns=g.late_ns, late_cause=g.late_cause,
+                **around[g.gap_id], periodic=g.gap_id in periodic,
+                edge=g.start_ns == scope.start_ns or g.end_ns == scope.end_ns) for g in top]
     by_id = {g.gap_id: g for g in found}
-    gaps = [Gap(device=(g := by_id[t["gap_id"]]).device, start_ns=g.start_ns, end_ns=g.end_ns,
-                duration_ns=g.end_ns - g.start_ns, cause=g.cause, blocked_in=g.blocked_in, late_ns=g.late_ns,
-                late_cause=g.late_cause,
-                kernel_before=t["kernel_before"], kernel_after=t["kernel_after"], nvtx=t["nvtx"],
-                periodic=t["periodic"], edge=g.start_ns == scope.start_ns or g.end_ns == scope.end_ns) for t in top]
     devices = [_device(attr.devices[d], [g for g in found if g.device == d]) for d in scope.devices]
     traced = con.execute(TRACED_SQL, scope_args(scope)).fetchone()[0]
     note = None if traced else ("no kernel in scope has a traced launch call, so causes read 'host_untraced'; "
