@@ -18,7 +18,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.tools import attribution
-from nsightful.tools.common import Scope, pct, per_model, scope_args
+from nsightful.tools.common import Scope, pct
 
 IDLE_DOMINATED_PCT = 40.0  # idle above this share of the window outweighs any kernel-level tuning
 MIN_GPU_OPS = 10  # fewer kernels, copies and memsets than this say nothing about a workload
@@ -66,8 +66,7 @@ SELECT cat, sum(greatest(0, end_ns - greatest(start_ns, coalesce(before_end, sta
 
 def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> Classification:
     """`fired`: root causes of the findings raised on the same window (they name a host-bound run)."""
-    key = ("shares", tuple(scope.devices), scope.start_ns, scope.end_ns)  # the unions cost seconds on a large export
-    rows = per_model(con, key, lambda: con.execute(SQL, scope_args(scope)).fetchall())
+    rows = con.execute(SQL, {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices}).fetchall()
     ns = {cat: n for cat, n, _ in rows}
     ops = rows[0][2] if rows else 0
     idle = attribution.attribute(con, scope).devices
