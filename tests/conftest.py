@@ -117,3 +117,29 @@ def synth_pair(tmp_path_factory, cache_root):
     for pair in made.values():
         for profile, _ in pair:
             profile.close()
+
+
+RAW_WORK = """SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = :d
+UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = :d
+UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = :d"""
+RAW_CALLS = """SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+WHERE s.value LIKE :name AND r.globalTid = :tid"""
+
+
+def blocked_share(path: Path, device: int, global_tid: int, name_like: str, lo: int, hi: int) -> tuple[int, int]:
+    """(gaps, ns), read from a raw export with sqlite3: the device's idle gaps in [lo, hi) (edges included) that
+    begin inside a CUDA runtime call named like `name_like` on thread `global_tid`, each counted from its start
+    to the call's return plus attribution.SYNC_RESUME_MAX_NS, or to its end: the blocking call's share."""
+    import sqlite3
+
+    from nsightful.tools.attribution import SYNC_RESUME_MAX_NS
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as raw:
+        work = sorted((max(a, lo), min(b, hi)) for a, b in raw.execute(RAW_WORK, {"d": device}) if b > lo and a < hi)
+        calls = raw.execute(RAW_CALLS, {"name": name_like, "tid": global_tid}).fetchall()
+    gaps, reach = [], lo
+    for a, b in [*work, (hi, hi)]:
+        if a > reach:
+            gaps.append((reach, a))
+        reach = max(reach, b)
+    shares = [min(g1, end + SYNC_RESUME_MAX_NS) - g0 for g0, g1 in gaps for start, end in calls if start <= g0 < end]
+    return len(shares), sum(shares)

@@ -105,13 +105,43 @@ def test_attribution_a_late_launch_after_a_little_untraced_host_work_is_launch_o
     assert {c: t.ns for c, t in idle.causes.items()} == {"launch": 500_000, "host_untraced": 1_500_000}
 
 
-def test_attribution_long_wait_after_a_sync_is_not_the_syncs():
-    """The host resumed 5 ms after the synchronize returned: other host work, not the sync, made the gap."""
+def late_resume(**tables) -> tuple[attribution.DeviceIdle, list[attribution.Gap]]:
+    """The device runs dry at 10 us inside a cudaDeviceSynchronize (5-11 us); the host launches again only at
+    5.99 ms, for a kernel at 6 ms: a 5.99 ms gap begun inside the sync, its host resuming 5 ms late."""
     con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 6_000_000, 6_010_000, (5_990_000,
                                                                                                        5_995_000))],
-                     cuda_api=[call("cudaDeviceSynchronize", "sync", 5_000, 11_000)])
-    [idle] = attribution.attribute(con, scope(con)).devices.values()
-    assert {c: t.ns for c, t in idle.causes.items()} == {"host_untraced": 5_990_000}
+                     cuda_api=[call("cudaDeviceSynchronize", "sync", 5_000, 11_000)], **tables)
+    found = attribution.attribute(con, scope(con))
+    [idle] = found.devices.values()
+    return idle, found.long_gaps
+
+
+def test_attribution_a_late_resume_after_a_sync_keeps_the_syncs_share():
+    """The sync drained the queue, so it keeps the gap up to SYNC_RESUME_MAX_NS after it returned (1 ms + the 1 us
+    it ran on after the device went idle); the 4.989 ms past that the host was late, with nothing traced."""
+    idle, [gap] = late_resume()
+    assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == {"sync": (1_001_000, 1),
+                                                                   "host_untraced": (4_989_000, 1)}
+    assert (gap.cause, gap.blocked_in, gap.late_ns, gap.late_cause) == ("sync", "cudaDeviceSynchronize", 4_989_000,
+                                                                        "host_untraced")
+    assert idle.idle_ns == gap.end_ns - gap.start_ns == 5_990_000
+
+
+def test_attribution_a_late_resume_on_a_cpu_is_host_cpu():
+    """The host ran on a CPU, outside CUDA calls, for 4 of the 5.99 ms: the late resume is CPU work."""
+    sched = [{"pid": 1, "tid": 7, "time_ns": T + t, "cpu": 0, "is_sched_in": i} for t, i in ((1_500_000, True),
+                                                                                          (5_500_000, False))]
+    idle, [gap] = late_resume(sched=sched)
+    assert {c: t.ns for c, t in idle.causes.items()} == {"sync": 1_001_000, "host_cpu": 4_989_000}
+    assert (gap.cause, gap.late_cause) == ("sync", "host_cpu")
+
+
+def test_attribution_a_wait_covering_most_of_a_gap_outranks_the_sync_that_began_it():
+    """A 4 ms poll() fills most of the gap: removing the sync alone would not remove it (no sync share)."""
+    idle, [gap] = late_resume(os_runtime=[{"pid": 1, "tid": 7, "name": "poll", "start_ns": T + 1_000_000,
+                                           "end_ns": T + 5_000_000}])
+    assert {c: t.ns for c, t in idle.causes.items()} == {"host_wait": 5_990_000}
+    assert (gap.cause, gap.late_ns, gap.late_cause) == ("host_wait", 0, None)
 
 
 @pytest.mark.parametrize("starts_ms, periodic", [

@@ -3,15 +3,19 @@
 A device's idle time is the window minus the union of its kernels, copies, memsets and whole CUDA graph
 executions (as intervals.GPU_WORK),
 cut into gaps (the stretches before its first and after its last operation in the window included). Each
-gap gets exactly one cause, so causes never share nanoseconds and their sum is the device's idle time:
+gap gets one cause, or two for a late resume after a blocking call (below), so causes never share
+nanoseconds and their sum is the device's idle time:
 
 - queued: the operation after the gap had been launched before the gap began (its launch call returned
   first): the device waited on something other than the host (an event, another stream or device).
-- sync / readback / pageable_copy / sync_copy: the host was inside a blocking call when the device ran dry
-  and resumed launching soon after it returned (within SYNC_RESUME_MAX_NS), so nothing more was queued: a
-  synchronize call; a device-to-host copy, or a synchronize right after one (the .item() pattern); a copy
-  from pageable host memory, or a synchronize right after one; another synchronous copy. A synchronize
-  call covering most of a longer gap also counts as sync (the host waited on other work meanwhile).
+- sync / readback / pageable_copy / sync_copy: the host was inside a blocking call when the device ran dry,
+  so nothing more was queued: a synchronize call; a device-to-host copy, or a synchronize right after one
+  (the .item() pattern); a copy from pageable host memory, or a synchronize right after one; another
+  synchronous copy. The call is why the device ran dry however late the host resumes: it keeps the gap up
+  to SYNC_RESUME_MAX_NS after it returned (the host's turnaround, which work queued ahead would have
+  hidden); what lies past that is the late resume (late_ns), judged by what the host did in the gap like a
+  gap without a blocking call (sync, launch, host_cpu, host_untraced). A synchronize call covering most of
+  a longer gap also counts as sync (the host waited on other work meanwhile).
 - launch_tiny / launch: a short gap (<= LAUNCH_GAP_MAX_NS) before a work item the host launched only after
   the device had gone idle: the cost of launching, between tiny kernels or not. A gap of up to
   OP_OVERHEAD_MAX_NS before such a late launch, with no other host activity seen, counts too: the host was
@@ -56,7 +60,7 @@ SIMILAR_RATIO = 1.2  # gap lengths (and periods) within 20% of each other count 
 PERIODIC_MIN_GAPS = 3  # a pattern needs three gaps (two intervals) to show a period
 STEADY_SHARE = 0.75  # share of start-to-start intervals within 20% of the median for a periodic group
 OP_OVERHEAD_MAX_NS = 500_000  # 0.5 ms: an eager framework's host work for one op (Python, dispatch, launch)
-SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; longer, other host work dominates
+SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; past it the host is late
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
 HOST_PROBE_BUCKET_NS = 1_000_000  # overlap-join buckets for the long gaps x host events join
 WAIT_CALLS = "wait|poll|select|sleep|futex|pause|sem_|pthread_join|pthread_cond|accept|recv|read|epoll"
@@ -96,7 +100,8 @@ main_thread AS (
   SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid FROM (
     SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL) GROUP BY device_id),
 gap_thread AS MATERIALIZED (
-  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns,
+  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, n.launch_end_ns,
+         coalesce(n.tiny, false) OR coalesce(p.tiny, false) AS tiny,
          CASE WHEN n.tid IS NOT NULL THEN n.pid WHEN p.tid IS NOT NULL THEN p.pid ELSE m.pid END AS pid,
          CASE WHEN n.tid IS NOT NULL THEN n.tid WHEN p.tid IS NOT NULL THEN p.tid ELSE m.tid END AS tid
   FROM gapset g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id) LEFT JOIN main_thread m
@@ -138,9 +143,8 @@ at_start AS (
 # What the launching threads did during the gaps that are neither queued nor short.
 HOST = """
 long_gaps AS (
-  SELECT t.gap_id AS probe_id, t.pid, t.tid, t.start_ns, t.end_ns FROM gap_thread t LEFT JOIN nxt n USING (gap_id)
-  WHERE t.tid IS NOT NULL AND t.end_ns - t.start_ns > $launch_gap_max
-    AND NOT coalesce(n.launch_end_ns <= t.start_ns, false)),
+  SELECT gap_id AS probe_id, pid, tid, start_ns, end_ns FROM gap_thread
+  WHERE tid IS NOT NULL AND duration_ns > $launch_gap_max AND NOT coalesce(launch_end_ns <= start_ns, false)),
 sched_on AS (
   SELECT pid, tid, time_ns AS start_ns, next_ns AS end_ns FROM (
     SELECT pid, tid, time_ns, is_sched_in, lead(time_ns) OVER w AS next_ns, lead(is_sched_in) OVER w AS next_in
@@ -150,6 +154,13 @@ sample_period AS (
   SELECT coalesce(median(d), 0)::BIGINT AS ns FROM (
     SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
     FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
+texts AS (SELECT unnest(list(DISTINCT text)) AS text FROM nvtx),  -- a list: no filter is pushed below it
+range_kinds AS (  -- each distinct text matched once (regexes cost more than the scan); a text may be two kinds
+  SELECT text, 'jit' AS what FROM texts
+  WHERE regexp_matches(text, $jit_ranges) AND NOT contains(text, 'Compiled Region')
+  UNION ALL
+  SELECT text, CASE WHEN regexp_matches(text, $comm_ranges) THEN 'comm' ELSE 'wait' END FROM texts
+  WHERE regexp_matches(text, $comm_ranges) OR regexp_matches(text, $data_ranges)),
 host_events AS (
   SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
@@ -162,15 +173,8 @@ host_events AS (
   SELECT o.pid, o.tid, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait' ELSE 'api' END, o.start_ns, o.end_ns
   FROM os_runtime o JOIN threads_in USING (pid, tid) WHERE o.end_ns > $start AND o.start_ns < $end
   UNION ALL
-  SELECT n.pid, n.tid, 'jit', n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
-  WHERE n.end_ns > $start AND n.start_ns < $end AND regexp_matches(coalesce(n.text, ''), $jit_ranges)
-    AND NOT contains(n.text, 'Compiled Region')
-  UNION ALL
-  SELECT n.pid, n.tid, CASE WHEN regexp_matches(n.text, $comm_ranges) THEN 'comm' ELSE 'wait' END, n.start_ns,
-         n.end_ns
-  FROM nvtx n JOIN threads_in USING (pid, tid)
-  WHERE n.end_ns > $start AND n.start_ns < $end
-    AND (regexp_matches(coalesce(n.text, ''), $comm_ranges) OR regexp_matches(coalesce(n.text, ''), $data_ranges))
+  SELECT n.pid, n.tid, t.what, n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
+  JOIN range_kinds t ON t.text = n.text WHERE n.end_ns > $start AND n.start_ns < $end
   UNION ALL
   SELECT pid, tid, 'cpu', start_ns, end_ns FROM sched_on
   UNION ALL
@@ -192,26 +196,33 @@ host AS (
   FROM touch GROUP BY probe_id),"""
 
 LABELLED = "WITH " + WORK + BLOCKING + HOST + """
-labelled AS MATERIALIZED (
-  SELECT g.*, s.api AS blocked_in, g.end_ns - s.b_end AS resume_ns, CASE
-    WHEN n.launch_end_ns <= g.start_ns THEN 'queued'
+judged AS (
+  SELECT g.*, s.api AS blocked_in, s.cause AS blocked_cause, s.b_end, CASE
+    WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
     WHEN g.duration_ns <= $launch_gap_max AND s.cause IS NOT NULL THEN s.cause
-    WHEN g.duration_ns <= $launch_gap_max AND n.launch_end_ns IS NULL THEN 'host_untraced'
+    WHEN g.duration_ns <= $launch_gap_max AND g.launch_end_ns IS NULL THEN 'host_untraced'
     WHEN g.duration_ns <= $launch_gap_max THEN
-      CASE WHEN coalesce(n.tiny, false) OR coalesce(p.tiny, false) THEN 'launch_tiny' ELSE 'launch' END
+      CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
     WHEN h.jit_ns > 0 OR h.modules > 0 THEN 'jit'
     WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'
     WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
-    WHEN s.cause IS NOT NULL AND g.end_ns - s.b_end <= $resume_max THEN s.cause
+    WHEN s.cause IS NOT NULL THEN s.cause END AS early_cause, CASE
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
     WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
-    WHEN g.duration_ns <= $overhead_max AND n.launch_end_ns IS NOT NULL THEN
-      CASE WHEN coalesce(n.tiny, false) OR coalesce(p.tiny, false) THEN 'launch_tiny' ELSE 'launch' END
-    ELSE 'host_untraced' END AS cause
-  FROM gap_thread g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id)
-  LEFT JOIN at_start s USING (gap_id) LEFT JOIN host h USING (gap_id))"""
+    WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN
+      CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
+    ELSE 'host_untraced' END AS host_cause
+  FROM gap_thread g LEFT JOIN at_start s USING (gap_id) LEFT JOIN host h USING (gap_id)),
+split AS (
+  SELECT *, coalesce(early_cause, host_cause) AS cause,
+         CASE WHEN early_cause = blocked_cause AND host_cause <> early_cause
+              THEN greatest(0, end_ns - (b_end + $resume_max)) ELSE 0 END AS late_ns
+  FROM judged),
+labelled AS MATERIALIZED (
+  SELECT gap_id, device_id, start_ns, end_ns, duration_ns, pid, tid, blocked_in, cause, late_ns,
+         CASE WHEN late_ns > 0 THEN host_cause END AS late_cause FROM split)"""
 
 
 
@@ -239,8 +250,15 @@ def periodic(name: str, source: str, keys: str) -> str:
 
 
 TOTALS_SQL = LABELLED + """,
-host_gaps AS (SELECT gap_id, device_id, start_ns, duration_ns FROM labelled
-              WHERE cause IN ('host_untraced', 'host_cpu') AND duration_ns BETWEEN $gc_min AND $gc_max),
+pieces0 AS (  -- a gap's time by cause: all of it, or its blocking call's share and the late resume after it
+  SELECT gap_id, device_id, cause, start_ns, duration_ns - late_ns AS ns, duration_ns FROM labelled
+  UNION ALL SELECT gap_id, device_id, late_cause, end_ns - late_ns, late_ns, duration_ns FROM labelled
+  WHERE late_ns > 0),
+pieces AS (  -- host_id: the gap's id on its piece with no host activity traced (a gap has one at most)
+  SELECT *, CASE WHEN cause IN ('host_untraced', 'host_cpu') THEN gap_id END AS host_id FROM pieces0),
+host_gaps AS (  -- stretches of 1 to 100 ms in which the host did nothing traced, a late resume's included
+  SELECT host_id AS gap_id, device_id, start_ns, ns AS duration_ns FROM pieces
+  WHERE host_id IS NOT NULL AND ns BETWEEN $gc_min AND $gc_max),
 """ + periodic("pauses", "host_gaps", "device_id") + """,
 apis AS (
   SELECT device_id, cause, first(blocked_in ORDER BY ns DESC, blocked_in) AS api FROM (
@@ -248,17 +266,18 @@ apis AS (
     WHERE cause IN ('sync', 'readback', 'pageable_copy', 'sync_copy') AND blocked_in IS NOT NULL GROUP BY ALL)
   GROUP BY ALL),
 totals AS (
-  SELECT l.device_id, l.cause, count(*) AS gaps, sum(l.duration_ns)::BIGINT AS ns,
-         coalesce(sum(l.duration_ns) FILTER (WHERE l.duration_ns >= $bubble_min), 0)::BIGINT AS long_ns,
-         coalesce(sum(l.duration_ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
+  SELECT l.device_id, l.cause, count(*) AS gaps, sum(l.ns)::BIGINT AS ns,
+         coalesce(sum(l.ns) FILTER (WHERE l.duration_ns >= $bubble_min), 0)::BIGINT AS long_ns,
+         coalesce(sum(l.ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
          count(*) FILTER (WHERE p.periodic) AS periodic_gaps,
          median(p.period_ns) FILTER (WHERE p.periodic)::BIGINT AS period_ns, any_value(a.api) AS api
-  FROM labelled l LEFT JOIN pauses p ON p.gap_id = l.gap_id
+  FROM pieces l LEFT JOIN pauses p ON p.gap_id = l.host_id
   LEFT JOIN apis a ON a.device_id = l.device_id AND a.cause = l.cause
   GROUP BY l.device_id, l.cause)
 SELECT (SELECT list(t ORDER BY t.device_id, t.ns DESC, t.cause) FROM totals t),
        (SELECT list({gap_id: gap_id, device: device_id, start_ns: start_ns, end_ns: end_ns, cause: cause,
-                     blocked_in: blocked_in, pid: pid, tid: tid} ORDER BY gap_id)
+                     blocked_in: blocked_in, pid: pid, tid: tid, late_ns: late_ns, late_cause: late_cause}
+                    ORDER BY gap_id)
         FROM labelled WHERE duration_ns >= $bubble_min)
 """
 
@@ -280,7 +299,8 @@ class CauseTime:
     ns: int
     gaps: int
     long_ns: int = 0  # in gaps of at least BUBBLE_MIN_NS
-    periodic_ns: int = 0  # in periodic host gaps of BUBBLE_MIN_NS..PAUSE_MAX_NS (host_untraced/host_cpu only)
+    periodic_ns: int = 0  # in periodic host stretches (gaps or late resumes) of BUBBLE_MIN_NS..PAUSE_MAX_NS
+    #                       (host_untraced/host_cpu only)
     periodic_gaps: int = 0
     period_ns: int | None = None
     api: str | None = None  # for the blocking causes: the API whose gaps hold the most of their idle time
@@ -312,6 +332,8 @@ class Gap:
     blocked_in: str | None
     pid: int | None
     tid: int | None
+    late_ns: int = 0  # a gap begun inside a blocking call: the host's late resume past its share (cause: late_cause)
+    late_cause: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Over the window (default: GPU-active), a device is idle where none of its kernels, copies or memsets runs
 (the union of their intervals); every idle stretch (a gap, including the stretches before the device's first
-and after its last operation) gets one cause from tools/attribution.py, which says how each is decided.
+and after its last operation) gets one cause from tools/attribution.py, which says how each is decided (a gap
+begun inside a blocking call whose host resumed late gives that late part, late_ns, a second cause).
 devices: per device busy_pct = 1 - idle / window, idle by cause over all gaps (ns, gap count, the blocking
 API for the blocking causes), and the gaps of at least min_gap_ns (count, time, largest).
 gaps: the longest gaps of at least min_gap_ns, with the kernels before and after (within 1 s), the blocking
@@ -10,6 +11,7 @@ call the host was in when the device ran dry, and nvtx = up to 3 of the shortest
 thread (see tools/attribution.py) that cover at least half the gap.
 periodic_groups: gaps of similar length (within 20%) recurring at a steady period (>= 3 gaps, 75% of intervals
 within 20% of the median), the costliest 5. Findings: every idle root cause (tools/idle_causes.py). Times in ns.
+The queries are tools/gap_stages.py's: find -> group -> enrich the longest.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, idle_causes, program
-from nsightful.tools.attribution import LABELLED, periodic
+from nsightful.tools import attribution, gap_stages, idle_causes, program
 from nsightful.tools.common import (
     FINDINGS_SHOWN,
     Finding,
@@ -32,17 +33,13 @@ from nsightful.tools.common import (
     leads_first,
     more_rows,
     ms,
-    packed,
     pct,
     resolve_scope,
     scope_args,
-    unpacked,
 )
 
 GAP_ROWS = 10  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
 PERIODIC_ROWS = 5  # a pattern recurs on every rank of a node: the costliest few make the point
-NVTX_NAMES = 3  # innermost ranges reported per gap
-KERNEL_HORIZON_NS = 1_000_000_000  # kernel_before/after: the nearest kernel within this distance
 BUCKETS_MS = ((0, 1), (1, 2), (2, 5), (5, 10), (10, 50), (50, 100), (100, None))  # histogram, ms
 
 
@@ -78,6 +75,9 @@ class Gap(BaseModel):
     duration_ns: int
     cause: str
     blocked_in: str | None = Field(description="blocking API the host was inside when the device ran dry")
+    late_ns: int = Field(description="for a gap begun inside a blocking call: the time the host resumed late, past "
+                                     "the call's share (its return + 1 ms turnaround), charged to late_cause")
+    late_cause: str | None = Field(description="the cause of late_ns (what the host did meanwhile), else null")
     kernel_before: str | None
     kernel_after: str | None
     nvtx: list[str] = Field(description="innermost NVTX ranges of the launching threads covering half the gap")
@@ -119,52 +119,6 @@ class Result(Output):
     findings_total: int = 0
 
 
-# The gaps to show come from the attribution (cached), or from LABELLED for a min_gap_ns below its long
-# gaps; this query only groups them and enriches the `limit` longest.
-FOUND_SQL = LABELLED + """
-SELECT gap_id, device_id, start_ns, end_ns, cause, blocked_in, pid, tid FROM labelled WHERE duration_ns >= $min_gap
-"""
-ENRICH_SQL = """
-WITH found AS (
-  SELECT unnest(""" + unpacked("$ids") + """) AS gap_id, unnest(""" + unpacked("$devs") + """) AS device_id,
-         unnest(""" + unpacked("$starts") + """) AS start_ns, unnest(""" + unpacked("$ends") + """) AS end_ns,
-         unnest(""" + unpacked("$pids") + """) AS pid, unnest(""" + unpacked("$tids") + """) AS tid),
-sized AS (SELECT *, end_ns - start_ns AS duration_ns FROM found),
-""" + periodic("groups", "sized", "device_id") + """,
-marked AS MATERIALIZED (
-  SELECT f.*, g.grp, g.periodic, g.period_ns FROM sized f JOIN groups g USING (gap_id, device_id)),
-top AS (SELECT * FROM marked ORDER BY duration_ns DESC, device_id, start_ns LIMIT $limit),
-klanes AS (SELECT device_id, short_name, start_ns, end_ns FROM kernels WHERE device_id IN (SELECT device_id FROM top)),
-before AS (
-  SELECT t.gap_id, arg_max(k.short_name, k.end_ns) AS short_name
-  FROM (SELECT *, unnest([start_ns // $horizon - 1, start_ns // $horizon]) AS bucket FROM top) t
-  JOIN (SELECT *, end_ns // $horizon AS bucket FROM klanes) k
-    ON k.device_id = t.device_id AND k.bucket = t.bucket AND k.end_ns <= t.start_ns
-  GROUP BY t.gap_id),
-after AS (
-  SELECT t.gap_id, arg_min(k.short_name, k.start_ns) AS short_name
-  FROM (SELECT *, unnest([end_ns // $horizon, end_ns // $horizon + 1]) AS bucket FROM top) t
-  JOIN (SELECT *, start_ns // $horizon AS bucket FROM klanes) k
-    ON k.device_id = t.device_id AND k.bucket = t.bucket AND k.start_ns >= t.end_ns
-  GROUP BY t.gap_id),
-long_ranges AS (  -- only a range half as long as the shortest gap listed can cover half of one
-  SELECT pid, tid, text, start_ns, end_ns, duration_ns FROM nvtx
-  WHERE duration_ns >= (SELECT min(duration_ns) FROM top) // 2 AND (pid, tid) IN (SELECT (pid, tid) FROM top)),
-ranges AS (
-  SELECT t.gap_id, list(n.text ORDER BY n.duration_ns, n.text)[1:$nvtx_names] AS names
-  FROM top t JOIN long_ranges n ON n.pid = t.pid AND n.tid = t.tid AND n.duration_ns >= t.duration_ns // 2
-   AND least(n.end_ns, t.end_ns) - greatest(n.start_ns, t.start_ns) >= t.duration_ns / 2
-  GROUP BY t.gap_id)
-SELECT
-  (SELECT list(g ORDER BY g.total_ns DESC, g.device, g.first_start_ns) FROM (
-     SELECT {device: device_id, count: count(*), mean_duration_ns: avg(duration_ns)::BIGINT,
-             period_ns: any_value(period_ns), total_ns: sum(duration_ns), first_start_ns: min(start_ns),
-             gap_ids: list(gap_id)} AS g
-     FROM marked WHERE periodic GROUP BY device_id, grp)),
-  (SELECT list({gap_id: t.gap_id, kernel_before: b.short_name, kernel_after: a.short_name,
-                nvtx: coalesce(r.names, []), periodic: t.periodic} ORDER BY t.duration_ns DESC, t.device_id, t.start_ns)
-   FROM top t LEFT JOIN before b USING (gap_id) LEFT JOIN after a USING (gap_id) LEFT JOIN ranges r USING (gap_id))
-"""
 TRACED_SQL = """SELECT count(*) FROM kernels WHERE tid IS NOT NULL AND device_id IN (SELECT unnest($devices))
                 AND end_ns > $start AND start_ns < $end"""
 
@@ -195,36 +149,19 @@ def _group(row: dict, by_id: dict[int, attribution.Gap]) -> PeriodicGroup:
     return PeriodicGroup(**row, cause=max(sorted(causes), key=causes.get))
 
 
-def _found(con: duckdb.DuckDBPyConnection, scope: Scope, attr: attribution.Attribution,
-           min_gap_ns: int) -> list[attribution.Gap]:
-    if min_gap_ns >= attribution.BUBBLE_MIN_NS:
-        return [g for g in attr.long_gaps if g.end_ns - g.start_ns >= min_gap_ns]
-    rows = con.execute(FOUND_SQL, {**attribution.args(scope), "min_gap": min_gap_ns}).fetchall()
-    return [attribution.Gap(*r) for r in rows]
-
-
-def _enrich(con: duckdb.DuckDBPyConnection, found: list[attribution.Gap], limit: int) -> tuple[list, list]:
-    if not found:
-        return [], []
-    cols = {name: packed(getattr(g, field) for g in found) for name, field in (
-        ("ids", "gap_id"), ("devs", "device"), ("starts", "start_ns"), ("ends", "end_ns"), ("pids", "pid"),
-        ("tids", "tid"))}
-    params = {**cols, **attribution.PERIODIC_ARGS, "limit": limit, "horizon": KERNEL_HORIZON_NS,
-              "nvtx_names": NVTX_NAMES}
-    groups, top = con.execute(ENRICH_SQL, params).fetchone()
-    return groups or [], top or []
-
-
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params, default="gpu_active")
     attr = attribution.attribute(con, scope)
-    found = _found(con, scope, attr, params.min_gap_ns)
-    groups, top = _enrich(con, found, params.limit)
+    found = gap_stages.find(con, scope, params.min_gap_ns)
+    groups = gap_stages.group(con, found)
+    periodic = {i for g in groups for i in g["gap_ids"]}
+    top = gap_stages.longest(found, params.limit)
+    around = gap_stages.enrich(con, top)
+    gaps = [Gap(device=g.device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
+                cause=g.cause, blocked_in=g.blocked_in, late_ns=g.late_ns, late_cause=g.late_cause,
+                **around[g.gap_id], periodic=g.gap_id in periodic,
+                edge=g.start_ns == scope.start_ns or g.end_ns == scope.end_ns) for g in top]
     by_id = {g.gap_id: g for g in found}
-    gaps = [Gap(device=(g := by_id[t["gap_id"]]).device, start_ns=g.start_ns, end_ns=g.end_ns,
-                duration_ns=g.end_ns - g.start_ns, cause=g.cause, blocked_in=g.blocked_in,
-                kernel_before=t["kernel_before"], kernel_after=t["kernel_after"], nvtx=t["nvtx"],
-                periodic=t["periodic"], edge=g.start_ns == scope.start_ns or g.end_ns == scope.end_ns) for t in top]
     devices = [_device(attr.devices[d], [g for g in found if g.device == d]) for d in scope.devices]
     traced = con.execute(TRACED_SQL, scope_args(scope)).fetchone()[0]
     note = None if traced else ("no kernel in scope has a traced launch call, so causes read 'host_untraced'; "
@@ -234,7 +171,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     periodic_groups=[_group(g, by_id) for g in groups[:PERIODIC_ROWS]],
                     periodic_group_count=len(groups), gaps=gaps,
                     truncated=len(found) > params.limit, note=note)
-    found_all = idle_causes.findings(attr.devices, program.detect(con))
+    found_all = idle_causes.findings(attr.devices, program.detect(con),
+                                     step_ns=idle_causes.step_ns(con, params.profile, params.device))
     result.findings, result.findings_total = leads_first(found_all, lambda f: f, FINDINGS_SHOWN), len(found_all)
     return result
 
@@ -255,6 +193,8 @@ def render(result: Result) -> str:
         lines.append(f"... {result.periodic_group_count - len(result.periodic_groups)} more periodic groups")
     for g in result.gaps:
         blocked = f" in {g.blocked_in}" if g.blocked_in else ""
+        if g.late_ns:
+            blocked += f", then {ms(g.late_ns)} late resume ({g.late_cause})"
         lines.append(f"{ms(g.duration_ns):>14} dev {g.device} at {g.start_ns}: {g.cause}{blocked}"
                      f"{' (periodic)' if g.periodic else ''}; {g.kernel_before or '-'} -> {g.kernel_after or '-'}"[:200]
                      + (f"; nvtx {' < '.join(g.nvtx)}" if g.nvtx else ""))

@@ -2,19 +2,24 @@
 
 Every idle finding comes from here, whichever tool shows it (gpu_idle_gaps shows them all, sync_analysis
 and kernel_launch_overhead the ones they measure), so the figures always agree. Each root cause claims the
-idle time of its gap causes (tools/attribution.py) on one device; causes never share gaps, so findings
-never count the same nanoseconds twice and a device's findings never exceed its idle time. A finding fires
-only when its claim reaches MIN_FINDING_PCT of the window and its own precondition holds; gpu-bubbles takes
-what stays unexplained in gaps of 1 ms or more.
+idle time of its gap causes (tools/attribution.py) on one device; causes never share nanoseconds, so
+findings never count the same nanoseconds twice and a device's findings never exceed its idle time. A finding
+fires only when its claim reaches MIN_FINDING_PCT of the window and its own precondition holds; gpu-bubbles
+takes what stays unexplained in gaps of 1 ms or more. gc-pauses (book gc-pauses) needs a Python program and
+periodic gaps of 1 ms or more in which the host did nothing traced (no blocking call, copy or launch), recurring
+less often than every step when the loop's step is known: a gap in every step is the step's own work.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import duckdb
+
+from nsightful.tools import iterations
 from nsightful.tools.attribution import DeviceIdle
-from nsightful.tools.common import Finding, ms, pct
+from nsightful.tools.common import Finding, ms, pct, run_once
 from nsightful.tools.program import Program
 
 MIN_FINDING_PCT = 1.0  # idle under 1% of the window cannot move the step time noticeably
@@ -25,6 +30,8 @@ RECURRING_MIN_GAPS = 3  # outside a steady window, a cost paid three times or mo
 TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launches, not a handful
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
 UNEXPLAINED = ("host_untraced", "queued")  # causes no specific finding claims (pageable_copy: memory_transfers')
+GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-generation pass, which fires on every
+# 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,16 @@ def _periodic(d: DeviceIdle, causes: tuple[str, ...]) -> int:
 
 def _gc_applies(d: DeviceIdle, program: Program, _: bool) -> bool:
     return _python(program)
+
+
+def _off_step(d: DeviceIdle, step_ns: int | None) -> DeviceIdle:
+    """d without the periodic host gaps that recur once or more per step (period under GC_MIN_STEPS steps):
+    those sit at a fixed place in the step, the step's own work, and no collection pause can claim them."""
+    if step_ns is None:
+        return d
+    causes = {c: t if t.period_ns is None or t.period_ns >= GC_MIN_STEPS * step_ns
+              else replace(t, periodic_ns=0, periodic_gaps=0, period_ns=None) for c, t in d.causes.items()}
+    return replace(d, causes=causes)
 
 
 def _cpu_ns(d: DeviceIdle, causes: tuple[str, ...], gc_claimed: bool) -> int:
@@ -112,11 +129,20 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
-def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = False) -> list[Finding]:
+def step_ns(con: duckdb.DuckDBPyConnection, profile: str, device: int | None) -> int | None:
+    """The loop's steady step (iterations' median over the capture), None when no loop is found."""
+    found = run_once(con, iterations, iterations.Params(profile=profile, device=device))
+    return None if found.steady_median_ns is None else int(found.steady_median_ns)
+
+
+def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = False,
+             step_ns: int | None = None) -> list[Finding]:
     """All idle findings, per device, in CLAIMS order; then gpu-bubbles for what stays unexplained. in_loop: the
-    window lies inside the program's loop (a steady state), so even a one-off cost recurs per run of it."""
+    window lies inside the program's loop (a steady state), so even a one-off cost recurs per run of it. step_ns:
+    the loop's steady step, when known (iterations), so that a gap recurring every step is not taken for a
+    collection pause."""
     out: list[Finding] = []
-    for d in idle.values():
+    for d in (_off_step(d, step_ns) for d in idle.values()):
         fired: set[str] = set()
         for claim in CLAIMS:
             root = _jit_cause(program) if claim.root_cause == "module-loading-hot-path" else claim.root_cause

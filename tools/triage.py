@@ -164,7 +164,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope, note, warmup = _window(con, params)
     found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
     idle = attribution.attribute(con, scope).devices
-    found += [("gpu_idle_gaps", f) for f in idle_causes.findings(idle, prog, scope.window_basis == "steady_state")]
+    step = idle_causes.step_ns(con, params.profile, params.device)
+    in_loop = scope.window_basis == "steady_state"
+    found += [("gpu_idle_gaps", f) for f in idle_causes.findings(idle, prog, in_loop, step)]
     skipped: list[str] = []
     for name in WINDOW_DETECTORS:
         module = modules[name]
