@@ -1,0 +1,212 @@
+"""What does each GPU's timeline look like: its lanes of work, its idle gaps and the steps above them?
+
+Over the window (default: GPU-active), per device, one lane per kind of work that occurs: compute (kernels other
+than NCCL, and whole CUDA graph executions), nccl (NCCL kernels), h2d and d2h copies, other_copy (device to
+device, peer, host to host, unified memory) and memset. The window is cut into `buckets` equal columns (as
+gpu_utilization's slices); a lane's `levels` holds one digit per column: 0 when nothing of the lane runs in
+it, else ceil(9 x busy share), busy being the union of the lane's intervals (overlap counts once), so a
+single short kernel still shows as 1. Exact, however long the profile: per device the `limit` longest kernels
+and the `limit` longest idle gaps (>= 1 ms, each with its cause and blocking call from tools/attribution.py,
+as gpu_idle_gaps decides them). steps: the iterations of the capture (tools/iterations.py, at most 500) that overlap the window.
+Clients that show MCP Apps draw it as a zoomable picture (ui://nsightful/timeline.html); `nsightful report`
+writes the same picture into an HTML file. No findings: gpu_idle_gaps and triage judge what it shows. Times in ns.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import duckdb
+from pydantic import BaseModel, Field
+
+from nsightful.tools import attribution, iterations
+from nsightful.tools.common import (
+    MAX_LIMIT,
+    Finding,
+    Output,
+    Scope,
+    ScopedParams,
+    more_rows,
+    ms,
+    pct,
+    resolve_scope,
+    run_once,
+    scope_args,
+)
+from nsightful.tools.intervals import islands
+
+LEVELS = 9  # digits 1-9 for busy columns: enough shades for a pixel column, one character each
+MAX_BUCKETS = 20_000  # columns: ten screen widths, so a report can zoom in before the columns show
+SPANS_SHOWN = 5  # longest kernels and gaps per device by default: the ones an eye looks for first
+LANES = ("compute", "nccl", "h2d", "d2h", "other_copy", "memset")
+
+Lane = Literal["compute", "nccl", "h2d", "d2h", "other_copy", "memset"]
+
+
+class Params(ScopedParams):
+    buckets: Annotated[int, Field(description=f"Columns the window is cut into, one digit each per lane "
+                                              f"(10-{MAX_BUCKETS:,}); a picture wants about one per pixel",
+                                  ge=10, le=MAX_BUCKETS)] = 120
+    limit: Annotated[int, Field(description=f"Longest kernels and longest idle gaps kept exactly, per device "
+                                            f"(1-{MAX_LIMIT})", ge=1, le=MAX_LIMIT)] = SPANS_SHOWN
+
+
+class LaneRow(BaseModel):
+    lane: Lane
+    busy_ns: int = Field(description="union of the lane's intervals in the window")
+    busy_pct: float
+    levels: str = Field(description="one digit per column: 0 idle, k = busy more than (k-1)/9 and at most k/9 of it")
+
+
+class KernelSpan(BaseModel):
+    lane: Lane
+    name: str = Field(description="short kernel name")
+    start_ns: int
+    end_ns: int
+    duration_ns: int
+
+
+class GapSpan(BaseModel):
+    start_ns: int
+    end_ns: int
+    duration_ns: int
+    cause: str = Field(description="as gpu_idle_gaps: queued, sync, readback, pageable_copy, ..., host_untraced")
+    blocked_in: str | None = Field(description="blocking API the host was inside when the device ran dry")
+
+
+class DeviceTimeline(BaseModel):
+    device: int
+    busy_pct: float = Field(description="share of the window with any work on the device")
+    idle_ns: int
+    gap_count: int = Field(description="idle gaps of at least 1 ms")
+    lanes: list[LaneRow] = Field(description="only the lanes with work, in the order compute, nccl, h2d, d2h, "
+                                             "other_copy, memset")
+    kernels: list[KernelSpan] = Field(description="longest first, at most `limit`")
+    kernel_count: int = Field(description="kernels in the window")
+    gaps: list[GapSpan] = Field(description="longest first, at most `limit`")
+
+
+class StepSpan(BaseModel):
+    index: int
+    start_ns: int
+    end_ns: int
+
+
+class Result(Output):
+    scope: Scope
+    buckets: int
+    bucket_ns: int = Field(description="nominal column length (columns differ by at most 1 ns)")
+    devices: list[DeviceTimeline]
+    steps: list[StepSpan] = Field(description=f"iterations overlapping the window (of the first {MAX_LIMIT})")
+    step_method: str | None = Field(description="how iterations found the steps; null when it found none")
+    truncated: bool = Field(description="true when some device has more kernels or gaps than `limit`")
+    findings: list[Finding] = []
+
+
+LANE_WORK = """lane_work AS (
+  SELECT device_id, lane, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
+  FROM (SELECT device_id, CASE WHEN category = 'nccl' THEN 'nccl' ELSE 'compute' END AS lane, start_ns, end_ns
+        FROM kernels
+        UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM graph_exec
+        UNION ALL SELECT device_id, CASE direction WHEN 'H2D' THEN 'h2d' WHEN 'D2H' THEN 'd2h' ELSE 'other_copy' END,
+                         start_ns, end_ns FROM memcpy
+        UNION ALL SELECT device_id, 'memset', start_ns, end_ns FROM memset)
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
+
+# Column b covers [edge(b), edge(b + 1)) with edge(b) = $start + ceil(b * $width / $buckets), as gpu_utilization's
+# slices; each busy island is split over the columns it touches.
+EDGE = "($start + ((%s) * $width + $buckets - 1) // $buckets)"
+LANES_SQL = "WITH " + LANE_WORK + ",\n" + islands("lane_busy", "lane_work", "device_id, lane") + """,
+pieces AS (
+  SELECT device_id, lane, b, least(end_ns, """ + EDGE % "b + 1" + ") - greatest(start_ns, " + EDGE % "b" + """) AS ns
+  FROM (SELECT *, unnest(range(((start_ns - $start) * $buckets) // $width,
+                               ((end_ns - 1 - $start) * $buckets) // $width + 1)) AS b FROM lane_busy)),
+columns AS (
+  SELECT device_id, lane, b, sum(ns) AS ns,
+         ceil($levels * sum(ns) / (""" + EDGE % "b + 1" + " - " + EDGE % "b" + """))::INTEGER AS level
+  FROM pieces GROUP BY device_id, lane, b)
+SELECT device_id, lane, sum(ns)::BIGINT, list([b, level]) FROM columns GROUP BY ALL
+"""
+
+KERNELS_SQL = """
+SELECT device_id, CASE WHEN category = 'nccl' THEN 'nccl' ELSE 'compute' END, short_name, start_ns, end_ns,
+       count(*) OVER (PARTITION BY device_id) AS n
+FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end
+QUALIFY row_number() OVER (PARTITION BY device_id ORDER BY end_ns - start_ns DESC, start_ns) <= $limit
+ORDER BY device_id, end_ns - start_ns DESC, start_ns
+"""
+
+
+def _levels(columns: list[list[int]], buckets: int) -> str:
+    digits = bytearray(b"0" * buckets)
+    for b, level in columns:
+        digits[b] = ord("0") + min(LEVELS, max(1, level))
+    return digits.decode()
+
+
+def _lanes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) -> dict[int, list[LaneRow]]:
+    args = {**scope_args(scope), "buckets": buckets, "width": scope.duration_ns, "levels": LEVELS}
+    found: dict[int, dict[str, LaneRow]] = {d: {} for d in scope.devices}
+    for device, lane, busy, columns in con.execute(LANES_SQL, args).fetchall():
+        found[device][lane] = LaneRow(lane=lane, busy_ns=busy, busy_pct=pct(busy, scope.duration_ns),
+                                      levels=_levels(columns, buckets))
+    return {d: [lanes[name] for name in LANES if name in lanes] for d, lanes in found.items()}
+
+
+def _kernels(con: duckdb.DuckDBPyConnection, scope: Scope, limit: int) -> tuple[dict[int, list], dict[int, int]]:
+    spans: dict[int, list[KernelSpan]] = {d: [] for d in scope.devices}
+    counts: dict[int, int] = {}
+    for device, lane, name, start, end, n in con.execute(KERNELS_SQL, {**scope_args(scope), "limit": limit}).fetchall():
+        spans[device].append(KernelSpan(lane=lane, name=name, start_ns=start, end_ns=end, duration_ns=end - start))
+        counts[device] = n
+    return spans, counts
+
+
+def _steps(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope) -> tuple[list[StepSpan], str | None]:
+    """The iterations of the whole capture that overlap the window: a step the window cuts still shows."""
+    found = run_once(con, iterations, iterations.Params(profile=params.profile, device=params.device, limit=MAX_LIMIT))
+    return [StepSpan(index=r.index, start_ns=r.start_ns, end_ns=r.end_ns) for r in found.rows
+            if r.end_ns > scope.start_ns and r.start_ns < scope.end_ns], found.method
+
+
+def _gaps(attr: attribution.Attribution, device: int, limit: int) -> tuple[list[GapSpan], int]:
+    """The `limit` longest of the device's gaps of at least 1 ms as the attribution judged them, and their count."""
+    found = sorted((g for g in attr.long_gaps if g.device == device), key=lambda g: (g.start_ns - g.end_ns, g.start_ns))
+    return [GapSpan(start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns, cause=g.cause,
+                    blocked_in=g.blocked_in) for g in found[:limit]], len(found)
+
+
+def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
+    scope = resolve_scope(con, params, default="gpu_active")
+    attr = attribution.attribute(con, scope)
+    lanes = _lanes(con, scope, params.buckets)
+    kernels, kernel_counts = _kernels(con, scope, params.limit)
+    devices = []
+    for d in scope.devices:
+        gaps, gap_count = _gaps(attr, d, params.limit)
+        idle = attr.devices[d]
+        devices.append(DeviceTimeline(device=d, busy_pct=idle.busy_pct, idle_ns=idle.idle_ns, gap_count=gap_count,
+                                      lanes=lanes[d], kernels=kernels[d], kernel_count=kernel_counts.get(d, 0),
+                                      gaps=gaps))
+    steps, method = _steps(con, params, scope)
+    truncated = any(d.kernel_count > len(d.kernels) or d.gap_count > len(d.gaps) for d in devices)
+    return Result(scope=scope, buckets=params.buckets, bucket_ns=scope.duration_ns // params.buckets,
+                  devices=devices, steps=steps, step_method=method, truncated=truncated)
+
+
+def render(result: Result) -> str:
+    s = result.scope
+    lines = [f"timeline of {ms(s.duration_ns)} ({s.window_basis} window) in {result.buckets} columns of "
+             f"{ms(result.bucket_ns)}; a digit per column: 0 idle, 1-9 busy share in ninths"]
+    for d in result.devices:
+        lines.append(f"device {d.device}: busy {d.busy_pct:.1f}%, idle {ms(d.idle_ns)}, {d.gap_count} gaps >= 1 ms")
+        lines.extend(f"  {lane.lane:>10} {lane.busy_pct:5.1f}% {lane.levels}" for lane in d.lanes)
+        lines.extend(f"  gap {ms(g.duration_ns)} at {g.start_ns}: {g.cause}"
+                     + (f" in {g.blocked_in}" if g.blocked_in else "") for g in d.gaps)
+        lines.extend(more_rows(result, d.gap_count - len(d.gaps), f"gaps on device {d.device}"))
+        lines.extend(f"  kernel {ms(k.duration_ns)} at {k.start_ns}: {k.name}"[:160] for k in d.kernels)
+        lines.extend(more_rows(result, d.kernel_count - len(d.kernels), f"kernels on device {d.device}"))
+    if result.steps:
+        lines.append(f"{len(result.steps)} steps by {result.step_method}: " + ", ".join(
+            f"{st.index}@{st.start_ns}" for st in result.steps[:10]) + (" ..." if len(result.steps) > 10 else ""))
+    return "\n".join(lines)
