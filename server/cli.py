@@ -84,6 +84,11 @@ def parser() -> argparse.ArgumentParser:
                            "(% of the step time; points of GPU idle share when a side has no steady iterations)")
     _add_profile_options(diff)
 
+    report = sub.add_parser("report", help="draw a profile (or a before/after pair) as one self-contained HTML file")
+    from nsightful.report import cli as report_cli
+    report_cli.add_arguments(report)
+    _add_profile_options(report)
+
     synth = sub.add_parser("synth", help="write a sample profile with planted problems and their ground truth")
     from nsightful.profiles import synth as synth_module
     synth_module.add_arguments(synth)
@@ -205,8 +210,9 @@ def cmd_serve(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from nsightful.report import cli as report_cli
     commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage,
-                "diff": cmd_diff}
+                "diff": cmd_diff, "report": report_cli.run}
     try:
         if args.command == "synth":
             from nsightful.profiles import synth
