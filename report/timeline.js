@@ -26,7 +26,7 @@ const NsTimeline = (() => {
       let sum = 0;
       for (let c = Math.max(0, Math.floor(a)); c < Math.min(levels.length, Math.ceil(b)); c++) {
         const level = levels.charCodeAt(c) - 48;
-        if (level) sum += (level / LEVELS) * (Math.min(b, c + 1) - Math.max(a, c));
+        if (level > 0 && level <= LEVELS) sum += (level / LEVELS) * (Math.min(b, c + 1) - Math.max(a, c));
       }
       out[p] = sum / step;
     }
@@ -48,8 +48,8 @@ const NsTimeline = (() => {
     const g = el("g", {class: "lane", "data-device": dev.device, "data-lane": row.lane}, svg);
     el("text", {x: 4, y: y + ROW - 5, class: "label"}, g, row.lane + " " + row.busy_pct.toFixed(1) + "%");
     const s = data.scope, width = s.end_ns - s.start_ns, cols = row.levels.length;
-    const shares = rebucket(row.levels, (view.start - s.start_ns) / width * cols, (view.end - s.start_ns) / width * cols,
-                            PLOT);
+    const shares = rebucket(row.levels, (view.start - s.start_ns) / width * cols,
+                            (view.end - s.start_ns) / width * cols, PLOT);
     let p = 0;
     while (p < PLOT) {  // one rect per run of pixel columns with the same shade
       const level = Math.ceil(shares[p] * LEVELS - 1e-9);
@@ -61,12 +61,13 @@ const NsTimeline = (() => {
       }
       p = q;
     }
-    spans(g, view, dev.kernels.filter(k => k.lane === row.lane), y + 1, ROW - 2, "kernel",
-          k => k.name + ": " + ms(k.duration_ns));
+    const longest = data.kernels.filter(k => k.device === dev.device && k.lane === row.lane);
+    spans(g, view, longest, y + 1, ROW - 2, "kernel", k => k.name + ": " + ms(k.duration_ns));
   }
 
   function device(data, dev, view) {
-    const rows = dev.lanes.length + 2;
+    const lanes = data.lanes.filter(row => row.device === dev.device);
+    const rows = lanes.length + 2;
     const height = AXIS + rows * (ROW + GAP);
     const svg = el("svg", {class: "timeline", viewBox: `0 0 ${LABEL + PLOT + 10} ${height}`,
                            "data-device": dev.device}, null);
@@ -75,11 +76,11 @@ const NsTimeline = (() => {
     spans(el("g", {class: "steps"}, svg), view, data.steps, y + 2, ROW - 4, "step", st => "step " + st.index + ": " +
           ms(st.end_ns - st.start_ns));
     y += ROW + GAP;
-    for (const row of dev.lanes) { lane(svg, data, dev, row, view, y); y += ROW + GAP; }
+    for (const row of lanes) { lane(svg, data, dev, row, view, y); y += ROW + GAP; }
     const gaps = el("g", {class: "gaps"}, svg);
     el("text", {x: 4, y: y + ROW - 5, class: "label"}, gaps, "idle gaps");
-    spans(gaps, view, dev.gaps, y + 1, ROW - 2, "gap", g => ms(g.duration_ns) + " idle: " + g.cause +
-          (g.blocked_in ? " in " + g.blocked_in : ""));
+    spans(gaps, view, data.gaps.filter(g => g.device === dev.device), y + 1, ROW - 2, "gap",
+          g => ms(g.duration_ns) + " idle: " + g.cause + (g.blocked_in ? " in " + g.blocked_in : ""));
     for (let i = 0; i <= 4; i++) {  // axis: ms from the start of the data's window
       const t = view.start + (view.end - view.start) * i / 4;
       el("text", {x: tx(view, t), y: 12, class: "tick", "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle"},

@@ -7,7 +7,8 @@ gpu_utilization's slices); a lane's `levels` holds one digit per column: 0 when 
 it, else ceil(9 x busy share), busy being the union of the lane's intervals (overlap counts once), so a
 single short kernel still shows as 1. Exact, however long the profile: per device the `limit` longest kernels
 and the `limit` longest idle gaps (>= 1 ms, each with its cause and blocking call from tools/attribution.py,
-as gpu_idle_gaps decides them). steps: the iterations of the capture (tools/iterations.py, at most 500) that overlap the window.
+as gpu_idle_gaps decides them). steps: the iterations of the capture (tools/iterations.py, at most 500) that
+overlap the window. Lanes, kernels and gaps are flat lists with a `device` each, in device order.
 Clients that show MCP Apps draw it as a zoomable picture (ui://nsightful/timeline.html); `nsightful report`
 writes the same picture into an HTML file. No findings: gpu_idle_gaps and triage judge what it shows. Times in ns.
 """
@@ -38,6 +39,7 @@ from nsightful.tools.intervals import islands
 LEVELS = 9  # digits 1-9 for busy columns: enough shades for a pixel column, one character each
 MAX_BUCKETS = 20_000  # columns: ten screen widths, so a report can zoom in before the columns show
 SPANS_SHOWN = 5  # longest kernels and gaps per device by default: the ones an eye looks for first
+CUT_HINT = "lower `buckets` (one character per column and lane)"  # read by the budget
 LANES = ("compute", "nccl", "h2d", "d2h", "other_copy", "memset")
 
 Lane = Literal["compute", "nccl", "h2d", "d2h", "other_copy", "memset"]
@@ -52,6 +54,7 @@ class Params(ScopedParams):
 
 
 class LaneRow(BaseModel):
+    device: int
     lane: Lane
     busy_ns: int = Field(description="union of the lane's intervals in the window")
     busy_pct: float
@@ -59,6 +62,7 @@ class LaneRow(BaseModel):
 
 
 class KernelSpan(BaseModel):
+    device: int
     lane: Lane
     name: str = Field(description="short kernel name")
     start_ns: int
@@ -67,6 +71,7 @@ class KernelSpan(BaseModel):
 
 
 class GapSpan(BaseModel):
+    device: int
     start_ns: int
     end_ns: int
     duration_ns: int
@@ -74,16 +79,12 @@ class GapSpan(BaseModel):
     blocked_in: str | None = Field(description="blocking API the host was inside when the device ran dry")
 
 
-class DeviceTimeline(BaseModel):
+class DeviceSummary(BaseModel):
     device: int
     busy_pct: float = Field(description="share of the window with any work on the device")
     idle_ns: int
     gap_count: int = Field(description="idle gaps of at least 1 ms")
-    lanes: list[LaneRow] = Field(description="only the lanes with work, in the order compute, nccl, h2d, d2h, "
-                                             "other_copy, memset")
-    kernels: list[KernelSpan] = Field(description="longest first, at most `limit`")
     kernel_count: int = Field(description="kernels in the window")
-    gaps: list[GapSpan] = Field(description="longest first, at most `limit`")
 
 
 class StepSpan(BaseModel):
@@ -96,7 +97,11 @@ class Result(Output):
     scope: Scope
     buckets: int
     bucket_ns: int = Field(description="nominal column length (columns differ by at most 1 ns)")
-    devices: list[DeviceTimeline]
+    devices: list[DeviceSummary]
+    lanes: list[LaneRow] = Field(description="per device in order, only the lanes with work, in the order compute, "
+                                             "nccl, h2d, d2h, other_copy, memset")
+    kernels: list[KernelSpan] = Field(description="per device in order, longest first, at most `limit` each")
+    gaps: list[GapSpan] = Field(description="per device in order, longest first, at most `limit` each")
     steps: list[StepSpan] = Field(description=f"iterations overlapping the window (of the first {MAX_LIMIT})")
     step_method: str | None = Field(description="how iterations found the steps; null when it found none")
     truncated: bool = Field(description="true when some device has more kernels or gaps than `limit`")
@@ -144,20 +149,19 @@ def _levels(columns: list[list[int]], buckets: int) -> str:
     return digits.decode()
 
 
-def _lanes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) -> dict[int, list[LaneRow]]:
+def _lanes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) -> list[LaneRow]:
     args = {**scope_args(scope), "buckets": buckets, "width": scope.duration_ns, "levels": LEVELS}
-    found: dict[int, dict[str, LaneRow]] = {d: {} for d in scope.devices}
-    for device, lane, busy, columns in con.execute(LANES_SQL, args).fetchall():
-        found[device][lane] = LaneRow(lane=lane, busy_ns=busy, busy_pct=pct(busy, scope.duration_ns),
-                                      levels=_levels(columns, buckets))
-    return {d: [lanes[name] for name in LANES if name in lanes] for d, lanes in found.items()}
+    found = [LaneRow(device=device, lane=lane, busy_ns=busy, busy_pct=pct(busy, scope.duration_ns),
+                     levels=_levels(columns, buckets))
+             for device, lane, busy, columns in con.execute(LANES_SQL, args).fetchall()]
+    return sorted(found, key=lambda row: (row.device, LANES.index(row.lane)))
 
 
-def _kernels(con: duckdb.DuckDBPyConnection, scope: Scope, limit: int) -> tuple[dict[int, list], dict[int, int]]:
-    spans: dict[int, list[KernelSpan]] = {d: [] for d in scope.devices}
-    counts: dict[int, int] = {}
+def _kernels(con: duckdb.DuckDBPyConnection, scope: Scope, limit: int) -> tuple[list[KernelSpan], dict[int, int]]:
+    spans, counts = [], {}
     for device, lane, name, start, end, n in con.execute(KERNELS_SQL, {**scope_args(scope), "limit": limit}).fetchall():
-        spans[device].append(KernelSpan(lane=lane, name=name, start_ns=start, end_ns=end, duration_ns=end - start))
+        spans.append(KernelSpan(device=device, lane=lane, name=name, start_ns=start, end_ns=end,
+                                duration_ns=end - start))
         counts[device] = n
     return spans, counts
 
@@ -172,26 +176,26 @@ def _steps(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope) -> tupl
 def _gaps(attr: attribution.Attribution, device: int, limit: int) -> tuple[list[GapSpan], int]:
     """The `limit` longest of the device's gaps of at least 1 ms as the attribution judged them, and their count."""
     found = sorted((g for g in attr.long_gaps if g.device == device), key=lambda g: (g.start_ns - g.end_ns, g.start_ns))
-    return [GapSpan(start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns, cause=g.cause,
-                    blocked_in=g.blocked_in) for g in found[:limit]], len(found)
+    return [GapSpan(device=device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
+                    cause=g.cause, blocked_in=g.blocked_in) for g in found[:limit]], len(found)
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params, default="gpu_active")
     attr = attribution.attribute(con, scope)
-    lanes = _lanes(con, scope, params.buckets)
     kernels, kernel_counts = _kernels(con, scope, params.limit)
-    devices = []
+    devices, gaps = [], []
     for d in scope.devices:
-        gaps, gap_count = _gaps(attr, d, params.limit)
+        shown, gap_count = _gaps(attr, d, params.limit)
+        gaps.extend(shown)
         idle = attr.devices[d]
-        devices.append(DeviceTimeline(device=d, busy_pct=idle.busy_pct, idle_ns=idle.idle_ns, gap_count=gap_count,
-                                      lanes=lanes[d], kernels=kernels[d], kernel_count=kernel_counts.get(d, 0),
-                                      gaps=gaps))
+        devices.append(DeviceSummary(device=d, busy_pct=idle.busy_pct, idle_ns=idle.idle_ns, gap_count=gap_count,
+                                     kernel_count=kernel_counts.get(d, 0)))
     steps, method = _steps(con, params, scope)
-    truncated = any(d.kernel_count > len(d.kernels) or d.gap_count > len(d.gaps) for d in devices)
+    truncated = len(kernels) < sum(kernel_counts.values()) or len(gaps) < sum(d.gap_count for d in devices)
     return Result(scope=scope, buckets=params.buckets, bucket_ns=scope.duration_ns // params.buckets,
-                  devices=devices, steps=steps, step_method=method, truncated=truncated)
+                  devices=devices, lanes=_lanes(con, scope, params.buckets), kernels=kernels, gaps=gaps, steps=steps,
+                  step_method=method, truncated=truncated)
 
 
 def render(result: Result) -> str:
@@ -200,12 +204,15 @@ def render(result: Result) -> str:
              f"{ms(result.bucket_ns)}; a digit per column: 0 idle, 1-9 busy share in ninths"]
     for d in result.devices:
         lines.append(f"device {d.device}: busy {d.busy_pct:.1f}%, idle {ms(d.idle_ns)}, {d.gap_count} gaps >= 1 ms")
-        lines.extend(f"  {lane.lane:>10} {lane.busy_pct:5.1f}% {lane.levels}" for lane in d.lanes)
+        lines.extend(f"  {lane.lane:>10} {lane.busy_pct:5.1f}% {lane.levels}" for lane in result.lanes
+                     if lane.device == d.device)
+        gaps = [g for g in result.gaps if g.device == d.device]
         lines.extend(f"  gap {ms(g.duration_ns)} at {g.start_ns}: {g.cause}"
-                     + (f" in {g.blocked_in}" if g.blocked_in else "") for g in d.gaps)
-        lines.extend(more_rows(result, d.gap_count - len(d.gaps), f"gaps on device {d.device}"))
-        lines.extend(f"  kernel {ms(k.duration_ns)} at {k.start_ns}: {k.name}"[:160] for k in d.kernels)
-        lines.extend(more_rows(result, d.kernel_count - len(d.kernels), f"kernels on device {d.device}"))
+                     + (f" in {g.blocked_in}" if g.blocked_in else "") for g in gaps)
+        lines.extend(more_rows(result, d.gap_count - len(gaps), f"gaps on device {d.device}"))
+        kernels = [k for k in result.kernels if k.device == d.device]
+        lines.extend(f"  kernel {ms(k.duration_ns)} at {k.start_ns}: {k.name}"[:160] for k in kernels)
+        lines.extend(more_rows(result, d.kernel_count - len(kernels), f"kernels on device {d.device}"))
     if result.steps:
         lines.append(f"{len(result.steps)} steps by {result.step_method}: " + ", ".join(
             f"{st.index}@{st.start_ns}" for st in result.steps[:10]) + (" ..." if len(result.steps) > 10 else ""))
