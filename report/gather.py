@@ -13,7 +13,7 @@ from nsightful.tools.common import MAX_LIMIT
 # Columns per lane: four widths of a 2,000-pixel screen, so a 4x zoom still has a column per pixel; about 8 kB per
 # lane, so even 8 devices x 6 lanes stay under half a MB.
 REPORT_BUCKETS = 8_000
-REPORT_SPANS = 50  # longest kernels and gaps kept exact per device: what a zoomed-in eye looks for
+REPORT_SPANS = 200  # longest kernels and gaps kept exact (each): what a zoomed-in eye looks for
 TOP_KERNELS = 15  # bars in the chart: beyond these the shares are small
 FINDINGS = 10  # triage's costliest, as the triage command lists them
 

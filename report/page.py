@@ -78,7 +78,7 @@ def _side(side: Side, key: str) -> str:
             f"({s.window_basis}), devices {', '.join(map(str, s.devices)) or 'none'}; "
             f"{escape(t.classification.bound)}</p>"
             f'<h3>Timeline</h3><p class="note">Wheel or drag to zoom; zoom re-buckets the embedded '
-            f"{side.timeline.buckets:,} columns per lane; the {REPORT_SPANS} longest gaps and kernels per device "
+            f"{side.timeline.buckets:,} columns per lane; the {REPORT_SPANS} longest gaps and kernels "
             f"are drawn exactly.</p>"
             f'<div class="timeline-root" data-source="{key}"></div>{_data(key, side.timeline.model_dump(mode="json"))}'
             f"<h3>Findings</h3>{_findings(side)}"

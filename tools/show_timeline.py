@@ -5,8 +5,8 @@ than NCCL, and whole CUDA graph executions), nccl (NCCL kernels), h2d and d2h co
 device, peer, host to host, unified memory) and memset. The window is cut into `buckets` equal columns (as
 gpu_utilization's slices); a lane's `levels` holds one digit per column: 0 when nothing of the lane runs in
 it, else ceil(9 x busy share), busy being the union of the lane's intervals (overlap counts once), so a
-single short kernel still shows as 1. Exact, however long the profile: per device the `limit` longest kernels
-and the `limit` longest idle gaps (>= 1 ms, each with its cause and blocking call from tools/attribution.py,
+single short kernel still shows as 1. Exact, however long the profile: the `limit` longest kernels and the
+`limit` longest idle gaps in scope (>= 1 ms, each with its cause and blocking call from tools/attribution.py,
 as gpu_idle_gaps decides them). steps: the iterations of the capture (tools/iterations.py, at most 500) that
 overlap the window. Lanes, kernels and gaps are flat lists with a `device` each, in device order.
 Clients that show MCP Apps draw it as a zoomable picture (ui://nsightful/timeline.html); `nsightful report`
@@ -15,6 +15,7 @@ writes the same picture into an HTML file. No findings: gpu_idle_gaps and triage
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Literal
 
 import duckdb
@@ -38,7 +39,7 @@ from nsightful.tools.intervals import islands
 
 LEVELS = 9  # digits 1-9 for busy columns: enough shades for a pixel column, one character each
 MAX_BUCKETS = 20_000  # columns: ten screen widths, so a report can zoom in before the columns show
-SPANS_SHOWN = 5  # longest kernels and gaps per device by default: the ones an eye looks for first
+SPANS_SHOWN = 10  # longest kernels and gaps by default: the ones an eye looks for first
 CUT_HINT = "lower `buckets` (one character per column and lane)"  # read by the budget
 LANES = ("compute", "nccl", "h2d", "d2h", "other_copy", "memset")
 
@@ -48,9 +49,9 @@ Lane = Literal["compute", "nccl", "h2d", "d2h", "other_copy", "memset"]
 class Params(ScopedParams):
     buckets: Annotated[int, Field(description=f"Columns the window is cut into, one digit each per lane "
                                               f"(10-{MAX_BUCKETS:,}); a picture wants about one per pixel",
-                                  ge=10, le=MAX_BUCKETS)] = 120
-    limit: Annotated[int, Field(description=f"Longest kernels and longest idle gaps kept exactly, per device "
-                                            f"(1-{MAX_LIMIT})", ge=1, le=MAX_LIMIT)] = SPANS_SHOWN
+                                  ge=10, le=MAX_BUCKETS)] = 100
+    limit: Annotated[int, Field(description=f"Longest kernels and longest idle gaps kept exactly, each, over the "
+                                            f"devices in scope (1-{MAX_LIMIT})", ge=1, le=MAX_LIMIT)] = SPANS_SHOWN
 
 
 class LaneRow(BaseModel):
@@ -100,11 +101,11 @@ class Result(Output):
     devices: list[DeviceSummary]
     lanes: list[LaneRow] = Field(description="per device in order, only the lanes with work, in the order compute, "
                                              "nccl, h2d, d2h, other_copy, memset")
-    kernels: list[KernelSpan] = Field(description="per device in order, longest first, at most `limit` each")
-    gaps: list[GapSpan] = Field(description="per device in order, longest first, at most `limit` each")
+    kernels: list[KernelSpan] = Field(description="longest first, at most `limit`")
+    gaps: list[GapSpan] = Field(description="longest first, at most `limit`")
     steps: list[StepSpan] = Field(description=f"iterations overlapping the window (of the first {MAX_LIMIT})")
     step_method: str | None = Field(description="how iterations found the steps; null when it found none")
-    truncated: bool = Field(description="true when some device has more kernels or gaps than `limit`")
+    truncated: bool = Field(description="true when there are more kernels or gaps than `limit`")
     findings: list[Finding] = []
 
 
@@ -134,11 +135,13 @@ SELECT device_id, lane, sum(ns)::BIGINT, list([b, level]) FROM columns GROUP BY 
 """
 
 KERNELS_SQL = """
-SELECT device_id, CASE WHEN category = 'nccl' THEN 'nccl' ELSE 'compute' END, short_name, start_ns, end_ns,
-       count(*) OVER (PARTITION BY device_id) AS n
+SELECT device_id, CASE WHEN category = 'nccl' THEN 'nccl' ELSE 'compute' END, short_name, start_ns, end_ns
 FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end
-QUALIFY row_number() OVER (PARTITION BY device_id ORDER BY end_ns - start_ns DESC, start_ns) <= $limit
-ORDER BY device_id, end_ns - start_ns DESC, start_ns
+ORDER BY end_ns - start_ns DESC, device_id, start_ns LIMIT $limit
+"""
+KERNEL_COUNTS_SQL = """
+SELECT device_id, count(*) FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start
+  AND start_ns < $end GROUP BY ALL
 """
 
 
@@ -158,12 +161,10 @@ def _lanes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) -> list[L
 
 
 def _kernels(con: duckdb.DuckDBPyConnection, scope: Scope, limit: int) -> tuple[list[KernelSpan], dict[int, int]]:
-    spans, counts = [], {}
-    for device, lane, name, start, end, n in con.execute(KERNELS_SQL, {**scope_args(scope), "limit": limit}).fetchall():
-        spans.append(KernelSpan(device=device, lane=lane, name=name, start_ns=start, end_ns=end,
-                                duration_ns=end - start))
-        counts[device] = n
-    return spans, counts
+    args = scope_args(scope)
+    spans = [KernelSpan(device=device, lane=lane, name=name, start_ns=start, end_ns=end, duration_ns=end - start)
+             for device, lane, name, start, end in con.execute(KERNELS_SQL, {**args, "limit": limit}).fetchall()]
+    return spans, dict(con.execute(KERNEL_COUNTS_SQL, args).fetchall())
 
 
 def _steps(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope) -> tuple[list[StepSpan], str | None]:
@@ -173,29 +174,25 @@ def _steps(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope) -> tupl
             if r.end_ns > scope.start_ns and r.start_ns < scope.end_ns], found.method
 
 
-def _gaps(attr: attribution.Attribution, device: int, limit: int) -> tuple[list[GapSpan], int]:
-    """The `limit` longest of the device's gaps of at least 1 ms as the attribution judged them, and their count."""
-    found = sorted((g for g in attr.long_gaps if g.device == device), key=lambda g: (g.start_ns - g.end_ns, g.start_ns))
-    return [GapSpan(device=device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
-                    cause=g.cause, blocked_in=g.blocked_in) for g in found[:limit]], len(found)
+def _gaps(attr: attribution.Attribution, limit: int) -> list[GapSpan]:
+    """The `limit` longest gaps of at least 1 ms, as the attribution judged them."""
+    found = sorted(attr.long_gaps, key=lambda g: (g.start_ns - g.end_ns, g.device, g.start_ns))
+    return [GapSpan(device=g.device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
+                    cause=g.cause, blocked_in=g.blocked_in) for g in found[:limit]]
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params, default="gpu_active")
     attr = attribution.attribute(con, scope)
     kernels, kernel_counts = _kernels(con, scope, params.limit)
-    devices, gaps = [], []
-    for d in scope.devices:
-        shown, gap_count = _gaps(attr, d, params.limit)
-        gaps.extend(shown)
-        idle = attr.devices[d]
-        devices.append(DeviceSummary(device=d, busy_pct=idle.busy_pct, idle_ns=idle.idle_ns, gap_count=gap_count,
-                                     kernel_count=kernel_counts.get(d, 0)))
+    gap_counts = Counter(g.device for g in attr.long_gaps)
+    devices = [DeviceSummary(device=d, busy_pct=attr.devices[d].busy_pct, idle_ns=attr.devices[d].idle_ns,
+                             gap_count=gap_counts[d], kernel_count=kernel_counts.get(d, 0)) for d in scope.devices]
     steps, method = _steps(con, params, scope)
-    truncated = len(kernels) < sum(kernel_counts.values()) or len(gaps) < sum(d.gap_count for d in devices)
+    truncated = len(kernels) < sum(kernel_counts.values()) or len(attr.long_gaps) > params.limit
     return Result(scope=scope, buckets=params.buckets, bucket_ns=scope.duration_ns // params.buckets,
-                  devices=devices, lanes=_lanes(con, scope, params.buckets), kernels=kernels, gaps=gaps, steps=steps,
-                  step_method=method, truncated=truncated)
+                  devices=devices, lanes=_lanes(con, scope, params.buckets), kernels=kernels,
+                  gaps=_gaps(attr, params.limit), steps=steps, step_method=method, truncated=truncated)
 
 
 def render(result: Result) -> str:
@@ -203,16 +200,15 @@ def render(result: Result) -> str:
     lines = [f"timeline of {ms(s.duration_ns)} ({s.window_basis} window) in {result.buckets} columns of "
              f"{ms(result.bucket_ns)}; a digit per column: 0 idle, 1-9 busy share in ninths"]
     for d in result.devices:
-        lines.append(f"device {d.device}: busy {d.busy_pct:.1f}%, idle {ms(d.idle_ns)}, {d.gap_count} gaps >= 1 ms")
+        lines.append(f"device {d.device}: busy {d.busy_pct:.1f}%, idle {ms(d.idle_ns)}, {d.gap_count} gaps >= 1 ms, "
+                     f"{d.kernel_count:,} kernels")
         lines.extend(f"  {lane.lane:>10} {lane.busy_pct:5.1f}% {lane.levels}" for lane in result.lanes
                      if lane.device == d.device)
-        gaps = [g for g in result.gaps if g.device == d.device]
-        lines.extend(f"  gap {ms(g.duration_ns)} at {g.start_ns}: {g.cause}"
-                     + (f" in {g.blocked_in}" if g.blocked_in else "") for g in gaps)
-        lines.extend(more_rows(result, d.gap_count - len(gaps), f"gaps on device {d.device}"))
-        kernels = [k for k in result.kernels if k.device == d.device]
-        lines.extend(f"  kernel {ms(k.duration_ns)} at {k.start_ns}: {k.name}"[:160] for k in kernels)
-        lines.extend(more_rows(result, d.kernel_count - len(kernels), f"kernels on device {d.device}"))
+    lines.extend(f"gap {ms(g.duration_ns)} dev {g.device} at {g.start_ns}: {g.cause}"
+                 + (f" in {g.blocked_in}" if g.blocked_in else "") for g in result.gaps)
+    lines.extend(more_rows(result, sum(d.gap_count for d in result.devices) - len(result.gaps), "gaps"))
+    lines.extend(f"kernel {ms(k.duration_ns)} dev {k.device} at {k.start_ns}: {k.name}"[:160] for k in result.kernels)
+    lines.extend(more_rows(result, sum(d.kernel_count for d in result.devices) - len(result.kernels), "kernels"))
     if result.steps:
         lines.append(f"{len(result.steps)} steps by {result.step_method}: " + ", ".join(
             f"{st.index}@{st.start_ns}" for st in result.steps[:10]) + (" ..." if len(result.steps) > 10 else ""))
