@@ -8,6 +8,7 @@ WIDTH = 900  # viewBox units: the charts scale to the page
 LABEL = 330  # room for a kernel name at the left of its bar
 BAR = 18  # bar height plus spacing
 LABEL_CHARS = 52  # kernel names are long templates: the start says which one
+VALUE_ROOM = 160  # right of the longest bar: its value text, e.g. "99.151 ms (19.9%, 80x)"
 SERIES_HEIGHT = 180
 PAD = 30  # room for the axis labels
 
@@ -19,7 +20,7 @@ def bars(rows: list[tuple[str, float, str]]) -> str:
     parts = [f'<svg class="chart bars" viewBox="0 0 {WIDTH} {height}" role="img">']
     for i, (label, value, text) in enumerate(rows):
         y = i * BAR
-        length = (WIDTH - LABEL - 90) * value / top
+        length = (WIDTH - LABEL - VALUE_ROOM) * value / top
         short = label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "…"
         parts.append(f'<text x="0" y="{y + 13}">{escape(short)}</text>'
                      f'<rect class="bar" x="{LABEL}" y="{y + 2}" width="{length:.1f}" height="{BAR - 4}">'

@@ -175,3 +175,12 @@ def test_report_zoom_in_redraws_the_middle_half_from_the_embedded_data(demo_repo
     visible = [g for g in data["gaps"] if g["end_ns"] > lo and g["start_ns"] < hi]
     assert after.count('class="gap"') == len(visible) < len(data["gaps"])
     assert len(LANE.findall(after)) == len(data["lanes"])
+
+
+def test_report_of_an_export_without_events_is_one_sentence_and_writes_nothing(tmp_path, capsys, cache_root):
+    out = tmp_path / "empty.html"
+    argv = ["report", str(FIXTURES / "dynamicvit_empty_export.sqlite"), "-o", str(out), "--cache-dir", str(cache_root)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("nsightful: error: this profile has no timed events at all, so there is no "
+                                       "window to analyse; re-capture with `nsys profile --trace=cuda,nvtx`\n")
+    assert not out.exists()
