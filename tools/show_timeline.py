@@ -5,10 +5,11 @@ than NCCL, and whole CUDA graph executions), nccl (NCCL kernels), h2d and d2h co
 device, peer, host to host, unified memory) and memset. The window is cut into `buckets` equal columns (as
 gpu_utilization's slices); a lane's `levels` holds one digit per column: 0 when nothing of the lane runs in
 it, else ceil(9 x busy share), busy being the union of the lane's intervals (overlap counts once), so a
-single short kernel still shows as 1. Exact, however long the profile: the `limit` longest kernels and the
-`limit` longest idle gaps in scope (>= 1 ms, each with its cause and blocking call from tools/attribution.py,
-as gpu_idle_gaps decides them). steps: the iterations of the capture (tools/iterations.py, at most 500) that
-overlap the window. Lanes, kernels and gaps are flat lists with a `device` each, in device order.
+single short kernel still shows as 1. Exact, however long the profile: `limit` kernels and `limit` idle gaps
+(>= 1 ms, each with its cause and blocking call from tools/attribution.py, as gpu_idle_gaps decides them), each
+device's longest in turn (every device's longest, then every device's second, ...), so one device's long
+collectives cannot hide another's. steps: the iterations of the capture (tools/iterations.py, at most 500) that
+overlap the window. Lanes (in device order), kernels and gaps (longest first) are flat lists, a `device` on each.
 Clients that show MCP Apps draw it as a zoomable picture (ui://nsightful/timeline.html); `nsightful report`
 writes the same picture into an HTML file. No findings: gpu_idle_gaps and triage judge what it shows. Times in ns.
 """
@@ -50,8 +51,9 @@ class Params(ScopedParams):
     buckets: Annotated[int, Field(description=f"Columns the window is cut into, one digit each per lane "
                                               f"(10-{MAX_BUCKETS:,}); a picture wants about one per pixel",
                                   ge=10, le=MAX_BUCKETS)] = 100
-    limit: Annotated[int, Field(description=f"Longest kernels and longest idle gaps kept exactly, each, over the "
-                                            f"devices in scope (1-{MAX_LIMIT})", ge=1, le=MAX_LIMIT)] = SPANS_SHOWN
+    limit: Annotated[int, Field(description=f"Longest kernels and longest idle gaps kept exactly, each, taking "
+                                            f"the devices' longest in turn (1-{MAX_LIMIT})",
+                                ge=1, le=MAX_LIMIT)] = SPANS_SHOWN
 
 
 class LaneRow(BaseModel):
@@ -101,8 +103,8 @@ class Result(Output):
     devices: list[DeviceSummary]
     lanes: list[LaneRow] = Field(description="per device in order, only the lanes with work, in the order compute, "
                                              "nccl, h2d, d2h, other_copy, memset")
-    kernels: list[KernelSpan] = Field(description="longest first, at most `limit`")
-    gaps: list[GapSpan] = Field(description="longest first, at most `limit`")
+    kernels: list[KernelSpan] = Field(description="at most `limit`, each device's longest in turn, then longest first")
+    gaps: list[GapSpan] = Field(description="at most `limit`, each device's longest in turn, then longest first")
     steps: list[StepSpan] = Field(description=f"iterations overlapping the window (of the first {MAX_LIMIT})")
     step_method: str | None = Field(description="how iterations found the steps; null when it found none")
     truncated: bool = Field(description="true when there are more kernels or gaps than `limit`")
@@ -137,7 +139,9 @@ SELECT device_id, lane, sum(ns)::BIGINT, list([b, level]) FROM columns GROUP BY 
 KERNELS_SQL = """
 SELECT device_id, CASE WHEN category = 'nccl' THEN 'nccl' ELSE 'compute' END, short_name, start_ns, end_ns
 FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end
-ORDER BY end_ns - start_ns DESC, device_id, start_ns LIMIT $limit
+ORDER BY row_number() OVER (PARTITION BY device_id ORDER BY end_ns - start_ns DESC, start_ns),
+         end_ns - start_ns DESC, device_id, start_ns
+LIMIT $limit
 """
 KERNEL_COUNTS_SQL = """
 SELECT device_id, count(*) FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start
@@ -175,8 +179,14 @@ def _steps(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope) -> tupl
 
 
 def _gaps(attr: attribution.Attribution, limit: int) -> list[GapSpan]:
-    """The `limit` longest gaps of at least 1 ms, as the attribution judged them."""
-    found = sorted(attr.long_gaps, key=lambda g: (g.start_ns - g.end_ns, g.device, g.start_ns))
+    """`limit` gaps of at least 1 ms as the attribution judged them, each device's longest in turn."""
+    longest = sorted(attr.long_gaps, key=lambda g: (g.start_ns - g.end_ns, g.device, g.start_ns))
+    rank: Counter[int] = Counter()
+    turns = []
+    for g in longest:
+        turns.append((rank[g.device], g))
+        rank[g.device] += 1
+    found = [g for _, g in sorted(turns, key=lambda t: t[0])]  # stable: longest first within a turn
     return [GapSpan(device=g.device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
                     cause=g.cause, blocked_in=g.blocked_in) for g in found[:limit]]
 
