@@ -47,7 +47,7 @@ const NsTimeline = (() => {
   function lane(svg, data, dev, row, view, y) {
     const g = el("g", {class: "lane", "data-device": dev.device, "data-lane": row.lane}, svg);
     el("text", {x: 4, y: y + ROW - 5, class: "label"}, g, row.lane + " " + row.busy_pct.toFixed(1) + "%");
-    const s = data.scope, width = s.end_ns - s.start_ns, cols = row.levels.length;
+    const s = data.scope, width = s.end_ns - s.start_ns, cols = data.buckets;  // a cut lane draws what it kept
     const shares = rebucket(row.levels, (view.start - s.start_ns) / width * cols,
                             (view.end - s.start_ns) / width * cols, PLOT);
     let p = 0;

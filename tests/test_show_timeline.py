@@ -171,6 +171,6 @@ async def test_show_timeline_bad_buckets_is_one_sentence(server):
     async with Client(server) as client:
         result = await client.call_tool("show_timeline", {"profile": str(FIXTURES / f"{REAL}.sqlite"),
                                                           "buckets": 5})
-        assert result.is_error and "buckets must be an integer from 10 to 20000 (got 5)" in text_of(result)
+        assert result.is_error and "buckets must be an integer from 10 to 10000 (got 5)" in text_of(result)
         still = await client.call_tool("show_timeline", {"profile": str(FIXTURES / f"{REAL}.sqlite")})
         assert not still.is_error

@@ -39,7 +39,9 @@ from nsightful.tools.common import (
 from nsightful.tools.intervals import islands
 
 LEVELS = 9  # digits 1-9 for busy columns: enough shades for a pixel column, one character each
-MAX_BUCKETS = 20_000  # columns: ten screen widths, so a report can zoom in before the columns show
+# Columns: five screen widths, room for a report to zoom in; and a lane of this many digits still fits the default
+# result budget whole, so the budget leaves out lanes, never part of one.
+MAX_BUCKETS = 10_000
 SPANS_SHOWN = 10  # longest kernels and gaps by default: the ones an eye looks for first
 CUT_HINT = "lower `buckets` (one character per column and lane)"  # read by the budget
 LANES = ("compute", "nccl", "h2d", "d2h", "other_copy", "memset")
