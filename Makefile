@@ -6,7 +6,7 @@ INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
 DEMO := out/demo.sqlite
 
-.PHONY: demo test lint docs bench bench-job loadtest clean install dev inspector
+.PHONY: demo test lint docs bench bench-job loadtest clean install dev inspector chromium
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nsightful needs Python >= 3.11")'
@@ -31,17 +31,21 @@ $(INSPECTOR):
 
 inspector: $(INSPECTOR)
 
+chromium:  # headless browser for the report tests (tests/browser.py)
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) \
+		|| (echo "chromium is needed for the report tests: install Debian's chromium package" && exit 1)
+
 demo: $(VENV)/.installed
 	@mkdir -p out
 	$(BIN)/nsightful synth $(DEMO) --preset demo --force
 	$(BIN)/nsightful triage $(DEMO)
 
-test: $(VENV)/.dev $(INSPECTOR)
-	$(BIN)/ruff check profiles tools server resources tests bench
+test: $(VENV)/.dev $(INSPECTOR) chromium
+	$(BIN)/ruff check profiles tools server resources tests bench report
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check profiles tools server resources tests bench
+	$(BIN)/ruff check profiles tools server resources tests bench report
 
 docs: $(VENV)/.installed  # the README's tool table, from the tools the server registers
 	$(BIN)/python -m nsightful.server.docs README.md

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.ingest import Builder
-from nsightful.server import __version__, budget
+from nsightful.server import __version__, budget, ui
 from nsightful.server.cancel import run_on_cursor, run_stoppable
 from nsightful.server.http import bearer_auth
 from nsightful.server.sessions import session_of
@@ -137,7 +137,7 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
                     lambda cur: budget.fit(module.run(cur, params), module, params, budget.server_budget()), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
-        return _text_result(text, result)
+        return ui.with_view(_text_result(text, result), ctx, call.__name__)
 
     return _signed(call, module)
 
@@ -176,11 +176,15 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
     """The server; with `token`, every HTTP request must carry it as a bearer token."""
     store = ProfileStore(roots=[r.resolve() for r in roots], cache_dir=cache_dir, use_cache=use_cache,
                          memory_budget_mb=memory_budget_mb)
-    mcp = NsightfulMCP(name="nsightful", version=__version__, instructions=INSTRUCTIONS, **bearer_auth(token))
-    mcp.store = store  # for resources, prompts and tests
     modules = skills()
+    viewed = {name: (skill_tool(store, modules[name]), inspect.cleandoc(modules[name].__doc__)) for name in ui.VIEWS}
+    mcp = NsightfulMCP(name="nsightful", version=__version__, instructions=INSTRUCTIONS, **bearer_auth(token),
+                       extensions=[ui.extension(viewed, annotations=READ_ONLY, structured_output=True)])
+    mcp.store = store  # for resources, prompts and tests
 
     for name, module in modules.items():
+        if name in ui.VIEWS:  # registered with its view by the extension
+            continue
         mcp.add_tool(skill_tool(store, module), name=name, description=inspect.cleandoc(module.__doc__),
                      annotations=READ_ONLY, structured_output=True)
 

@@ -88,6 +88,11 @@ def parser() -> argparse.ArgumentParser:
     from nsightful.server.cli_job import add_job_parsers
     add_job_parsers(sub)
 
+    report = sub.add_parser("report", help="draw a profile (or a before/after pair) as one self-contained HTML file")
+    from nsightful.report import cli as report_cli
+    report_cli.add_arguments(report)
+    _add_profile_options(report)
+
     synth = sub.add_parser("synth", help="write a sample profile with planted problems and their ground truth")
     from nsightful.profiles import synth as synth_module
     synth_module.add_arguments(synth)
@@ -213,8 +218,9 @@ def cmd_serve(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from nsightful.server.cli_job import cmd_build, cmd_job_tool
     args = parser().parse_args(argv)
+    from nsightful.report import cli as report_cli
     commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage,
-                "diff": cmd_diff, "build": cmd_build}
+                "diff": cmd_diff, "build": cmd_build, "report": report_cli.run}
     try:
         if args.command == "synth":
             from nsightful.profiles import synth, synth_ranks

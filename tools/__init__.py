@@ -22,6 +22,7 @@ TOOL_NAMES = (
     "query_sql",
     "triage",
     "answer_questions",
+    "show_timeline",
 )
 
 PAIR_TOOL_NAMES = ("diff_profiles", "verify_fix")  # tools comparing two profiles, `before` and `after`
