@@ -7,7 +7,6 @@ COPY profiles profiles
 COPY tools tools
 COPY server server
 COPY resources resources
-COPY report report
 RUN python -m pip install --no-cache-dir --upgrade pip \
  && python -m pip wheel --no-cache-dir --wheel-dir /wheels .
 

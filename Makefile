@@ -41,11 +41,11 @@ demo: $(VENV)/.installed
 	$(BIN)/nsightful triage $(DEMO)
 
 test: $(VENV)/.dev $(INSPECTOR) chromium
-	$(BIN)/ruff check profiles tools server resources tests bench report
+	$(BIN)/ruff check profiles tools server resources tests bench
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check profiles tools server resources tests bench report
+	$(BIN)/ruff check profiles tools server resources tests bench
 
 docs: $(VENV)/.installed  # the README's tool table, from the tools the server registers
 	$(BIN)/python -m nsightful.server.docs README.md

@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
     add_job_parsers(sub)
 
     report = sub.add_parser("report", help="draw a profile (or a before/after pair) as one self-contained HTML file")
-    from nsightful.report import cli as report_cli
+    from nsightful.server.report import cli as report_cli
     report_cli.add_arguments(report)
     _add_profile_options(report)
 
@@ -218,7 +218,7 @@ def cmd_serve(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from nsightful.server.cli_job import cmd_build, cmd_job_tool
     args = parser().parse_args(argv)
-    from nsightful.report import cli as report_cli
+    from nsightful.server.report import cli as report_cli
     commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage,
                 "diff": cmd_diff, "build": cmd_build, "report": report_cli.run}
     try:

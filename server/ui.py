@@ -15,7 +15,7 @@ from mcp.server.apps import Apps, client_supports_apps
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult
 
-from nsightful.report import page
+from nsightful.server.report import page
 
 TIMELINE_URI = "ui://nsightful/timeline.html"
 VIEWS = {"show_timeline": TIMELINE_URI}  # tool -> the ui:// view that draws its result

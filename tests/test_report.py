@@ -13,10 +13,10 @@ from conftest import FIXTURES, SYNTH_PAIRS, text_of
 from mcp.client import Client
 from timeline_ref import raw_lanes
 
-from nsightful.report import page
-from nsightful.report.gather import REPORT_SPANS
 from nsightful.server.app import build_server
 from nsightful.server.cli import main
+from nsightful.server.report import page
+from nsightful.server.report.gather import REPORT_SPANS
 
 REAL = "nsysai_h100_2gpu_1s"  # two devices, busy: no gap of 1 ms
 IDLE = "clue_t4_report4"  # one device, idle 81% of the window in long gaps

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nsightful.profiles import open_profile
 from nsightful.profiles.errors import NsightfulError
-from nsightful.report import gather, page
+from nsightful.server.report import gather, page
 from nsightful.tools import diff_profiles
 
 

@@ -7,9 +7,9 @@ import re
 from html import escape
 from importlib.resources import files
 
-from nsightful.report import svg
-from nsightful.report.gather import REPORT_SPANS, Side
 from nsightful.server import __version__
+from nsightful.server.report import svg
+from nsightful.server.report.gather import REPORT_SPANS, Side
 from nsightful.tools import diff_profiles
 from nsightful.tools.common import ms
 
@@ -20,11 +20,11 @@ DRAW = """<script>for (const el of document.querySelectorAll(".timeline-root"))
 
 
 def _asset(name: str) -> str:
-    return files("nsightful.report").joinpath(name).read_text()
+    return files("nsightful.server.report").joinpath(name).read_text()
 
 
 def _document(title: str, body: str, scripts: tuple[str, ...], last: str = "") -> str:
-    """The page: the error catcher first, the body, the scripts named (report/*.js) after it, then `last`."""
+    """The page: the error catcher first, the body, the scripts named (server/report/*.js) after it, then `last`."""
     inline = "".join(f"<script>{_asset(s)}</script>" for s in scripts)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
