@@ -23,7 +23,7 @@ from mcp.client import Client
 from nsightful.profiles import open_profile
 from nsightful.profiles.errors import LoadCancelled, NotAProfile
 from nsightful.server.app import build_server
-from nsightful.tools import TOOL_NAMES
+from nsightful.tools import TOOL_NAMES, step_boundaries
 from nsightful.tools import iterations as it
 from nsightful.tools import nccl_breakdown as nb
 
@@ -146,7 +146,7 @@ def test_kineto_profiler_steps_are_the_iterations(loaded, path):
     profile, doc = loaded(path)
     steps = sorted(span(e) for e in xs(doc, "user_annotation") if e["name"].startswith("ProfilerStep#"))
     result = it.run(profile.con, it.Params(profile="t"))
-    if len(steps) < it.MIN_REPEATS:  # two steps cannot show a period: the tool says it picked something else
+    if len(steps) < step_boundaries.MIN_REPEATS:  # two steps show no period: the tool picks something else
         assert result.method != "nvtx:ProfilerStep#N" and len(steps) == 2
         return
     assert result.method == "nvtx:ProfilerStep#N" and result.iteration_count == len(steps)
