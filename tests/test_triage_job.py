@@ -158,3 +158,25 @@ def test_triage_job_cli_matches_the_tool(rank_set, tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     direct = json.loads(run(job).model_dump_json())
     assert {**printed, "job": "j"} == direct
+
+
+def test_triage_job_ranks_of_one_export_keep_their_own_cached_results(tmp_path):
+    from test_job import export_kernels_per_pid, write_ranks
+
+    from nsightful.tools.rank_figures import rank_view
+    (path,) = write_ranks(tmp_path, ["train.sqlite"], devices=4)
+    job = load_job([path], cache_dir=tmp_path / "cache", workers=1)
+    try:
+        file_print = job.con.execute("SELECT any_value(profile_id) FROM ranks").fetchone()[0]
+        counted, prints = [], set()
+        for rank in range(4):
+            with rank_view(job.con, rank) as cur:
+                prints.add(cur.execute("SELECT fingerprint FROM meta").fetchone()[0])
+                counted.append(common.per_model(cur, ("kernels",), lambda c=cur: c.execute(
+                    "SELECT min(pid), count(*) FROM kernels").fetchone()))
+        result = tj.run(job.con, tj.Params(job="j"))
+    finally:
+        job.close()
+    assert counted == sorted(export_kernels_per_pid(path).items())  # each rank's own, not rank 0's remembered
+    assert len(prints) == 4 and all(p.startswith(f"{file_print}#pids ") for p in prints)
+    assert result.ranks == 4 and result.triaged_rank in range(4)
