@@ -1,5 +1,6 @@
-"""Why is this job slow? The cross-rank findings (rank_imbalance) and the triage of the rank that matters, ranked
-together by time at stake, each with the book's fix for the program profiled.
+"""Why is this job slow? The cross-rank findings and the triage of the rank that matters, ranked by time at stake.
+
+The cross-rank findings are rank_imbalance's; every finding comes with the book's fix for the program profiled.
 
 The rank that matters: the straggler when rank_imbalance names one (every other rank waits for it), else the rank
 with the longest step time (step_ns: the median of its iterations 1..n-1), else, when no rank has iterations, the
