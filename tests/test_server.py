@@ -53,8 +53,9 @@ def test_server_every_tool_is_in_the_readme_and_every_analysis_is_cited_by_the_b
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in sorted(ALL_TOOLS) if f"`{t}`" not in readme] == []
     cited = {s.tool for entry in book.load_book().values() for s in entry.signals}
-    readers = {"describe_schema", "query_sql", "triage", "answer_questions"}  # run or read the others' detectors
-    assert sorted(set(TOOL_NAMES) - readers - cited) == []
+    readers = {"describe_schema", "query_sql", "triage", "answer_questions", "triage_job"}  # run or read the
+    # others' detectors
+    assert sorted(set(TOOL_NAMES + JOB_TOOL_NAMES) - readers - cited) == []
 
 
 async def _every_tool(server, mode: str, fixture: Path) -> dict[str, tuple[bool, str, dict | None]]:

@@ -27,7 +27,7 @@ TOOL_NAMES = (
 
 PAIR_TOOL_NAMES = ("diff_profiles", "verify_fix")  # tools comparing two profiles, `before` and `after`
 
-JOB_TOOL_NAMES = ("rank_imbalance",)  # tools reading every rank of a job (Params.job; a job connection)
+JOB_TOOL_NAMES = ("rank_imbalance", "triage_job")  # tools reading every rank of a job (Params.job; a job connection)
 
 
 def skills() -> dict[str, ModuleType]:

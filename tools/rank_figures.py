@@ -135,6 +135,22 @@ def rank_waits(con: duckdb.DuckDBPyConnection, basis: str) -> dict[int, RankWait
     return out
 
 
+ROWID_TABLES = ("diagnostics", "nvtx")  # tables skills read by rowid (load-note order, a range's identity), which a
+# view over the job's Parquet lacks: numbered in scan order instead
+# A rank that is one process or device of a file keeps the file's meta, fingerprint included; results cached by
+# fingerprint (common.per_model) must not pass between such ranks, so theirs names their processes and devices.
+PART_FINGERPRINT = """CASE WHEN (SELECT count(*) FROM "{db}".main.ranks WHERE profile_id =
+  (SELECT any_value(profile_id) FROM "{db}".main.ranks WHERE rank = {rank})) > 1
+THEN fingerprint || '#pids ' || (SELECT list_sort(list(DISTINCT pid))::VARCHAR FROM "{db}".main.processes
+  WHERE rank = {rank}) || ' devices ' || (SELECT list_sort(list(DISTINCT device_id))::VARCHAR FROM "{db}".main.gpus
+  WHERE rank = {rank}) ELSE fingerprint END"""
+
+# The job's meta holds the job's rank in place of the model's own (NULL unless the profile recorded one, as its
+# rank_source says): a rank's view shows the model's.
+META_COLUMNS = (f"* REPLACE ({PART_FINGERPRINT} AS fingerprint, "
+                "CASE WHEN rank_source IS NULL THEN NULL ELSE rank END::INTEGER AS rank)")
+
+
 @contextmanager
 def rank_view(con: duckdb.DuckDBPyConnection, rank: int) -> Iterator[duckdb.DuckDBPyConnection]:
     """A cursor on which every model table is rank `rank`'s alone (temporary views, private to the cursor), so
@@ -143,8 +159,10 @@ def rank_view(con: duckdb.DuckDBPyConnection, rank: int) -> Iterator[duckdb.Duck
     try:
         database = cur.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
         for table in TABLE_NAMES:
-            cur.execute(f'CREATE TEMP VIEW {table} AS SELECT * EXCLUDE (rank) FROM "{database}".main.{table} '
-                        f"WHERE rank = {int(rank)}")
+            star = META_COLUMNS if table == "meta" else "* EXCLUDE (rank)"
+            star += ", row_number() OVER () - 1 AS rowid" if table in ROWID_TABLES else ""
+            cur.execute(f'CREATE TEMP VIEW {table} AS SELECT {star.format(db=database, rank=int(rank))} '
+                        f'FROM "{database}".main.{table} WHERE rank = {int(rank)}')
         yield cur
     finally:
         cur.close()
