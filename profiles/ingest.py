@@ -88,11 +88,19 @@ def _direction(name: str) -> str:
     return "unknown" if short == "UNKNOWN" else re.sub(r"([A-Z])TO([A-Z])", r"\g<1>2\g<2>", short)
 
 
-class BuildSteps:
-    """What every model build shares (an nsys export's, a Kineto trace's): its connection, named progress steps
-    out of `total_steps`, and `interrupt()` from another thread, which stops it at the next query or step."""
+# The steps of an export's build as progress reports them; host and GPU tables build side by side, so the middle
+# steps report in either order.
+STEPS = ("strings and enums", "NVTX ranges", "OS runtime, CPU samples, scheduling", "CUDA API calls", "kernels",
+         "memcpy, memset, sync", "CUDA graphs, device memory, UVM faults", "NVTX nesting",
+         "devices, metadata, capabilities", "writing the model")
 
-    total_steps: int
+
+class BuildSteps:
+    """What every model build shares (an nsys export's, a Kineto trace's): its connection, its progress steps
+    (`steps`, each reported once by its label, in any order), and `interrupt()` from another thread, which stops
+    it at the next query or step."""
+
+    steps: tuple[str, ...]
 
     def __init__(self, source: Path, out: Path, progress: Progress | None, memory_limit: str):
         self.source, self.progress = source, progress
@@ -109,11 +117,13 @@ class BuildSteps:
         self.con.interrupt()
 
     def step(self, label: str) -> None:
+        if label not in self.steps:
+            raise ValueError(f"'{label}' is not one of this build's steps {self.steps}")
         if self.cancelled.is_set():
             raise self.cancelled_error()
         self.done += 1
         if self.progress:
-            self.progress(self.done, self.total_steps, label)
+            self.progress(self.done, len(self.steps), label)
 
     def sql(self, query: str, cur: duckdb.DuckDBPyConnection | None = None, params: dict | None = None) -> None:
         try:
@@ -133,9 +143,10 @@ class BuildSteps:
 class Builder(BuildSteps):
     """One build of one export."""
 
+    steps = STEPS
+
     def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None):
         super().__init__(raw.path, out, progress, f"{build_memory_mb()}MB")
-        self.total_steps = TOTAL_STEPS
         self.raw, self.out = raw, out
         self.enum_source = "profile"
         self.ranges = [WHOLE]  # correlation-id ranges of the API joins, set once cuda_api is built
@@ -453,9 +464,6 @@ SELECT (SELECT min(s) FROM (SELECT s FROM spans UNION ALL SELECT s FROM host)),
        (SELECT max(e) FROM (SELECT e FROM spans UNION ALL SELECT e FROM host)),
        (SELECT min(s) FROM spans), (SELECT max(e) FROM spans)
 """
-
-TOTAL_STEPS = 10
-
 
 def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
     """(data, present, rows, capture_flag) per CAPTURE_FLAGS entry, from the model tables in `con`;

@@ -26,13 +26,14 @@ from nsightful.profiles.model import ddl
 # ingest's 1200MB suits exports, whose tables DuckDB scans in place rather than holding a copy.
 STAGE_MEMORY_LIMIT = "128MB"
 MAP_MEMORY_LIMIT = "256MB"
-TOTAL_STEPS = 4
+STEPS = ("reading trace events", "kernels, copies, CUDA API calls, CPU ops", "devices, metadata, capabilities",
+         "writing the model")  # as progress reports them
 
 
 class KinetoBuilder(BuildSteps):
     """One build of one trace."""
 
-    total_steps = TOTAL_STEPS
+    steps = STEPS
 
     def __init__(self, path: Path, out: Path, progress: Progress | None = None):
         super().__init__(path, out, progress, STAGE_MEMORY_LIMIT)
