@@ -4,17 +4,23 @@ the progress steps it declares."""
 from __future__ import annotations
 
 import inspect
+import threading
+import time
 
 import pytest
 from fixture_guard import FIXTURES_ROOT
 from pydantic import BaseModel
 
 from nsightful.profiles import ingest, kineto, open_profile, synth
+from nsightful.profiles.errors import LoadCancelled
 from nsightful.tools import contracts, job_tools, pair_tools, skills
 from nsightful.tools.common import Output
 
 KINDS = [(contracts.Skill, skills, ("con", "params")), (contracts.PairSkill, pair_tools, ("before", "after", "params")),
          (contracts.JobSkill, job_tools, ("con", "params"))]
+ENDLESS_SQL = "SELECT sum(hash(i)) FROM range(100_000_000_000) t(i)"  # minutes of work, unless interrupted
+CANCEL_AFTER_S = 0.3
+STOPPED_WITHIN_S = 10.0  # a generous bound on a loaded machine; the query alone runs for minutes
 DETECTORS = {"iterations", "top_kernels", "nccl_breakdown", "rank_imbalance"}  # findings(result), on main today
 
 
@@ -72,3 +78,26 @@ def test_contracts_a_step_not_declared_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="'two' is not one of this build's steps"):
         Build(tmp_path / "x", tmp_path / "m.duckdb", None, "64MB").step("two")
+
+
+def test_contracts_a_cancelled_export_build_stops_and_leaves_no_model(tmp_path):
+    path = tmp_path / "clean.sqlite"
+    synth.write_sample(path, synth.clean())
+    cancelled = threading.Event()
+
+    def progress(done, total, label):  # cancelled by the client once the GPU tables start
+        if label == "kernels":
+            cancelled.set()
+    with pytest.raises(LoadCancelled, match="was cancelled"):
+        open_profile(path, cache_dir=tmp_path / "cache", progress=progress, cancelled=cancelled)
+    assert [p.name for p in (tmp_path / "cache").rglob("*") if ".duckdb" in p.name] == []
+
+
+def test_contracts_cancelling_a_build_interrupts_its_running_query(tmp_path):
+    cancelled = threading.Event()
+    build = ingest.BuildSteps(tmp_path / "x", tmp_path / "m.duckdb", None, "256MB", cancelled)
+    threading.Timer(CANCEL_AFTER_S, cancelled.set).start()
+    started = time.monotonic()
+    with build.running(), pytest.raises(LoadCancelled):
+        build.sql(ENDLESS_SQL)
+    assert time.monotonic() - started < STOPPED_WITHIN_S
