@@ -40,14 +40,8 @@ class PairSkill(Protocol):
 
 
 @runtime_checkable
-class JobSkill(Protocol):
-    """One MCP tool on every rank of a job (tools.JOB_TOOL_NAMES): `con` is the job's connection."""
-    Params: type[BaseModel]
-    Result: type[Output]
-
-    def run(self, con: duckdb.DuckDBPyConnection, params: BaseModel) -> Output: ...
-
-    def render(self, result: Output) -> str: ...
+class JobSkill(Skill, Protocol):
+    """One MCP tool on every rank of a job (tools.JOB_TOOL_NAMES): a Skill whose `con` is the job's connection."""
 
 
 @runtime_checkable
