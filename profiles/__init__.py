@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +13,7 @@ import duckdb
 from nsightful.profiles import cache, kineto, kineto_read, source
 from nsightful.profiles.duck import close_model, open_model
 from nsightful.profiles.errors import CacheUnwritable
-from nsightful.profiles.ingest import Builder, Progress
+from nsightful.profiles.ingest import Progress
 from nsightful.profiles.limits import model_memory_mb
 
 log = logging.getLogger("nsightful")
@@ -35,9 +35,9 @@ class Profile:
 
 def open_profile(path: str | Path, *, cache_dir: Path | None = None, use_cache: bool = True,
                  progress: Progress | None = None,
-                 on_builder: Callable[[Builder], None] | None = None) -> Profile:
+                 cancelled: threading.Event | None = None) -> Profile:
     """Open an export (.sqlite, or .nsys-rep/.qdrep when nsys is installed) or a torch.profiler trace (.json or
-    .json.gz, known by its content) as a read-only model."""
+    .json.gz, known by its content) as a read-only model; setting `cancelled` stops a build under way."""
     target = source.check_file(Path(path))
     model_memory_mb()  # a wrong setting is said now, not after minutes of building
     directory = cache_dir or cache.cache_dir()
@@ -49,9 +49,9 @@ def open_profile(path: str | Path, *, cache_dir: Path | None = None, use_cache: 
     key = source.fingerprint(sqlite_path)
     if use_cache:
         try:
-            model, con = cache.open_cached(sqlite_path, key, directory, progress, on_builder, build_fn)
+            model, con = cache.open_cached(sqlite_path, key, directory, progress, cancelled, build_fn)
             return Profile(path=target, fingerprint=key, model_path=model, con=con)
         except CacheUnwritable as exc:
             log.warning("nsightful: %s; building in a temporary folder instead, for this load only", exc)
-    scratch, model = cache.build_scratch(sqlite_path, key, progress, on_builder, build_fn)
+    scratch, model = cache.build_scratch(sqlite_path, key, progress, cancelled, build_fn)
     return Profile(path=target, fingerprint=key, model_path=model, con=open_model(model), _scratch=scratch)

@@ -12,6 +12,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +27,7 @@ except ImportError:  # Windows
 from nsightful.profiles import source
 from nsightful.profiles.duck import close_model, open_model
 from nsightful.profiles.errors import CacheUnwritable, ProfileChanged
-from nsightful.profiles.ingest import Builder, Progress, build
+from nsightful.profiles.ingest import Progress, build
 from nsightful.profiles.limits import out_of_resources
 from nsightful.profiles.model import MODEL_VERSION
 from nsightful.profiles.raw import ROLLBACK_MODE, WAL_VERSION_OFFSET, RawExport, damaged, is_wal_mode
@@ -104,24 +105,24 @@ def _remove(path: Path) -> None:
 
 
 def build_export(sqlite_path: Path, out: Path, key: str, progress: Progress | None = None,
-                 on_builder: Callable[[Builder], None] | None = None) -> None:
+                 cancelled: threading.Event | None = None) -> None:
     """Build the model of an nsys export into `out`, through a private copy when the export is in WAL mode."""
     raw = RawExport(sqlite_path)
     try:
         if is_wal_mode(sqlite_path):
             raw.scan_path = _scan_copy(sqlite_path, out.parent)
-        build(raw, out, key, progress, on_builder)
+        build(raw, out, key, progress, cancelled)
     finally:
         raw.close()
         if raw.scan_path != sqlite_path:
             raw.scan_path.unlink(missing_ok=True)
 
 
-BuildFn = Callable[..., None]  # (source file, output model, fingerprint, progress, on_builder), as build_export
+BuildFn = Callable[..., None]  # (source file, output model, fingerprint, progress, cancelled), as build_export
 
 
 def open_cached(sqlite_path: Path, key: str, directory: Path, progress: Progress | None = None,
-                on_builder: Callable[[Builder], None] | None = None,
+                cancelled: threading.Event | None = None,
                 build_fn: BuildFn = build_export) -> tuple[Path, duckdb.DuckDBPyConnection]:
     """The cached model for this content and a connection to it, building it first if needed.
 
@@ -136,7 +137,7 @@ def open_cached(sqlite_path: Path, key: str, directory: Path, progress: Progress
         if con is not None:
             return final, con
         _remove_leftovers(final, key)
-        build_to(sqlite_path, key, final, progress, on_builder, build_fn)
+        build_to(sqlite_path, key, final, progress, cancelled, build_fn)
     return final, open_model(final)
 
 
@@ -165,7 +166,7 @@ def _changed_error(path: Path) -> ProfileChanged:
 
 
 def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None = None,
-             on_builder: Callable[[Builder], None] | None = None, build_fn: BuildFn = build_export) -> None:
+             cancelled: threading.Event | None = None, build_fn: BuildFn = build_export) -> None:
     """Build the model of `sqlite_path` (with `build_fn`: an nsys export, or a Kineto trace) into `final`
     (temporary file, then atomic rename). Raises ProfileChanged when the file changed while it was read,
     NotAProfile when part of it is unreadable."""
@@ -178,7 +179,7 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
     tmp = Path(tmp_name)
     tmp.unlink()  # DuckDB wants to create the file itself
     try:
-        build_fn(sqlite_path, tmp, key, progress, on_builder)
+        build_fn(sqlite_path, tmp, key, progress, cancelled)
         if _changed(sqlite_path, before, key):
             raise _changed_error(sqlite_path)
         os.replace(tmp, final)
@@ -196,7 +197,7 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
 
 
 def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,
-                  on_builder: Callable[[Builder], None] | None = None,
+                  cancelled: threading.Event | None = None,
                   build_fn: BuildFn = build_export) -> tuple[Path, Path]:
     """(folder, model) of a build in a new temporary folder, which the caller removes when done with it."""
     try:
@@ -206,7 +207,7 @@ def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,
                               f"to build the model in; set {CACHE_ENV} (or --cache-dir) to a writable folder") from exc
     model = model_path(scratch, key)
     try:
-        build_to(sqlite_path, key, model, progress, on_builder, build_fn)
+        build_to(sqlite_path, key, model, progress, cancelled, build_fn)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -28,6 +29,9 @@ BUILD_SETTINGS = {
     "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
 }
 NO_PROGRESS_BAR = "SET enable_progress_bar = false"  # progress goes to MCP notifications, never to stdout
+# How long a finished build's cancel watcher may linger (a cancel itself is seen at once): short, as every
+# build waits for it before closing its connection.
+CANCEL_POLL_S = 0.02
 
 Progress = Callable[[int, int, str], None]
 
@@ -88,32 +92,59 @@ def _direction(name: str) -> str:
     return "unknown" if short == "UNKNOWN" else re.sub(r"([A-Z])TO([A-Z])", r"\g<1>2\g<2>", short)
 
 
+# The steps of an export's build as progress reports them; host and GPU tables build side by side, so the middle
+# steps report in either order.
+STEPS = ("strings and enums", "NVTX ranges", "OS runtime, CPU samples, scheduling", "CUDA API calls", "kernels",
+         "memcpy, memset, sync", "CUDA graphs, device memory, UVM faults", "NVTX nesting",
+         "devices, metadata, capabilities", "writing the model")
+
+
 class BuildSteps:
-    """What every model build shares (an nsys export's, a Kineto trace's): its connection, named progress steps
-    out of `total_steps`, and `interrupt()` from another thread, which stops it at the next query or step."""
+    """What every model build shares (an nsys export's, a Kineto trace's): its connection, its progress steps
+    (`steps`, each reported once by its label, in any order), and its `cancelled` event: set from another thread,
+    it stops the build at the next query or step."""
 
-    total_steps: int
+    steps: tuple[str, ...]
 
-    def __init__(self, source: Path, out: Path, progress: Progress | None, memory_limit: str):
+    def __init__(self, source: Path, out: Path, progress: Progress | None, memory_limit: str,
+                 cancelled: threading.Event | None = None):
         self.source, self.progress = source, progress
         self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, "memory_limit": memory_limit})
         self.con.execute(NO_PROGRESS_BAR)
-        self.cancelled = threading.Event()
+        self.cancelled = cancelled or threading.Event()
         self.done = 0
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """The build's connection, closed when the block ends; while it runs, setting `cancelled` (from any thread)
+        interrupts the query under way."""
+        finished = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(finished,), name="nsightful-build-cancel", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            finished.set()
+            watcher.join()
+            self.con.close()
+
+    def _watch(self, finished: threading.Event) -> None:
+        while not finished.is_set():
+            if self.cancelled.wait(CANCEL_POLL_S):
+                self.con.interrupt()
+                return
 
     def cancelled_error(self) -> LoadCancelled:
         return LoadCancelled(f"loading {self.source} was cancelled")
 
-    def interrupt(self) -> None:
-        self.cancelled.set()
-        self.con.interrupt()
-
     def step(self, label: str) -> None:
+        if label not in self.steps:
+            raise ValueError(f"'{label}' is not one of this build's steps {self.steps}")
         if self.cancelled.is_set():
             raise self.cancelled_error()
         self.done += 1
         if self.progress:
-            self.progress(self.done, self.total_steps, label)
+            self.progress(self.done, len(self.steps), label)
 
     def sql(self, query: str, cur: duckdb.DuckDBPyConnection | None = None, params: dict | None = None) -> None:
         try:
@@ -133,9 +164,11 @@ class BuildSteps:
 class Builder(BuildSteps):
     """One build of one export."""
 
-    def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None):
-        super().__init__(raw.path, out, progress, f"{build_memory_mb()}MB")
-        self.total_steps = TOTAL_STEPS
+    steps = STEPS
+
+    def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None,
+                 cancelled: threading.Event | None = None):
+        super().__init__(raw.path, out, progress, f"{build_memory_mb()}MB", cancelled)
         self.raw, self.out = raw, out
         self.enum_source = "profile"
         self.ranges = [WHOLE]  # correlation-id ranges of the API joins, set once cuda_api is built
@@ -454,9 +487,6 @@ SELECT (SELECT min(s) FROM (SELECT s FROM spans UNION ALL SELECT s FROM host)),
        (SELECT min(s) FROM spans), (SELECT max(e) FROM spans)
 """
 
-TOTAL_STEPS = 10
-
-
 def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
     """(data, present, rows, capture_flag) per CAPTURE_FLAGS entry, from the model tables in `con`;
     gpu_info counts the devices with a hardware name."""
@@ -475,12 +505,11 @@ def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
 
 
 def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None = None,
-          on_builder: Callable[[Builder], None] | None = None) -> None:
-    """Write the model of `raw` into the DuckDB file `out` (which must not exist)."""
-    b = Builder(raw, out, progress)
-    if on_builder:
-        on_builder(b)
-    try:
+          cancelled: threading.Event | None = None) -> None:
+    """Write the model of `raw` into the DuckDB file `out` (which must not exist); setting `cancelled` stops it
+    with LoadCancelled."""
+    b = Builder(raw, out, progress, cancelled)
+    with b.running():
         load_sqlite_scanner(b.con)
         b.sql(f"ATTACH '{_quote(raw.scan_path)}' AS raw (TYPE sqlite, READ_ONLY)")
         b.step("strings and enums")
@@ -533,8 +562,6 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
         b.sql("DETACH raw")
         b.step("writing the model")
         b.sql("CHECKPOINT")
-    finally:
-        b.con.close()
 
 
 def _quote(path: Path) -> str:

@@ -11,7 +11,7 @@ thread that ran it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
 from pathlib import Path
 
 from nsightful.profiles import kineto_read
@@ -26,16 +26,18 @@ from nsightful.profiles.model import ddl
 # ingest's 1200MB suits exports, whose tables DuckDB scans in place rather than holding a copy.
 STAGE_MEMORY_LIMIT = "128MB"
 MAP_MEMORY_LIMIT = "256MB"
-TOTAL_STEPS = 4
+STEPS = ("reading trace events", "kernels, copies, CUDA API calls, CPU ops", "devices, metadata, capabilities",
+         "writing the model")  # as progress reports them
 
 
 class KinetoBuilder(BuildSteps):
     """One build of one trace."""
 
-    total_steps = TOTAL_STEPS
+    steps = STEPS
 
-    def __init__(self, path: Path, out: Path, progress: Progress | None = None):
-        super().__init__(path, out, progress, STAGE_MEMORY_LIMIT)
+    def __init__(self, path: Path, out: Path, progress: Progress | None = None,
+                 cancelled: threading.Event | None = None):
+        super().__init__(path, out, progress, STAGE_MEMORY_LIMIT, cancelled)
         self.path = path
         self.names: dict[tuple[str, int | None, int | None], str] = {}
 
@@ -75,13 +77,12 @@ class KinetoBuilder(BuildSteps):
 
 
 def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = None,
-          on_builder: Callable[[KinetoBuilder], None] | None = None) -> None:
-    """Write the model of the Kineto trace at `path` into the DuckDB file `out` (which must not exist)."""
+          cancelled: threading.Event | None = None) -> None:
+    """Write the model of the Kineto trace at `path` into the DuckDB file `out` (which must not exist); setting
+    `cancelled` stops it with LoadCancelled."""
     head = kineto_read.header(path)
-    b = KinetoBuilder(path, out, progress)
-    if on_builder:
-        on_builder(b)
-    try:
+    b = KinetoBuilder(path, out, progress, cancelled)
+    with b.running():
         b.step("reading trace events")
         head = {**b.stage(), **head}  # values some Kineto versions write after the events
         b.step("kernels, copies, CUDA API calls, CPU ops")
@@ -96,5 +97,3 @@ def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = N
             b.sql(f"DROP TABLE {helper}")
         b.step("writing the model")
         b.sql("CHECKPOINT")
-    finally:
-        b.con.close()

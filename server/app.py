@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +20,6 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import NsightfulError
-from nsightful.profiles.ingest import Builder
 from nsightful.server import __version__, budget, ui
 from nsightful.server.cancel import run_on_cursor, run_stoppable
 from nsightful.server.http import bearer_auth
@@ -70,18 +70,14 @@ async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context | 
     lease = store.lease_open(session, ref)
     if lease:
         return lease
-    builders: list[Builder] = []
+    cancelled = threading.Event()
     token = anyio.lowlevel.current_token()  # the builder reports from threads anyio did not start
 
     def progress(done: int, total: int, label: str) -> None:
         if ctx is not None:
             anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
 
-    def interrupt() -> None:
-        for b in builders:
-            b.interrupt()
-
-    return await run_stoppable(lambda: store.acquire(session, ref, progress, builders.append), interrupt, ctx)
+    return await run_stoppable(lambda: store.acquire(session, ref, progress, cancelled), cancelled.set, ctx)
 
 
 @asynccontextmanager

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nsightful.profiles import Profile, open_profile
 from nsightful.profiles.errors import InvalidRequest, OutsideRoots, ProfileNotFound, UnknownProfile
-from nsightful.profiles.ingest import Builder, Progress
+from nsightful.profiles.ingest import Progress
 from nsightful.server.sessions import Session
 
 log = logging.getLogger("nsightful")
@@ -116,8 +116,9 @@ class ProfileStore:
             return None
 
     def acquire(self, session: Session, ref: str, progress: Progress | None = None,
-                on_builder: Callable[[Builder], None] | None = None) -> Lease:
-        """Lease the profile `ref` (an id of this session or a path), opening or building it if needed."""
+                cancelled: threading.Event | None = None) -> Lease:
+        """Lease the profile `ref` (an id of this session or a path), opening or building it if needed; setting
+        `cancelled` stops a build under way."""
         with self.lock:
             _, key = self._path_of(session, ref)
             model = self.models.get(key)
@@ -126,7 +127,7 @@ class ProfileStore:
         if not key.exists():
             raise ProfileNotFound(f"{key} does not exist; pass the path of an nsys .sqlite or .nsys-rep file")
         profile = open_profile(key, cache_dir=self.cache_dir, use_cache=self.use_cache, progress=progress,
-                               on_builder=on_builder)
+                               cancelled=cancelled)
         with self.lock:
             model = self.models.get(key)
             if model is None:

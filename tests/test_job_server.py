@@ -14,7 +14,6 @@ import anyio
 import jobskill
 import pytest
 from conftest import text_of
-from jobs import job_connection
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from test_job import KINETO, KINETO_RANKS, trace_kernels, write_ranks
@@ -224,14 +223,13 @@ async def test_rank_imbalance_over_mcp_names_the_planted_straggler(straggler_set
     assert [f["root_cause"] for f in result.structured_content["findings"]] == ["nccl-straggler"]
 
 
-def test_rank_imbalance_cli_on_the_job_matches_the_ranks_models(straggler_set, tmp_path, capsys):
+def test_rank_imbalance_cli_on_the_job_matches_the_tool_on_the_reopened_job(straggler_set, tmp_path, capsys):
     folder, truth = straggler_set
     assert cli.main(["rank-imbalance", str(folder), "--workers", "2", "--cache-dir", str(tmp_path), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    job = load_job(folder, cache_dir=tmp_path, workers=1)  # reopened: the models the command built
+    job = load_job(folder, cache_dir=tmp_path, workers=1)  # reopened: the Parquet the command wrote
     try:
-        attached = job_connection([s.model_path for s in job.ranks])  # the ranks' models read directly
-        direct = json.loads(rank_imbalance.run(attached, rank_imbalance.Params(job="job")).model_dump_json())
+        direct = json.loads(rank_imbalance.run(job.con, rank_imbalance.Params(job="job")).model_dump_json())
     finally:
         job.close()
     assert printed["straggler"]["rank"] == truth["straggler"]["rank"]

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
@@ -306,13 +307,13 @@ def test_kineto_damaged_trace_over_mcp_is_one_error_and_the_server_keeps_serving
 
 
 def test_kineto_load_interrupted_while_streaming_stops_and_leaves_no_model(tmp_path):
-    builders = []
+    cancelled = threading.Event()
 
-    def progress(done, total, label):  # interrupt once streaming starts: the first batch insert stops it
+    def progress(done, total, label):  # cancel once streaming starts: the first batch insert stops it
         if label == "reading trace events":
-            builders[0].interrupt()
+            cancelled.set()
     with pytest.raises(LoadCancelled):
-        open_profile(SHARED[0], cache_dir=tmp_path, progress=progress, on_builder=builders.append)
+        open_profile(SHARED[0], cache_dir=tmp_path, progress=progress, cancelled=cancelled)
     assert [p.name for p in tmp_path.iterdir() if ".duckdb" in p.name] == []
 
 

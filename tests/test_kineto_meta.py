@@ -135,7 +135,7 @@ def test_kineto_stage_writer_inserts_in_order_and_raises_its_errors(tmp_path):
         writer.close(failed=True)
         writer = Writer(builder)
         stage = Stage(writer, "_v", (("x", "INTEGER"),))
-        builder.interrupt()
+        builder.cancelled.set()
         with pytest.raises(LoadCancelled):
             stage.add((1,))
             stage.flush()

@@ -12,10 +12,11 @@ from pathlib import Path
 import duckdb
 import jsonschema
 import pytest
-from jobs import job_connection
 from modeldb import make_model, union_ns
 
-from nsightful.profiles import open_profile
+from nsightful.profiles import job_parquet, open_profile
+from nsightful.profiles.job import load_job
+from nsightful.profiles.job_ranks import RankSpec, Unit
 from nsightful.profiles.synth_ranks import TRUTH_NAME, write_rank_set
 from nsightful.tools import iterations
 from nsightful.tools import rank_imbalance as ri
@@ -30,7 +31,7 @@ MS = 1_000_000
 
 
 def models_of(paths: list[Path], cache: Path) -> list[Path]:
-    """Build (or find) each rank's model; the job attaches the files, so no connection stays open."""
+    """Build (or find) each rank's model; the job reads the files, so no connection stays open."""
     models = []
     for path in paths:
         profile = open_profile(path, cache_dir=cache)
@@ -39,9 +40,33 @@ def models_of(paths: list[Path], cache: Path) -> list[Path]:
     return models
 
 
+def job_of(models: list[Path], folder: Path) -> duckdb.DuckDBPyConnection:
+    """The job connection (profiles.job_parquet, as load_job makes it) of built models, rank r = models[r]: for
+    ranks whose models a test made or changed itself (a load_job takes profiles, not models)."""
+    specs = [RankSpec(rank=r, rank_source="order", path=m, fingerprint=f"p{r}", model_path=m, unit=Unit())
+             for r, m in enumerate(models)]
+    for spec in specs:
+        job_parquet.write_rank(spec, folder, threads=1)
+    return job_parquet.connect(folder, specs)
+
+
+def with_hosts(models: list[Path], hosts: list[str], folder: Path) -> list[Path]:
+    """Copies of `models` whose meta.host is hosts[r]: ranks captured on different machines (synth writes one)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for r, (model, host) in enumerate(zip(models, hosts, strict=True)):
+        copy = folder / f"r{r}.duckdb"
+        copy.write_bytes(model.read_bytes())
+        with duckdb.connect(str(copy)) as con:
+            con.execute("UPDATE meta SET host = ?", [host])
+        copies.append(copy)
+    return copies
+
+
 @pytest.fixture(scope="module")
-def rank_set(tmp_path_factory, cache_root):
-    """rank_set(name) -> (job connection, truth, model paths); each set written and built once."""
+def rank_set(tmp_path_factory):
+    """rank_set(name) -> (job connection, truth, model paths by rank); each set written and loaded once by
+    load_job, as the server and CLI load a job; with `hosts`, a job of the same models on different hosts."""
     made: dict[str, tuple] = {}
     specs = {"compute": dict(straggler_rank=1, kind="compute"), "host": dict(straggler_rank=2, kind="host"),
              "balanced": dict(straggler_rank=None)}
@@ -50,10 +75,16 @@ def rank_set(tmp_path_factory, cache_root):
         if name not in made:
             folder = tmp_path_factory.mktemp(f"ranks-{name}")
             truth = write_rank_set(folder, ranks=4, iterations=8, delay_ns=DELAY_NS, **specs[name])
-            made[name] = (truth, models_of([Path(r["path"]) for r in truth["ranks"]], cache_root))
-        truth, models = made[name]
-        return job_connection(models, hosts=hosts), truth, models
-    return _set
+            job = load_job(folder, cache_dir=tmp_path_factory.mktemp(f"cache-{name}"), workers=1)
+            made[name] = (job, truth, [s.model_path for s in sorted(job.ranks, key=lambda s: s.rank)])
+        job, truth, models = made[name]
+        if hosts is None:
+            return job.con, truth, models
+        return job_of(with_hosts(models, hosts, tmp_path_factory.mktemp("hosts")),
+                      tmp_path_factory.mktemp("hosts-job")), truth, models
+    yield _set
+    for job, _, _ in made.values():
+        job.close()
 
 
 def run(con, **kw) -> ri.Result:
@@ -152,9 +183,9 @@ def test_rank_imbalance_figures_match_independent_sql(rank_set):
         own.close()
 
 
-def test_rank_imbalance_kineto_ranks_are_sane_and_schema_valid(cache_root):
+def test_rank_imbalance_kineto_ranks_are_sane_and_schema_valid(cache_root, tmp_path):
     paths = [KINETO / f"hta_sampled_rank{r}.json.gz" for r in (0, 1)]
-    con = job_connection(models_of(paths, cache_root))
+    con = job_of(models_of(paths, cache_root), tmp_path / "job")
     result = run(con)
     jsonschema.validate(json.loads(result.model_dump_json()), ri.Result.model_json_schema())
     assert result.ranks == 2 and len(result.rows) == 2 and result.clock == "unknown"
@@ -184,17 +215,17 @@ def comp(rank: int, s: int, e: int, name: str = "gemm") -> dict:
 
 def tiny_job(tmp_path: Path, per_rank: list[list[dict]], hosts: list[str] | None = None
              ) -> duckdb.DuckDBPyConnection:
-    """A job of make_model ranks (kernels only), each saved to a file the job attaches."""
+    """A job of make_model ranks (kernels only; rank r on hosts[r], else all on 'h'), each saved to a file."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     files = []
     for rank, kernels in enumerate(per_rank):
-        model = make_model(meta={"fingerprint": "test", "host": "h"}, kernels=kernels)
+        model = make_model(meta={"fingerprint": "test", "host": hosts[rank] if hosts else "h"}, kernels=kernels)
         path = tmp_path / f"r{rank}.duckdb"
         model.execute(f"ATTACH '{path}' AS out")
         model.execute("COPY FROM DATABASE memory TO out")
         model.close()
         files.append(path)
-    return job_connection(files, hosts=hosts)
+    return job_of(files, tmp_path / "job")
 
 
 def arrivals(count: int, late: dict[int, int], transfer: int = 400 * US, period: int = 2 * MS) -> list[list[dict]]:

@@ -44,6 +44,7 @@ from typing import Literal
 
 import duckdb
 
+from nsightful.tools import rules
 from nsightful.tools.common import Scope, per_model
 from nsightful.tools.intervals import gaps, overlaps
 
@@ -51,8 +52,6 @@ Cause = Literal["queued", "sync", "readback", "pageable_copy", "sync_copy", "lau
                 "host_comm", "host_wait", "host_cpu", "host_untraced"]
 
 LAUNCH_GAP_MAX_NS = 50_000  # 50 us: eager frameworks spend up to this much host time per op; longer is other work
-TINY_KERNEL_NS = 10_000  # 10 us: below this a kernel runs shorter than its launch costs (book small-kernel-overhead)
-FOLLOW_NS = 100_000  # 100 us: a synchronize this soon after a device-to-host copy waits for that copy's result
 DOMINANT_SHARE = 0.5  # a host activity covering half a gap explains it
 BUBBLE_MIN_NS = 1_000_000  # 1 ms: shorter idle stretches are launch jitter, not bubbles (book gpu-bubbles)
 PAUSE_MAX_NS = 100_000_000  # a collection pass takes ms to tens of ms; longer periodic gaps are other waits
@@ -63,7 +62,6 @@ OP_OVERHEAD_MAX_NS = 500_000  # 0.5 ms: an eager framework's host work for one o
 SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; past it the host is late
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
 HOST_PROBE_BUCKET_NS = 1_000_000  # overlap-join buckets for the long gaps x host events join
-WAIT_CALLS = "wait|poll|select|sleep|futex|pause|sem_|pthread_join|pthread_cond|accept|recv|read|epoll"
 JIT_RANGES = (r"(?i)(^|[^a-z])(jit|nvrtc|ptxas)|Xla(Emit|Optimize|Compile|Autotun)|compile(Fusion|Kernel|_fx)|"
               r"triton\.compile|inductor")
 DATA_RANGES = r"(?i)data|fetch|collate|prefetch|get_batch|next_batch"  # input-pipeline NVTX ranges
@@ -121,7 +119,8 @@ calls0 AS (
 bcalls AS MATERIALIZED (
   SELECT * FROM (
     SELECT pid, tid, start_ns, end_ns, name, CASE
-      WHEN kind = 'memcpy' AND (name NOT LIKE '%Async%' OR pageable) AND direction = 'D2H' THEN 'readback'
+      WHEN kind = 'memcpy' AND direction = 'D2H'
+           AND """ + rules.blocking_copy_sql("name", "pageable") + """ THEN 'readback'
       WHEN kind = 'memcpy' AND pageable THEN 'pageable_copy'
       WHEN kind = 'memcpy' AND name NOT LIKE '%Async%' THEN 'sync_copy'
       WHEN kind = 'sync' AND start_ns - prev_end <= $follow AND prev_copy = 'D2H' THEN 'readback'
@@ -284,9 +283,9 @@ SELECT (SELECT list(t ORDER BY t.device_id, t.ns DESC, t.cause) FROM totals t),
 
 def args(scope: Scope) -> dict[str, object]:
     """Bound parameters of LABELLED for a scope (callers add their own)."""
-    return {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "tiny": TINY_KERNEL_NS,
-            "follow": FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
-            "waits": WAIT_CALLS, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES, "jit_ranges": JIT_RANGES,
+    return {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "tiny": rules.TINY_KERNEL_NS,
+            "follow": rules.READBACK_FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
+            "waits": rules.WAIT_CALLS, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES, "jit_ranges": JIT_RANGES,
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
             "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS}
 

@@ -4,10 +4,11 @@ Every idle finding comes from here, whichever tool shows it (gpu_idle_gaps shows
 and kernel_launch_overhead the ones they measure), so the figures always agree. Each root cause claims the
 idle time of its gap causes (tools/attribution.py) on one device; causes never share nanoseconds, so
 findings never count the same nanoseconds twice and a device's findings never exceed its idle time. A finding
-fires only when its claim reaches MIN_FINDING_PCT of the window and its own precondition holds; gpu-bubbles
-takes what stays unexplained in gaps of 1 ms or more. gc-pauses (book gc-pauses) needs a Python program and
-periodic gaps of 1 ms or more in which the host did nothing traced (no blocking call, copy or launch), recurring
-less often than every step when the loop's step is known: a gap in every step is the step's own work.
+fires only when its claim is worth reporting (rules.MIN_STAKE_PCT of the window) and its own precondition
+holds; gpu-bubbles takes what stays unexplained in gaps of 1 ms or more. gc-pauses (book gc-pauses) needs a
+Python program and periodic gaps of 1 ms or more in which the host did nothing traced (no blocking call, copy or
+launch), recurring less often than every step when the loop's step is known: a gap in every step is the step's
+own work.
 """
 
 from __future__ import annotations
@@ -17,13 +18,11 @@ from dataclasses import dataclass, replace
 
 import duckdb
 
-from nsightful.tools import iterations
+from nsightful.tools import iterations, rules
 from nsightful.tools.attribution import DeviceIdle
 from nsightful.tools.common import Finding, ms, pct, run_once
 from nsightful.tools.program import Program
 
-MIN_FINDING_PCT = 1.0  # idle under 1% of the window cannot move the step time noticeably
-HIGH_PCT = 10.0  # a tenth of the window or more: among the first things to fix
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
 RECURRING_MIN_GAPS = 3  # outside a steady window, a cost paid three times or more recurs; once or twice is setup
@@ -52,9 +51,8 @@ def _python(program: Program) -> bool:
 def _sync_tags(d: DeviceIdle, _: Program) -> list[str]:
     if d.ns("sync_copy") > d.ns("sync"):
         return ["sync-copy"]
-    api = (d.causes["sync"].api or "") if "sync" in d.causes else ""
-    return [tag for key, tag in (("Device", "device-sync"), ("Ctx", "device-sync"), ("Stream", "stream-sync"),
-                                 ("Event", "event-sync")) if key in api][:1]
+    scope = rules.sync_scope(d.causes["sync"].api) if "sync" in d.causes else "other"
+    return [] if scope == "other" else [f"{scope}-sync"]
 
 
 def _jit_cause(program: Program) -> str:
@@ -148,7 +146,7 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
             root = _jit_cause(program) if claim.root_cause == "module-loading-hot-path" else claim.root_cause
             ns = (_cpu_ns(d, claim.causes, "gc-pauses" in fired) if claim.root_cause == "cpu-bottleneck"
                   else claim.ns(d, claim.causes))
-            if pct(ns, d.window_ns) < MIN_FINDING_PCT or not claim.applies(d, program, in_loop):
+            if not rules.worth_reporting(ns, d.window_ns) or not claim.applies(d, program, in_loop):
                 continue
             fired.add(claim.root_cause)
             out.append(_finding(d, root, ns, claim.title(d, ns), claim.tags(d, program),
@@ -164,8 +162,8 @@ def _bubbles(d: DeviceIdle, fired: set[str]) -> list[Finding]:
     ns = sum(d.causes[c].long_ns for c in causes if c in d.causes)
     if "gc-pauses" in fired:
         ns -= _periodic(d, tuple(c for c in causes if c in ("host_untraced", "host_cpu")))
-    share = pct(ns, d.window_ns)
-    if share < MIN_FINDING_PCT or (d.busy_pct >= STARVED_BUSY_PCT and share < BUBBLES_PCT):
+    worth_chasing = d.busy_pct < STARVED_BUSY_PCT or pct(ns, d.window_ns) >= BUBBLES_PCT
+    if not (rules.worth_reporting(ns, d.window_ns) and worth_chasing):
         return []
     title = (f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} in gaps of 1 ms or more that the trace "
              "cannot explain (no blocking call, launch, load or wait seen on the host)")
@@ -173,7 +171,6 @@ def _bubbles(d: DeviceIdle, fired: set[str]) -> list[Finding]:
 
 
 def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], extra: dict) -> Finding:
-    share = pct(ns, d.window_ns)
-    return Finding(root_cause=root, severity="high" if share >= HIGH_PCT else "medium", title=title,
-                   evidence={"window_pct": share, "device_busy_pct": d.busy_pct, **extra},
+    return Finding(root_cause=root, severity=rules.severity(ns, d.window_ns), title=title,
+                   evidence={"window_pct": pct(ns, d.window_ns), "device_busy_pct": d.busy_pct, **extra},
                    time_at_stake_ns=ns, device=d.device, tags=tags)

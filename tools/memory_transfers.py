@@ -212,7 +212,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     pageable = {(d, dr): _Pageable(largest_ns=n, async_count=a)
                 for d, dr, n, a in con.execute(PAGEABLE_SQL, args).fetchall()}
     idle = attribution.attribute(con, scope).devices if count else {}
-    result.findings = findings(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()},
+    result.findings = _findings(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()},
                                scope.duration_ns)
     return result
 
@@ -225,7 +225,7 @@ def _pageable_saving(row: DirectionRow) -> int:
     return int(exposed * (1 - 1 / speedup))
 
 
-def findings(rows: list[DirectionRow], pageable: dict[tuple[int, str], _Pageable], idle_ns: dict[int, int],
+def _findings(rows: list[DirectionRow], pageable: dict[tuple[int, str], _Pageable], idle_ns: dict[int, int],
              window_ns: int) -> list[Finding]:
     """Per device: pageable-host-memory (recurring pageable copies, or one long one, or idle spent in them),
     then excessive-h2d-transfers (H2D time above 5% of the window) for the exposed H2D time left."""

@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import duckdb
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.resources import book
-from nsightful.tools import attribution, idle_causes, iterations, program, shares
+from nsightful.tools import attribution, idle_causes, iterations, program, rules, shares
 from nsightful.tools.common import (
     Finding,
     Output,
@@ -62,11 +62,6 @@ class RankedFinding(Finding):
     verify: str = Field(description="how to confirm the fix, from the book entry")
 
 
-class Missing(BaseModel):
-    data: str
-    capture_flag: str
-
-
 class Result(Output):
     profile: str
     program: Program
@@ -78,7 +73,7 @@ class Result(Output):
     total_findings: int = Field(description="findings before the limit")
     truncated: bool
     time_at_stake_ns: int = Field(description="sum over all findings (each device's share <= its window)")
-    missing: list[Missing] = Field(description="what the profile cannot tell, and the nsys flag that captures it")
+    missing: list[rules.Missing] = Field(description="what the profile cannot tell, and the nsys flag that captures it")
     skipped: list[str] = Field(description="detectors that could not run on this profile, with why")
 
 
@@ -135,13 +130,7 @@ def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) 
     return out
 
 
-def _missing(con: duckdb.DuckDBPyConnection) -> list[Missing]:
-    rows = con.execute("SELECT data, capture_flag FROM capabilities WHERE NOT present AND data IN "
-                       "(SELECT unnest($data)) ORDER BY data", {"data": list(DIAGNOSIS_DATA)}).fetchall()
-    return [Missing(data=d, capture_flag=f) for d, f in rows]
-
-
-def _nothing(params: Params, prog: Program, quality: list[str], missing: list[Missing]) -> Result:
+def _nothing(params: Params, prog: Program, quality: list[str], missing: list[rules.Missing]) -> Result:
     """The result for an export without a single timed event: nothing to analyse, said plainly."""
     why = ("the export holds no timed events at all (no GPU activity, no CPU or API trace): re-capture with "
            "`nsys profile --trace=cuda,nvtx` around the workload")
@@ -160,7 +149,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     summary = modules["profile_summary"]
     quality = run_once(con, summary, summary.Params(profile=params.profile)).trace_quality
     if con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()[0]:
-        return _nothing(params, prog, quality, _missing(con))
+        return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA))
     scope, note, warmup = _window(con, params)
     found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
     idle = attribution.attribute(con, scope).devices
@@ -183,7 +172,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     foreign = [(t, f) for t, f in found if not book.get_entry(f.root_cause).applies(chain)]
     skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
     found = [tf for tf in found if tf not in foreign]
-    missing = _missing(con)
+    missing = rules.missing(con, DIAGNOSIS_DATA)
     ranked = _rank(found, chain, params.limit)
     return Result(profile=params.profile, program=prog, quality=quality, window=scope, window_note=note,
                   classification=classification, findings=ranked, total_findings=len(found),

@@ -1,0 +1,103 @@
+"""Every registered module satisfies its contract (tools/contracts.py), signatures included; a build reports
+the progress steps it declares."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+
+import pytest
+from fixture_guard import FIXTURES_ROOT
+from pydantic import BaseModel
+
+from nsightful.profiles import ingest, kineto, open_profile, synth
+from nsightful.profiles.errors import LoadCancelled
+from nsightful.tools import contracts, job_tools, pair_tools, skills
+from nsightful.tools.common import Output
+
+KINDS = [(contracts.Skill, skills, ("con", "params")), (contracts.PairSkill, pair_tools, ("before", "after", "params")),
+         (contracts.JobSkill, job_tools, ("con", "params"))]
+ENDLESS_SQL = "SELECT sum(hash(i)) FROM range(100_000_000_000) t(i)"  # minutes of work, unless interrupted
+CANCEL_AFTER_S = 0.3
+STOPPED_WITHIN_S = 10.0  # a generous bound on a loaded machine; the query alone runs for minutes
+DETECTORS = {"iterations", "top_kernels", "nccl_breakdown", "rank_imbalance"}  # findings(result), on main today
+
+
+@pytest.mark.parametrize(("protocol", "registry", "run_args"), KINDS, ids=lambda k: getattr(k, "__name__", ""))
+def test_contracts_every_registered_module_satisfies_its_protocol(protocol, registry, run_args):
+    for name, module in registry().items():
+        assert isinstance(module, protocol), f"{name} lacks a member of {protocol.__name__}"
+        assert issubclass(module.Params, BaseModel) and issubclass(module.Result, Output), name
+        assert tuple(inspect.signature(module.run).parameters) == run_args, name
+        assert tuple(inspect.signature(module.render).parameters) == ("result",), name
+
+
+def test_contracts_detectors_are_the_modules_with_findings_of_their_result():
+    modules = {**skills(), **pair_tools(), **job_tools()}
+    found = {name for name, module in modules.items() if isinstance(module, contracts.Detector)}
+    assert found == DETECTORS
+    for name in found:
+        assert tuple(inspect.signature(modules[name].findings).parameters) == ("result",), name
+
+
+def test_contracts_a_module_missing_run_is_no_skill():
+    class NoRun:
+        Params, Result = BaseModel, Output
+
+        @staticmethod
+        def render(result):
+            return ""
+
+    assert not isinstance(NoRun(), contracts.Skill)
+
+
+def _reported(path, tmp_path) -> list[tuple[int, int, str]]:
+    seen: list[tuple[int, int, str]] = []
+    open_profile(path, cache_dir=tmp_path / "cache", progress=lambda *step: seen.append(step)).close()
+    return seen
+
+
+def test_contracts_export_build_reports_each_declared_step_once(tmp_path):
+    path = tmp_path / "clean.sqlite"
+    synth.write_sample(path, synth.clean())
+    seen = _reported(path, tmp_path)
+    assert sorted(label for _, _, label in seen) == sorted(ingest.STEPS)
+    assert [(done, total) for done, total, _ in seen] == [(i + 1, len(ingest.STEPS)) for i in range(len(seen))]
+
+
+def test_contracts_kineto_build_reports_each_declared_step_once(tmp_path):
+    seen = _reported(FIXTURES_ROOT / "kineto" / "hta_sampled_rank1.json.gz", tmp_path)
+    assert [label for _, _, label in seen] == list(kineto.STEPS)
+    assert seen[-1][:2] == (len(kineto.STEPS), len(kineto.STEPS))
+
+
+def test_contracts_a_step_not_declared_is_refused(tmp_path):
+    class Build(ingest.BuildSteps):
+        steps = ("one",)
+
+    with pytest.raises(ValueError, match="'two' is not one of this build's steps"):
+        Build(tmp_path / "x", tmp_path / "m.duckdb", None, "64MB").step("two")
+
+
+def test_contracts_a_cancelled_export_build_stops_and_leaves_no_model(tmp_path):
+    path = tmp_path / "clean.sqlite"
+    synth.write_sample(path, synth.clean())
+    cancelled = threading.Event()
+
+    def progress(done, total, label):  # cancelled by the client once the GPU tables start
+        if label == "kernels":
+            cancelled.set()
+    with pytest.raises(LoadCancelled, match="was cancelled"):
+        open_profile(path, cache_dir=tmp_path / "cache", progress=progress, cancelled=cancelled)
+    assert [p.name for p in (tmp_path / "cache").rglob("*") if ".duckdb" in p.name] == []
+
+
+def test_contracts_cancelling_a_build_interrupts_its_running_query(tmp_path):
+    cancelled = threading.Event()
+    build = ingest.BuildSteps(tmp_path / "x", tmp_path / "m.duckdb", None, "256MB", cancelled)
+    threading.Timer(CANCEL_AFTER_S, cancelled.set).start()
+    started = time.monotonic()
+    with build.running(), pytest.raises(LoadCancelled):
+        build.sql(ENDLESS_SQL)
+    assert time.monotonic() - started < STOPPED_WITHIN_S
