@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from nsightful.resources import book
 from nsightful.tools import rank_figures as figures
-from nsightful.tools import rank_imbalance, triage
+from nsightful.tools import rank_imbalance, rules, triage
 from nsightful.tools.common import MAX_LIMIT, Finding, Output, leads_first, more_rows, ms
 from nsightful.tools.program import Program
 from nsightful.tools.shares import Classification
@@ -62,7 +62,7 @@ class Result(Output):
     total_findings: int = Field(description="findings before the limit: cross-rank plus the triaged rank's")
     truncated: bool
     time_at_stake_ns: int = Field(description="sum over all findings")
-    missing: list[triage.Missing] = Field(description="what the triaged rank's profile cannot tell, and the flag")
+    missing: list[rules.Missing] = Field(description="what the triaged rank's profile cannot tell, and the flag")
     skipped: list[str] = Field(description="detectors that could not run on the triaged rank, with why")
 
 
