@@ -9,31 +9,20 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
 
 from nsightful.profiles import checks
+from nsightful.profiles.build_steps import BUILD_SETTINGS, NO_PROGRESS_BAR, BuildSteps, Progress
 from nsightful.profiles.chunks import ROWS_PER_RANGE, WHOLE, Range, correlation_ranges, within
-from nsightful.profiles.duck import OFFLINE, load_sqlite_scanner
-from nsightful.profiles.errors import LoadCancelled
+from nsightful.profiles.duck import load_sqlite_scanner
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
 from nsightful.profiles.limits import build_memory_mb
-from nsightful.profiles.model import MODEL_VERSION, ddl
+from nsightful.profiles.model import MODEL_VERSION
 from nsightful.profiles.raw import RawExport
-
-BUILD_SETTINGS = {
-    "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
-}
-NO_PROGRESS_BAR = "SET enable_progress_bar = false"  # progress goes to MCP notifications, never to stdout
-# How long a finished build's cancel watcher may linger (a cancel itself is seen at once): short, as every
-# build waits for it before closing its connection.
-CANCEL_POLL_S = 0.02
-
-Progress = Callable[[int, int, str], None]
 
 NO_ID = 4294967295  # (uint32)-1: nsys' "no device/stream" in sync records
 PID_SQL = "(({col} >> 24) & 16777215)"  # globalPid/globalTid -> OS pid
@@ -97,68 +86,6 @@ def _direction(name: str) -> str:
 STEPS = ("strings and enums", "NVTX ranges", "OS runtime, CPU samples, scheduling", "CUDA API calls", "kernels",
          "memcpy, memset, sync", "CUDA graphs, device memory, UVM faults", "NVTX nesting",
          "devices, metadata, capabilities", "writing the model")
-
-
-class BuildSteps:
-    """What every model build shares (an nsys export's, a Kineto trace's): its connection, its progress steps
-    (`steps`, each reported once by its label, in any order), and its `cancelled` event: set from another thread,
-    it stops the build at the next query or step."""
-
-    steps: tuple[str, ...]
-
-    def __init__(self, source: Path, out: Path, progress: Progress | None, memory_limit: str,
-                 cancelled: threading.Event | None = None):
-        self.source, self.progress = source, progress
-        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, "memory_limit": memory_limit})
-        self.con.execute(NO_PROGRESS_BAR)
-        self.cancelled = cancelled or threading.Event()
-        self.done = 0
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        """The build's connection, closed when the block ends; while it runs, setting `cancelled` (from any thread)
-        interrupts the query under way."""
-        finished = threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(finished,), name="nsightful-build-cancel", daemon=True)
-        watcher.start()
-        try:
-            yield
-        finally:
-            finished.set()
-            watcher.join()
-            self.con.close()
-
-    def _watch(self, finished: threading.Event) -> None:
-        while not finished.is_set():
-            if self.cancelled.wait(CANCEL_POLL_S):
-                self.con.interrupt()
-                return
-
-    def cancelled_error(self) -> LoadCancelled:
-        return LoadCancelled(f"loading {self.source} was cancelled")
-
-    def step(self, label: str) -> None:
-        if label not in self.steps:
-            raise ValueError(f"'{label}' is not one of this build's steps {self.steps}")
-        if self.cancelled.is_set():
-            raise self.cancelled_error()
-        self.done += 1
-        if self.progress:
-            self.progress(self.done, len(self.steps), label)
-
-    def sql(self, query: str, cur: duckdb.DuckDBPyConnection | None = None, params: dict | None = None) -> None:
-        try:
-            (cur or self.con).execute(query, params)
-        except duckdb.InterruptException as exc:
-            raise self.cancelled_error() from exc
-
-    def create(self, table: str, cur: duckdb.DuckDBPyConnection | None = None) -> None:
-        self.sql(ddl(table), cur)
-
-    def load_list(self, table: str, rows: list[tuple]) -> None:
-        self.create(table)
-        if rows:
-            self.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
 
 
 class Builder(BuildSteps):

@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 
 from nsightful.profiles import kineto_read
-from nsightful.profiles.ingest import WINDOW_SQL, BuildSteps, Progress
+from nsightful.profiles.build_steps import BuildSteps, Progress
+from nsightful.profiles.ingest import WINDOW_SQL
 from nsightful.profiles.kineto_meta import capability_rows, diagnostic_rows, distributed, gpu_rows, meta_row
 from nsightful.profiles.kineto_sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from nsightful.profiles.kineto_stage import Stage, Writer

@@ -18,7 +18,7 @@ import duckdb
 from nsightful.profiles.errors import NsightfulError
 
 if TYPE_CHECKING:
-    from nsightful.profiles.ingest import BuildSteps
+    from nsightful.profiles.build_steps import BuildSteps
 
 BATCH_ROWS = 20_000  # staged rows per insert: ~10 MB of Python objects at a time, however large the trace
 QUEUED_BATCHES = 2  # batches waiting for the writer: enough to keep it busy, few enough to bound memory

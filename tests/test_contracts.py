@@ -11,7 +11,7 @@ import pytest
 from fixture_guard import FIXTURES_ROOT
 from pydantic import BaseModel
 
-from nsightful.profiles import ingest, kineto, open_profile, synth
+from nsightful.profiles import build_steps, ingest, kineto, open_profile, synth
 from nsightful.profiles.errors import LoadCancelled
 from nsightful.tools import contracts, job_tools, pair_tools, skills
 from nsightful.tools.common import Output
@@ -73,7 +73,7 @@ def test_contracts_kineto_build_reports_each_declared_step_once(tmp_path):
 
 
 def test_contracts_a_step_not_declared_is_refused(tmp_path):
-    class Build(ingest.BuildSteps):
+    class Build(build_steps.BuildSteps):
         steps = ("one",)
 
     with pytest.raises(ValueError, match="'two' is not one of this build's steps"):
@@ -95,7 +95,7 @@ def test_contracts_a_cancelled_export_build_stops_and_leaves_no_model(tmp_path):
 
 def test_contracts_cancelling_a_build_interrupts_its_running_query(tmp_path):
     cancelled = threading.Event()
-    build = ingest.BuildSteps(tmp_path / "x", tmp_path / "m.duckdb", None, "256MB", cancelled)
+    build = build_steps.BuildSteps(tmp_path / "x", tmp_path / "m.duckdb", None, "256MB", cancelled)
     threading.Timer(CANCEL_AFTER_S, cancelled.set).start()
     started = time.monotonic()
     with build.running(), pytest.raises(LoadCancelled):
