@@ -52,14 +52,17 @@ class Params(ScopedParams):
                                             "total_findings", ge=1, le=MAX_FINDINGS)] = 10
 
 
-class RankedFinding(Finding):
-    rank: int
+class CitedFinding(Finding):
     source_tool: str = Field(description="the tool whose detector raised it")
     book_uri: str
     book_title: str
     fix: str = Field(description="the book's first fix for this program's family (fix_for), else the generic one")
     fix_for: str = Field(description="the fix family used: pytorch, python, cuda, offload or generic")
     verify: str = Field(description="how to confirm the fix, from the book entry")
+
+
+class RankedFinding(CitedFinding):
+    rank: int
 
 
 class Result(Output):
@@ -119,15 +122,27 @@ def _setup_compile(con: duckdb.DuckDBPyConnection, gpu: Scope, scope: Scope, loo
         if d.ns("jit") >= SETUP_OVER_LOOP * scope.duration_ns]
 
 
+def citation(finding: Finding, tool: str, chain: tuple[str, ...]) -> dict:
+    """The book's fields of a CitedFinding: its entry, and the fix for the first family of `chain` it has."""
+    entry = book.get_entry(finding.root_cause)
+    fix = entry.fix_for(chain, finding.tags)
+    return {**finding.model_dump(include=set(Finding.model_fields)), "source_tool": tool,
+            "book_uri": book.entry_uri(entry.id), "book_title": entry.title, "fix": fix.text, "fix_for": fix.family,
+            "verify": entry.verify}
+
+
+def cited_lines(finding: CitedFinding, explained: set[str]) -> list[str]:
+    """A finding's cause, fix and verify lines; a cause already explained above (in `explained`) only named."""
+    if finding.root_cause in explained:
+        return [f"   cause: {finding.root_cause} (see above)"]
+    explained.add(finding.root_cause)
+    return [f"   cause: {finding.book_title} <{finding.book_uri}>", f"   fix ({finding.fix_for}): {finding.fix}",
+            f"   verify: {finding.verify}"]
+
+
 def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) -> list[RankedFinding]:
-    out = []
-    for tool, f in leads_first(found, lambda tf: tf[1], limit):
-        entry = book.get_entry(f.root_cause)
-        fix = entry.fix_for(chain, f.tags)
-        out.append(RankedFinding(**f.model_dump(), rank=len(out) + 1, source_tool=tool,
-                                 book_uri=book.entry_uri(entry.id), book_title=entry.title, fix=fix.text,
-                                 fix_for=fix.family, verify=entry.verify))
-    return out
+    return [RankedFinding(**citation(f, tool, chain), rank=i)
+            for i, (tool, f) in enumerate(leads_first(found, lambda tf: tf[1], limit), start=1)]
 
 
 def _nothing(params: Params, prog: Program, quality: list[str], missing: list[rules.Missing]) -> Result:
@@ -196,13 +211,7 @@ def render(result: Result) -> str:
     explained: set[str] = set()
     for f in result.findings:
         lines.append(f"{f.rank}. [{f.severity}] {f.title}: ~{ms(f.time_at_stake_ns)} at stake")
-        if f.root_cause in explained:
-            lines.append(f"   cause: {f.root_cause} (see above)")
-            continue
-        explained.add(f.root_cause)
-        lines.append(f"   cause: {f.book_title} <{f.book_uri}>")
-        lines.append(f"   fix ({f.fix_for}): {f.fix}")
-        lines.append(f"   verify: {f.verify}")
+        lines += cited_lines(f, explained)
     if result.truncated:
         lines.extend(more_rows(result, result.total_findings - len(result.findings), "findings"))
     if result.missing:

@@ -20,7 +20,6 @@ from typing import Annotated, Literal
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.resources import book
 from nsightful.tools import rank_figures as figures
 from nsightful.tools import rank_imbalance, rules, triage
 from nsightful.tools.common import MAX_LIMIT, Finding, Output, leads_first, more_rows, ms
@@ -36,15 +35,9 @@ class Params(BaseModel):
                                             "total_findings", ge=1, le=triage.MAX_FINDINGS)] = 10
 
 
-class JobFinding(Finding):
+class JobFinding(triage.CitedFinding):
     position: int = Field(description="1 for the costliest finding")
     rank: int | None = Field(description="the rank it was found on; null for a cross-rank (job-wide) finding")
-    source_tool: str = Field(description="the tool whose detector raised it")
-    book_uri: str
-    book_title: str
-    fix: str = Field(description="the book's first fix for the triaged rank's program family, else the generic one")
-    fix_for: str = Field(description="the fix family used: pytorch, python, cuda, offload or generic")
-    verify: str = Field(description="how to confirm the fix, from the book entry")
 
 
 class Result(Output):
@@ -82,11 +75,7 @@ def _chosen(imbalance: rank_imbalance.Result) -> tuple[int, ChosenBy, str]:
 
 
 def _cited(finding: Finding, tool: str, rank: int | None, chain: tuple[str, ...]) -> JobFinding:
-    entry = book.get_entry(finding.root_cause)
-    fix = entry.fix_for(chain, finding.tags)
-    data = finding.model_dump(include=set(Finding.model_fields))
-    return JobFinding(**data, position=0, rank=rank, source_tool=tool, book_uri=book.entry_uri(entry.id),
-                      book_title=entry.title, fix=fix.text, fix_for=fix.family, verify=entry.verify)
+    return JobFinding(**triage.citation(finding, tool, chain), position=0, rank=rank)
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
@@ -121,12 +110,7 @@ def render(result: Result) -> str:
     for f in result.findings:
         where = "job-wide" if f.rank is None else f"rank {f.rank}"
         lines.append(f"{f.position}. [{f.severity}] ({where}) {f.title}: ~{ms(f.time_at_stake_ns)} at stake")
-        if f.root_cause in explained:
-            lines.append(f"   cause: {f.root_cause} (see above)")
-            continue
-        explained.add(f.root_cause)
-        lines += [f"   cause: {f.book_title} <{f.book_uri}>", f"   fix ({f.fix_for}): {f.fix}",
-                  f"   verify: {f.verify}"]
+        lines += triage.cited_lines(f, explained)
     if result.truncated:
         lines.extend(more_rows(result, result.total_findings - len(result.findings), "findings"))
     if result.missing:
