@@ -28,6 +28,11 @@ def text_of(result) -> str:
     return "".join(c.text for c in result.content if getattr(c, "text", None))
 
 
+def one_sentence(message: str) -> None:
+    """An error as a user sees it: one line, no traceback."""
+    assert message and "\n" not in message and "Traceback" not in message, message
+
+
 @pytest.fixture(scope="session")
 def cache_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("nsightful-cache")

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import duckdb
 import pytest
-from conftest import FIXTURE_FILES, FIXTURES, text_of
+from conftest import FIXTURE_FILES, FIXTURES, one_sentence, text_of
 from mcp.client import Client
 
 from nsightful.profiles import open_profile
@@ -46,10 +46,6 @@ def fixtures_unchanged():
 
 def _listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
-
-
-def _one_sentence(message: str) -> None:
-    assert message and "\n" not in message and "Traceback" not in message, message
 
 
 def _copy(src: Path, folder: Path, name: str = "run.sqlite") -> Path:
@@ -147,7 +143,7 @@ async def test_bad_inputs_path_is_one_sentence_for_every_tool_and_the_server_kee
             with anyio.fail_after(30):  # a FIFO must not block the call
                 result = await client.call_tool(name, args)
             assert result.is_error, name
-            _one_sentence(text_of(result))
+            one_sentence(text_of(result))
             assert words in text_of(result), (name, text_of(result))
         good = await client.call_tool("top_kernels", {"profile": str(root / "good.sqlite")})
     assert not good.is_error and good.structured_content["kernel_count"] == _raw_count(
@@ -210,7 +206,7 @@ async def test_bad_inputs_damaged_export_loads_what_is_readable_and_every_tool_a
         for name in TOOL_NAMES:
             result = await client.call_tool(name, {"profile": pid, **REQUIRED_ARGS.get(name, {})})
             if result.is_error:  # only where the profile has no data for the tool
-                _one_sentence(text_of(result))
+                one_sentence(text_of(result))
     assert summary["table_rows"]["kernels"] == (0 if lost == ALL else recorded - lost)
     quality = summary["trace_quality"]
     if note:
@@ -269,7 +265,7 @@ async def test_bad_inputs_unusable_export_is_one_not_a_profile_sentence(data_ser
         refused = await client.call_tool("load_profile", {"path": str(path)})
         good = await client.call_tool("top_kernels", {"profile": str(_copy(MOCK, root / f"{case}-good"))})
     assert refused.is_error and words in text_of(refused) and str(path) in text_of(refused), text_of(refused)
-    _one_sentence(text_of(refused))
+    one_sentence(text_of(refused))
     assert not good.is_error and good.structured_content["kernel_count"] == 2
     assert _listing(path.parent) == before
 
@@ -413,14 +409,14 @@ def test_bad_inputs_file_rewritten_while_loading_is_refused_then_loads(tmp_path)
 
     with pytest.raises(ProfileChanged) as caught:
         open_profile(path, cache_dir=cache, progress=rewrite)
-    _one_sentence(str(caught.value))
+    one_sentence(str(caught.value))
     assert "changed while it was being loaded" in str(caught.value)
     assert _models(cache) == [] and _temporaries(cache) == []
     assert _kernels(path, cache) == 18
     assert _listing(path.parent) == ["run.sqlite"]
 
 
-def test_bad_inputs_report_to_convert_with_an_unwritable_cache_is_one_sentence(tmp_path, monkeypatch):
+def test_bad_inputs_report_to_convert_with_an_unwritable_cache_isone_sentence(tmp_path, monkeypatch):
     nsys = tmp_path / "bin" / "nsys"  # present, so conversion is attempted; never reached
     nsys.parent.mkdir()
     nsys.write_text("#!/bin/sh\nexit 1\n")
@@ -431,6 +427,6 @@ def test_bad_inputs_report_to_convert_with_an_unwritable_cache_is_one_sentence(t
     cache = _unwritable_cache(tmp_path)
     with pytest.raises(ConversionFailed) as caught:
         open_profile(report, cache_dir=cache)
-    _one_sentence(str(caught.value))
+    one_sentence(str(caught.value))
     assert f"cannot be written to {cache / 'exports'}" in str(caught.value)
     assert _listing(report.parent) == ["run.nsys-rep"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, one_sentence, text_of
 from mcp.client import Client
 
 from nsightful.profiles import open_profile, source
@@ -26,16 +26,12 @@ def _raw_kernels(path: Path) -> int:
         return con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
 
 
-def _one_sentence(message: str) -> None:
-    assert message and "\n" not in message and "Traceback" not in message, message
-
-
 def test_build_memory_exhausted_is_one_sentence_and_leaves_only_the_lock(tmp_path, monkeypatch):
     monkeypatch.setenv(BUILD_MEMORY_ENV, TINY_MB)
     with pytest.raises(BuildOutOfMemory) as caught:
         open_profile(EXPORT, cache_dir=tmp_path)
     message = str(caught.value)
-    _one_sentence(message)
+    one_sentence(message)
     assert f"{EXPORT.name} (2.3 MB) ran out of memory at the build's 5 MB limit" in message
     assert BUILD_MEMORY_ENV in message and str(tmp_path) in message
     assert [p.suffix for p in tmp_path.iterdir()] == [".lock"]  # no model, no temporary file, no spill folder
@@ -51,15 +47,15 @@ def test_build_memory_setting_is_used_and_checked(tmp_path, monkeypatch):
     monkeypatch.setenv(BUILD_MEMORY_ENV, "2x")
     with pytest.raises(MemorySettingInvalid) as caught:
         open_profile(EXPORT, cache_dir=tmp_path)
-    _one_sentence(str(caught.value))
+    one_sentence(str(caught.value))
     assert f"{BUILD_MEMORY_ENV}='2x' is not a whole number of MB" in str(caught.value)
     assert [p.suffix for p in tmp_path.iterdir()] == [".lock"]
 
 
-def test_build_memory_full_disk_while_spilling_is_one_sentence(tmp_path):
+def test_build_memory_full_disk_while_spilling_isone_sentence(tmp_path):
     full = duckdb.IOException('Could not write file "x.tmp/duckdb_temp_storage-0.tmp": No space left on device')
     message = str(out_of_resources(full, EXPORT, tmp_path))
-    _one_sentence(message)
+    one_sentence(message)
     assert f"{EXPORT.name} (2.3 MB) ran out of disk space in {tmp_path}" in message
     assert out_of_resources(duckdb.IOException("file is not a database"), EXPORT, tmp_path) is None
 
@@ -71,8 +67,8 @@ async def test_build_memory_exhausted_load_is_an_mcp_error_and_the_server_keeps_
         monkeypatch.setenv(BUILD_MEMORY_ENV, TINY_MB)
         failed = await client.call_tool("load_profile", {"path": str(EXPORT)})
         assert failed.is_error
-        text = "".join(c.text for c in failed.content)
-        _one_sentence(text)
+        text = text_of(failed)
+        one_sentence(text)
         assert "ran out of memory at the build's 5 MB limit" in text
         monkeypatch.delenv(BUILD_MEMORY_ENV)
         answer = await client.call_tool("top_kernels", {"profile": str(EXPORT)})

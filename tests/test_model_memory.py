@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, one_sentence, text_of
 from mcp.client import Client
 
 from nsightful.profiles import open_profile
@@ -27,10 +27,6 @@ SORT_SQL = ("SELECT count(*), sum(h) FROM "
 def _raw(sql: str) -> tuple:
     with sqlite3.connect(f"file:{EXPORT}?mode=ro", uri=True) as con:
         return con.execute(sql).fetchone()
-
-
-def _one_sentence(message: str) -> None:
-    assert message and "\n" not in message and "Traceback" not in message, message
 
 
 def test_model_memory_limit_spills_beside_the_model_and_removes_the_folder_on_close(tmp_path, monkeypatch):
@@ -69,7 +65,7 @@ def test_model_memory_setting_is_checked_before_anything_is_built(tmp_path, monk
     monkeypatch.setenv(MODEL_MEMORY_ENV, "lots")
     with pytest.raises(MemorySettingInvalid) as caught:
         open_profile(EXPORT, cache_dir=tmp_path)
-    _one_sentence(str(caught.value))
+    one_sentence(str(caught.value))
     assert f"{MODEL_MEMORY_ENV}='lots' is not a whole number of MB" in str(caught.value)
     assert list(tmp_path.iterdir()) == []
 
@@ -81,8 +77,8 @@ async def test_model_memory_exhausted_call_is_an_mcp_error_and_the_server_keeps_
         monkeypatch.setenv(MODEL_MEMORY_ENV, FAILING_MB)
         failed = await client.call_tool("load_profile", {"path": str(EXPORT)})
         assert failed.is_error
-        text = "".join(c.text for c in failed.content)
-        _one_sentence(text)
+        text = text_of(failed)
+        one_sentence(text)
         assert "this call needed more than the 1 MB each open profile may use" in text and MODEL_MEMORY_ENV in text
         await client.call_tool("close_profile", {"profile": str(EXPORT)})
         monkeypatch.delenv(MODEL_MEMORY_ENV)
