@@ -27,6 +27,7 @@ from nsightful.server.sessions import session_of
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB, Lease, ProfileStore, Session
 from nsightful.server.validation import NsightfulMCP
 from nsightful.tools import pair_tools, skills
+from nsightful.tools.contracts import run_skill
 
 log = logging.getLogger("nsightful")
 
@@ -130,7 +131,7 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
                 params = module.Params(**{**kwargs, "profile": lease.id})
                 text, result = await run_on_cursor(
                     lease.profile.con,
-                    lambda cur: budget.fit(module.run(cur, params), module, params, budget.server_budget()), ctx)
+                    lambda cur: budget.fit(run_skill(cur, module, params), module, params, budget.server_budget()), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         return ui.with_view(_text_result(text, result), ctx, call.__name__)
@@ -201,8 +202,8 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
         try:
             async with _leased(store, ctx, path) as lease:
                 pid, profile = lease.id, lease.profile
-                result = await run_on_cursor(profile.con, lambda cur: summary.run(cur, summary.Params(profile=pid)),
-                                             ctx)
+                result = await run_on_cursor(
+                    profile.con, lambda cur: run_skill(cur, summary, summary.Params(profile=pid)), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         loaded = LoadResult(profile=pid, path=str(profile.path), summary=result.model_dump(mode="json"))

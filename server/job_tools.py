@@ -26,6 +26,7 @@ from nsightful.server.cancel import run_on_cursor, run_stoppable
 from nsightful.server.jobs import JobStore, OpenJob
 from nsightful.server.sessions import session_of
 from nsightful.server.validation import NsightfulMCP
+from nsightful.tools.contracts import run_skill
 
 MAX_LISTED_RANKS = 64  # ranks listed in load_job's answer; the job's `ranks` table has them all
 # Most build processes a client may ask for: each build holds up to its memory limit (about 1 GB at peak), so more
@@ -87,7 +88,7 @@ def describe(job_id: str, job: Job) -> tuple[str, JobLoaded]:
 
 
 def job_tool(jobs: JobStore, module: ModuleType) -> Callable[..., Any]:
-    """Like app.skill_tool, for a tool on every rank of a job: module.run(cursor of the job connection, params)."""
+    """Like app.skill_tool, for a tool on every rank of a job: run_skill on a cursor of the job connection."""
 
     async def call(ctx: Context, **kwargs: Any) -> Any:
         try:
@@ -95,7 +96,7 @@ def job_tool(jobs: JobStore, module: ModuleType) -> Callable[..., Any]:
                 params = module.Params(**kwargs)
                 text, result = await run_on_cursor(
                     opened.job.con,
-                    lambda cur: budget.fit(module.run(cur, params), module, params, budget.server_budget()), ctx)
+                    lambda cur: budget.fit(run_skill(cur, module, params), module, params, budget.server_budget()), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         return _text_result(text, result)

@@ -28,6 +28,7 @@ from nsightful.server.jobs import JobStore
 from nsightful.server.sessions import Session
 from nsightful.server.store import ProfileStore
 from nsightful.tools import rank_imbalance
+from nsightful.tools.contracts import run_skill
 
 GLOB = str(KINETO / "hta_sampled_rank*.json.gz")
 EXPECTED = {0: trace_kernels(KINETO_RANKS[0]), 1: trace_kernels(KINETO_RANKS[1])}
@@ -229,7 +230,7 @@ def test_rank_imbalance_cli_on_the_job_matches_the_tool_on_the_reopened_job(stra
     printed = json.loads(capsys.readouterr().out)
     job = load_job(folder, cache_dir=tmp_path, workers=1)  # reopened: the Parquet the command wrote
     try:
-        direct = json.loads(rank_imbalance.run(job.con, rank_imbalance.Params(job="job")).model_dump_json())
+        direct = json.loads(run_skill(job.con, rank_imbalance, rank_imbalance.Params(job="job")).model_dump_json())
     finally:
         job.close()
     assert printed["straggler"]["rank"] == truth["straggler"]["rank"]

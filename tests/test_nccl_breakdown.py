@@ -14,6 +14,7 @@ from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools import nccl_breakdown as nb
+from nsightful.tools.contracts import run_skill
 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 US = 1_000
@@ -46,7 +47,7 @@ def series(count: int, late, **kw) -> list[dict]:
 
 
 def run(con, **kw) -> nb.Result:
-    return nb.run(con, nb.Params(profile="t", **kw))
+    return run_skill(con, nb, nb.Params(profile="t", **kw))
 
 
 def overlap_ns(probe: tuple[int, int], others: list[tuple[int, int]]) -> int:
@@ -289,7 +290,7 @@ def raw_kernels(stem: str) -> list[tuple]:
 @pytest.mark.parametrize("stem", ["nsysai_mfu_2gpu_before", "nsysai_mfu_2gpu_after"])
 def test_nccl_breakdown_matches_raw_export(open_fixture, stem):
     raw = raw_kernels(stem)
-    result = nb.run(open_fixture(stem).con, nb.Params(profile=stem))
+    result = run_skill(open_fixture(stem).con, nb, nb.Params(profile=stem))
     for d in result.devices:
         mine = [(s, e) for dev, _, s, e, is_nccl in raw if dev == d.device and is_nccl]
         others = [(s, e) for dev, _, s, e, is_nccl in raw if dev == d.device and not is_nccl and e > s]
@@ -307,7 +308,7 @@ def test_nccl_breakdown_matches_raw_export(open_fixture, stem):
 ])
 def test_nccl_breakdown_arrival_matches_raw_starts(open_fixture, stem, last_counts):
     """Every SendRecv is in the window on both devices, so the k-th kernels of the two devices pair up."""
-    result = nb.run(open_fixture(stem).con, nb.Params(profile=stem))
+    result = run_skill(open_fixture(stem).con, nb, nb.Params(profile=stem))
     starts = {d: sorted((s, e) for dev, _, s, e, is_nccl in raw_kernels(stem) if dev == d and is_nccl) for d in (0, 1)}
     pairs = list(zip(starts[0], starts[1], strict=True))
     last = [max((0, 1), key=lambda d: (pair[d][0], -d)) for pair in pairs]
@@ -328,12 +329,12 @@ def test_nccl_breakdown_arrival_matches_raw_starts(open_fixture, stem, last_coun
 
 
 def test_nccl_breakdown_snapshot(open_fixture, snapshot):
-    assert dump(nb.run(open_fixture("nsysai_mfu_2gpu_before").con, nb.Params(profile="p"))) == snapshot
+    assert dump(run_skill(open_fixture("nsysai_mfu_2gpu_before").con, nb, nb.Params(profile="p"))) == snapshot
 
 
 @pytest.mark.parametrize("stem", ACTIVE_FIXTURES)
 def test_nccl_breakdown_output_stays_small(open_fixture, stem):
-    result = nb.run(open_fixture(stem).con, nb.Params(profile=stem))
+    result = run_skill(open_fixture(stem).con, nb, nb.Params(profile=stem))
     assert len(json.dumps(dump(result))) < 20_000
     assert nb.render(result)
 
@@ -342,7 +343,7 @@ def test_nccl_breakdown_output_stays_small(open_fixture, stem):
 def test_nccl_breakdown_finds_the_planted_straggler(demo):
     profile, truth = demo
     [straggler] = planted(truth, "nccl_straggler")
-    result = nb.run(profile.con, nb.Params(profile="demo"))
+    result = run_skill(profile.con, nb, nb.Params(profile="demo"))
     totals = {t["device"]: t for t in truth["totals"]["per_device"]}
     assert {d.device: (d.count, d.nccl_ns) for d in result.devices} == {
         dev: (t["nccl_kernels"], t["nccl_kernel_time_ns"]) for dev, t in totals.items()}
@@ -367,7 +368,7 @@ def test_nccl_breakdown_finds_the_planted_straggler(demo):
 
 def test_nccl_breakdown_quiet_on_clean(clean):
     profile, _ = clean
-    result = nb.run(profile.con, nb.Params(profile="clean"))
+    result = run_skill(profile.con, nb, nb.Params(profile="clean"))
     assert result.has_nccl and result.findings == []
     assert result.arrival.straggler_device is None and result.arrival.verdict.startswith("balanced: ")
 
@@ -385,4 +386,4 @@ def test_nccl_breakdown_rejects_bad_scope(kw, message):
 
 def test_nccl_breakdown_rejects_the_empty_export(open_fixture):
     with pytest.raises(InvalidRequest):
-        nb.run(open_fixture("dynamicvit_empty_export").con, nb.Params(profile="e"))
+        run_skill(open_fixture("dynamicvit_empty_export").con, nb, nb.Params(profile="e"))

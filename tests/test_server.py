@@ -20,6 +20,7 @@ from mcp.client.stdio import StdioServerParameters
 
 from nsightful.server.app import build_server
 from nsightful.tools import JOB_TOOL_NAMES, PAIR_TOOL_NAMES, TOOL_NAMES
+from nsightful.tools.contracts import run_skill
 
 LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile", "load_job", "list_jobs", "close_job"}
 ALL_TOOLS = set(TOOL_NAMES) | set(PAIR_TOOL_NAMES) | set(JOB_TOOL_NAMES) | LIFECYCLE_TOOLS
@@ -251,5 +252,5 @@ def test_server_default_results_fit_the_budget_on_eight_gpus(eight_gpus, name):
     """Per-device rows and findings grow with the node: a full 8-GPU node must still fit a model's context."""
     from nsightful.tools import skills
     module = skills()[name]
-    result = module.run(eight_gpus.con, module.Params(profile="p", **REQUIRED_ARGS.get(name, {})))
+    result = run_skill(eight_gpus.con, module, module.Params(profile="p", **REQUIRED_ARGS.get(name, {})))
     assert len(result.model_dump_json()) + len(module.render(result)) < MAX_RESULT_CHARS

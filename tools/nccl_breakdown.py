@@ -316,7 +316,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     stream_exposed = {(r[3], r[2]): int(r[6] - r[8]) for r in groups if r[0] == 4}
     total, covered = sum(d.nccl_ns for d in devices), sum(d.overlapped_ns for d in devices)
     spread, spread_pct = _spread(devices, scope)
-    result = Result(
+    return Result(
         scope=scope, has_nccl=bool(devices), note=None if devices else NO_NCCL,
         nccl_count=sum(d.count for d in devices), nccl_ns=total, window_pct=pct(total, capacity),
         overlapped_ns=covered, overlapped_pct=pct(covered, total), exposed_ns=total - covered,
@@ -327,8 +327,6 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                                 for r in con.execute(SHARED_SQL, args).fetchall()],
         arrival=_arrival(con, args, scope, params.limit) if devices else None,
         message_sizes=nccl_sizes.run(con, args, params.limit) if devices else None)
-    result.findings = findings(result)
-    return result
 
 
 def findings(result: Result) -> list[Finding]:
