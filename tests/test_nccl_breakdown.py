@@ -13,6 +13,7 @@ from conftest import FIXTURE_IDS, FIXTURES, dump, planted
 from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools import nccl_arrival as na
 from nsightful.tools import nccl_breakdown as nb
 from nsightful.tools.contracts import run_skill
 
@@ -85,18 +86,18 @@ def test_nccl_breakdown_whole_result_on_tiny_model():
     assert result.nccl_on_compute_stream == [
         nb.SharedStream(device=0, stream=7, nccl_kernels=1, compute_kernels=3, exposed_ns=10)]
     # the AllReduce pair matches (device 1 arrives 2 ns late); the lone AllGather has no peer
-    assert result.arrival == nb.Arrival(
+    assert result.arrival == na.Arrival(
         matched=1, matched_kernels=2, unmatched_kernels=1, median_skew_ns=2, p90_skew_ns=2, median_transfer_ns=10,
-        skew_threshold_ns=nb.MIN_SKEW_NS,
-        devices=[nb.DeviceArrival(device=0, collectives=1, last_count=0, last_share_pct=0.0, wait_ns=2,
+        skew_threshold_ns=na.MIN_SKEW_NS,
+        devices=[na.DeviceArrival(device=0, collectives=1, last_count=0, last_share_pct=0.0, wait_ns=2,
                                   straggler_wait_ns=0),
-                 nb.DeviceArrival(device=1, collectives=1, last_count=1, last_share_pct=100.0, wait_ns=0,
+                 na.DeviceArrival(device=1, collectives=1, last_count=1, last_share_pct=100.0, wait_ns=0,
                                   straggler_wait_ns=0)],
-        worst=[nb.SkewedCollective(collective="AllReduce", first_arrival_ns=8, last_arrival_ns=10, skew_ns=2,
+        worst=[na.SkewedCollective(collective="AllReduce", first_arrival_ns=8, last_arrival_ns=10, skew_ns=2,
                                    last_device=1, transfer_ns=10)],
         straggler_device=None,
         verdict=f"only 1 collectives matched across devices: too few to tell a habit from chance "
-                f"(at least {nb.MIN_MATCHED} needed)")
+                f"(at least {na.MIN_MATCHED} needed)")
     # device 0: 25 ns exposed (41.7% of the window), only 10 of it on the shared stream 7, so the stream layout
     # is not what keeps it exposed; device 1 is fully overlapped
     assert [(f.root_cause, f.device, f.time_at_stake_ns, f.tags) for f in result.findings] == [
@@ -157,17 +158,17 @@ def straggler_series(i: int) -> dict[int, int]:
 
 def test_nccl_breakdown_arrival_whole_result_with_a_straggler():
     result = run(make_model(kernels=series(10, straggler_series)))
-    assert result.arrival == nb.Arrival(
+    assert result.arrival == na.Arrival(
         matched=10, matched_kernels=20, unmatched_kernels=0, median_skew_ns=500 * US,
         p90_skew_ns=540 * US,  # skews 300, 500 x 8, 900: 500 + 0.1 x (900 - 500)
         median_transfer_ns=400 * US, skew_threshold_ns=200 * US,  # half the transfer, above MIN_SKEW_NS
-        devices=[nb.DeviceArrival(device=0, collectives=10, last_count=2, last_share_pct=20.0, wait_ns=4 * MS,
+        devices=[na.DeviceArrival(device=0, collectives=10, last_count=2, last_share_pct=20.0, wait_ns=4 * MS,
                                   straggler_wait_ns=4 * MS),
-                 nb.DeviceArrival(device=1, collectives=10, last_count=8, last_share_pct=80.0, wait_ns=1_200 * US,
+                 na.DeviceArrival(device=1, collectives=10, last_count=8, last_share_pct=80.0, wait_ns=1_200 * US,
                                   straggler_wait_ns=0)],
-        worst=[nb.SkewedCollective(collective="AllReduce", first_arrival_ns=18 * MS, last_arrival_ns=18_900 * US,
+        worst=[na.SkewedCollective(collective="AllReduce", first_arrival_ns=18 * MS, last_arrival_ns=18_900 * US,
                                    skew_ns=900 * US, last_device=0, transfer_ns=400 * US)]
-        + [nb.SkewedCollective(collective="AllReduce", first_arrival_ns=i * PERIOD,
+        + [na.SkewedCollective(collective="AllReduce", first_arrival_ns=i * PERIOD,
                                last_arrival_ns=i * PERIOD + 500 * US, skew_ns=500 * US, last_device=1,
                                transfer_ns=400 * US) for i in range(4)],
         straggler_device=1,

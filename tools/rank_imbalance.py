@@ -53,13 +53,8 @@ from pydantic import BaseModel, Field
 from nsightful.tools import rank_figures as figures
 from nsightful.tools import rules
 from nsightful.tools.common import MAX_LIMIT, Finding, Output, more_rows, ms, pct
-from nsightful.tools.nccl_breakdown import (
-    LAST_SHARE_MIN_PCT,
-    MIN_MATCHED,
-    MIN_SKEW_NS,
-    NCCL_SHARE_PCT,
-    SKEW_TRANSFER_RATIO,
-)
+from nsightful.tools.nccl_arrival import LAST_SHARE_MIN_PCT, MIN_MATCHED, MIN_SKEW_NS, SKEW_TRANSFER_RATIO
+from nsightful.tools.nccl_breakdown import NCCL_SHARE_PCT
 
 RANKS_SHOWN = 8  # worst ranks listed by default: the histograms carry the rest of a large job
 
