@@ -228,7 +228,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     meta = con.execute(META_SQL).fetchone() or (None,) * 11
     capture, gpu_active = _window(meta[5], meta[6]), _window(meta[7], meta[8])
     active_pct = pct(gpu_active.duration_ns, capture.duration_ns) if capture and gpu_active else None
-    table_rows = {name: n for name, n in con.execute(TABLE_ROWS_SQL).fetchall()}
+    counts = dict(con.execute(TABLE_ROWS_SQL).fetchall())
+    table_rows = {name: counts[name] for name in COUNTED_TABLES}  # the model's order: UNION ALL promises none
     devices = [Device(device=r[0], name=r[1], chip=r[2], sm_count=r[3], memory_bytes=r[4], compute_capability=r[5],
                       kernel_count=r[6], kernel_time_ns=int(r[7]), stream_count=r[8], memcpy_count=r[9],
                       memset_count=r[10], graph_count=r[11], peak_memory_bytes=r[12])
