@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-import anyio
 import jobskill
 import pytest
 from conftest import text_of
+from httpserver import serving
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from test_job import KINETO, KINETO_RANKS, trace_kernels, write_ranks
-from test_server import _free_port, _nsightful_cmd
 
 from nsightful import tools
 from nsightful.profiles.job import load_job
@@ -175,28 +171,12 @@ def test_close_job_waits_for_the_calls_running_on_it(tmp_path):
 
 @pytest.mark.anyio
 async def test_load_job_over_streamable_http(tmp_path):
-    port = _free_port()
-    proc = subprocess.Popen([*_nsightful_cmd(), "serve", "--transport", "http", "--port", str(port), "--root",
-                             str(KINETO), "--cache-dir", str(tmp_path)], stderr=subprocess.DEVNULL)
-    try:
-        await _wait_for_port(port)
-        async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
+    with serving(KINETO, tmp_path) as served:
+        async with Client(served.url, mode="legacy") as client:
             loaded = await client.call_tool("load_job", {"paths": [GLOB], "workers": 2})
             listed = await client.call_tool("list_jobs", {})
-        assert [r["rank_source"] for r in loaded.structured_content["ranks"]] == ["distributedInfo"] * 2
-        assert [j["job"] for j in listed.structured_content["jobs"]] == ["job-kineto"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-async def _wait_for_port(port: int, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        await anyio.sleep(0.2)
+    assert [r["rank_source"] for r in loaded.structured_content["ranks"]] == ["distributedInfo"] * 2
+    assert [j["job"] for j in listed.structured_content["jobs"]] == ["job-kineto"]
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import anyio
 import jsonschema
 import pytest
 from conftest import FIXTURE_FILES, FIXTURES, text_of
+from httpserver import serving
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -165,10 +163,6 @@ async def test_server_resources_and_prompts(server):
         assert done.completion.values == ["nccl-on-compute-stream", "nccl-serialization", "nccl-straggler"]
 
 
-def _nsightful_cmd() -> list[str]:
-    return [sys.executable, "-m", "nsightful.server.cli"]
-
-
 @pytest.mark.anyio
 async def test_server_stdio_round_trip(cache_root):
     params = StdioServerParameters(command=sys.executable,
@@ -180,30 +174,12 @@ async def test_server_stdio_round_trip(cache_root):
     assert result.structured_content["kernel_count"] == 2 and len(result.structured_content["rows"]) == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.anyio
 async def test_server_streamable_http_round_trip(cache_root):
-    port = _free_port()
-    proc = subprocess.Popen([*_nsightful_cmd(), "serve", "--transport", "http", "--port", str(port), "--root",
-                             str(FIXTURES), "--cache-dir", str(cache_root)], stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            await anyio.sleep(0.2)
-        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+    with serving(FIXTURES, cache_root) as served:
+        async with Client(served.url) as client:
             result = await client.call_tool("gpu_utilization", {"profile": str(FIXTURES / "nsysai_mock.sqlite")})
-        assert not result.is_error and result.structured_content["scope"]["devices"] == [0]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    assert not result.is_error and result.structured_content["scope"]["devices"] == [0]
 
 
 INSPECTOR = Path(__file__).resolve().parents[1] / ".tools/inspector/node_modules/.bin/mcp-inspector"
