@@ -33,6 +33,8 @@ log = logging.getLogger("nsightful")
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False,
                             destructive_hint=False)
+CLOSES = ToolAnnotations(read_only_hint=False, idempotent_hint=True, open_world_hint=False,
+                         destructive_hint=False)  # close_profile, close_job: they end a session's use, nothing else
 INSTRUCTIONS = """nsightful reads NVIDIA Nsight Systems profiles (nsys export --type sqlite, or .nsys-rep).
 Start with load_profile(path) or triage(profile); every tool takes `profile` as the id load_profile returned
 or a path. Figures are in ns/bytes; each result echoes its scope (devices, window) and says when rows were cut.
@@ -219,8 +221,7 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
         text = "\n".join(f"{e.profile}: {e.path}" for e in entries) or "no profiles loaded"
         return _text_result(text, listing)
 
-    @mcp.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True, open_world_hint=False,
-                                          destructive_hint=False), structured_output=True)
+    @mcp.tool(annotations=CLOSES, structured_output=True)
     async def close_profile(
         profile: Annotated[str, Field(description="Id (or path) of a profile loaded in this session")],
         ctx: Context,

@@ -14,14 +14,13 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 from mcp.server.mcpserver import Context
-from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from nsightful import tools
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.job import Job
 from nsightful.server import budget
-from nsightful.server.app import READ_ONLY, _as_tool_error, _signed, _text_result
+from nsightful.server.app import CLOSES, READ_ONLY, _as_tool_error, _signed, _text_result
 from nsightful.server.cancel import run_on_cursor, run_stoppable
 from nsightful.server.jobs import JobStore, OpenJob
 from nsightful.server.sessions import session_of
@@ -147,8 +146,7 @@ def register_job_tools(mcp: NsightfulMCP, jobs: JobStore) -> None:
         text = "\n".join(f"{e.job}: {e.ranks} ranks" for e in entries) or "no jobs loaded"
         return _text_result(text, JobList(jobs=entries))
 
-    @mcp.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True, open_world_hint=False,
-                                          destructive_hint=False), structured_output=True)
+    @mcp.tool(annotations=CLOSES, structured_output=True)
     async def close_job(
         job: Annotated[str, Field(description="Id of a job loaded in this session")],
         ctx: Context,
