@@ -58,6 +58,7 @@ out = {"seconds": elapsed, "cpu_seconds": cpu() - c,
 if sys.argv[3] == "tools":
     import statistics
     from nsightful.tools import skills
+    from nsightful.tools.contracts import run_skill
     extra = json.loads(sys.argv[4])
     times = {}
     for name, module in skills().items():
@@ -66,7 +67,7 @@ if sys.argv[3] == "tools":
         for _ in range(int(sys.argv[5])):
             t = time.perf_counter()
             with p.con.cursor() as cur:
-                module.run(cur, params)
+                run_skill(cur, module, params)  # as the server calls it: figures, then the findings
             runs.append(time.perf_counter() - t)
         times[name] = statistics.median(runs)
     out["tools"] = times

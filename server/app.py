@@ -27,11 +27,14 @@ from nsightful.server.sessions import session_of
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB, Lease, ProfileStore, Session
 from nsightful.server.validation import NsightfulMCP
 from nsightful.tools import pair_tools, skills
+from nsightful.tools.contracts import run_skill
 
 log = logging.getLogger("nsightful")
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False,
                             destructive_hint=False)
+CLOSES = ToolAnnotations(read_only_hint=False, idempotent_hint=True, open_world_hint=False,
+                         destructive_hint=False)  # close_profile, close_job: they end a session's use, nothing else
 INSTRUCTIONS = """nsightful reads NVIDIA Nsight Systems profiles (nsys export --type sqlite, or .nsys-rep).
 Start with load_profile(path) or triage(profile); every tool takes `profile` as the id load_profile returned
 or a path. Figures are in ns/bytes; each result echoes its scope (devices, window) and says when rows were cut.
@@ -130,7 +133,7 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
                 params = module.Params(**{**kwargs, "profile": lease.id})
                 text, result = await run_on_cursor(
                     lease.profile.con,
-                    lambda cur: budget.fit(module.run(cur, params), module, params, budget.server_budget()), ctx)
+                    lambda cur: budget.fit(run_skill(cur, module, params), module, params, budget.server_budget()), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         return ui.with_view(_text_result(text, result), ctx, call.__name__)
@@ -201,8 +204,8 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
         try:
             async with _leased(store, ctx, path) as lease:
                 pid, profile = lease.id, lease.profile
-                result = await run_on_cursor(profile.con, lambda cur: summary.run(cur, summary.Params(profile=pid)),
-                                             ctx)
+                result = await run_on_cursor(
+                    profile.con, lambda cur: run_skill(cur, summary, summary.Params(profile=pid)), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         loaded = LoadResult(profile=pid, path=str(profile.path), summary=result.model_dump(mode="json"))
@@ -218,8 +221,7 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
         text = "\n".join(f"{e.profile}: {e.path}" for e in entries) or "no profiles loaded"
         return _text_result(text, listing)
 
-    @mcp.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True, open_world_hint=False,
-                                          destructive_hint=False), structured_output=True)
+    @mcp.tool(annotations=CLOSES, structured_output=True)
     async def close_profile(
         profile: Annotated[str, Field(description="Id (or path) of a profile loaded in this session")],
         ctx: Context,

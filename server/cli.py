@@ -17,6 +17,7 @@ from nsightful.server import __version__, budget
 from nsightful.server.http import TOKEN_ENV
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB
 from nsightful.server.validation import explain, unknown_arguments
+from nsightful.tools.contracts import run_skill
 
 EXIT_USAGE = 2
 EXIT_REGRESSED = 1  # `diff --fail-on-regression`: a CI job fails on it
@@ -136,7 +137,7 @@ def _run_tool(args, name: str, pairs: list[str]):
     profile = open_profile(args.profile, cache_dir=args.cache_dir, use_cache=not args.no_cache)
     try:
         with model_memory():
-            return module, *budget.fit(module.run(profile.con, params), module, params, budget.configured())
+            return module, *budget.fit(run_skill(profile.con, module, params), module, params, budget.configured())
     finally:
         profile.close()
 

@@ -74,11 +74,12 @@ def cmd_job_tool(args) -> int:
     from nsightful import tools
     from nsightful.server import budget
     from nsightful.server.cli import _parse_params
+    from nsightful.tools.contracts import run_skill
     module = tools.job_tools()[args.job_tool]
     params = _parse_params(module, CLI_JOB_ID, args.param, as_field="job")  # a bad -p fails before the build
     job = _load(args)
     try:
-        text, result = budget.fit(module.run(job.con, params), module, params, budget.configured())
+        text, result = budget.fit(run_skill(job.con, module, params), module, params, budget.configured())
     finally:
         job.close()
     print(result.model_dump_json(indent=2) if args.json else text)

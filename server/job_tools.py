@@ -14,18 +14,18 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 from mcp.server.mcpserver import Context
-from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from nsightful import tools
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.job import Job
 from nsightful.server import budget
-from nsightful.server.app import READ_ONLY, _as_tool_error, _signed, _text_result
+from nsightful.server.app import CLOSES, READ_ONLY, _as_tool_error, _signed, _text_result
 from nsightful.server.cancel import run_on_cursor, run_stoppable
 from nsightful.server.jobs import JobStore, OpenJob
 from nsightful.server.sessions import session_of
 from nsightful.server.validation import NsightfulMCP
+from nsightful.tools.contracts import run_skill
 
 MAX_LISTED_RANKS = 64  # ranks listed in load_job's answer; the job's `ranks` table has them all
 # Most build processes a client may ask for: each build holds up to its memory limit (about 1 GB at peak), so more
@@ -87,7 +87,7 @@ def describe(job_id: str, job: Job) -> tuple[str, JobLoaded]:
 
 
 def job_tool(jobs: JobStore, module: ModuleType) -> Callable[..., Any]:
-    """Like app.skill_tool, for a tool on every rank of a job: module.run(cursor of the job connection, params)."""
+    """Like app.skill_tool, for a tool on every rank of a job: run_skill on a cursor of the job connection."""
 
     async def call(ctx: Context, **kwargs: Any) -> Any:
         try:
@@ -95,7 +95,7 @@ def job_tool(jobs: JobStore, module: ModuleType) -> Callable[..., Any]:
                 params = module.Params(**kwargs)
                 text, result = await run_on_cursor(
                     opened.job.con,
-                    lambda cur: budget.fit(module.run(cur, params), module, params, budget.server_budget()), ctx)
+                    lambda cur: budget.fit(run_skill(cur, module, params), module, params, budget.server_budget()), ctx)
         except NsightfulError as exc:
             raise _as_tool_error(exc) from exc
         return _text_result(text, result)
@@ -146,8 +146,7 @@ def register_job_tools(mcp: NsightfulMCP, jobs: JobStore) -> None:
         text = "\n".join(f"{e.job}: {e.ranks} ranks" for e in entries) or "no jobs loaded"
         return _text_result(text, JobList(jobs=entries))
 
-    @mcp.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True, open_world_hint=False,
-                                          destructive_hint=False), structured_output=True)
+    @mcp.tool(annotations=CLOSES, structured_output=True)
     async def close_job(
         job: Annotated[str, Field(description="Id of a job loaded in this session")],
         ctx: Context,

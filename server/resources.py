@@ -50,6 +50,7 @@ _prompt_guard = _guarded(functools.partial(MCPError, INVALID_PARAMS))  # passes 
 
 def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
     from nsightful.tools import profile_summary
+    from nsightful.tools.contracts import run_skill
 
     @mcp.resource("nsightful://book", name="book", mime_type="text/markdown")
     def book_index() -> str:
@@ -87,7 +88,7 @@ def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
             raise book.UnknownEntry(f"no profile '{id}' is loaded in this session (loaded: {session.listed()}); "
                                     "call load_profile first")
         with store.leased(session, id) as lease, lease.profile.con.cursor() as cur:
-            return profile_summary.run(cur, profile_summary.Params(profile=id)).model_dump_json(indent=1)
+            return run_skill(cur, profile_summary, profile_summary.Params(profile=id)).model_dump_json(indent=1)
 
     @mcp.completion()
     async def complete(ref, argument, context):

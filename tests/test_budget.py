@@ -17,6 +17,7 @@ from mcp.client.stdio import StdioServerParameters
 from nsightful.server import budget, cli
 from nsightful.server.app import build_server
 from nsightful.tools import TOOL_NAMES, skills
+from nsightful.tools.contracts import run_skill
 
 WORST_ARGS = {  # each tool's largest answer: every limit at its maximum, the widest filters
     "gpu_utilization": {"buckets": 200, "limit": 500},
@@ -96,7 +97,7 @@ async def test_budget_every_tool_at_its_largest_limits_fits_and_explains_the_cut
             assert len(json.dumps(data)) <= budget.MAX_RESULT_CHARS and len(text) <= budget.MAX_RESULT_CHARS, name
             jsonschema.validate(data, schemas[name])
             with server.store.leased(server.store.sessionless, str(path)) as lease, lease.profile.con.cursor() as cur:
-                full = module.run(cur, module.Params(**args)).model_dump(mode="json")
+                full = run_skill(cur, module, module.Params(**args)).model_dump(mode="json")
             _assert_cut_is_explained(name, data, text, full)
 
 

@@ -15,6 +15,7 @@ from nsightful.profiles import build_steps, ingest, kineto, open_profile, synth
 from nsightful.profiles.errors import LoadCancelled
 from nsightful.tools import contracts, job_tools, pair_tools, skills
 from nsightful.tools.common import Output
+from nsightful.tools.contracts import run_skill
 
 KINDS = [(contracts.Skill, skills, ("con", "params")), (contracts.PairSkill, pair_tools, ("before", "after", "params")),
          (contracts.JobSkill, job_tools, ("con", "params"))]
@@ -39,6 +40,29 @@ def test_contracts_detectors_are_the_modules_with_findings_of_their_result():
     assert found == DETECTORS
     for name in found:
         assert tuple(inspect.signature(modules[name].findings).parameters) == ("result",), name
+
+
+FIRING = {"iterations": "demo", "nccl_breakdown": "demo", "top_kernels": "clue_t4_report4"}  # where each detector
+# finds something (rank_imbalance needs a job: tests/test_rank_imbalance.py checks it the same way)
+
+
+@pytest.mark.parametrize("name", sorted(FIRING))
+def test_contracts_run_measures_and_run_skill_attaches_the_detectors_findings(request, open_fixture, name):
+    con = request.getfixturevalue("demo")[0].con if FIRING[name] == "demo" else open_fixture(FIRING[name]).con
+    module = skills()[name]
+    params = module.Params(profile="p")
+    figures = module.run(con, params)
+    attached = run_skill(con, module, params)
+    assert figures.findings == [] and attached.findings == module.findings(figures) != []
+    assert attached.model_copy(update={"findings": []}) == figures
+
+
+def test_contracts_run_skill_leaves_a_skill_without_findings_as_run_returns_it(demo):
+    profile, _ = demo
+    module = skills()["gpu_idle_gaps"]
+    params = module.Params(profile="demo")
+    assert run_skill(profile.con, module, params) == module.run(profile.con, params) and not isinstance(
+        module, contracts.Detector)
 
 
 def test_contracts_a_module_missing_run_is_no_skill():

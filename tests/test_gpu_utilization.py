@@ -187,17 +187,6 @@ def test_gpu_utilization_golden_union_matches_raw_sweep(open_fixture, stem):
                                                 if d == dev.device and s2 == st.stream], lo, hi))
 
 
-@pytest.mark.parametrize("stem", FIXTURE_IDS)
-def test_gpu_utilization_result_stays_small(open_fixture, stem):
-    try:
-        result = run(open_fixture(stem).con)
-    except InvalidRequest:
-        assert stem == "dynamicvit_empty_export"
-        return
-    assert len(result.model_dump_json()) < 20_000
-    assert gu.render(result)
-
-
 @pytest.mark.parametrize("stem", ["nsysai_mfu_2gpu_before", "clue_t4_report4"])
 def test_gpu_utilization_snapshot(open_fixture, stem, snapshot):
     assert dump(run(open_fixture(stem).con, buckets=10)) == snapshot

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-import anyio
 import jobskill
 import pytest
 from conftest import text_of
+from httpserver import serving
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from test_job import KINETO, KINETO_RANKS, trace_kernels, write_ranks
-from test_server import _free_port, _nsightful_cmd
 
 from nsightful import tools
 from nsightful.profiles.job import load_job
@@ -28,6 +24,7 @@ from nsightful.server.jobs import JobStore
 from nsightful.server.sessions import Session
 from nsightful.server.store import ProfileStore
 from nsightful.tools import rank_imbalance
+from nsightful.tools.contracts import run_skill
 
 GLOB = str(KINETO / "hta_sampled_rank*.json.gz")
 EXPECTED = {0: trace_kernels(KINETO_RANKS[0]), 1: trace_kernels(KINETO_RANKS[1])}
@@ -174,28 +171,12 @@ def test_close_job_waits_for_the_calls_running_on_it(tmp_path):
 
 @pytest.mark.anyio
 async def test_load_job_over_streamable_http(tmp_path):
-    port = _free_port()
-    proc = subprocess.Popen([*_nsightful_cmd(), "serve", "--transport", "http", "--port", str(port), "--root",
-                             str(KINETO), "--cache-dir", str(tmp_path)], stderr=subprocess.DEVNULL)
-    try:
-        await _wait_for_port(port)
-        async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
+    with serving(KINETO, tmp_path) as served:
+        async with Client(served.url, mode="legacy") as client:
             loaded = await client.call_tool("load_job", {"paths": [GLOB], "workers": 2})
             listed = await client.call_tool("list_jobs", {})
-        assert [r["rank_source"] for r in loaded.structured_content["ranks"]] == ["distributedInfo"] * 2
-        assert [j["job"] for j in listed.structured_content["jobs"]] == ["job-kineto"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-async def _wait_for_port(port: int, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        await anyio.sleep(0.2)
+    assert [r["rank_source"] for r in loaded.structured_content["ranks"]] == ["distributedInfo"] * 2
+    assert [j["job"] for j in listed.structured_content["jobs"]] == ["job-kineto"]
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +210,7 @@ def test_rank_imbalance_cli_on_the_job_matches_the_tool_on_the_reopened_job(stra
     printed = json.loads(capsys.readouterr().out)
     job = load_job(folder, cache_dir=tmp_path, workers=1)  # reopened: the Parquet the command wrote
     try:
-        direct = json.loads(rank_imbalance.run(job.con, rank_imbalance.Params(job="job")).model_dump_json())
+        direct = json.loads(run_skill(job.con, rank_imbalance, rank_imbalance.Params(job="job")).model_dump_json())
     finally:
         job.close()
     assert printed["straggler"]["rank"] == truth["straggler"]["rank"]

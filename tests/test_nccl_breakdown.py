@@ -3,19 +3,19 @@ arrival across devices (matching, skew, straggler) and per-device findings with 
 
 from __future__ import annotations
 
-import json
 import random
 import sqlite3
 import statistics
 
 import pytest
-from conftest import FIXTURE_IDS, FIXTURES, dump, planted
+from conftest import FIXTURES, dump, planted
 from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools import nccl_arrival as na
 from nsightful.tools import nccl_breakdown as nb
+from nsightful.tools.contracts import run_skill
 
-ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 US = 1_000
 MS = 1_000_000
 PERIOD = 2 * MS  # collective i of the tiny models starts at i x PERIOD
@@ -46,7 +46,7 @@ def series(count: int, late, **kw) -> list[dict]:
 
 
 def run(con, **kw) -> nb.Result:
-    return nb.run(con, nb.Params(profile="t", **kw))
+    return run_skill(con, nb, nb.Params(profile="t", **kw))
 
 
 def overlap_ns(probe: tuple[int, int], others: list[tuple[int, int]]) -> int:
@@ -84,18 +84,18 @@ def test_nccl_breakdown_whole_result_on_tiny_model():
     assert result.nccl_on_compute_stream == [
         nb.SharedStream(device=0, stream=7, nccl_kernels=1, compute_kernels=3, exposed_ns=10)]
     # the AllReduce pair matches (device 1 arrives 2 ns late); the lone AllGather has no peer
-    assert result.arrival == nb.Arrival(
+    assert result.arrival == na.Arrival(
         matched=1, matched_kernels=2, unmatched_kernels=1, median_skew_ns=2, p90_skew_ns=2, median_transfer_ns=10,
-        skew_threshold_ns=nb.MIN_SKEW_NS,
-        devices=[nb.DeviceArrival(device=0, collectives=1, last_count=0, last_share_pct=0.0, wait_ns=2,
+        skew_threshold_ns=na.MIN_SKEW_NS,
+        devices=[na.DeviceArrival(device=0, collectives=1, last_count=0, last_share_pct=0.0, wait_ns=2,
                                   straggler_wait_ns=0),
-                 nb.DeviceArrival(device=1, collectives=1, last_count=1, last_share_pct=100.0, wait_ns=0,
+                 na.DeviceArrival(device=1, collectives=1, last_count=1, last_share_pct=100.0, wait_ns=0,
                                   straggler_wait_ns=0)],
-        worst=[nb.SkewedCollective(collective="AllReduce", first_arrival_ns=8, last_arrival_ns=10, skew_ns=2,
+        worst=[na.SkewedCollective(collective="AllReduce", first_arrival_ns=8, last_arrival_ns=10, skew_ns=2,
                                    last_device=1, transfer_ns=10)],
         straggler_device=None,
         verdict=f"only 1 collectives matched across devices: too few to tell a habit from chance "
-                f"(at least {nb.MIN_MATCHED} needed)")
+                f"(at least {na.MIN_MATCHED} needed)")
     # device 0: 25 ns exposed (41.7% of the window), only 10 of it on the shared stream 7, so the stream layout
     # is not what keeps it exposed; device 1 is fully overlapped
     assert [(f.root_cause, f.device, f.time_at_stake_ns, f.tags) for f in result.findings] == [
@@ -156,17 +156,17 @@ def straggler_series(i: int) -> dict[int, int]:
 
 def test_nccl_breakdown_arrival_whole_result_with_a_straggler():
     result = run(make_model(kernels=series(10, straggler_series)))
-    assert result.arrival == nb.Arrival(
+    assert result.arrival == na.Arrival(
         matched=10, matched_kernels=20, unmatched_kernels=0, median_skew_ns=500 * US,
         p90_skew_ns=540 * US,  # skews 300, 500 x 8, 900: 500 + 0.1 x (900 - 500)
         median_transfer_ns=400 * US, skew_threshold_ns=200 * US,  # half the transfer, above MIN_SKEW_NS
-        devices=[nb.DeviceArrival(device=0, collectives=10, last_count=2, last_share_pct=20.0, wait_ns=4 * MS,
+        devices=[na.DeviceArrival(device=0, collectives=10, last_count=2, last_share_pct=20.0, wait_ns=4 * MS,
                                   straggler_wait_ns=4 * MS),
-                 nb.DeviceArrival(device=1, collectives=10, last_count=8, last_share_pct=80.0, wait_ns=1_200 * US,
+                 na.DeviceArrival(device=1, collectives=10, last_count=8, last_share_pct=80.0, wait_ns=1_200 * US,
                                   straggler_wait_ns=0)],
-        worst=[nb.SkewedCollective(collective="AllReduce", first_arrival_ns=18 * MS, last_arrival_ns=18_900 * US,
+        worst=[na.SkewedCollective(collective="AllReduce", first_arrival_ns=18 * MS, last_arrival_ns=18_900 * US,
                                    skew_ns=900 * US, last_device=0, transfer_ns=400 * US)]
-        + [nb.SkewedCollective(collective="AllReduce", first_arrival_ns=i * PERIOD,
+        + [na.SkewedCollective(collective="AllReduce", first_arrival_ns=i * PERIOD,
                                last_arrival_ns=i * PERIOD + 500 * US, skew_ns=500 * US, last_device=1,
                                transfer_ns=400 * US) for i in range(4)],
         straggler_device=1,
@@ -289,7 +289,7 @@ def raw_kernels(stem: str) -> list[tuple]:
 @pytest.mark.parametrize("stem", ["nsysai_mfu_2gpu_before", "nsysai_mfu_2gpu_after"])
 def test_nccl_breakdown_matches_raw_export(open_fixture, stem):
     raw = raw_kernels(stem)
-    result = nb.run(open_fixture(stem).con, nb.Params(profile=stem))
+    result = run_skill(open_fixture(stem).con, nb, nb.Params(profile=stem))
     for d in result.devices:
         mine = [(s, e) for dev, _, s, e, is_nccl in raw if dev == d.device and is_nccl]
         others = [(s, e) for dev, _, s, e, is_nccl in raw if dev == d.device and not is_nccl and e > s]
@@ -307,7 +307,7 @@ def test_nccl_breakdown_matches_raw_export(open_fixture, stem):
 ])
 def test_nccl_breakdown_arrival_matches_raw_starts(open_fixture, stem, last_counts):
     """Every SendRecv is in the window on both devices, so the k-th kernels of the two devices pair up."""
-    result = nb.run(open_fixture(stem).con, nb.Params(profile=stem))
+    result = run_skill(open_fixture(stem).con, nb, nb.Params(profile=stem))
     starts = {d: sorted((s, e) for dev, _, s, e, is_nccl in raw_kernels(stem) if dev == d and is_nccl) for d in (0, 1)}
     pairs = list(zip(starts[0], starts[1], strict=True))
     last = [max((0, 1), key=lambda d: (pair[d][0], -d)) for pair in pairs]
@@ -328,21 +328,14 @@ def test_nccl_breakdown_arrival_matches_raw_starts(open_fixture, stem, last_coun
 
 
 def test_nccl_breakdown_snapshot(open_fixture, snapshot):
-    assert dump(nb.run(open_fixture("nsysai_mfu_2gpu_before").con, nb.Params(profile="p"))) == snapshot
-
-
-@pytest.mark.parametrize("stem", ACTIVE_FIXTURES)
-def test_nccl_breakdown_output_stays_small(open_fixture, stem):
-    result = nb.run(open_fixture(stem).con, nb.Params(profile=stem))
-    assert len(json.dumps(dump(result))) < 20_000
-    assert nb.render(result)
+    assert dump(run_skill(open_fixture("nsysai_mfu_2gpu_before").con, nb, nb.Params(profile="p"))) == snapshot
 
 
 # --- planted ----------------------------------------------------------------------------------------
 def test_nccl_breakdown_finds_the_planted_straggler(demo):
     profile, truth = demo
     [straggler] = planted(truth, "nccl_straggler")
-    result = nb.run(profile.con, nb.Params(profile="demo"))
+    result = run_skill(profile.con, nb, nb.Params(profile="demo"))
     totals = {t["device"]: t for t in truth["totals"]["per_device"]}
     assert {d.device: (d.count, d.nccl_ns) for d in result.devices} == {
         dev: (t["nccl_kernels"], t["nccl_kernel_time_ns"]) for dev, t in totals.items()}
@@ -367,7 +360,7 @@ def test_nccl_breakdown_finds_the_planted_straggler(demo):
 
 def test_nccl_breakdown_quiet_on_clean(clean):
     profile, _ = clean
-    result = nb.run(profile.con, nb.Params(profile="clean"))
+    result = run_skill(profile.con, nb, nb.Params(profile="clean"))
     assert result.has_nccl and result.findings == []
     assert result.arrival.straggler_device is None and result.arrival.verdict.startswith("balanced: ")
 
@@ -385,4 +378,4 @@ def test_nccl_breakdown_rejects_bad_scope(kw, message):
 
 def test_nccl_breakdown_rejects_the_empty_export(open_fixture):
     with pytest.raises(InvalidRequest):
-        nb.run(open_fixture("dynamicvit_empty_export").con, nb.Params(profile="e"))
+        run_skill(open_fixture("dynamicvit_empty_export").con, nb, nb.Params(profile="e"))

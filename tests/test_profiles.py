@@ -20,6 +20,7 @@ from nsightful.profiles import open_profile
 from nsightful.profiles.errors import ConversionNeeded, NotAProfile, ProfileNotFound
 from nsightful.profiles.hardware import gpu_info_flag
 from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
+from nsightful.tools.common import records
 from nsightful.tools.intervals import BUSY, GPU_WORK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,13 +48,13 @@ def _has(raw: sqlite3.Connection, table: str) -> bool:
 @pytest.mark.parametrize("stem", FIXTURE_IDS)
 def test_profiles_fixture_summary(open_fixture, stem, snapshot):
     con = open_fixture(stem).con
-    meta = con.execute("""SELECT nsys_version, schema_version, metadata_table, enum_source, capture_start_ns,
-                          capture_end_ns, gpu_start_ns, gpu_end_ns, machine_gpus, derived_from FROM meta""").fetchone()
+    meta = records(con, """SELECT nsys_version, schema_version, metadata_table, enum_source, capture_start_ns,
+                           capture_end_ns, gpu_start_ns, gpu_end_ns, machine_gpus, derived_from FROM meta""", {})
     summary = {
-        "meta": meta,
-        "devices": con.execute("SELECT device_id, name, sm_count FROM gpus ORDER BY 1").fetchall(),
+        "meta": meta[0],
+        "devices": records(con, "SELECT device_id, name, sm_count FROM gpus ORDER BY 1", {}),
         "rows": {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLE_NAMES},
-        "capabilities": con.execute("SELECT data, present FROM capabilities ORDER BY data").fetchall(),
+        "capabilities": dict(con.execute("SELECT data, present FROM capabilities ORDER BY data").fetchall()),
     }
     assert summary == snapshot
 

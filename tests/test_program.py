@@ -66,3 +66,11 @@ def test_program_driver_only_launches_are_evidence_of_run_time_compiled_kernels(
 def test_program_on_real_exports(open_fixture, stem, kind, frameworks):
     found = program.detect(open_fixture(stem).con)
     assert found.kind == kind and frameworks <= set(found.frameworks)
+
+
+def test_program_frameworks_seen_only_as_nvtx_domains_are_listed_by_name():
+    """Domains have no count to rank them: a set's order (which hash randomization changes per process) would
+    make `frameworks` differ from run to run."""
+    con = make_model(nvtx=[{"pid": 10, "tid": 10, "text": "range", "domain": d, "start_ns": 0, "end_ns": 10,
+                            "kind": "push_pop", "depth": 0} for d in program.NVTX_DOMAINS])
+    assert program.detect(con).frameworks == sorted(set(program.NVTX_DOMAINS.values()))

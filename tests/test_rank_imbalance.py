@@ -20,6 +20,7 @@ from nsightful.profiles.job_ranks import RankSpec, Unit
 from nsightful.profiles.synth_ranks import TRUTH_NAME, write_rank_set
 from nsightful.tools import iterations
 from nsightful.tools import rank_imbalance as ri
+from nsightful.tools.contracts import run_skill
 
 KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "kineto"
 DELAY_NS = 3_000_000
@@ -88,7 +89,7 @@ def rank_set(tmp_path_factory):
 
 
 def run(con, **kw) -> ri.Result:
-    return ri.run(con, ri.Params(job="j", **kw))
+    return run_skill(con, ri, ri.Params(job="j", **kw))
 
 
 def by_rank(result: ri.Result) -> dict[int, ri.RankRow]:
@@ -326,15 +327,18 @@ def test_rank_imbalance_fits_the_result_budget(rank_set):
     from nsightful.server import budget
     con, _, _ = rank_set("compute")
     params = ri.Params(job="j", limit=3)
-    text, result = budget.fit(ri.run(con, params), ri, params, budget.MIN_RESULT_CHARS)
+    text, result = budget.fit(run_skill(con, ri, params), ri, params, budget.MIN_RESULT_CHARS)
     assert len(text) <= budget.MIN_RESULT_CHARS and len(result.model_dump_json()) <= budget.MIN_RESULT_CHARS
     assert result.cut_by in ("limit", "characters") and result.truncated
     assert result.straggler.rank == 1 and [f.root_cause for f in result.findings] == ["nccl-straggler"]
 
 
-def test_rank_imbalance_cross_rank_findings_for_triage(rank_set):
-    con, truth, _ = rank_set("compute")
-    found = ri.cross_rank_findings(con, "j")
+def test_rank_imbalance_run_measures_and_run_skill_attaches_the_findings(rank_set):
+    con, _, _ = rank_set("compute")
+    figures = ri.run(con, ri.Params(job="j"))
+    assert figures.findings == [] and figures.straggler.rank == 1
+    found = run_skill(con, ri, ri.Params(job="j")).findings
+    assert found == ri.findings(figures)
     assert [(f.root_cause, f.evidence["straggler_rank"]) for f in found] == [("nccl-straggler", 1)]
 
 

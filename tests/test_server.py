@@ -5,25 +5,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import anyio
 import jsonschema
 import pytest
 from conftest import FIXTURE_FILES, FIXTURES, text_of
+from httpserver import serving
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
+from nsightful.server import budget
 from nsightful.server.app import build_server
 from nsightful.tools import JOB_TOOL_NAMES, PAIR_TOOL_NAMES, TOOL_NAMES
+from nsightful.tools.contracts import run_skill
 
 LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile", "load_job", "list_jobs", "close_job"}
 ALL_TOOLS = set(TOOL_NAMES) | set(PAIR_TOOL_NAMES) | set(JOB_TOOL_NAMES) | LIFECYCLE_TOOLS
-MAX_RESULT_CHARS = 20_000  # the budget every default result must fit (structured + text)
 MODES = ["legacy", "auto"]
 REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"}}
 
@@ -60,7 +59,8 @@ def test_server_every_tool_is_in_the_readme_and_every_analysis_is_cited_by_the_b
 
 async def _every_tool(server, mode: str, fixture: Path) -> dict[str, tuple[bool, str, dict | None]]:
     """tool -> (is_error, text, structured content) for every single-profile tool on `fixture`, checked on the way:
-    a result validates against the tool's output schema and its text and JSON each fit the budget; an error
+    a result validates against the tool's output schema and its text and JSON each fit the budget uncut (every
+    default result on every fixture: the tools' own tests need no size check of their own); an error
     (only where the profile has no data for the tool) is one sentence."""
     outcomes = {}
     async with Client(server, mode=mode) as client:
@@ -75,8 +75,8 @@ async def _every_tool(server, mode: str, fixture: Path) -> dict[str, tuple[bool,
                 assert "\n" not in text and "Traceback" not in text, f"{name}: {text}"
             else:
                 jsonschema.validate(result.structured_content, tools[name].output_schema)
-                assert len(json.dumps(result.structured_content)) <= MAX_RESULT_CHARS, name
-                assert len(text) <= MAX_RESULT_CHARS, name
+                assert result.structured_content.get("cut_by") != "characters", f"{name}: its default result was cut"
+                assert max(len(json.dumps(result.structured_content)), len(text)) <= budget.MAX_RESULT_CHARS, name
             outcomes[name] = (result.is_error, text, result.structured_content)
     return outcomes
 
@@ -163,10 +163,6 @@ async def test_server_resources_and_prompts(server):
         assert done.completion.values == ["nccl-on-compute-stream", "nccl-serialization", "nccl-straggler"]
 
 
-def _nsightful_cmd() -> list[str]:
-    return [sys.executable, "-m", "nsightful.server.cli"]
-
-
 @pytest.mark.anyio
 async def test_server_stdio_round_trip(cache_root):
     params = StdioServerParameters(command=sys.executable,
@@ -178,30 +174,12 @@ async def test_server_stdio_round_trip(cache_root):
     assert result.structured_content["kernel_count"] == 2 and len(result.structured_content["rows"]) == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.anyio
 async def test_server_streamable_http_round_trip(cache_root):
-    port = _free_port()
-    proc = subprocess.Popen([*_nsightful_cmd(), "serve", "--transport", "http", "--port", str(port), "--root",
-                             str(FIXTURES), "--cache-dir", str(cache_root)], stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            await anyio.sleep(0.2)
-        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+    with serving(FIXTURES, cache_root) as served:
+        async with Client(served.url) as client:
             result = await client.call_tool("gpu_utilization", {"profile": str(FIXTURES / "nsysai_mock.sqlite")})
-        assert not result.is_error and result.structured_content["scope"]["devices"] == [0]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    assert not result.is_error and result.structured_content["scope"]["devices"] == [0]
 
 
 INSPECTOR = Path(__file__).resolve().parents[1] / ".tools/inspector/node_modules/.bin/mcp-inspector"
@@ -251,5 +229,5 @@ def test_server_default_results_fit_the_budget_on_eight_gpus(eight_gpus, name):
     """Per-device rows and findings grow with the node: a full 8-GPU node must still fit a model's context."""
     from nsightful.tools import skills
     module = skills()[name]
-    result = module.run(eight_gpus.con, module.Params(profile="p", **REQUIRED_ARGS.get(name, {})))
-    assert len(result.model_dump_json()) + len(module.render(result)) < MAX_RESULT_CHARS
+    result = run_skill(eight_gpus.con, module, module.Params(profile="p", **REQUIRED_ARGS.get(name, {})))
+    assert len(result.model_dump_json()) + len(module.render(result)) < budget.MAX_RESULT_CHARS

@@ -4,18 +4,17 @@ their work (threads and CPU), and explain_finding checks and completes its findi
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import httpx2
 import pytest
 from conftest import FIXTURES, text_of
+from httpserver import serving
 from mcp.client import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, PromptReference
@@ -196,22 +195,32 @@ def _stack(frame):
         frame = frame.f_back
 
 
+async def _cancel_a_heavy_query_then_ask_again(client: Client) -> None:
+    """Cancel a query that would run for minutes; the next call on the same profile answers promptly."""
+    await client.call_tool("load_profile", {"path": BIG})
+    with anyio.move_on_after(CANCEL_AFTER_S) as waited:
+        await client.call_tool("query_sql", {"profile": BIG, "sql": HEAVY_SQL, "timeout_s": 60})
+    assert waited.cancelled_caught
+    started = time.monotonic()
+    after = await client.call_tool("top_kernels", {"profile": BIG, "limit": 1})
+    assert not after.is_error and time.monotonic() - started < PROMPT_S
+
+
+async def _quiet_cpu(cpu_s: Callable[[], float]) -> float:
+    """CPU seconds (as `cpu_s` counts them) spent over QUIET_WINDOW_S, once a cancelled query had SETTLE_S to stop."""
+    await anyio.sleep(SETTLE_S)
+    before = cpu_s()
+    await anyio.sleep(QUIET_WINDOW_S)
+    return cpu_s() - before
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", MODES)
 async def test_server_errors_cancelled_query_stops_its_thread_and_cpu_in_memory(server, mode):
     async with Client(server, mode=mode) as client:
-        await client.call_tool("load_profile", {"path": BIG})
-        with anyio.move_on_after(CANCEL_AFTER_S) as waited:
-            await client.call_tool("query_sql", {"profile": BIG, "sql": HEAVY_SQL, "timeout_s": 60})
-        assert waited.cancelled_caught
-        started = time.monotonic()
-        after = await client.call_tool("top_kernels", {"profile": BIG, "limit": 1})
-        assert not after.is_error and time.monotonic() - started < PROMPT_S
-        await anyio.sleep(SETTLE_S)
+        await _cancel_a_heavy_query_then_ask_again(client)
+        assert await _quiet_cpu(time.process_time) < QUIET_CPU_S
         assert _threads_in(Path(query_sql.__file__)) == []
-        before = time.process_time()
-        await anyio.sleep(QUIET_WINDOW_S)
-        assert time.process_time() - before < QUIET_CPU_S
 
 
 @pytest.mark.anyio
@@ -242,38 +251,10 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * TICK_S  # utime + stime
 
 
-@contextmanager
-def _http_server(cache_root):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "nsightful.server.cli", "serve", "--transport", "http", "--port",
-                             str(port), "--root", str(FIXTURES), "--cache-dir", str(cache_root)],
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
-        yield proc.pid, f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def http_server(cache_root):
-    with _http_server(cache_root) as served:
-        yield served
-
-
-async def _quiet_cpu(pid: int) -> float:
-    await anyio.sleep(SETTLE_S)
-    before = _cpu_s(pid)
-    await anyio.sleep(QUIET_WINDOW_S)
-    return _cpu_s(pid) - before
+    with serving(FIXTURES, cache_root) as served:
+        yield served.proc.pid, served.url
 
 
 @pytest.mark.anyio
@@ -282,14 +263,8 @@ async def test_server_errors_cancelled_query_stops_over_http(http_server, mode):
     """legacy: notifications/cancelled; auto (2026-07-28): the client closes the response stream."""
     pid, url = http_server
     async with Client(url, mode=mode) as client:
-        await client.call_tool("load_profile", {"path": BIG})
-        with anyio.move_on_after(CANCEL_AFTER_S) as waited:
-            await client.call_tool("query_sql", {"profile": BIG, "sql": HEAVY_SQL, "timeout_s": 60})
-        assert waited.cancelled_caught
-        started = time.monotonic()
-        after = await client.call_tool("top_kernels", {"profile": BIG, "limit": 1})
-        assert not after.is_error and time.monotonic() - started < PROMPT_S
-        assert await _quiet_cpu(pid) < QUIET_CPU_S
+        await _cancel_a_heavy_query_then_ask_again(client)
+        assert await _quiet_cpu(lambda: _cpu_s(pid)) < QUIET_CPU_S
 
 
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -324,4 +299,4 @@ async def test_server_errors_query_stops_when_a_stateful_http_client_leaves(http
             if leave == "close the session":
                 assert (await http.delete(url, headers=session)).status_code == 200
             await response.aclose()
-    assert await _quiet_cpu(pid) < QUIET_CPU_S
+    assert await _quiet_cpu(lambda: _cpu_s(pid)) < QUIET_CPU_S

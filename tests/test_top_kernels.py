@@ -11,6 +11,7 @@ from modeldb import make_model
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools import top_kernels as tk
+from nsightful.tools.contracts import run_skill
 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 VEC = "void at::native::vectorized_elementwise_kernel"
@@ -33,7 +34,7 @@ def gpu(device: int = 0, cc: str | None = "9.0") -> dict:
 
 
 def run(con, **kw) -> tk.Result:
-    return tk.run(con, tk.Params(profile="t", **kw))
+    return run_skill(con, tk, tk.Params(profile="t", **kw))
 
 
 def row(**kw) -> tk.KernelRow:

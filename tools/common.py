@@ -11,6 +11,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools.contracts import run_skill
 
 T = TypeVar("T")
 DEFAULT_LIMIT = 20  # rows: keeps a result well under ~20,000 characters
@@ -143,10 +144,10 @@ def per_model(con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], 
 
 
 def run_once(con: duckdb.DuckDBPyConnection, module: ModuleType, params: BaseModel) -> Any:
-    """module.run(con, params), computed once per model and parameters (the profile id aside) for the tools that
-    run others' detectors (triage, answer_questions); each caller gets its own copy, as results are mutable."""
+    """run_skill(con, module, params), computed once per model and parameters (the profile id aside) for the tools
+    that run others' detectors (triage, answer_questions); each caller gets its own copy, as results are mutable."""
     key = ("run", module.__name__, params.model_dump_json(exclude={"profile"}))
-    return per_model(con, key, lambda: module.run(con, params)).model_copy(deep=True)
+    return per_model(con, key, lambda: run_skill(con, module, params)).model_copy(deep=True)
 
 
 def packed(values: Iterable[int | None]) -> str:

@@ -1,4 +1,5 @@
-"""What a skill module is: the contracts the server's wiring (server/app.py, server/job_tools.py) relies on.
+"""What a skill module is: the contracts the server's wiring (server/app.py, server/job_tools.py) relies on, and
+run_skill, the one place a skill's findings join its figures.
 
 A module is checked against these with isinstance (they are runtime-checkable), which sees that the names
 exist; tests/test_contracts.py checks every registered module so, and the signatures besides.
@@ -6,12 +7,14 @@ exist; tests/test_contracts.py checks every registered module so, and the signat
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import duckdb
 from pydantic import BaseModel
 
-from nsightful.tools.common import Finding, Output
+if TYPE_CHECKING:  # tools/common.py runs skills through run_skill, so it cannot be imported from here at run time
+    from nsightful.tools.common import Finding, Output
 
 
 @runtime_checkable
@@ -46,6 +49,16 @@ class JobSkill(Skill, Protocol):
 
 @runtime_checkable
 class Detector(Protocol):
-    """A skill whose findings follow from its Result alone (Result.findings); triage ranks them with the rest."""
+    """A skill whose findings follow from its Result alone: its run() computes the figures, run_skill attaches
+    findings(result) as Result.findings; triage ranks them with the rest."""
 
     def findings(self, result: Output) -> list[Finding]: ...
+
+
+def run_skill(con: duckdb.DuckDBPyConnection, module: ModuleType, params: BaseModel) -> Output:
+    """module.run(con, params) with the findings of a Detector attached: every caller that shows or ranks a
+    skill's result (the server, the CLI, triage and the tools that reuse results, the report) goes through here."""
+    result = module.run(con, params)
+    if isinstance(module, Detector):
+        result.findings = module.findings(result)
+    return result

@@ -194,12 +194,10 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     rows = [IterationRow(index=i, start_ns=s, end_ns=e, duration_ns=e - s, gpu_busy_pct=b)
             for i, ((s, e), b) in enumerate(zip(shown, busy, strict=True))]
     summary = _summary([e - s for s, e in spans])
-    result = Result(scope=scope, method=method, reason=reason if method else None, candidates=candidates,
-                    note=_note(method, reason, len(spans), summary.get("spread_ratio")), iteration_count=len(spans),
-                    span_start_ns=spans[0][0] if spans else None, span_end_ns=spans[-1][1] if spans else None,
-                    rows=rows, truncated=len(spans) > params.limit, total_rows=len(spans), **summary)
-    result.findings = findings(result)
-    return result
+    return Result(scope=scope, method=method, reason=reason if method else None, candidates=candidates,
+                  note=_note(method, reason, len(spans), summary.get("spread_ratio")), iteration_count=len(spans),
+                  span_start_ns=spans[0][0] if spans else None, span_end_ns=spans[-1][1] if spans else None,
+                  rows=rows, truncated=len(spans) > params.limit, total_rows=len(spans), **summary)
 
 
 def first_is_warmup(result: Result) -> bool:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import nccl_sizes, rules
+from nsightful.tools import nccl_arrival, nccl_sizes, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -70,12 +70,6 @@ EXPOSED_MIN_PCT = 10.0  # ... and only when the exposed time is a sizeable share
 NCCL_SHARE_PCT = 20.0  # book compute-communication-imbalance: NCCL above 20% of the window is a red flag
 SHARED_MIN_PCT = 50.0  # shared streams holding most of a device's exposed NCCL time: the stream layout decides
 BUCKET_NS = 1_000_000  # overlap join buckets: NCCL kernels span a few, most compute kernels fit in one
-MAX_SHIFT = 3  # instances: a window or capture edge cuts the collective in flight at each end, with room to spare
-MIN_MATCHED = 10  # below this, two evenly matched ranks show a 3-in-4 last share by chance in over 1 run in 10
-LAST_SHARE_MIN_PCT = 75.0  # a clear majority: 1.5x the even share of two ranks, 3x that of four
-MIN_SKEW_NS = 100_000  # 0.1 ms: below this, launch and host-scheduling jitter decide who arrives last
-SKEW_TRANSFER_RATIO = 0.5  # a wait under half the collective's own transfer time is not worth chasing
-WORST_SHOWN = 5  # most skewed collectives listed: enough to find them on a timeline
 
 
 NO_NCCL = ("no NCCL kernels in this window (a single-GPU run, or communication not captured: trace every rank "
@@ -119,38 +113,6 @@ class SharedStream(BaseModel):
     exposed_ns: int = Field(description="exposed NCCL time on this stream")
 
 
-class DeviceArrival(BaseModel):
-    device: int
-    collectives: int = Field(description="matched collectives it took part in")
-    last_count: int = Field(description="matched collectives it arrived last to")
-    last_share_pct: float = Field(description="last_count / collectives")
-    wait_ns: int = Field(description="its NCCL kernel time before the last rank arrived, in the window")
-    straggler_wait_ns: int = Field(description="wait_ns over the collectives the straggler arrived last to")
-
-
-class SkewedCollective(BaseModel):
-    collective: str
-    first_arrival_ns: int
-    last_arrival_ns: int
-    skew_ns: int
-    last_device: int
-    transfer_ns: int = Field(description="the last arriver's kernel duration")
-
-
-class Arrival(BaseModel):
-    matched: int = Field(description="collectives matched across their devices")
-    matched_kernels: int
-    unmatched_kernels: int = Field(description="NCCL kernels in the window left out of every matched collective")
-    median_skew_ns: int
-    p90_skew_ns: int
-    median_transfer_ns: int
-    skew_threshold_ns: int = Field(description="median skew needed to name a straggler")
-    devices: list[DeviceArrival]
-    worst: list[SkewedCollective] = Field(description=f"the {WORST_SHOWN} most skewed collectives at most")
-    straggler_device: int | None = Field(description="the device that arrives last, when arrival is unbalanced")
-    verdict: str = Field(description="why a straggler is or is not named")
-
-
 class Result(Output):
     scope: Scope
     has_nccl: bool
@@ -168,7 +130,7 @@ class Result(Output):
     spread_ns: int = Field(description="max - min per-device NCCL time (0 with one device)")
     spread_pct: float = Field(description="spread_ns / mean per-device NCCL time")
     nccl_on_compute_stream: list[SharedStream]
-    arrival: Arrival | None = Field(description="per-collective arrival across devices; null without NCCL")
+    arrival: nccl_arrival.Arrival | None = Field(description="per-collective arrival across devices; null without NCCL")
     message_sizes: nccl_sizes.Sizes | None = Field(None, description="message sizes and algorithm bandwidth per "
                                                    "(collective, size, group), where recorded; null without NCCL")
     findings: list[Finding] = []
@@ -201,53 +163,6 @@ GROUP BY ALL HAVING count(*) FILTER (WHERE category = 'nccl') > 0 AND count(*) F
 ORDER BY ALL
 """
 
-# Matching as in the module docstring: n numbers instances, parts names participants and the reference,
-# best picks each device's shift, matched keeps the complete, simultaneous groups.
-MATCH = """
-WITH n AS (
-  SELECT device_id, coalesce(nccl_collective, 'other') AS coll, start_ns, end_ns,
-         row_number() OVER (PARTITION BY device_id, coalesce(nccl_collective, 'other') ORDER BY start_ns, end_ns) AS k
-  FROM kernels WHERE category = 'nccl' AND device_id IN (SELECT unnest($devices))
-    AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
-parts AS (
-  SELECT coll, count(*) AS parts, arg_max(device_id, (instances, -device_id)) AS ref
-  FROM (SELECT coll, device_id, count(*) AS instances FROM n GROUP BY ALL) GROUP BY coll HAVING count(*) >= 2),
-cost AS (
-  SELECT d.coll, d.device_id, s.shift, median(abs(d.end_ns - r.end_ns)) AS cost
-  FROM n r JOIN parts p ON p.coll = r.coll AND p.ref = r.device_id
-  CROSS JOIN (SELECT unnest(range(-$max_shift, $max_shift + 1)) AS shift) s
-  JOIN n d ON d.coll = r.coll AND d.k = r.k + s.shift
-  GROUP BY ALL),
-best AS (SELECT coll, device_id, arg_min(shift, (cost, abs(shift), shift)) AS shift FROM cost GROUP BY ALL),
-aligned AS (SELECT n.device_id, n.coll, n.start_ns, n.end_ns, n.k - b.shift AS idx
-            FROM n JOIN best b USING (coll, device_id)),
-matched AS (
-  SELECT a.coll, a.idx, count(*) AS ranks, min(a.start_ns) AS first_ns, max(a.start_ns) AS last_ns,
-         arg_max(a.device_id, (a.start_ns, -a.device_id)) AS last_device,
-         arg_max(a.end_ns - a.start_ns, (a.start_ns, -a.device_id)) AS transfer_ns
-  FROM aligned a JOIN parts p USING (coll)
-  GROUP BY a.coll, a.idx, p.parts HAVING count(*) = p.parts AND min(a.end_ns) >= max(a.start_ns))
-"""
-
-SUMMARY_SQL = MATCH + """
-SELECT count(*), coalesce(sum(ranks), 0), median(last_ns - first_ns), quantile_cont(last_ns - first_ns, 0.9),
-       median(transfer_ns), (SELECT count(*) FROM n)
-FROM matched
-"""
-
-# Per (device, last arriver): collectives, and the device's wait inside them for that last arriver.
-WAIT_SQL = MATCH + """
-SELECT a.device_id, m.last_device, count(*),
-       sum(greatest(0, least(m.last_ns, a.end_ns, $end) - greatest(a.start_ns, $start)))
-FROM aligned a JOIN matched m USING (coll, idx) GROUP BY ALL ORDER BY ALL
-"""
-
-WORST_SQL = MATCH + """
-SELECT coll, first_ns, last_ns, last_ns - first_ns AS skew, last_device, transfer_ns
-FROM matched ORDER BY skew DESC, first_ns, coll LIMIT $limit
-"""
-
-
 def _spread(devices: list[DeviceNccl], scope: Scope) -> tuple[int, float]:
     if len(scope.devices) < 2 or not devices:
         return 0, 0.0
@@ -255,50 +170,6 @@ def _spread(devices: list[DeviceNccl], scope: Scope) -> tuple[int, float]:
     spread = max(totals.values()) - min(totals.values())
     return spread, pct(spread, sum(totals.values()) / len(totals))
 
-
-def _verdict(arrival: Arrival, scope: Scope) -> tuple[int | None, str]:
-    """The straggler, or None, and why."""
-    if len(scope.devices) < 2:
-        return None, "arrival compares devices and this scope has one: omit `device` to compare all of them"
-    if arrival.matched < MIN_MATCHED:
-        return None, (f"only {arrival.matched} collectives matched across devices: too few to tell a habit from "
-                      f"chance (at least {MIN_MATCHED} needed)")
-    top = max(arrival.devices, key=lambda a: (a.last_share_pct, a.last_count, -a.device))
-    said = f"device {top.device} arrives last to {top.last_count} of {top.collectives} collectives " \
-           f"({top.last_share_pct:.1f}%)"
-    if top.last_share_pct < LAST_SHARE_MIN_PCT:
-        return None, f"balanced: no device arrives last to {LAST_SHARE_MIN_PCT:.0f}% of collectives; most often {said}"
-    if arrival.median_skew_ns < arrival.skew_threshold_ns:
-        return None, (f"{said}, but the median skew {ms(arrival.median_skew_ns)} is below "
-                      f"{ms(arrival.skew_threshold_ns)}: too small to matter")
-    return top.device, f"straggler: {said}; median skew {ms(arrival.median_skew_ns)}"
-
-
-def _arrival(con: duckdb.DuckDBPyConnection, args: dict[str, object], scope: Scope, limit: int) -> Arrival:
-    args = {**args, "max_shift": MAX_SHIFT}
-    matched, matched_kernels, median_skew, p90_skew, transfer, kernels = con.execute(SUMMARY_SQL, args).fetchone()
-    waits = con.execute(WAIT_SQL, args).fetchall()
-    devices = []
-    for device in sorted({r[0] for r in waits}):
-        mine = [r for r in waits if r[0] == device]
-        taken, last = sum(r[2] for r in mine), sum(r[2] for r in mine if r[1] == device)
-        devices.append(DeviceArrival(device=device, collectives=taken, last_count=last,
-                                     last_share_pct=pct(last, taken), wait_ns=int(sum(r[3] for r in mine)),
-                                     straggler_wait_ns=0))
-    worst = [SkewedCollective(collective=r[0], first_arrival_ns=r[1], last_arrival_ns=r[2], skew_ns=r[3],
-                              last_device=r[4], transfer_ns=r[5])
-             for r in con.execute(WORST_SQL, {**args, "limit": min(limit, WORST_SHOWN)}).fetchall()]
-    arrival = Arrival(
-        matched=matched, matched_kernels=int(matched_kernels), unmatched_kernels=kernels - int(matched_kernels),
-        median_skew_ns=round(median_skew or 0), p90_skew_ns=round(p90_skew or 0),
-        median_transfer_ns=round(transfer or 0),
-        skew_threshold_ns=max(MIN_SKEW_NS, round(SKEW_TRANSFER_RATIO * (transfer or 0))),
-        devices=devices, worst=worst, straggler_device=None, verdict="")
-    arrival.straggler_device, arrival.verdict = _verdict(arrival, scope)
-    late = {r[0]: int(r[3]) for r in waits if r[1] == arrival.straggler_device and r[0] != r[1]}
-    for a in arrival.devices:
-        a.straggler_wait_ns = late.get(a.device, 0)
-    return arrival
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
@@ -316,7 +187,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     stream_exposed = {(r[3], r[2]): int(r[6] - r[8]) for r in groups if r[0] == 4}
     total, covered = sum(d.nccl_ns for d in devices), sum(d.overlapped_ns for d in devices)
     spread, spread_pct = _spread(devices, scope)
-    result = Result(
+    return Result(
         scope=scope, has_nccl=bool(devices), note=None if devices else NO_NCCL,
         nccl_count=sum(d.count for d in devices), nccl_ns=total, window_pct=pct(total, capacity),
         overlapped_ns=covered, overlapped_pct=pct(covered, total), exposed_ns=total - covered,
@@ -325,10 +196,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         nccl_on_compute_stream=[SharedStream(device=r[0], stream=r[1], nccl_kernels=r[2], compute_kernels=r[3],
                                              exposed_ns=stream_exposed.get((r[0], r[1]), 0))
                                 for r in con.execute(SHARED_SQL, args).fetchall()],
-        arrival=_arrival(con, args, scope, params.limit) if devices else None,
+        arrival=nccl_arrival.measure(con, args, scope, params.limit) if devices else None,
         message_sizes=nccl_sizes.run(con, args, params.limit) if devices else None)
-    result.findings = findings(result)
-    return result
 
 
 def findings(result: Result) -> list[Finding]:
@@ -388,11 +257,11 @@ def _shared(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
         time_at_stake_ns=stake, device=d.device, tags=_tags(d))
 
 
-def _imbalance(result: Result, d: DeviceNccl, wait: DeviceArrival | None, pool: int) -> Finding | None:
+def _imbalance(result: Result, d: DeviceNccl, wait: nccl_arrival.DeviceArrival | None, pool: int) -> Finding | None:
     arrival = result.arrival
     stake = min(pool, wait.wait_ns) if wait else 0
-    if (arrival.straggler_device is not None or arrival.matched < MIN_MATCHED or d.window_pct < NCCL_SHARE_PCT
-            or arrival.median_skew_ns < arrival.skew_threshold_ns or stake <= 0):
+    if (arrival.straggler_device is not None or arrival.matched < nccl_arrival.MIN_MATCHED
+            or d.window_pct < NCCL_SHARE_PCT or arrival.median_skew_ns < arrival.skew_threshold_ns or stake <= 0):
         return None
     return Finding(
         root_cause="compute-communication-imbalance", severity="medium",

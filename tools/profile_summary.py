@@ -22,16 +22,13 @@ cut or rewritten by another tool, nsys errors.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.profiles.checks import LOAD_SOURCE
-from nsightful.profiles.ingest import API_KIND_SQL
 from nsightful.profiles.kineto_meta import PLATFORM as KINETO_PLATFORM
 from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
-from nsightful.tools import program, rules
+from nsightful.tools import program, rules, trace_quality
 from nsightful.tools.common import Finding, Output, ProfileParams, fetch_capped, ms, pct
 from nsightful.tools.program import KERNEL_FAMILIES, Program
 from nsightful.tools.rules import Missing
@@ -39,10 +36,6 @@ from nsightful.tools.rules import Missing
 TOP_PROCESSES = 5  # a capture can hold hundreds of idle helper processes: the launching few matter
 TOP_DIAGNOSTICS = 5  # distinct warning/error texts shown; real captures repeat one text per process
 DIAGNOSTIC_TEXT_CHARS = 300  # nsys error texts can carry whole exception dumps
-MISSING_KERNEL_PCT = 10.0  # a few launches at the capture's end always lack their kernel; past this share the
-#                            per-kernel figures miss a real part of the work
-GPU_ACTIVE_MIN_PCT = 50.0  # below half, the capture is mostly host-only time: capture-wide averages understate
-#                            the GPU phase
 
 # FlashAttention 3 (hopper/) kernels are flash::FlashAttn{Fwd,Bwd}Sm90 classes (early betas:
 # flash::compute_attn_ws); FlashAttention 2 kernels are flash::flash_{fwd,bwd}_* templated on
@@ -189,34 +182,6 @@ WHERE severity IN ('error', 'warning') AND source <> '{LOAD_SOURCE}' GROUP BY se
 ORDER BY severity = 'error' DESC, min(time_ns), text LIMIT $limit
 """
 
-# What the trace-quality notes are decided on. Kernels launched by a plain launch call (not a graph launch)
-# are counted per distinct launch API name, so the kind rule runs on a handful of names, not on every kernel.
-TRACE_SQL = """
-WITH api AS (SELECT count(*) AS calls, count(*) FILTER (WHERE kind = 'launch') AS launches,
-                    count(*) FILTER (WHERE kind = 'graph') AS graphs FROM cuda_api),
-launched AS (SELECT coalesce(sum(n), 0) AS kernels FROM (
-               SELECT launch_api AS name, count(*) AS n FROM kernels WHERE launch_api IS NOT NULL GROUP BY 1)
-             WHERE """ + API_KIND_SQL + """ = 'launch')
-SELECT api.calls, api.launches, api.graphs, (SELECT count(*) FROM kernels), launched.kernels,
-       (SELECT count(*) FROM graph_exec), (SELECT count(*) FROM memcpy), (SELECT count(*) FROM memset),
-       (SELECT count(*) FROM diagnostics WHERE severity = 'error')
-FROM api, launched
-"""
-# Launch calls that should each have run a kernel: one per (pid, correlation id), since older exports record
-# the runtime and the driver call of one launch under one id; those between a thread's cudaStreamBeginCapture
-# and its next cudaStreamEndCapture only record graph nodes, so no kernel runs for them.
-LAUNCHES_SQL = """
-WITH marks AS (SELECT pid, tid, start_ns, end_ns, name LIKE '%BeginCapture%' AS opens FROM cuda_api
-               WHERE kind = 'other' AND (name LIKE 'cu%StreamBeginCapture%' OR name LIKE 'cu%StreamEndCapture%')),
-spans AS (SELECT pid, tid, opens, start_ns, lead(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) AS end_ns
-          FROM marks)
-SELECT (SELECT count(*) FROM (SELECT DISTINCT pid, correlation_id FROM cuda_api WHERE kind = 'launch')),
-       (SELECT count(*) FROM (SELECT DISTINCT a.pid, a.correlation_id FROM cuda_api a JOIN spans s ON a.pid = s.pid
-        AND a.tid = s.tid WHERE s.opens AND a.kind = 'launch' AND a.start_ns BETWEEN s.start_ns AND s.end_ns))
-"""
-LOAD_NOTES_SQL = f"SELECT text FROM diagnostics WHERE source = '{LOAD_SOURCE}' ORDER BY rowid"
-LAST_API_SQL = "SELECT name, end_ns FROM cuda_api ORDER BY end_ns DESC LIMIT 1"
-GPU_INFO_SQL = "SELECT capture_flag FROM capabilities WHERE data = 'gpu_info' AND NOT present"
 
 
 def _window(start: int | None, end: int | None) -> Window | None:
@@ -251,19 +216,6 @@ def _note(capture: Window | None, gpu_active: Window | None, table_rows: dict[st
     return None
 
 
-class _Trace(NamedTuple):
-    """The counts TRACE_SQL returns."""
-    api_calls: int
-    launch_calls: int
-    graph_calls: int
-    kernels: int
-    plain_launched_kernels: int
-    graph_execs: int
-    memcpy: int
-    memset: int
-    errors: int
-
-
 def _diagnostics(con: duckdb.DuckDBPyConnection) -> Diagnostics:
     rows, truncated = fetch_capped(con, DIAGNOSTIC_MESSAGES_SQL, {}, TOP_DIAGNOSTICS)
     messages = [DiagnosticMessage(severity=sev, source=src, text=text[:DIAGNOSTIC_TEXT_CHARS], count=n, processes=p,
@@ -272,91 +224,12 @@ def _diagnostics(con: duckdb.DuckDBPyConnection) -> Diagnostics:
                        truncated=truncated)
 
 
-def _last_call(con: duckdb.DuckDBPyConnection, capture_end: int) -> str:
-    """How long before the capture's end the last CUDA call ended: right before it points at a crash."""
-    last = con.execute(LAST_API_SQL).fetchone()
-    return f" (the last CUDA call, {last[0]}, ended {ms(capture_end - last[1])} before the capture did)" if last else ""
-
-
-def _launches(con: duckdb.DuckDBPyConnection, t: _Trace) -> int:
-    """Launch calls that should have run a kernel (LAUNCHES_SQL, a scan of every launch call), counted only when
-    a note can depend on it: without kernels, or when the raw shortfall reaches MISSING_KERNEL_PCT of the raw
-    calls (the exact share, missing / (recorded + missing), can only be lower). Otherwise the raw count."""
-    shortfall = t.launch_calls - t.plain_launched_kernels
-    if t.kernels and pct(shortfall, t.launch_calls) < MISSING_KERNEL_PCT:
-        return t.launch_calls
-    launches, captured = con.execute(LAUNCHES_SQL).fetchone()
-    return launches - captured
-
-
-def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture_end: int, derived: str | None) -> list[str]:
-    """Launches without kernels, whole-graph records, CUDA calls or copies without any kernel."""
-    launches = _launches(con, t)
-    if not (t.kernels or t.graph_execs):
-        if launches + t.graph_calls:
-            return [f"{launches + t.graph_calls:,} kernel launch calls were traced but the export holds no kernel "
-                    "records: the program most likely stopped or crashed before its kernels ran or before nsys "
-                    f"flushed its CUDA trace buffers{_last_call(con, capture_end)}, unless kernels were filtered "
-                    "out of the trace; check the program's exit status and re-capture with --trace=cuda, letting it "
-                    "exit normally (or calling cudaProfilerStop() first)"]
-        if t.memcpy or t.memset:
-            return [f"the GPU ran {t.memcpy:,} copies and {t.memset:,} memsets but no kernel was launched in the "
-                    f"capture{_last_call(con, capture_end)}: if the program should compute on the GPU it stopped "
-                    "before its first launch or launched outside the capture; check its output and exit status"]
-        if t.api_calls:
-            return [f"{t.api_calls:,} CUDA API calls were traced but the GPU recorded no work"
-                    f"{_last_call(con, capture_end)}: the program stopped before its GPU phase or ran it outside the "
-                    "capture; check its exit status and the capture range (--capture-range, --delay, --duration)"]
-        return []
-    notes = []
-    missing = max(0, launches - t.plain_launched_kernels)
-    if launches and pct(missing, launches) >= MISSING_KERNEL_PCT:
-        where = "fall outside this derived export's window, " if derived else ""
-        notes.append(f"{missing:,} of {launches:,} kernel launch calls ({pct(missing, launches)}%) have no kernel "
-                     f"record: their kernels {where}ran after the capture stopped (the GPU was behind the CPU) or "
-                     f"were lost, so per-kernel figures cover only the {t.kernels:,} recorded kernels; capture until "
-                     "the GPU drains (e.g. synchronize before cudaProfilerStop)")
-    if t.graph_execs:
-        notes.append(f"{t.graph_execs:,} CUDA graph launches were recorded as whole graphs (--cuda-graph-trace=graph, "
-                     "nsys' default), so the kernels inside them have no records: GPU time counts each graph as "
-                     "one piece of work; re-capture with --cuda-graph-trace=node for per-kernel figures")
-    return notes
-
-
-def _trace_quality(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Window | None,
-                   gpu_active_pct: float | None, devices: list[Device], machine_gpus: str | None,
-                   derived: str | None) -> list[str]:
-    loading = [text for (text,) in con.execute(LOAD_NOTES_SQL).fetchall()]
-    if capture is None:
-        return loading + ([f"the export lists {machine_gpus} for the machine but recorded no event at all"]
-                          if machine_gpus else [])
-    t = _Trace(*con.execute(TRACE_SQL).fetchone())
-    notes = loading + ([f"nsys recorded {t.errors:,} error message(s) about this capture (see diagnostics): data "
-                        "may be missing from it; read them before trusting absences"] if t.errors else [])
-    notes += _launch_notes(con, t, capture.end_ns, derived)
-    if derived:
-        notes.append(f"this export was cut or rewritten by another tool ({derived}), so work crossing its edges is "
-                     "partial (e.g. launches whose kernels fall outside it); analyse the original export when you can")
-    gpu_info = con.execute(GPU_INFO_SQL).fetchone()
-    if devices and gpu_info:
-        notes.append(gpu_info[0])
-    if gpu_active and gpu_active_pct < GPU_ACTIVE_MIN_PCT:
-        lead, tail = gpu_active.start_ns - capture.start_ns, capture.end_ns - gpu_active.end_ns
-        notes.append(f"GPU work spans only {gpu_active_pct}% of the capture: it starts {ms(lead)} in and ends "
-                     f"{ms(tail)} before the capture does, so capture-wide figures are diluted by host-only time; "
-                     "gpu_utilization and gpu_idle_gaps measure over the GPU-active window by default, and `nsys "
-                     "profile --capture-range=cudaProfilerApi` (or --delay/--duration) keeps the capture to the GPU "
-                     "phase")
-    if not devices and machine_gpus:
-        notes.append(f"the export lists {machine_gpus} for the machine but no work on it was traced")
-    return notes
-
-
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     meta = con.execute(META_SQL).fetchone() or (None,) * 11
     capture, gpu_active = _window(meta[5], meta[6]), _window(meta[7], meta[8])
     active_pct = pct(gpu_active.duration_ns, capture.duration_ns) if capture and gpu_active else None
-    table_rows = {name: n for name, n in con.execute(TABLE_ROWS_SQL).fetchall()}
+    counts = dict(con.execute(TABLE_ROWS_SQL).fetchall())
+    table_rows = {name: counts[name] for name in COUNTED_TABLES}  # the model's order: UNION ALL promises none
     devices = [Device(device=r[0], name=r[1], chip=r[2], sm_count=r[3], memory_bytes=r[4], compute_capability=r[5],
                       kernel_count=r[6], kernel_time_ns=int(r[7]), stream_count=r[8], memcpy_count=r[9],
                       memset_count=r[10], graph_count=r[11], peak_memory_bytes=r[12])
@@ -371,7 +244,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   launching_process_count=con.execute(LAUNCHING_COUNT_SQL).fetchone()[0],
                   table_rows=table_rows, missing=rules.missing(con), libraries=_libraries(con),
                   diagnostics=_diagnostics(con),
-                  trace_quality=_trace_quality(con, capture, gpu_active, active_pct, devices, meta[9], meta[10]),
+                  trace_quality=trace_quality.notes(con, capture, gpu_active, active_pct, bool(devices), meta[9],
+                                                   meta[10]),
                   rank=con.execute(RANK_SQL).fetchone()[0])
 
 

@@ -145,7 +145,7 @@ def _detect(con: duckdb.DuckDBPyConnection) -> Program:
     if driver_launches and not runtime_launches:
         evidence.append(f"launches only through the driver API ({driver_launches:,}): run-time compiled kernels")
 
-    seen = {**kernels, **nvtx, **{d: 0 for d in domains}}
+    seen = {**kernels, **nvtx, **{d: 0 for d in sorted(domains)}}  # sorted: a set's order changes per process
     frameworks = sorted(seen, key=lambda k: -seen[k])
     kind, decided = _kind(process, command, seen, bool(pt_threads), driver_launches, runtime_launches)
     return Program(kind=kind, fix_chain=list(FIX_CHAINS[kind]), frameworks=frameworks, process=process,

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.profiles.model import TABLE_NAMES
-from nsightful.tools import iterations, nccl_breakdown
+from nsightful.tools import iterations, nccl_arrival
 from nsightful.tools.common import pct, run_once
 
 KERNELS_SHOWN = 5  # kernels whose spread is listed: the costliest few carry the time
@@ -46,10 +46,10 @@ SELECT w.rank, w.hi - w.lo, count(DISTINCT r.device_id),
 FROM win w LEFT JOIN reach r USING (rank) GROUP BY w.rank, w.hi, w.lo ORDER BY w.rank
 """
 
-# Matching on arrival is nccl_breakdown's, with ranks in the place of devices: its kernels CTE gives each NCCL
+# Matching on arrival is nccl_arrival's, with ranks in the place of devices: its kernels CTE gives each NCCL
 # kernel its rank as device_id, and $devices lists the ranks, $start/$end span the job.
 RANK_KERNELS = "WITH kernels AS (SELECT rank AS device_id, category, nccl_collective, start_ns, end_ns FROM kernels),"
-ARRIVAL = nccl_breakdown.MATCH.replace("WITH n AS", RANK_KERNELS + "\nn AS", 1) + """,
+ARRIVAL = nccl_arrival.MATCH.replace("WITH n AS", RANK_KERNELS + "\nn AS", 1) + """,
 w AS (
   SELECT a.device_id AS rank, a.coll, a.idx AS k, a.end_ns - a.start_ns AS dur,
          least(m.last_ns, a.end_ns) - a.start_ns AS wait
@@ -113,7 +113,7 @@ def match_args(con: duckdb.DuckDBPyConnection, basis: str) -> dict[str, object]:
         return {}
     ranks, start, end = con.execute("SELECT list(rank ORDER BY rank), min(capture_start_ns), max(capture_end_ns) "
                                     "FROM meta").fetchone()
-    return {"devices": ranks, "start": start, "end": end, "max_shift": nccl_breakdown.MAX_SHIFT}
+    return {"devices": ranks, "start": start, "end": end, "max_shift": nccl_arrival.MAX_SHIFT}
 
 
 def summary(con: duckdb.DuckDBPyConnection, basis: str) -> tuple:

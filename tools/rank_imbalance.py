@@ -53,13 +53,8 @@ from pydantic import BaseModel, Field
 from nsightful.tools import rank_figures as figures
 from nsightful.tools import rules
 from nsightful.tools.common import MAX_LIMIT, Finding, Output, more_rows, ms, pct
-from nsightful.tools.nccl_breakdown import (
-    LAST_SHARE_MIN_PCT,
-    MIN_MATCHED,
-    MIN_SKEW_NS,
-    NCCL_SHARE_PCT,
-    SKEW_TRANSFER_RATIO,
-)
+from nsightful.tools.nccl_arrival import LAST_SHARE_MIN_PCT, MIN_MATCHED, MIN_SKEW_NS, SKEW_TRANSFER_RATIO
+from nsightful.tools.nccl_breakdown import NCCL_SHARE_PCT
 
 RANKS_SHOWN = 8  # worst ranks listed by default: the histograms carry the rest of a large job
 
@@ -225,18 +220,16 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     metrics = ("step_ns", "compute_pct", "idle_pct", "wait_share_pct")
     histograms = [figures.histogram(m, [getattr(r, m) for r in rows if getattr(r, m) is not None]) for m in metrics
                   if any(getattr(r, m) is not None for r in rows)]
-    result = Result(job=params.job, ranks=len(ranks), rank_sources=sources, clock=clock, basis=basis,
-                    basis_note=note, matched=matched, unmatched_kernels=kernels - matched_kernels,
-                    median_skew_ns=int(skew or 0), p90_skew_ns=int(p90 or 0),
-                    median_transfer_ns=int(transfer or 0), skew_threshold_ns=threshold,
-                    median_window_ns=int(statistics.median(r.window_ns for r in rows)) if rows else 0,
-                    median_communication_pct=statistics.median(r.communication_pct for r in rows) if rows else 0.0,
-                    median_wait_ns=int(statistics.median(r.wait_ns for r in rows)) if rows else 0,
-                    straggler=straggler,
-                    verdict=verdict, rows=worst[:params.limit], truncated=len(worst) > params.limit,
-                    histograms=histograms, kernel_spread=figures.kernel_spread(con))
-    result.findings = findings(result)
-    return result
+    return Result(job=params.job, ranks=len(ranks), rank_sources=sources, clock=clock, basis=basis,
+                  basis_note=note, matched=matched, unmatched_kernels=kernels - matched_kernels,
+                  median_skew_ns=int(skew or 0), p90_skew_ns=int(p90 or 0),
+                  median_transfer_ns=int(transfer or 0), skew_threshold_ns=threshold,
+                  median_window_ns=int(statistics.median(r.window_ns for r in rows)) if rows else 0,
+                  median_communication_pct=statistics.median(r.communication_pct for r in rows) if rows else 0.0,
+                  median_wait_ns=int(statistics.median(r.wait_ns for r in rows)) if rows else 0,
+                  straggler=straggler,
+                  verdict=verdict, rows=worst[:params.limit], truncated=len(worst) > params.limit,
+                  histograms=histograms, kernel_spread=figures.kernel_spread(con))
 
 
 def findings(result: Result) -> list[Finding]:
@@ -268,11 +261,6 @@ def findings(result: Result) -> list[Finding]:
                       "median_wait_ns": result.median_wait_ns, "basis": result.basis},
             time_at_stake_ns=stake, device=None)]
     return []
-
-
-def cross_rank_findings(con: duckdb.DuckDBPyConnection, job: str) -> list[Finding]:
-    """What a job's triage adds to the per-rank findings."""
-    return run(con, Params(job=job)).findings
 
 
 def _shown(metric: str, value: float) -> str:

@@ -260,14 +260,12 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     rows = _rows(shown + hot, names, params, scope)
     in_scope = [r for r in names.rows if r[3]]
     gemms = _gemms(con, names, scope)
-    result = Result(scope=scope, group_by=params.group_by, kernel_count=sum(r[3] for r in in_scope),
-                    kernel_time_ns=sum(r[4] for r in in_scope),
-                    distinct_names=len({r[1] if params.group_by == "name" else r[2] for r in in_scope}),
-                    rows=rows[:len(shown)], truncated=more, total_rows=total_rows, offset=params.offset,
-                    next_offset=next_page(params.offset, len(shown), more),
-                    hotspots=[r for r in rows[len(shown):] if r.kind != "nccl"], gemms=gemms, notes=_notes(gemms))
-    result.findings = findings(result)
-    return result
+    return Result(scope=scope, group_by=params.group_by, kernel_count=sum(r[3] for r in in_scope),
+                  kernel_time_ns=sum(r[4] for r in in_scope),
+                  distinct_names=len({r[1] if params.group_by == "name" else r[2] for r in in_scope}),
+                  rows=rows[:len(shown)], truncated=more, total_rows=total_rows, offset=params.offset,
+                  next_offset=next_page(params.offset, len(shown), more),
+                  hotspots=[r for r in rows[len(shown):] if r.kind != "nccl"], gemms=gemms, notes=_notes(gemms))
 
 
 def _hotspot(row: KernelRow, scope: Scope) -> Finding:

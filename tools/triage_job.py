@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from nsightful.tools import rank_figures as figures
 from nsightful.tools import rank_imbalance, rules, triage
 from nsightful.tools.common import MAX_LIMIT, Finding, Output, leads_first, more_rows, ms
+from nsightful.tools.contracts import run_skill
 from nsightful.tools.program import Program
 from nsightful.tools.shares import Classification
 
@@ -79,7 +80,7 @@ def _cited(finding: Finding, tool: str, rank: int | None, chain: tuple[str, ...]
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
-    imbalance = rank_imbalance.run(con, rank_imbalance.Params(job=params.job, limit=MAX_LIMIT))
+    imbalance = run_skill(con, rank_imbalance, rank_imbalance.Params(job=params.job, limit=MAX_LIMIT))
     rank, chosen_by, why = _chosen(imbalance)
     with figures.rank_view(con, rank) as cur:
         own = triage.run(cur, triage.Params(profile=f"rank {rank}", limit=triage.MAX_FINDINGS))

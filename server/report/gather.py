@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import duckdb
 
 from nsightful.tools import iterations, show_timeline, top_kernels, triage
-from nsightful.tools.common import MAX_LIMIT
+from nsightful.tools.common import MAX_LIMIT, run_once
 
 # Columns per lane: four widths of a 2,000-pixel screen, so a 4x zoom still has a column per pixel; about 8 kB per
 # lane, so even 8 devices x 6 lanes stay under half a MB.
@@ -29,9 +29,10 @@ class Side:
 
 
 def gather(con: duckdb.DuckDBPyConnection, label: str, path: str) -> Side:
+    """Each skill through run_once, so what the timeline and triage already computed (the iterations) is reused."""
     return Side(label=label, path=path,
-                timeline=show_timeline.run(con, show_timeline.Params(profile=label, buckets=REPORT_BUCKETS,
-                                                                     limit=REPORT_SPANS)),
-                kernels=top_kernels.run(con, top_kernels.Params(profile=label, limit=TOP_KERNELS)),
-                triage=triage.run(con, triage.Params(profile=label, limit=FINDINGS)),
-                iterations=iterations.run(con, iterations.Params(profile=label, limit=MAX_LIMIT)))
+                timeline=run_once(con, show_timeline, show_timeline.Params(profile=label, buckets=REPORT_BUCKETS,
+                                                                           limit=REPORT_SPANS)),
+                kernels=run_once(con, top_kernels, top_kernels.Params(profile=label, limit=TOP_KERNELS)),
+                triage=run_once(con, triage, triage.Params(profile=label, limit=FINDINGS)),
+                iterations=run_once(con, iterations, iterations.Params(profile=label, limit=MAX_LIMIT)))
