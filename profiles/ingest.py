@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 
 from nsightful.profiles import checks
-from nsightful.profiles.build_steps import BUILD_SETTINGS, NO_PROGRESS_BAR, BuildSteps, Progress
+from nsightful.profiles.build_steps import BUILD_SETTINGS, NO_PROGRESS_BAR, BuildSteps, Progress, insert_rows
 from nsightful.profiles.chunks import ROWS_PER_RANGE, WHOLE, Range, correlation_ranges, within
 from nsightful.profiles.duck import load_sqlite_scanner
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
@@ -169,8 +169,7 @@ class Builder(BuildSteps):
             if not from_profile and self.needs_enum(table):
                 self.enum_source = "profile+builtin"
             rows = [(table, code, name, to_label(name)) for code, name in codes.items()]
-            if rows:
-                self.con.executemany("INSERT INTO enums VALUES (?, ?, ?, ?)", rows)
+            insert_rows(self.con, "enums", rows)
 
     def needs_enum(self, table: str) -> bool:
         """Whether the export has rows that this ENUM table decodes."""
