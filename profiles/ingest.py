@@ -12,6 +12,7 @@ import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import duckdb
@@ -56,22 +57,28 @@ CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
      WHEN regexp_matches(lower(name), 'malloc|free|hostalloc|memalloc|memfree') THEN 'alloc'
      ELSE 'other' END"""
 
+Calls = Callable[..., str]  # api_join with its range and mode given: calls(*kinds) is the JOIN's text
 
-def api_join(bounds: Range, *kinds: str) -> str:
+
+def api_join(bounds: Range, earliest: bool, *kinds: str) -> str:
     """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id), for the ids in
     `bounds` (see profiles.chunks); it ends the query, with the WHERE that keeps `r`'s rows in `bounds`.
 
-    Older exports record both the runtime call and the driver call it makes under one correlation
-    id; the outermost (earliest) call is kept so the join stays one-to-one. One arg_min per id picks it: a
-    DISTINCT ON ordered by start costs 1.6x as much (it sorts within each id).
+    Older exports record both the runtime call and the driver call it makes under one correlation id; with
+    `earliest` the outermost (earliest) call is kept so that the join stays one-to-one: one arg_min per id (a
+    DISTINCT ON ordered by start costs 1.6x as much: it sorts within each id).
     """
     listed = ", ".join(f"'{k}'" for k in kinds)
     rows = "" if bounds == WHOLE else f" WHERE {within('r.correlationId', bounds, with_null=True)}"
-    return (f"LEFT JOIN (SELECT pid, correlation_id, first.tid AS tid, first.name AS name, start_ns, "
-            f"first.end_ns AS end_ns FROM (SELECT pid, correlation_id, min(start_ns) AS start_ns, "
-            f"arg_min({{'tid': tid, 'name': name, 'end_ns': end_ns}}, start_ns) AS first "
-            f"FROM cuda_api WHERE kind IN ({listed}) AND {within('correlation_id', bounds)} "
-            f"GROUP BY pid, correlation_id)) a "
+    calls = f"FROM cuda_api WHERE kind IN ({listed}) AND {within('correlation_id', bounds)}"
+    if earliest:
+        calls = (f"FROM (SELECT pid, correlation_id, min(start_ns) AS start_ns, "
+                 f"arg_min({{'tid': tid, 'name': name, 'end_ns': end_ns}}, start_ns) AS first "
+                 f"{calls} GROUP BY pid, correlation_id)")
+        columns = "first.tid AS tid, first.name AS name, start_ns, first.end_ns AS end_ns"
+    else:
+        columns = "tid, name, start_ns, end_ns"
+    return (f"LEFT JOIN (SELECT pid, correlation_id, {columns} {calls}) a "
             f"ON a.pid = {PID_SQL.format(col='r.globalPid')} AND a.correlation_id = r.correlationId{rows}")
 
 
@@ -136,14 +143,29 @@ class Builder(BuildSteps):
         wanted = (*checks.REQUIRED_COLUMNS[table], *OPTIONAL_COLUMNS.get(table, ()))
         return ", ".join(f'"{c}"' for c in wanted if c in self.cols(table))
 
-    def joined(self, table: str, query: Callable[[str, Range], str], cur: duckdb.DuckDBPyConnection) -> None:
-        """Run `query(source, bounds)`, which joins `table` to its API calls, once per correlation-id range."""
+    def joined(self, table: str, into: str, query: Callable[[str, Calls], str],
+               cur: duckdb.DuckDBPyConnection) -> None:
+        """Run `query(source, calls)`, which inserts `table`'s rows joined by `calls(*kinds)` (api_join) to their API
+        calls into the model table `into`, once per correlation-id range.
+
+        Most exports record one call per id, so each range is first joined to every call of its ids, without
+        picking the earliest (a third of the join's cost); a range that wrote more rows than it read had ids
+        with several calls and is written again, picking the earliest."""
         source = self.activity(table, cur)
         for bounds in self.ranges:
-            self.sql(query(source, bounds), cur)
+            self.sql(query(source, partial(api_join, bounds, False)), cur)
+            if cur.fetchone()[0] > self.activity_rows(table, source, bounds, cur):
+                self.sql(f"DELETE FROM {into} WHERE {within('correlation_id', bounds, with_null=True)}", cur)
+                self.sql(query(source, partial(api_join, bounds, True)), cur)
         if source in self.staged:
             self.sql(f"DROP TABLE {source}", cur)
             self.staged.discard(source)
+
+    def activity_rows(self, table: str, source: str, bounds: Range, cur: duckdb.DuckDBPyConnection) -> int:
+        if source not in self.staged:
+            return self.raw.count(table)
+        cur.execute(f"SELECT count(*) FROM {source} WHERE {within('correlationId', bounds, with_null=True)}")
+        return cur.fetchone()[0]
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
     def strings(self) -> None:
@@ -237,7 +259,7 @@ class Builder(BuildSteps):
                      AS nccl_collective
             FROM _strings WHERE id IN (SELECT DISTINCT unnest([shortName, demangledName])
                                       FROM {self.activity(t, cur)})""", cur)  # one pass over the kernels
-        self.joined(t, lambda src, bounds: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
+        self.joined(t, "kernels", lambda src, calls: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')} AS pid, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 s.value, coalesce(d.value, s.value), r.gridX, r.gridY, r.gridZ, r.blockX, r.blockY, r.blockZ,
                 r.registersPerThread, r.staticSharedMemory, r.dynamicSharedMemory,
@@ -247,14 +269,14 @@ class Builder(BuildSteps):
             FROM {src} r
             LEFT JOIN _kernel_names s ON s.id = r.shortName
             LEFT JOIN _kernel_names d ON d.id = r.demangledName
-            {api_join(bounds, 'launch', 'graph')}""", cur)
+            {calls('launch', 'graph')}""", cur)
 
     def memcpy(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMCPY"
         self.create("memcpy", cur)
         if not self.raw.has(t):
             return
-        self.joined(t, lambda src, bounds: f"""INSERT INTO memcpy
+        self.joined(t, "memcpy", lambda src, calls: f"""INSERT INTO memcpy
             SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
                 a.tid, r.correlationId, r.start, r."end", r."end" - r.start, r.bytes,
                 coalesce(op.label, 'unknown'), coalesce(sk.label, 'unknown'), coalesce(dk.label, 'unknown'),
@@ -263,43 +285,44 @@ class Builder(BuildSteps):
             LEFT JOIN enums op ON op.enum = 'ENUM_CUDA_MEMCPY_OPER' AND op.code = r.copyKind
             LEFT JOIN enums sk ON sk.enum = 'ENUM_CUDA_MEM_KIND' AND sk.code = r.srcKind
             LEFT JOIN enums dk ON dk.enum = 'ENUM_CUDA_MEM_KIND' AND dk.code = r.dstKind
-            {api_join(bounds, 'memcpy')}""", cur)
+            {calls('memcpy')}""", cur)
 
     def memset(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMSET"
         self.create("memset", cur)
         if not self.raw.has(t):
             return
-        self.joined(t, lambda src, bounds: f"""INSERT INTO memset
+        self.joined(t, "memset", lambda src, calls: f"""INSERT INTO memset
             SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')}, a.tid,
                 r.correlationId, r.start, r."end", r."end" - r.start, r.bytes, coalesce(mk.label, 'unknown')
             FROM {src} r
             LEFT JOIN enums mk ON mk.enum = 'ENUM_CUDA_MEM_KIND' AND mk.code = {self.col(t, 'memKind')}
-            {api_join(bounds, 'memset')}""", cur)
+            {calls('memset')}""", cur)
 
     def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
         self.create("sync", cur)
         if not self.raw.has(t):
             return
-        self.joined(t, lambda src, bounds: f"""INSERT INTO sync
+        self.joined(t, "sync", lambda src, calls: f"""INSERT INTO sync
             SELECT nullif(r.deviceId, {NO_ID}), nullif(r.streamId, {NO_ID}),
                 {PID_SQL.format(col='r.globalPid')}, a.tid,
                 r.correlationId, r.start, r."end", r."end" - r.start, coalesce(st.label, 'unknown'), a.name
             FROM {src} r
             LEFT JOIN enums st ON st.enum = 'ENUM_CUPTI_SYNC_TYPE' AND st.code = r.syncType
-            {api_join(bounds, 'sync', 'memcpy', 'other')}""", cur)
+            {calls('sync', 'memcpy', 'other')}""", cur)
 
     def graph_exec(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
         self.create("graph_exec", cur)
         if not self.raw.has(t):
             return
-        self.joined(t, lambda src, bounds: f"""INSERT INTO graph_exec SELECT r.deviceId, r.contextId, r.streamId,
+        self.joined(t, "graph_exec", lambda src, calls: f"""INSERT INTO graph_exec
+            SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')}, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 {self.col(t, 'graphId')}, {self.col(t, 'graphExecId')}, a.name, a.start_ns, a.end_ns
             FROM {src} r
-            {api_join(bounds, 'graph')}""", cur)
+            {calls('graph')}""", cur)
 
     def memory_usage(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
