@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import duckdb
 
 from nsightful.profiles import checks
-from nsightful.profiles.build_steps import BUILD_SETTINGS, NO_PROGRESS_BAR, BuildSteps, Progress, insert_rows
-from nsightful.profiles.chunks import ROWS_PER_RANGE, WHOLE, Range, correlation_ranges, within
+from nsightful.profiles.activity_join import PID_SQL, TID_SQL, ActivityJoins
+from nsightful.profiles.build_steps import BUILD_SETTINGS, NO_PROGRESS_BAR, Progress, insert_rows
+from nsightful.profiles.chunks import ROWS_PER_RANGE, correlation_ranges
 from nsightful.profiles.duck import load_sqlite_scanner
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
 from nsightful.profiles.limits import build_memory_mb
@@ -27,8 +26,6 @@ from nsightful.profiles.model import MODEL_VERSION
 from nsightful.profiles.raw import RawExport
 
 NO_ID = 4294967295  # (uint32)-1: nsys' "no device/stream" in sync records
-PID_SQL = "(({col} >> 24) & 16777215)"  # globalPid/globalTid -> OS pid
-TID_SQL = "({col} & 16777215)"  # globalTid -> OS tid
 
 NCCL_COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
                     "AllToAll", "Send", "Recv")
@@ -42,11 +39,6 @@ CASE WHEN value IS NULL THEN 'other'
 # NVTX event types the model keeps, as the kind they become (domain: a domain's name, kept only to name the others).
 NVTX_KINDS = {"NvtxPushPopRange": "push_pop", "NvtxtPushPopRange": "push_pop", "NvtxStartEndRange": "start_end",
               "NvtxtStartEndRange": "start_end", "NvtxMark": "mark", "NvtxtMark": "mark", "NvtxDomainCreate": "domain"}
-# Columns read where the export has them (checks.REQUIRED_COLUMNS lists those read without checking).
-OPTIONAL_COLUMNS = {"CUPTI_ACTIVITY_KIND_KERNEL": ("graphId", "graphNodeId"),
-                    "CUPTI_ACTIVITY_KIND_MEMCPY": ("srcDeviceId", "dstDeviceId"),
-                    "CUPTI_ACTIVITY_KIND_MEMSET": ("memKind",),
-                    "CUPTI_ACTIVITY_KIND_GRAPH_TRACE": ("graphId", "graphExecId")}
 API_KIND_SQL = """
 CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
      WHEN regexp_matches(name, '^(cuda|cu)Launch') THEN 'launch'
@@ -56,31 +48,6 @@ CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
      WHEN regexp_matches(name, '^(cuModuleLoad|cuLibraryLoad|cudaLibraryLoad|cuModuleGetFunction)') THEN 'module'
      WHEN regexp_matches(lower(name), 'malloc|free|hostalloc|memalloc|memfree') THEN 'alloc'
      ELSE 'other' END"""
-
-Calls = Callable[..., str]  # api_join with its range and mode given: calls(*kinds) is the JOIN's text
-
-
-def api_join(bounds: Range, earliest: bool, *kinds: str) -> str:
-    """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id), for the ids in
-    `bounds` (see profiles.chunks); it ends the query, with the WHERE that keeps `r`'s rows in `bounds`.
-
-    Older exports record both the runtime call and the driver call it makes under one correlation id; with
-    `earliest` the outermost (earliest) call is kept so that the join stays one-to-one: one arg_min per id (a
-    DISTINCT ON ordered by start costs 1.6x as much: it sorts within each id).
-    """
-    listed = ", ".join(f"'{k}'" for k in kinds)
-    rows = "" if bounds == WHOLE else f" WHERE {within('r.correlationId', bounds, with_null=True)}"
-    calls = f"FROM cuda_api WHERE kind IN ({listed}) AND {within('correlation_id', bounds)}"
-    if earliest:
-        calls = (f"FROM (SELECT pid, correlation_id, min(start_ns) AS start_ns, "
-                 f"arg_min({{'tid': tid, 'name': name, 'end_ns': end_ns}}, start_ns) AS first "
-                 f"{calls} GROUP BY pid, correlation_id)")
-        columns = "first.tid AS tid, first.name AS name, start_ns, first.end_ns AS end_ns"
-    else:
-        columns = "tid, name, start_ns, end_ns"
-    return (f"LEFT JOIN (SELECT pid, correlation_id, {columns} {calls}) a "
-            f"ON a.pid = {PID_SQL.format(col='r.globalPid')} AND a.correlation_id = r.correlationId{rows}")
-
 
 def _label(name: str, prefix: str) -> str:
     short = name[len(prefix):] if name.startswith(prefix) else name
@@ -104,68 +71,16 @@ STEPS = ("strings and enums", "NVTX ranges", "OS runtime, CPU samples, schedulin
          "devices, metadata, capabilities", "writing the model")
 
 
-class Builder(BuildSteps):
+class Builder(ActivityJoins):
     """One build of one export."""
 
     steps = STEPS
 
     def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None,
                  cancelled: threading.Event | None = None):
-        super().__init__(raw.path, out, progress, f"{build_memory_mb()}MB", cancelled)
-        self.raw, self.out = raw, out
+        super().__init__(raw, out, progress, f"{build_memory_mb()}MB", cancelled)
+        self.out = out
         self.enum_source = "profile"
-        self.ranges = [WHOLE]  # correlation-id ranges of the API joins, set once cuda_api is built
-        self.staged: set[str] = set()  # DuckDB copies of activity tables, while their joins run
-
-    def cols(self, table: str) -> set[str]:
-        return set(self.raw.columns(table))
-
-    def col(self, table: str, name: str, default: str = "NULL") -> str:
-        return f'r."{name}"' if name in self.cols(table) else default
-
-    def src(self, table: str) -> str:
-        return f'raw."{self.raw.real_name(table)}"'
-
-    def activity(self, table: str, cur: duckdb.DuckDBPyConnection) -> str:
-        """Where to read `table`'s rows: the raw table when its API join runs once, else a DuckDB copy of it,
-        made on first use (the SQLite scanner filters nothing: each range would scan the whole table again)."""
-        if self.ranges == [WHOLE]:
-            return self.src(table)
-        stage = f"_stage_{table.lower()}"
-        if stage not in self.staged:
-            self.sql(f"CREATE TABLE {stage} AS SELECT {self.read_columns(table)} FROM {self.src(table)}", cur)
-            self.staged.add(stage)
-        return stage
-
-    def read_columns(self, table: str) -> str:
-        """The columns of `table` that the build reads: a copy of all of them costs twice as much (the kernel table
-        has 40, one of them text)."""
-        wanted = (*checks.REQUIRED_COLUMNS[table], *OPTIONAL_COLUMNS.get(table, ()))
-        return ", ".join(f'"{c}"' for c in wanted if c in self.cols(table))
-
-    def joined(self, table: str, into: str, query: Callable[[str, Calls], str],
-               cur: duckdb.DuckDBPyConnection) -> None:
-        """Run `query(source, calls)`, which inserts `table`'s rows joined by `calls(*kinds)` (api_join) to their API
-        calls into the model table `into`, once per correlation-id range.
-
-        Most exports record one call per id, so each range is first joined to every call of its ids, without
-        picking the earliest (a third of the join's cost); a range that wrote more rows than it read had ids
-        with several calls and is written again, picking the earliest."""
-        source = self.activity(table, cur)
-        for bounds in self.ranges:
-            self.sql(query(source, partial(api_join, bounds, False)), cur)
-            if cur.fetchone()[0] > self.activity_rows(table, source, bounds, cur):
-                self.sql(f"DELETE FROM {into} WHERE {within('correlation_id', bounds, with_null=True)}", cur)
-                self.sql(query(source, partial(api_join, bounds, True)), cur)
-        if source in self.staged:
-            self.sql(f"DROP TABLE {source}", cur)
-            self.staged.discard(source)
-
-    def activity_rows(self, table: str, source: str, bounds: Range, cur: duckdb.DuckDBPyConnection) -> int:
-        if source not in self.staged:
-            return self.raw.count(table)
-        cur.execute(f"SELECT count(*) FROM {source} WHERE {within('correlationId', bounds, with_null=True)}")
-        return cur.fetchone()[0]
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
     def strings(self) -> None:
