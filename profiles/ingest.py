@@ -2,22 +2,23 @@
 
 Small tables (strings, enums, threads, hardware, metadata) are read with the stdlib sqlite3 so
 that text which is not UTF-8 survives; the large activity tables are scanned by DuckDB's SQLite
-scanner, two at a time (the scanner reads one table on one core).
+scanner, host and GPU tables side by side (each scan also splits its table into rowid ranges over every core,
+as insertion order is not kept: BUILD_SETTINGS).
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
 
 from nsightful.profiles import checks
-from nsightful.profiles.build_steps import BUILD_SETTINGS, NO_PROGRESS_BAR, BuildSteps, Progress
-from nsightful.profiles.chunks import ROWS_PER_RANGE, WHOLE, Range, correlation_ranges, within
+from nsightful.profiles.activity_join import PID_SQL, TID_SQL, ActivityJoins
+from nsightful.profiles.build_steps import BUILD_SETTINGS, NO_PROGRESS_BAR, Progress, insert_rows
+from nsightful.profiles.chunks import ROWS_PER_RANGE, correlation_ranges
 from nsightful.profiles.duck import load_sqlite_scanner
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
 from nsightful.profiles.limits import build_memory_mb
@@ -25,8 +26,6 @@ from nsightful.profiles.model import MODEL_VERSION
 from nsightful.profiles.raw import RawExport
 
 NO_ID = 4294967295  # (uint32)-1: nsys' "no device/stream" in sync records
-PID_SQL = "(({col} >> 24) & 16777215)"  # globalPid/globalTid -> OS pid
-TID_SQL = "({col} & 16777215)"  # globalTid -> OS tid
 
 NCCL_COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
                     "AllToAll", "Send", "Recv")
@@ -50,22 +49,6 @@ CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
      WHEN regexp_matches(lower(name), 'malloc|free|hostalloc|memalloc|memfree') THEN 'alloc'
      ELSE 'other' END"""
 
-
-def api_join(bounds: Range, *kinds: str) -> str:
-    """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id), for the ids in
-    `bounds` (see profiles.chunks); it ends the query, with the WHERE that keeps `r`'s rows in `bounds`.
-
-    Older exports record both the runtime call and the driver call it makes under one correlation
-    id; the outermost (earliest) call is kept so the join stays one-to-one.
-    """
-    listed = ", ".join(f"'{k}'" for k in kinds)
-    rows = "" if bounds == WHOLE else f" WHERE {within('r.correlationId', bounds, with_null=True)}"
-    return (f"LEFT JOIN (SELECT DISTINCT ON (pid, correlation_id) pid, correlation_id, tid, name, start_ns, end_ns "
-            f"FROM cuda_api WHERE kind IN ({listed}) AND {within('correlation_id', bounds)} "
-            f"ORDER BY pid, correlation_id, start_ns) a "
-            f"ON a.pid = {PID_SQL.format(col='r.globalPid')} AND a.correlation_id = r.correlationId{rows}")
-
-
 def _label(name: str, prefix: str) -> str:
     short = name[len(prefix):] if name.startswith(prefix) else name
     return short.lower()
@@ -88,47 +71,16 @@ STEPS = ("strings and enums", "NVTX ranges", "OS runtime, CPU samples, schedulin
          "devices, metadata, capabilities", "writing the model")
 
 
-class Builder(BuildSteps):
+class Builder(ActivityJoins):
     """One build of one export."""
 
     steps = STEPS
 
     def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None,
                  cancelled: threading.Event | None = None):
-        super().__init__(raw.path, out, progress, f"{build_memory_mb()}MB", cancelled)
-        self.raw, self.out = raw, out
+        super().__init__(raw, out, progress, f"{build_memory_mb()}MB", cancelled)
+        self.out = out
         self.enum_source = "profile"
-        self.ranges = [WHOLE]  # correlation-id ranges of the API joins, set once cuda_api is built
-        self.staged: set[str] = set()  # DuckDB copies of activity tables, while their joins run
-
-    def cols(self, table: str) -> set[str]:
-        return set(self.raw.columns(table))
-
-    def col(self, table: str, name: str, default: str = "NULL") -> str:
-        return f'r."{name}"' if name in self.cols(table) else default
-
-    def src(self, table: str) -> str:
-        return f'raw."{self.raw.real_name(table)}"'
-
-    def activity(self, table: str, cur: duckdb.DuckDBPyConnection) -> str:
-        """Where to read `table`'s rows: the raw table when its API join runs once, else a DuckDB copy of it,
-        made on first use (the SQLite scanner filters nothing: each range would scan the whole table again)."""
-        if self.ranges == [WHOLE]:
-            return self.src(table)
-        stage = f"_stage_{table.lower()}"
-        if stage not in self.staged:
-            self.sql(f"CREATE TABLE {stage} AS SELECT * FROM {self.src(table)}", cur)
-            self.staged.add(stage)
-        return stage
-
-    def joined(self, table: str, query: Callable[[str, Range], str], cur: duckdb.DuckDBPyConnection) -> None:
-        """Run `query(source, bounds)`, which joins `table` to its API calls, once per correlation-id range."""
-        source = self.activity(table, cur)
-        for bounds in self.ranges:
-            self.sql(query(source, bounds), cur)
-        if source in self.staged:
-            self.sql(f"DROP TABLE {source}", cur)
-            self.staged.discard(source)
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
     def strings(self) -> None:
@@ -154,8 +106,7 @@ class Builder(BuildSteps):
             if not from_profile and self.needs_enum(table):
                 self.enum_source = "profile+builtin"
             rows = [(table, code, name, to_label(name)) for code, name in codes.items()]
-            if rows:
-                self.con.executemany("INSERT INTO enums VALUES (?, ?, ?, ?)", rows)
+            insert_rows(self.con, "enums", rows)
 
     def needs_enum(self, table: str) -> bool:
         """Whether the export has rows that this ENUM table decodes."""
@@ -223,7 +174,7 @@ class Builder(BuildSteps):
                      AS nccl_collective
             FROM _strings WHERE id IN (SELECT DISTINCT unnest([shortName, demangledName])
                                       FROM {self.activity(t, cur)})""", cur)  # one pass over the kernels
-        self.joined(t, lambda src, bounds: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
+        self.joined(t, "kernels", lambda src, calls: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')} AS pid, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 s.value, coalesce(d.value, s.value), r.gridX, r.gridY, r.gridZ, r.blockX, r.blockY, r.blockZ,
                 r.registersPerThread, r.staticSharedMemory, r.dynamicSharedMemory,
@@ -233,14 +184,14 @@ class Builder(BuildSteps):
             FROM {src} r
             LEFT JOIN _kernel_names s ON s.id = r.shortName
             LEFT JOIN _kernel_names d ON d.id = r.demangledName
-            {api_join(bounds, 'launch', 'graph')}""", cur)
+            {calls('launch', 'graph')}""", cur)
 
     def memcpy(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMCPY"
         self.create("memcpy", cur)
         if not self.raw.has(t):
             return
-        self.joined(t, lambda src, bounds: f"""INSERT INTO memcpy
+        self.joined(t, "memcpy", lambda src, calls: f"""INSERT INTO memcpy
             SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
                 a.tid, r.correlationId, r.start, r."end", r."end" - r.start, r.bytes,
                 coalesce(op.label, 'unknown'), coalesce(sk.label, 'unknown'), coalesce(dk.label, 'unknown'),
@@ -249,43 +200,44 @@ class Builder(BuildSteps):
             LEFT JOIN enums op ON op.enum = 'ENUM_CUDA_MEMCPY_OPER' AND op.code = r.copyKind
             LEFT JOIN enums sk ON sk.enum = 'ENUM_CUDA_MEM_KIND' AND sk.code = r.srcKind
             LEFT JOIN enums dk ON dk.enum = 'ENUM_CUDA_MEM_KIND' AND dk.code = r.dstKind
-            {api_join(bounds, 'memcpy')}""", cur)
+            {calls('memcpy')}""", cur)
 
     def memset(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_MEMSET"
         self.create("memset", cur)
         if not self.raw.has(t):
             return
-        self.joined(t, lambda src, bounds: f"""INSERT INTO memset
+        self.joined(t, "memset", lambda src, calls: f"""INSERT INTO memset
             SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')}, a.tid,
                 r.correlationId, r.start, r."end", r."end" - r.start, r.bytes, coalesce(mk.label, 'unknown')
             FROM {src} r
             LEFT JOIN enums mk ON mk.enum = 'ENUM_CUDA_MEM_KIND' AND mk.code = {self.col(t, 'memKind')}
-            {api_join(bounds, 'memset')}""", cur)
+            {calls('memset')}""", cur)
 
     def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
         self.create("sync", cur)
         if not self.raw.has(t):
             return
-        self.joined(t, lambda src, bounds: f"""INSERT INTO sync
+        self.joined(t, "sync", lambda src, calls: f"""INSERT INTO sync
             SELECT nullif(r.deviceId, {NO_ID}), nullif(r.streamId, {NO_ID}),
                 {PID_SQL.format(col='r.globalPid')}, a.tid,
                 r.correlationId, r.start, r."end", r."end" - r.start, coalesce(st.label, 'unknown'), a.name
             FROM {src} r
             LEFT JOIN enums st ON st.enum = 'ENUM_CUPTI_SYNC_TYPE' AND st.code = r.syncType
-            {api_join(bounds, 'sync', 'memcpy', 'other')}""", cur)
+            {calls('sync', 'memcpy', 'other')}""", cur)
 
     def graph_exec(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
         self.create("graph_exec", cur)
         if not self.raw.has(t):
             return
-        self.joined(t, lambda src, bounds: f"""INSERT INTO graph_exec SELECT r.deviceId, r.contextId, r.streamId,
+        self.joined(t, "graph_exec", lambda src, calls: f"""INSERT INTO graph_exec
+            SELECT r.deviceId, r.contextId, r.streamId,
                 {PID_SQL.format(col='r.globalPid')}, a.tid, r.correlationId, r.start, r."end", r."end" - r.start,
                 {self.col(t, 'graphId')}, {self.col(t, 'graphExecId')}, a.name, a.start_ns, a.end_ns
             FROM {src} r
-            {api_join(bounds, 'graph')}""", cur)
+            {calls('graph')}""", cur)
 
     def memory_usage(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUDA_GPU_MEMORY_USAGE_EVENTS"

@@ -3,11 +3,12 @@ limit) gives the same model as one join over the whole export."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from itertools import pairwise
 
 import pytest
-from conftest import FIXTURE_FILES, FIXTURE_IDS
+from conftest import FIXTURE_FILES, FIXTURE_IDS, FIXTURES
 
 from nsightful.profiles import ingest, open_profile
 from nsightful.profiles.chunks import correlation_ranges, within
@@ -53,3 +54,47 @@ def test_build_chunks_ranges_cover_every_id_and_hold_at_most_the_limit(open_fixt
               for r in ranges]
     assert sum(counts) == total and max(counts) <= SMALL_RANGE
     assert correlation_ranges(con, total) == [(None, None)]
+
+
+# Its runtime and driver calls share correlation ids (cudaLaunchKernel with cudaLaunchKernel_v7000, cudaMemcpy with
+# cudaMemcpy_v3020): the joins must still write one row per kernel or copy, naming the earliest call.
+SHARED_IDS = FIXTURES / "pipit_saxpy_mpi_a100.sqlite"
+ACTIVITY = {  # model table: (raw table, its API calls' names, the call's start and name in the model)
+    "kernels": ("CUPTI_ACTIVITY_KIND_KERNEL", r"^(cuda|cu)(Graph(Exec)?)?Launch", "launch_start_ns", "launch_api"),
+    "memcpy": ("CUPTI_ACTIVITY_KIND_MEMCPY", r"(?i)memcpy|memprefetch", "NULL", "api_name")}
+
+
+def _earliest_calls(table: str, pattern: str) -> tuple[list[tuple], int]:
+    """(correlation id, start, start of the earliest matching API call of its id, that call's name) per raw row of
+    `table`, and how many of those rows have more than one matching call."""
+    with sqlite3.connect(f"file:{SHARED_IDS}?mode=ro", uri=True) as con:
+        calls = con.execute("SELECT (r.globalTid >> 24) & 16777215, r.correlationId, r.start, s.value "
+                            "FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId").fetchall()
+        rows = con.execute(f"SELECT (globalPid >> 24) & 16777215, correlationId, start FROM {table}").fetchall()
+    matching: dict[tuple, list[tuple]] = {}
+    for pid, corr, start, name in calls:
+        name = re.sub(r"_v[0-9]+$", "", name)
+        if re.search(pattern, name) and "ynchronize" not in name:
+            matching.setdefault((pid, corr), []).append((start, name))
+    expected = sorted((corr, start, *min(matching.get((pid, corr), [(None, None)]))) for pid, corr, start in rows)
+    return expected, sum(len(matching.get((pid, corr), [])) > 1 for pid, corr, _ in rows)
+
+
+@pytest.mark.parametrize("rows_per_range", [None, 20], ids=["one join", "ranged"])
+def test_build_chunks_shared_correlation_ids_keep_one_row_per_activity_and_its_earliest_call(
+        rows_per_range, tmp_path, monkeypatch):
+    if rows_per_range:
+        monkeypatch.setattr(ingest, "ROWS_PER_RANGE", rows_per_range)
+    profile = open_profile(SHARED_IDS, cache_dir=tmp_path)
+    try:
+        if rows_per_range:
+            assert len(correlation_ranges(profile.con, rows_per_range)) > 1
+        for model_table, (raw_table, pattern, launch_start, api_name) in ACTIVITY.items():
+            got = profile.con.execute(f"SELECT correlation_id, start_ns, {launch_start}, {api_name} "
+                                      f"FROM {model_table} ORDER BY ALL").fetchall()
+            expected, shared = _earliest_calls(raw_table, pattern)
+            if launch_start == "NULL":
+                expected = sorted((corr, start, None, name) for corr, start, _, name in expected)
+            assert shared > 0 and got == expected
+    finally:
+        profile.close()
