@@ -46,7 +46,7 @@ import duckdb
 
 from nsightful.tools import rules
 from nsightful.tools.common import Scope, per_model
-from nsightful.tools.intervals import gaps, overlaps
+from nsightful.tools.intervals import overlaps
 
 Cause = Literal["queued", "sync", "readback", "pageable_copy", "sync_copy", "launch_tiny", "launch", "jit", "alloc",
                 "host_comm", "host_wait", "host_cpu", "host_untraced"]
@@ -80,30 +80,45 @@ ops AS MATERIALIZED (
           LEFT JOIN api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
         UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid FROM graph_exec)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
-edges AS (SELECT unnest($devices) AS device_id, $start AS start_ns, $start AS end_ns
-          UNION ALL SELECT unnest($devices), $end, $end),
-lanes AS (SELECT device_id, start_ns, end_ns FROM ops UNION ALL SELECT device_id, start_ns, end_ns FROM edges),
-""" + gaps("raw_gaps", "lanes", "device_id") + """,
+lanes AS (
+  SELECT device_id, start_ns, end_ns, launch_end_ns, tiny, pid, tid FROM ops
+  UNION ALL SELECT unnest($devices), $start, $start, NULL, NULL, NULL, NULL
+  UNION ALL SELECT unnest($devices), $end, $end, NULL, NULL, NULL, NULL),
+stretches AS (  -- a gap runs from the latest end so far (in start order) to the next start, when that is later; the
+  -- operation after it is the next row (tied: another starts then too), and an integer maximum of the ends doubled,
+  -- plus one when tiny, gives the latest end and whether an operation ending then is tiny in one ordered pass
+  SELECT device_id, max(end_ns * 2 + coalesce(tiny, false)::BIGINT) OVER w AS reach2, lead(start_ns) OVER w AS end_ns,
+         lead(start_ns, 2) OVER w = lead(start_ns) OVER w AS tied, lead(launch_end_ns) OVER w AS launch_end_ns,
+         lead(tiny) OVER w AS nxt_tiny, lead(pid) OVER w AS nxt_pid, lead(tid) OVER w AS nxt_tid
+  FROM lanes WINDOW w AS (PARTITION BY device_id ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)),
 gapset AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY device_id, start_ns) AS gap_id, device_id, start_ns, end_ns,
-         end_ns - start_ns AS duration_ns FROM raw_gaps),
-nxt AS (SELECT g.gap_id, min(o.launch_end_ns) AS launch_end_ns, bool_or(o.tiny) AS tiny,
-               first(o.pid ORDER BY o.launch_end_ns NULLS LAST) FILTER (WHERE o.tid IS NOT NULL) AS pid,
-               first(o.tid ORDER BY o.launch_end_ns NULLS LAST) FILTER (WHERE o.tid IS NOT NULL) AS tid
-        FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.start_ns = g.end_ns GROUP BY g.gap_id),
-prv AS (SELECT g.gap_id, bool_or(o.tiny) AS tiny, any_value(o.pid) FILTER (WHERE o.tid IS NOT NULL) AS pid,
-               any_value(o.tid) FILTER (WHERE o.tid IS NOT NULL) AS tid
-        FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.end_ns = g.start_ns GROUP BY g.gap_id),
+  SELECT row_number() OVER (ORDER BY device_id, start_ns) AS gap_id, *, end_ns - start_ns AS duration_ns
+  FROM (SELECT * EXCLUDE (reach2), reach2 // 2 AS start_ns, reach2 % 2 = 1 AS prv_tiny FROM stretches)
+  WHERE end_ns > start_ns),
+tied_nxt AS (  -- the operations starting together after a gap: the first launched stands for them
+  SELECT g.gap_id, min(o.launch_end_ns) AS launch_end_ns, bool_or(o.tiny) AS tiny,
+         arg_min({'pid': o.pid, 'tid': o.tid}, (o.launch_end_ns IS NULL, o.launch_end_ns))
+           FILTER (WHERE o.tid IS NOT NULL) AS thread
+  FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.start_ns = g.end_ns WHERE g.tied GROUP BY g.gap_id),
+nxt AS (
+  SELECT g.*, CASE WHEN g.tied THEN t.launch_end_ns ELSE g.launch_end_ns END AS next_launch_ns,
+         coalesce(CASE WHEN g.tied THEN t.tiny ELSE g.nxt_tiny END, false) OR g.prv_tiny AS any_tiny,
+         CASE WHEN g.tied THEN t.thread WHEN g.nxt_tid IS NOT NULL THEN {'pid': g.nxt_pid, 'tid': g.nxt_tid} END
+           AS thread
+  FROM gapset g LEFT JOIN tied_nxt t USING (gap_id)),
+prv AS (  -- the thread of an operation ending where a gap begins, for the gaps whose next operation has none
+  SELECT g.gap_id, any_value({'pid': o.pid, 'tid': o.tid}) AS thread
+  FROM nxt g JOIN ops o ON o.device_id = g.device_id AND o.end_ns = g.start_ns
+  WHERE g.thread IS NULL AND o.tid IS NOT NULL GROUP BY g.gap_id),
 main_thread AS (
   SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid FROM (
     SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL) GROUP BY device_id),
 gap_thread AS MATERIALIZED (
-  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, n.launch_end_ns,
-         coalesce(n.tiny, false) OR coalesce(p.tiny, false) AS tiny,
-         CASE WHEN n.tid IS NOT NULL THEN n.pid WHEN p.tid IS NOT NULL THEN p.pid ELSE m.pid END AS pid,
-         CASE WHEN n.tid IS NOT NULL THEN n.tid WHEN p.tid IS NOT NULL THEN p.tid ELSE m.tid END AS tid
-  FROM gapset g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id) LEFT JOIN main_thread m
-    ON m.device_id = g.device_id),
+  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.next_launch_ns AS launch_end_ns,
+         g.any_tiny AS tiny,
+         struct_extract(coalesce(g.thread, p.thread, {'pid': m.pid, 'tid': m.tid}), 'pid') AS pid,
+         struct_extract(coalesce(g.thread, p.thread, {'pid': m.pid, 'tid': m.tid}), 'tid') AS tid
+  FROM nxt g LEFT JOIN prv p USING (gap_id) LEFT JOIN main_thread m ON m.device_id = g.device_id),
 threads_in AS (SELECT DISTINCT pid, tid FROM ops WHERE tid IS NOT NULL),"""
 
 # Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
