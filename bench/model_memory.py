@@ -2,7 +2,8 @@
 limits (NSIGHTFUL_MODEL_MEMORY_MB), A/B in one run.
 
 Each (round, limit) is a fresh process that reopens the cached model (built into CACHE_DIR first if missing)
-and runs triage once, recording CPU time, wall time, peak RSS and the costliest queries by CPU time. Limits
+and runs triage once, then answer_questions (which reads triage's results), recording CPU time, wall time, peak
+RSS and triage's costliest queries by CPU time. Limits
 interleave round by round so the machine's load falls on all of them alike; CPU seconds compare better than
 wall on a shared machine. UNLIMITED stands for no limit (more than the machine's memory).
 """
@@ -26,7 +27,7 @@ CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 from nsightful.profiles import open_profile
-from nsightful.tools import triage
+from nsightful.tools import answer_questions, triage
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -52,7 +53,10 @@ class Timed:  # the model cursor, timing each query (execute and its fetch) by t
 p = open_profile(sys.argv[1], cache_dir=Path(sys.argv[2]))
 t, c = time.perf_counter(), cpu()
 triage.run(Timed(p.con), triage.Params(profile="bench"))
-print(json.dumps({"wall": time.perf_counter() - t, "cpu": cpu() - c, "queries": sorted(queries, reverse=True),
+wall, used, asked = time.perf_counter() - t, cpu() - c, list(queries)
+answer_questions.run(p.con, answer_questions.Params(profile="bench"))
+print(json.dumps({"wall": wall, "cpu": used, "queries": sorted(asked, reverse=True),
+                  "aq_wall": time.perf_counter() - t - wall, "aq_cpu": cpu() - c - used,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -70,12 +74,14 @@ def main(cache: Path) -> int:
     for _ in range(ROUNDS):
         for limit in LIMITS_MB:
             runs.setdefault(limit, []).append(first_triage(cache, limit))
-    print("| model memory limit | CPU | wall | peak RSS | costliest queries (CPU s) |\n|---|---|---|---|---|")
+    print("| model memory limit | triage CPU | triage wall | answer_questions CPU / wall | peak RSS | costliest "
+          "queries (CPU s) |\n|---|---|---|---|---|---|")
     for limit, found in runs.items():
         name = "unlimited" if limit == UNLIMITED else f"{limit:,} MB"
         for r in found:
             top = "; ".join(f"{q[0]:.1f} {q[1][:40]}" for q in r["queries"][:TOP_QUERIES])
-            print(f"| {name} | {r['cpu']:.1f} s | {r['wall']:.1f} s | {r['peak_rss_mb']:,.0f} MB | {top} |")
+            print(f"| {name} | {r['cpu']:.1f} s | {r['wall']:.1f} s | {r['aq_cpu']:.1f} s / {r['aq_wall']:.1f} s | "
+                  f"{r['peak_rss_mb']:,.0f} MB | {top} |")
     return 0
 
 

@@ -105,6 +105,18 @@ def test_attribution_a_late_launch_after_a_little_untraced_host_work_is_launch_o
     assert {c: t.ns for c, t in idle.causes.items()} == {"launch": 500_000, "host_untraced": 1_500_000}
 
 
+def test_attribution_operations_starting_or_ending_together_are_judged_together():
+    """At 10 us a long kernel and a tiny one end together; at 20 us a kernel launched late (at 15 us) and one whose
+    launch was not traced start together: the gap between is a launch between tiny kernels (neither untraced nor a
+    plain launch), whichever tied operation comes first. The two short queued gaps after it count as two."""
+    untraced = {**kernel(4, 20_000, 30_000, None), "tid": None}
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 8_000, 10_000, (-4_000, -3_000)),
+                              kernel(3, 20_000, 40_000, (14_000, 15_000)), untraced,
+                              kernel(5, 50_000, 60_000, (-900, -800)), kernel(6, 70_000, 80_000, (-700, -600))])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == {"launch_tiny": (10_000, 1), "queued": (20_000, 2)}
+
+
 def late_resume(**tables) -> tuple[attribution.DeviceIdle, list[attribution.Gap]]:
     """The device runs dry at 10 us inside a cudaDeviceSynchronize (5-11 us); the host launches again only at
     5.99 ms, for a kernel at 6 ms: a 5.99 ms gap begun inside the sync, its host resuming 5 ms late."""

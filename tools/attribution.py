@@ -46,7 +46,7 @@ import duckdb
 
 from nsightful.tools import rules
 from nsightful.tools.common import Scope, per_model
-from nsightful.tools.intervals import gaps, overlaps
+from nsightful.tools.intervals import overlaps
 
 Cause = Literal["queued", "sync", "readback", "pageable_copy", "sync_copy", "launch_tiny", "launch", "jit", "alloc",
                 "host_comm", "host_wait", "host_cpu", "host_untraced"]
@@ -80,30 +80,45 @@ ops AS MATERIALIZED (
           LEFT JOIN api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
         UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid FROM graph_exec)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
-edges AS (SELECT unnest($devices) AS device_id, $start AS start_ns, $start AS end_ns
-          UNION ALL SELECT unnest($devices), $end, $end),
-lanes AS (SELECT device_id, start_ns, end_ns FROM ops UNION ALL SELECT device_id, start_ns, end_ns FROM edges),
-""" + gaps("raw_gaps", "lanes", "device_id") + """,
+lanes AS (
+  SELECT device_id, start_ns, end_ns, launch_end_ns, tiny, pid, tid FROM ops
+  UNION ALL SELECT unnest($devices), $start, $start, NULL, NULL, NULL, NULL
+  UNION ALL SELECT unnest($devices), $end, $end, NULL, NULL, NULL, NULL),
+stretches AS (  -- a gap runs from the latest end so far (in start order) to the next start, when that is later; the
+  -- operation after it is the next row (tied: another starts then too), and an integer maximum of the ends doubled,
+  -- plus one when tiny, gives the latest end and whether an operation ending then is tiny in one ordered pass
+  SELECT device_id, max(end_ns * 2 + coalesce(tiny, false)::BIGINT) OVER w AS reach2, lead(start_ns) OVER w AS end_ns,
+         lead(start_ns, 2) OVER w = lead(start_ns) OVER w AS tied, lead(launch_end_ns) OVER w AS launch_end_ns,
+         lead(tiny) OVER w AS nxt_tiny, lead(pid) OVER w AS nxt_pid, lead(tid) OVER w AS nxt_tid
+  FROM lanes WINDOW w AS (PARTITION BY device_id ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)),
 gapset AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY device_id, start_ns) AS gap_id, device_id, start_ns, end_ns,
-         end_ns - start_ns AS duration_ns FROM raw_gaps),
-nxt AS (SELECT g.gap_id, min(o.launch_end_ns) AS launch_end_ns, bool_or(o.tiny) AS tiny,
-               first(o.pid ORDER BY o.launch_end_ns NULLS LAST) FILTER (WHERE o.tid IS NOT NULL) AS pid,
-               first(o.tid ORDER BY o.launch_end_ns NULLS LAST) FILTER (WHERE o.tid IS NOT NULL) AS tid
-        FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.start_ns = g.end_ns GROUP BY g.gap_id),
-prv AS (SELECT g.gap_id, bool_or(o.tiny) AS tiny, any_value(o.pid) FILTER (WHERE o.tid IS NOT NULL) AS pid,
-               any_value(o.tid) FILTER (WHERE o.tid IS NOT NULL) AS tid
-        FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.end_ns = g.start_ns GROUP BY g.gap_id),
+  SELECT row_number() OVER (ORDER BY device_id, start_ns) AS gap_id, *, end_ns - start_ns AS duration_ns
+  FROM (SELECT * EXCLUDE (reach2), reach2 // 2 AS start_ns, reach2 % 2 = 1 AS prv_tiny FROM stretches)
+  WHERE end_ns > start_ns),
+tied_nxt AS (  -- the operations starting together after a gap: the first launched stands for them
+  SELECT g.gap_id, min(o.launch_end_ns) AS launch_end_ns, bool_or(o.tiny) AS tiny,
+         arg_min({'pid': o.pid, 'tid': o.tid}, (o.launch_end_ns IS NULL, o.launch_end_ns))
+           FILTER (WHERE o.tid IS NOT NULL) AS thread
+  FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.start_ns = g.end_ns WHERE g.tied GROUP BY g.gap_id),
+nxt AS (
+  SELECT g.*, CASE WHEN g.tied THEN t.launch_end_ns ELSE g.launch_end_ns END AS next_launch_ns,
+         coalesce(CASE WHEN g.tied THEN t.tiny ELSE g.nxt_tiny END, false) OR g.prv_tiny AS any_tiny,
+         CASE WHEN g.tied THEN t.thread WHEN g.nxt_tid IS NOT NULL THEN {'pid': g.nxt_pid, 'tid': g.nxt_tid} END
+           AS thread
+  FROM gapset g LEFT JOIN tied_nxt t USING (gap_id)),
+prv AS (  -- the thread of an operation ending where a gap begins, for the gaps whose next operation has none
+  SELECT g.gap_id, any_value({'pid': o.pid, 'tid': o.tid}) AS thread
+  FROM nxt g JOIN ops o ON o.device_id = g.device_id AND o.end_ns = g.start_ns
+  WHERE g.thread IS NULL AND o.tid IS NOT NULL GROUP BY g.gap_id),
 main_thread AS (
   SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid FROM (
     SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL) GROUP BY device_id),
 gap_thread AS MATERIALIZED (
-  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, n.launch_end_ns,
-         coalesce(n.tiny, false) OR coalesce(p.tiny, false) AS tiny,
-         CASE WHEN n.tid IS NOT NULL THEN n.pid WHEN p.tid IS NOT NULL THEN p.pid ELSE m.pid END AS pid,
-         CASE WHEN n.tid IS NOT NULL THEN n.tid WHEN p.tid IS NOT NULL THEN p.tid ELSE m.tid END AS tid
-  FROM gapset g LEFT JOIN nxt n USING (gap_id) LEFT JOIN prv p USING (gap_id) LEFT JOIN main_thread m
-    ON m.device_id = g.device_id),
+  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.next_launch_ns AS launch_end_ns,
+         g.any_tiny AS tiny,
+         struct_extract(coalesce(g.thread, p.thread, {'pid': m.pid, 'tid': m.tid}), 'pid') AS pid,
+         struct_extract(coalesce(g.thread, p.thread, {'pid': m.pid, 'tid': m.tid}), 'tid') AS tid
+  FROM nxt g LEFT JOIN prv p USING (gap_id) LEFT JOIN main_thread m ON m.device_id = g.device_id),
 threads_in AS (SELECT DISTINCT pid, tid FROM ops WHERE tid IS NOT NULL),"""
 
 # Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
@@ -135,7 +150,8 @@ at_start AS (
   SELECT gap_id, arg_max(cause, b_start) AS cause, arg_max(name, b_start) AS api, arg_max(b_end, b_start) AS b_end
   FROM (
     SELECT gl.gap_id, b.cause, b.name, b.start_ns AS b_start, b.end_ns AS b_end, gl.start_ns AS g0
-    FROM (SELECT gap_id, start_ns, pid, tid FROM gap_thread WHERE tid IS NOT NULL) gl
+    FROM (SELECT gap_id, start_ns, pid, tid FROM gap_thread  -- a queued gap's call shows only in listed gaps
+          WHERE tid IS NOT NULL AND (duration_ns >= $min_gap OR NOT coalesce(launch_end_ns <= start_ns, false))) gl
     ASOF JOIN bcalls b ON b.pid = gl.pid AND b.tid = gl.tid AND b.start_ns <= gl.start_ns)
   WHERE b_end > g0 GROUP BY gap_id),"""
 
@@ -153,13 +169,7 @@ sample_period AS (
   SELECT coalesce(median(d), 0)::BIGINT AS ns FROM (
     SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
     FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
-texts AS (SELECT unnest(list(DISTINCT text)) AS text FROM nvtx),  -- a list: no filter is pushed below it
-range_kinds AS (  -- each distinct text matched once (regexes cost more than the scan); a text may be two kinds
-  SELECT text, 'jit' AS what FROM texts
-  WHERE regexp_matches(text, $jit_ranges) AND NOT contains(text, 'Compiled Region')
-  UNION ALL
-  SELECT text, CASE WHEN regexp_matches(text, $comm_ranges) THEN 'comm' ELSE 'wait' END FROM texts
-  WHERE regexp_matches(text, $comm_ranges) OR regexp_matches(text, $data_ranges)),
+range_kinds AS (SELECT unnest($range_texts) AS text, unnest($range_kinds) AS what),  -- kinds(), once per model
 host_events AS (
   SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
@@ -219,7 +229,7 @@ split AS (
          CASE WHEN early_cause = blocked_cause AND host_cause <> early_cause
               THEN greatest(0, end_ns - (b_end + $resume_max)) ELSE 0 END AS late_ns
   FROM judged),
-labelled AS MATERIALIZED (
+labelled AS (
   SELECT gap_id, device_id, start_ns, end_ns, duration_ns, pid, tid, blocked_in, cause, late_ns,
          CASE WHEN late_ns > 0 THEN host_cause END AS late_cause FROM split)"""
 
@@ -249,9 +259,21 @@ def periodic(name: str, source: str, keys: str) -> str:
 
 
 TOTALS_SQL = LABELLED + """,
+kept AS MATERIALIZED (  -- a row of its own for each gap that can be listed, resume late or be a pause; the shorter
+  -- ones (most of them) summed into one row per device, cause and blocking call (gap_id NULL, gaps > 1), as their
+  -- count and time are all the totals need
+  SELECT gap_id, device_id, cause, blocked_in, count(*) AS gaps, sum(duration_ns) AS ns,
+         CASE WHEN gap_id IS NOT NULL THEN any_value(start_ns) END AS start_ns,
+         CASE WHEN gap_id IS NOT NULL THEN any_value(end_ns) END AS end_ns,
+         CASE WHEN gap_id IS NOT NULL THEN any_value(duration_ns) END AS duration_ns,
+         any_value(pid) AS pid, any_value(tid) AS tid, coalesce(any_value(late_ns), 0) AS late_ns,
+         any_value(late_cause) AS late_cause
+  FROM (SELECT * REPLACE (CASE WHEN duration_ns < least($bubble_min, $gc_min) AND duration_ns <= $resume_max
+                               THEN NULL ELSE gap_id END AS gap_id) FROM labelled)
+  GROUP BY gap_id, device_id, cause, blocked_in),
 pieces0 AS (  -- a gap's time by cause: all of it, or its blocking call's share and the late resume after it
-  SELECT gap_id, device_id, cause, start_ns, duration_ns - late_ns AS ns, duration_ns FROM labelled
-  UNION ALL SELECT gap_id, device_id, late_cause, end_ns - late_ns, late_ns, duration_ns FROM labelled
+  SELECT gap_id, device_id, cause, gaps, start_ns, ns - late_ns AS ns, duration_ns FROM kept
+  UNION ALL SELECT gap_id, device_id, late_cause, 1, end_ns - late_ns, late_ns, duration_ns FROM kept
   WHERE late_ns > 0),
 pieces AS (  -- host_id: the gap's id on its piece with no host activity traced (a gap has one at most)
   SELECT *, CASE WHEN cause IN ('host_untraced', 'host_cpu') THEN gap_id END AS host_id FROM pieces0),
@@ -261,11 +283,11 @@ host_gaps AS (  -- stretches of 1 to 100 ms in which the host did nothing traced
 """ + periodic("pauses", "host_gaps", "device_id") + """,
 apis AS (
   SELECT device_id, cause, first(blocked_in ORDER BY ns DESC, blocked_in) AS api FROM (
-    SELECT device_id, cause, blocked_in, sum(duration_ns) AS ns FROM labelled
+    SELECT device_id, cause, blocked_in, sum(ns) AS ns FROM kept
     WHERE cause IN ('sync', 'readback', 'pageable_copy', 'sync_copy') AND blocked_in IS NOT NULL GROUP BY ALL)
   GROUP BY ALL),
 totals AS (
-  SELECT l.device_id, l.cause, count(*) AS gaps, sum(l.ns)::BIGINT AS ns,
+  SELECT l.device_id, l.cause, sum(l.gaps)::BIGINT AS gaps, sum(l.ns)::BIGINT AS ns,
          coalesce(sum(l.ns) FILTER (WHERE l.duration_ns >= $bubble_min), 0)::BIGINT AS long_ns,
          coalesce(sum(l.ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
          count(*) FILTER (WHERE p.periodic) AS periodic_gaps,
@@ -277,15 +299,32 @@ SELECT (SELECT list(t ORDER BY t.device_id, t.ns DESC, t.cause) FROM totals t),
        (SELECT list({gap_id: gap_id, device: device_id, start_ns: start_ns, end_ns: end_ns, cause: cause,
                      blocked_in: blocked_in, pid: pid, tid: tid, late_ns: late_ns, late_cause: late_cause}
                     ORDER BY gap_id)
-        FROM labelled WHERE duration_ns >= $bubble_min)
+        FROM kept WHERE duration_ns >= $min_gap)
 """
 
 
-def args(scope: Scope) -> dict[str, object]:
+RANGE_KINDS_SQL = """
+WITH texts AS (SELECT unnest(list(DISTINCT text)) AS text FROM nvtx)  -- a list: no filter is pushed below it
+SELECT text, 'jit' FROM texts WHERE regexp_matches(text, $jit_ranges) AND NOT contains(text, 'Compiled Region')
+UNION ALL
+SELECT text, CASE WHEN regexp_matches(text, $comm_ranges) THEN 'comm' ELSE 'wait' END FROM texts
+WHERE regexp_matches(text, $comm_ranges) OR regexp_matches(text, $data_ranges)
+ORDER BY ALL"""
+
+
+def range_kinds(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """(text, kind) of the NVTX range texts that count as jit, comm or wait (a text may be two kinds), each distinct
+    text matched once (the regexes cost more than the scan): window-independent, so once per model."""
+    return per_model(con, ("range_kinds",), lambda: con.execute(RANGE_KINDS_SQL, {
+        "jit_ranges": JIT_RANGES, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES}).fetchall())
+
+
+def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
     """Bound parameters of LABELLED for a scope (callers add their own)."""
+    kinds = range_kinds(con)
     return {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "tiny": rules.TINY_KERNEL_NS,
             "follow": rules.READBACK_FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
-            "waits": rules.WAIT_CALLS, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES, "jit_ranges": JIT_RANGES,
+            "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
             "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS}
 
@@ -348,8 +387,8 @@ def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
 
 
 def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
-    params = {**args(scope), **PERIODIC_ARGS, "bubble_min": BUBBLE_MIN_NS, "gc_min": BUBBLE_MIN_NS,
-              "gc_max": PAUSE_MAX_NS}
+    params = {**args(con, scope), **PERIODIC_ARGS, "bubble_min": BUBBLE_MIN_NS, "min_gap": BUBBLE_MIN_NS,
+              "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
     totals, long_gaps = con.execute(TOTALS_SQL, params).fetchone()
     found: dict[int, dict[str, CauseTime]] = {d: {} for d in scope.devices}
     for t in totals or []:
