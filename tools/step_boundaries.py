@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import statistics
 from typing import Literal
 
@@ -9,7 +10,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools.common import Scope, ms, pct
+from nsightful.tools.common import Scope, ms, pct, per_model
 
 MIN_REPEATS = 3  # ranges (or marker kernels) per thread: fewer cannot show a period, let alone a steady one
 MIN_GPU_SHARE = 0.5  # a step range launches GPU work most times; CPU-only ranges (logging, I/O) cannot time it
@@ -228,7 +229,15 @@ def _kernel_pattern(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str |
 
 def boundaries(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, method: str
                ) -> tuple[str | None, str | None, list[Candidate], Spans]:
-    """(method, reason or why none, NVTX candidates, spans): NVTX when a range qualifies, else the kernels."""
+    """(method, reason or why none, NVTX candidates, spans): NVTX when a range qualifies, else the kernels. Found
+    once per model, window, devices and choice: the callers asking for different `limit`s (iterations, triage,
+    show_timeline) share the costly part; each gets its own copy."""
+    key = ("step_boundaries", scope.start_ns, scope.end_ns, tuple(scope.devices), range_name, method)
+    return copy.deepcopy(per_model(con, key, lambda: _find(con, scope, range_name, method)))
+
+
+def _find(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, method: str
+          ) -> tuple[str | None, str | None, list[Candidate], Spans]:
     nvtx = "" if method == "kernel_pattern" else (
         f"no NVTX range occurs {MIN_REPEATS}+ times on a thread with GPU work; ")
     if method != "kernel_pattern":
