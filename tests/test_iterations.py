@@ -14,6 +14,7 @@ from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools import iterations as it
+from nsightful.tools import step_boundaries as sb
 from nsightful.tools.contracts import run_skill
 
 
@@ -334,6 +335,21 @@ def test_iterations_mfu_step_is_the_fsdp_pre_forward_spacing(open_fixture, stem,
     row = result.rows[3]
     assert row.gpu_busy_pct == raw_busy_pct(stem, [0, 1], row.start_ns, row.end_ns)
 
+
+
+def test_iterations_boundaries_are_found_once_for_every_limit(open_fixture, monkeypatch):
+    """Callers asking for different `limit`s (iterations, triage, show_timeline) share one search per model and
+    window; each gets its own copy, so a caller changing its result changes no other's."""
+    con = open_fixture("nsysai_mfu_2gpu_before").con
+    lo, hi = con.execute("SELECT capture_start_ns, capture_end_ns - 1 FROM meta").fetchone()  # a window of its own
+    searches = []
+    find = sb._find
+    monkeypatch.setattr(sb, "_find", lambda *a: searches.append(a) or find(*a))
+    few, every = (it.run(con, it.Params(profile="p", start_ns=lo, end_ns=hi, limit=n)) for n in (3, 500))
+    assert len(searches) == 1 and every.iteration_count > 3
+    assert few.rows == every.rows[:3] and few.candidates == every.candidates and few.method == every.method
+    few.candidates[0].name = "changed"
+    assert it.run(con, it.Params(profile="p", start_ns=lo, end_ns=hi)).candidates[0].name == every.candidates[0].name
 
 def test_iterations_mfu_after_is_slower_and_less_busy(open_fixture):
     before, after = (run_skill(open_fixture(f"nsysai_mfu_2gpu_{s}").con, it, it.Params(profile=s, limit=500))

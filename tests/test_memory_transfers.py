@@ -148,6 +148,21 @@ def test_memory_transfers_bytes_per_direction_match_raw_sql(open_fixture, stem):
     assert sorted((r.direction, r.count, r.bytes) for r in result.rows) == expected
 
 
+
+@pytest.mark.parametrize("stem", ["nsysai_h100_2gpu_1s", "nsysai_mfu_2gpu_before"])
+def test_memory_transfers_direction_rows_sum_the_device_rows(open_fixture, stem):
+    """The rows per direction are summed from the per-device query: every figure, over two real devices."""
+    con = open_fixture(stem).con
+    merged, split = run(con, limit=100), run(con, per_device=True, limit=100)
+    assert len({r.device for r in split.rows}) == 2
+    fields = ("count", "bytes", "time_ns", "pageable_count", "pageable_bytes", "pageable_time_ns", "pinned_count",
+              "pinned_bytes", "pinned_time_ns", "exposed_time_ns", "pageable_exposed_ns")
+    for r in merged.rows:
+        mine = [d for d in split.rows if d.direction == r.direction]
+        assert [getattr(r, f) for f in fields] == [sum(getattr(d, f) for d in mine) for f in fields], r.direction
+    assert [r.time_ns for r in merged.rows] == sorted((r.time_ns for r in merged.rows), reverse=True)
+    assert merged.findings == split.findings and merged.total_rows == len({r.direction for r in split.rows})
+
 # --- planted problems on the synthetic sample ---------------------------------------------------------
 def test_memory_transfers_finds_planted_pageable_copies(demo):
     profile, truth = demo

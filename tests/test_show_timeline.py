@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from conftest import FIXTURES, dump, planted, text_of
+from conftest import FIXTURE_IDS, FIXTURES, dump, planted, text_of
 from mcp.client import Client
 from mcp.client.extension import ClientExtension
 from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID
@@ -16,6 +16,7 @@ from nsightful.server.app import build_server
 from nsightful.server.ui import TIMELINE_URI
 from nsightful.tools import attribution, gpu_idle_gaps, iterations
 from nsightful.tools import show_timeline as st
+from nsightful.tools.intervals import islands
 
 REAL = "nsysai_h100_2gpu_1s"
 
@@ -66,6 +67,34 @@ def test_show_timeline_lanes_match_the_raw_export(real):
     for key, lane in got.items():
         assert lane.busy_ns == union_ns(raw[key]), key
         assert lane.levels == levels(raw[key], s.start_ns, s.end_ns, 300), key
+
+
+# The lanes as first written: busy islands numbered with two sorted passes, each split over the columns it touches.
+ISLANDS_LANES_SQL = "WITH " + st.LANE_WORK + ",\n" + islands("lane_busy", "lane_work", "device_id, lane") + """,
+pieces AS (
+  SELECT device_id, lane, b,
+         least(end_ns, """ + st.EDGE % "b + 1" + ") - greatest(start_ns, " + st.EDGE % "b" + """) AS ns
+  FROM (SELECT *, unnest(range(((start_ns - $start) * $buckets) // $width,
+                               ((end_ns - 1 - $start) * $buckets) // $width + 1)) AS b FROM lane_busy)),
+columns AS (
+  SELECT device_id, lane, b, sum(ns) AS ns,
+         ceil($levels * sum(ns) / (""" + st.EDGE % "b + 1" + " - " + st.EDGE % "b" + """))::INTEGER AS level
+  FROM pieces GROUP BY device_id, lane, b)
+SELECT device_id, lane, sum(ns)::BIGINT, list_sort(list([b, level])) FROM columns GROUP BY ALL ORDER BY ALL
+"""
+
+
+@pytest.mark.parametrize("stem", FIXTURE_IDS)
+def test_show_timeline_lanes_equal_the_island_split_on_every_fixture(open_fixture, stem):
+    con = open_fixture(stem).con
+    if not con.execute("SELECT count(*) FROM gpus").fetchone()[0]:
+        pytest.skip("no GPU work")
+    s = st.resolve_scope(con, st.Params(profile="t"), default="gpu_active")
+    for buckets in (10, 997):
+        args = {**st.scope_args(s), "buckets": buckets, "width": s.duration_ns, "levels": st.LEVELS}
+        got = sorted((d, lane, busy, sorted(c)) for d, lane, busy, c in con.execute(st.LANES_SQL, args).fetchall())
+        assert got == [(d, lane, busy, c) for d, lane, busy, c in con.execute(ISLANDS_LANES_SQL, args).fetchall()]
+        assert got, stem
 
 
 def in_turn(spans: list[tuple], limit: int) -> list[tuple]:

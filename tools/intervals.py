@@ -11,6 +11,9 @@ must be constants of the calling module. Compose with `"WITH " + GPU_WORK + ",\n
 - islands(name, source, keys): `name(<keys>, start_ns, end_ns)`, the union of the intervals of
   `source(<keys>, start_ns, end_ns)` per key as disjoint maximal islands (overlapping or touching
   intervals merge), so busy time = sum(end_ns - start_ns).
+- pieces(name, source, keys): `name(<keys>, start_ns, end_ns)`, the union of `source`'s intervals per key as
+  disjoint pieces (not maximal: touching pieces stay apart), from one sorted pass and no grouping; cheaper
+  than islands() when only the covered time matters (per key, or per time bucket).
 - gaps(name, source, keys): `name(<keys>, start_ns, end_ns)`, the idle stretches between consecutive
   islands of a key (positive length; none before the first or after the last interval).
 - overlaps(name, probes, events, keys, payload): `name(probe_id, <payload>, start_ns, end_ns)`, the
@@ -53,6 +56,16 @@ def islands(name: str, source: str, keys: str) -> str:
 {name} AS (
   SELECT {keys}, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM {name}_numbered
   GROUP BY {keys}, island)"""
+
+
+def pieces(name: str, source: str, keys: str) -> str:
+    """In start order, the part of a row past the latest end before it is new covered time."""
+    return f"""{name}_from AS (
+  SELECT {keys}, greatest(start_ns, coalesce(max(end_ns) OVER (
+           PARTITION BY {keys} ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+         start_ns)) AS start_ns, end_ns
+  FROM {source}),
+{name} AS (SELECT {keys}, start_ns, end_ns FROM {name}_from WHERE end_ns > start_ns)"""
 
 
 def gaps(name: str, source: str, keys: str) -> str:

@@ -32,7 +32,6 @@ from nsightful.tools.common import (
     Output,
     Scope,
     ScopedParams,
-    fetch_capped,
     more_rows,
     ms,
     pct,
@@ -108,6 +107,7 @@ WITH c AS (
               WHEN 'pinned' IN (src_kind, dst_kind) THEN 'pinned' END AS host_kind
   FROM memcpy WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end)"""
 
+# Per (direction, device), once: the rows per direction alone are their sums (_by_direction).
 DIRECTIONS_SQL = COPIES + """,
 horizon AS (SELECT greatest($end, max(end_ns)) AS hi FROM c),
 kwork AS (
@@ -122,13 +122,13 @@ probes AS (SELECT copy_id AS probe_id, device_id, start_ns, end_ns FROM c),
 exposed AS (
   SELECT c.*, coalesce(h.exposed_ns, 0) AS exposed_ns FROM c
   LEFT JOIN (SELECT probe_id AS copy_id, sum(end_ns - start_ns) AS exposed_ns FROM hits GROUP BY ALL) h USING (copy_id))
-SELECT direction, CASE WHEN $per_device THEN device_id END AS device, count(*), sum(bytes), sum(duration_ns),
+SELECT direction, device_id, count(*), sum(bytes), sum(duration_ns),
        count(*) FILTER (WHERE host_kind = 'pageable'), coalesce(sum(bytes) FILTER (WHERE host_kind = 'pageable'), 0),
        coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pageable'), 0),
        count(*) FILTER (WHERE host_kind = 'pinned'), coalesce(sum(bytes) FILTER (WHERE host_kind = 'pinned'), 0),
        coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pinned'), 0), sum(exposed_ns),
-       count(*) OVER () AS total_rows, coalesce(sum(exposed_ns) FILTER (WHERE host_kind = 'pageable'), 0)
-FROM exposed GROUP BY ALL ORDER BY sum(duration_ns) DESC, direction, device LIMIT $limit
+       coalesce(sum(exposed_ns) FILTER (WHERE host_kind = 'pageable'), 0)
+FROM exposed GROUP BY ALL
 """
 
 # Buckets of about one copy length (at least 1/100,000 of the window) keep the copy x idle-stretch join small.
@@ -173,15 +173,30 @@ def _bandwidth(nbytes: int, ns: int) -> float | None:
     return round(nbytes / ns, 3) if ns else None
 
 
-def _row(r: tuple, capacity: int) -> DirectionRow:
-    direction, device, n, nbytes, ns, pg_n, pg_b, pg_ns, pin_n, pin_b, pin_ns, exposed = r[:12]
+def _row(direction: str, device: int | None, sums: tuple, capacity: int) -> DirectionRow:
+    """A row from DIRECTIONS_SQL's sums (count, bytes, ns, pageable count/bytes/ns, pinned count/bytes/ns, exposed,
+    pageable exposed)."""
+    n, nbytes, ns, pg_n, pg_b, pg_ns, pin_n, pin_b, pin_ns, exposed, pg_exposed = (int(v) for v in sums)
     return DirectionRow(
-        direction=direction, device=device, count=n, bytes=int(nbytes), time_ns=int(ns),
+        direction=direction, device=device, count=n, bytes=nbytes, time_ns=ns,
         bandwidth_gb_per_s=_bandwidth(nbytes, ns), window_pct=pct(ns, capacity), pageable_count=pg_n,
-        pageable_bytes=int(pg_b), pageable_time_ns=int(pg_ns), pageable_bandwidth_gb_per_s=_bandwidth(pg_b, pg_ns),
-        pinned_count=pin_n, pinned_bytes=int(pin_b), pinned_time_ns=int(pin_ns),
-        pinned_bandwidth_gb_per_s=_bandwidth(pin_b, pin_ns), exposed_time_ns=int(exposed),
-        exposed_pct=pct(exposed, ns), pageable_exposed_ns=int(r[13]))
+        pageable_bytes=pg_b, pageable_time_ns=pg_ns, pageable_bandwidth_gb_per_s=_bandwidth(pg_b, pg_ns),
+        pinned_count=pin_n, pinned_bytes=pin_b, pinned_time_ns=pin_ns,
+        pinned_bandwidth_gb_per_s=_bandwidth(pin_b, pin_ns), exposed_time_ns=exposed,
+        exposed_pct=pct(exposed, ns), pageable_exposed_ns=pg_exposed)
+
+
+def _costliest_first(row: DirectionRow) -> tuple:
+    return -row.time_ns, row.direction, -1 if row.device is None else row.device
+
+
+def _by_direction(sums: dict[tuple[str, int], tuple], capacity: int) -> list[DirectionRow]:
+    """One row per direction over the devices, from the (direction, device) sums."""
+    merged: dict[str, list[int]] = {}
+    for (direction, _), figures in sums.items():
+        total = merged.setdefault(direction, [0] * len(figures))
+        total[:] = [a + int(b) for a, b in zip(total, figures, strict=True)]
+    return [_row(direction, None, tuple(figures), capacity) for direction, figures in merged.items()]
 
 
 def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
@@ -195,20 +210,20 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
     args = scope_args(scope)
     bucket = con.execute(BUCKET_SQL, args).fetchone()[0]
-    directions = {**args, "bucket_ns": bucket}
-    rows, truncated = fetch_capped(con, DIRECTIONS_SQL, {**directions, "per_device": params.per_device}, params.limit)
+    sums = {(r[0], r[1]): r[2:] for r in con.execute(DIRECTIONS_SQL, {**args, "bucket_ns": bucket}).fetchall()}
+    per_device = sorted((_row(direction, device, figures, scope.duration_ns)
+                         for (direction, device), figures in sums.items()), key=_costliest_first)
+    shown = per_device if params.per_device else sorted(
+        _by_direction(sums, scope.duration_ns * max(len(scope.devices), 1)), key=_costliest_first)
     count, nbytes, ns = con.execute(COPIES + " SELECT count(*), coalesce(sum(bytes), 0), "
                                     "coalesce(sum(duration_ns), 0) FROM c", args).fetchone()
     sync_calls, sync_ns = con.execute(SYNC_COPY_SQL, args).fetchone()
     small, blocking, blocked = small_d2h(con, scope)
-    per_row_devices = 1 if params.per_device else max(len(scope.devices), 1)
     result = Result(
-        scope=scope, copy_count=count, copy_bytes=int(nbytes), copy_time_ns=int(ns),
-        rows=[_row(r, scope.duration_ns * per_row_devices) for r in rows], truncated=truncated,
-        total_rows=rows[0][12] if rows else 0, sync_copy_calls=sync_calls, sync_copy_api_ns=int(sync_ns),
-        small_d2h_count=small, small_d2h_blocking=blocking, small_d2h_blocked_ns=blocked)
-    per_device = [_row(r, scope.duration_ns) for r in con.execute(
-        DIRECTIONS_SQL, {**directions, "per_device": True, "limit": 10_000}).fetchall()]
+        scope=scope, copy_count=count, copy_bytes=int(nbytes), copy_time_ns=int(ns), rows=shown[:params.limit],
+        truncated=len(shown) > params.limit, total_rows=len(shown), sync_copy_calls=sync_calls,
+        sync_copy_api_ns=int(sync_ns), small_d2h_count=small, small_d2h_blocking=blocking,
+        small_d2h_blocked_ns=blocked)
     pageable = {(d, dr): _Pageable(largest_ns=n, async_count=a)
                 for d, dr, n, a in con.execute(PAGEABLE_SQL, args).fetchall()}
     idle = attribution.attribute(con, scope).devices if count else {}

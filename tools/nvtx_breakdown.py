@@ -89,13 +89,15 @@ class Result(Output):
 # Kernel launches join ranges of the same thread through time buckets (hash joins, no sort of the ranges):
 # a launch probes its bucket and the one before; a range up to one bucket long sits in its start bucket
 # (fine buckets for short ranges, coarse for longer), a longer one in every coarse bucket it covers
-# (matched by the launch's own bucket only, so once). Ranges are read twice: narrow for the join, with
-# text for the grouping, which is cheaper than carrying text through the join.
+# (matched by the launch's own bucket only, so once). Ranges are read narrow for the join, once per bucket class
+# (not materialized: a scan of the model is cheaper than writing and rereading 8 M rows), and with text for the
+# grouping, which is cheaper than carrying text through the join.
 RANGES = """
   FROM nvtx WHERE end_ns IS NOT NULL AND start_ns >= $start AND start_ns < $end
     AND ($domain IS NULL OR domain = $domain) AND ($max_depth IS NULL OR coalesce(depth, 0) <= $max_depth)"""
 SQL = """
-WITH r AS (SELECT rowid AS rid, (pid << 24) | tid AS th, start_ns, end_ns, end_ns - start_ns AS d""" + RANGES + """),
+WITH r AS NOT MATERIALIZED (
+  SELECT rowid AS rid, (pid << 24) | tid AS th, start_ns, end_ns, end_ns - start_ns AS d""" + RANGES + """),
 k AS (SELECT (pid << 24) | tid AS th, launch_start_ns AS ls, start_ns, end_ns, unnest([0, 1]) AS back
       FROM kernels WHERE tid IS NOT NULL AND device_id IN (SELECT unnest($devices))),
 kf AS (SELECT th, ls, start_ns, end_ns, ls // $fine - back AS bucket FROM k),

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, iterations
+from nsightful.tools import attribution
 from nsightful.tools.common import (
     MAX_LIMIT,
     Finding,
@@ -33,10 +33,10 @@ from nsightful.tools.common import (
     ms,
     pct,
     resolve_scope,
-    run_once,
     scope_args,
 )
-from nsightful.tools.intervals import islands
+from nsightful.tools.intervals import pieces
+from nsightful.tools.step_boundaries import boundaries
 
 LEVELS = 9  # digits 1-9 for busy columns: enough shades for a pixel column, one character each
 # Columns: five screen widths, room for a report to zoom in; and a lane of this many digits still fits the default
@@ -113,34 +113,45 @@ class Result(Output):
     findings: list[Finding] = []
 
 
-LANE_WORK = """lane_work AS (
+LANE_CODE = {lane: code for code, lane in enumerate(LANES)}  # lanes travel as small integers: cheaper to sort on
+LANE_WORK = f"""lane_work AS (
   SELECT device_id, lane, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
-  FROM (SELECT device_id, CASE WHEN category = 'nccl' THEN 'nccl' ELSE 'compute' END AS lane, start_ns, end_ns
-        FROM kernels
-        UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM graph_exec
-        UNION ALL SELECT device_id, CASE direction WHEN 'H2D' THEN 'h2d' WHEN 'D2H' THEN 'd2h' ELSE 'other_copy' END,
-                         start_ns, end_ns FROM memcpy
-        UNION ALL SELECT device_id, 'memset', start_ns, end_ns FROM memset)
+  FROM (SELECT device_id, CASE WHEN category = 'nccl' THEN {LANE_CODE['nccl']} ELSE {LANE_CODE['compute']} END
+               AS lane, start_ns, end_ns FROM kernels
+        UNION ALL SELECT device_id, {LANE_CODE['compute']}, start_ns, end_ns FROM graph_exec
+        UNION ALL SELECT device_id, CASE direction WHEN 'H2D' THEN {LANE_CODE['h2d']} WHEN 'D2H' THEN {LANE_CODE['d2h']}
+                         ELSE {LANE_CODE['other_copy']} END, start_ns, end_ns FROM memcpy
+        UNION ALL SELECT device_id, {LANE_CODE['memset']}, start_ns, end_ns FROM memset)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
 
 # Column b covers [edge(b), edge(b + 1)) with edge(b) = $start + ceil(b * $width / $buckets), as gpu_utilization's
-# slices; each busy island is split over the columns it touches.
+# slices. Each disjoint busy piece counts whole in its column when it fits in one (nearly all do), else it is split
+# over the columns it touches.
 EDGE = "($start + ((%s) * $width + $buckets - 1) // $buckets)"
-LANES_SQL = "WITH " + LANE_WORK + ",\n" + islands("lane_busy", "lane_work", "device_id, lane") + """,
-pieces AS (
-  SELECT device_id, lane, b, least(end_ns, """ + EDGE % "b + 1" + ") - greatest(start_ns, " + EDGE % "b" + """) AS ns
-  FROM (SELECT *, unnest(range(((start_ns - $start) * $buckets) // $width,
-                               ((end_ns - 1 - $start) * $buckets) // $width + 1)) AS b FROM lane_busy)),
+LANES_SQL = "WITH " + LANE_WORK + ",\n" + pieces("lane_busy", "lane_work", "device_id, lane") + """,
+spans AS MATERIALIZED (
+  SELECT *, ((start_ns - $start) * $buckets) // $width AS b0, ((end_ns - 1 - $start) * $buckets) // $width AS b1
+  FROM lane_busy),
+columns_of AS (
+  SELECT device_id, lane, b0 AS b, end_ns - start_ns AS ns FROM spans WHERE b0 = b1
+  UNION ALL
+  SELECT device_id, lane, b, least(end_ns, """ + EDGE % "b + 1" + ") - greatest(start_ns, " + EDGE % "b" + """)
+  FROM (SELECT *, unnest(range(b0, b1 + 1)) AS b FROM spans WHERE b0 < b1)),
 columns AS (
   SELECT device_id, lane, b, sum(ns) AS ns,
          ceil($levels * sum(ns) / (""" + EDGE % "b + 1" + " - " + EDGE % "b" + """))::INTEGER AS level
-  FROM pieces GROUP BY device_id, lane, b)
+  FROM columns_of GROUP BY device_id, lane, b)
 SELECT device_id, lane, sum(ns)::BIGINT, list([b, level]) FROM columns GROUP BY ALL
 """
 
+# Each device's `limit` longest (max_by keeps them without sorting the device's kernels), then in turns.
 KERNELS_SQL = """
-SELECT device_id, CASE WHEN category = 'nccl' THEN 'nccl' ELSE 'compute' END, short_name, start_ns, end_ns
-FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end
+SELECT device_id, lane, short_name, start_ns, end_ns FROM (
+  SELECT unnest(max_by({device_id: device_id, lane: CASE WHEN category = 'nccl' THEN 'nccl' ELSE 'compute' END,
+                        short_name: short_name, start_ns: start_ns, end_ns: end_ns},
+                       (end_ns - start_ns, -start_ns), $limit), recursive := true)
+  FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end
+  GROUP BY device_id)
 ORDER BY row_number() OVER (PARTITION BY device_id ORDER BY end_ns - start_ns DESC, start_ns),
          end_ns - start_ns DESC, device_id, start_ns
 LIMIT $limit
@@ -160,10 +171,10 @@ def _levels(columns: list[list[int]], buckets: int) -> str:
 
 def _lanes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) -> list[LaneRow]:
     args = {**scope_args(scope), "buckets": buckets, "width": scope.duration_ns, "levels": LEVELS}
-    found = [LaneRow(device=device, lane=lane, busy_ns=busy, busy_pct=pct(busy, scope.duration_ns),
+    found = [LaneRow(device=device, lane=LANES[lane], busy_ns=busy, busy_pct=pct(busy, scope.duration_ns),
                      levels=_levels(columns, buckets))
              for device, lane, busy, columns in con.execute(LANES_SQL, args).fetchall()]
-    return sorted(found, key=lambda row: (row.device, LANES.index(row.lane)))
+    return sorted(found, key=lambda row: (row.device, LANE_CODE[row.lane]))
 
 
 def _kernels(con: duckdb.DuckDBPyConnection, scope: Scope, limit: int) -> tuple[list[KernelSpan], dict[int, int]]:
@@ -174,10 +185,13 @@ def _kernels(con: duckdb.DuckDBPyConnection, scope: Scope, limit: int) -> tuple[
 
 
 def _steps(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope) -> tuple[list[StepSpan], str | None]:
-    """The iterations of the whole capture that overlap the window: a step the window cuts still shows."""
-    found = run_once(con, iterations, iterations.Params(profile=params.profile, device=params.device, limit=MAX_LIMIT))
-    return [StepSpan(index=r.index, start_ns=r.start_ns, end_ns=r.end_ns) for r in found.rows
-            if r.end_ns > scope.start_ns and r.start_ns < scope.end_ns], found.method
+    """The iterations of the whole capture (as tools/iterations.py finds them, its first MAX_LIMIT) that overlap
+    the window: a step the window cuts still shows. Only their bounds: not the per-step GPU busy iterations
+    measures, which costs more than the search (1.3 s CPU for 500 steps on a 1 GB export)."""
+    capture = resolve_scope(con, ScopedParams(profile=params.profile, device=params.device))
+    method, _, _, spans = boundaries(con, capture, None, "auto")
+    return [StepSpan(index=i, start_ns=s, end_ns=e) for i, (s, e) in enumerate(spans[:MAX_LIMIT])
+            if e > scope.start_ns and s < scope.end_ns], method
 
 
 def _gaps(attr: attribution.Attribution, limit: int) -> list[GapSpan]:
