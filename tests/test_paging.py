@@ -1,5 +1,6 @@
-"""`offset` beside `limit` on the long lists (top_kernels, find_kernels, query_sql): pages in order, and every
-"more rows" message names the next offset. Figures checked against plain SQLite on the raw export."""
+"""`offset` beside `limit` on the long lists (top_kernels, find_kernels, query_sql, iterations, gpu_idle_gaps):
+pages in order, and every "more rows" message names the next offset.
+Figures checked against plain SQLite on the raw export, or against the whole list asked for at once."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from mcp.client import Client
 from nsightful.server import budget
 from nsightful.server.app import build_server
 from nsightful.tools import find_kernels as fk
+from nsightful.tools import gpu_idle_gaps as gg
+from nsightful.tools import iterations as it
 from nsightful.tools import query_sql as qs
 from nsightful.tools import top_kernels as tk
 
@@ -56,6 +59,29 @@ def test_find_kernels_offset_pages_are_the_raw_kernels_in_time_order(open_fixtur
                "ORDER BY k.start, k.deviceId, k.streamId")
     assert [(r.start_ns, r.name) for p in pages for r in p.rows] == raw
     assert "ask again with `offset`=80 for the next page" in fk.render(pages[1])
+
+
+def test_iterations_offset_pages_are_the_whole_list_with_indices_that_continue(open_fixture):
+    con = open_fixture("nsysai_mfu_2gpu_before").con
+    full = it.run(con, it.Params(profile="p", limit=500))
+    pages = _pages(lambda offset: it.run(con, it.Params(profile="p", limit=4, offset=offset)), 4)
+    assert full.iteration_count > 8 and len(pages) == -(-full.iteration_count // 4)
+    assert [r for p in pages for r in p.rows] == full.rows
+    assert [r.index for r in full.rows] == list(range(full.iteration_count))
+    assert {(p.steady_median_ns, p.iteration_count) for p in pages} == {(full.steady_median_ns, full.iteration_count)}
+    assert "ask again with `offset`=8 for the next page" in it.render(pages[1])
+
+
+def test_gpu_idle_gaps_offset_pages_are_the_longest_gaps_in_order(open_fixture):
+    con = open_fixture("clue_t4_report4").con
+    args = {"profile": "p", "min_gap_ns": 10_000}
+    full = gg.run(con, gg.Params(**args, limit=500))
+    pages = _pages(lambda offset: gg.run(con, gg.Params(**args, limit=5, offset=offset)), 5)
+    assert full.gap_count == len(full.gaps) > 10 and not full.truncated
+    assert [g for p in pages for g in p.gaps] == full.gaps
+    assert [p.next_offset for p in pages[:2]] == [5, 10] and pages[-1].next_offset is None
+    assert f"... {full.gap_count - 10:,} more gaps: raise `limit` to see them, or ask again with `offset`=10" \
+        in gg.render(pages[1])
 
 
 def test_query_sql_offset_skips_rows_in_the_querys_own_order(open_fixture):

@@ -27,12 +27,14 @@ from nsightful.tools.common import (
     FINDINGS_SHOWN,
     Finding,
     LimitParam,
-    Output,
+    OffsetParam,
+    Paged,
     Scope,
     ScopedParams,
     leads_first,
     more_rows,
     ms,
+    next_page,
     pct,
     resolve_scope,
     scope_args,
@@ -47,6 +49,7 @@ class Params(ScopedParams):
     min_gap_ns: Annotated[int, Field(description="Shortest idle stretch listed, ns (causes cover all gaps)",
                                      ge=1000)] = 1_000_000
     limit: LimitParam = GAP_ROWS
+    offset: OffsetParam = 0
 
 
 class CauseRow(BaseModel):
@@ -102,7 +105,7 @@ class PeriodicGroup(BaseModel):
     cause: str = Field(description="the most common cause of its gaps")
 
 
-class Result(Output):
+class Result(Paged):
     scope: Scope
     min_gap_ns: int
     gap_count: int = Field(description="gaps of at least min_gap_ns, all devices")
@@ -111,7 +114,7 @@ class Result(Output):
     histogram: list[Bucket] = Field(description="gaps of at least min_gap_ns in log buckets (ms)")
     periodic_groups: list[PeriodicGroup] = Field(description=f"costliest first, at most {PERIODIC_ROWS}")
     periodic_group_count: int
-    gaps: list[Gap] = Field(description="longest first, at most `limit`")
+    gaps: list[Gap] = Field(description="longest first: `limit` gaps from `offset`")
     truncated: bool
     note: str | None = Field(default=None, description="what the causes cannot show here")
     findings: list[Finding] = Field([], description=f"at most {FINDINGS_SHOWN}, costliest first, each root cause's "
@@ -155,7 +158,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     found = gap_stages.find(con, scope, params.min_gap_ns)
     groups = gap_stages.group(con, found)
     periodic = {i for g in groups for i in g["gap_ids"]}
-    top = gap_stages.longest(found, params.limit)
+    top = gap_stages.longest(found, params.offset + params.limit)[params.offset:]
+    more = len(found) > params.offset + params.limit
     around = gap_stages.enrich(con, top)
     gaps = [Gap(device=g.device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
                 cause=g.cause, blocked_in=g.blocked_in, late_ns=g.late_ns, late_cause=g.late_cause,
@@ -170,7 +174,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     gap_time_ns=sum(d.gap_time_ns for d in devices), devices=devices, histogram=_histogram(found),
                     periodic_groups=[_group(g, by_id) for g in groups[:PERIODIC_ROWS]],
                     periodic_group_count=len(groups), gaps=gaps,
-                    truncated=len(found) > params.limit, note=note)
+                    truncated=more, note=note, offset=params.offset,
+                    next_offset=next_page(params.offset, len(gaps), more))
     found_all = idle_causes.findings(attr.devices, program.detect(con),
                                      step_ns=idle_causes.step_ns(con, params.profile, params.device))
     result.findings, result.findings_total = leads_first(found_all, lambda f: f, FINDINGS_SHOWN), len(found_all)
@@ -199,7 +204,7 @@ def render(result: Result) -> str:
                      f"{' (periodic)' if g.periodic else ''}; {g.kernel_before or '-'} -> {g.kernel_after or '-'}"[:200]
                      + (f"; nvtx {' < '.join(g.nvtx)}" if g.nvtx else ""))
     if result.truncated:
-        lines.extend(more_rows(result, result.gap_count - len(result.gaps), "gaps"))
+        lines.extend(more_rows(result, result.gap_count - result.offset - len(result.gaps), "gaps"))
     if result.note:
         lines.append(f"note: {result.note}")
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)

@@ -48,11 +48,13 @@ from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
     LimitParam,
-    Output,
+    OffsetParam,
+    Paged,
     Scope,
     ScopedParams,
     more_rows,
     ms,
+    next_page,
     packed,
     pct,
     resolve_scope,
@@ -85,6 +87,7 @@ class Params(ScopedParams):
     method: Annotated[Literal["auto", "nvtx", "kernel_pattern"], Field(
         description="auto: NVTX when a range qualifies, else the kernel pattern")] = "auto"
     limit: LimitParam = DEFAULT_LIMIT
+    offset: OffsetParam = 0
 
 
 class IterationRow(BaseModel):
@@ -101,7 +104,7 @@ class Outlier(BaseModel):
     vs_steady: float = Field(description="duration / steady_median_ns")
 
 
-class Result(Output):
+class Result(Paged):
     scope: Scope
     method: str | None = Field(description="'nvtx:<name>' or 'kernel_pattern:<kernel>'; null when none found")
     reason: str | None = Field(description="why these boundaries: the range or kernel, its counts and the rule")
@@ -122,7 +125,7 @@ class Result(Output):
     slowest_index: int | None = None
     slowest_ns: int | None = None
     outliers: list[Outlier] = Field([], description=f"later iterations above {OUTLIER_RATIO}x the steady median")
-    rows: list[IterationRow] = Field(description="the first `limit` iterations")
+    rows: list[IterationRow] = Field(description="`limit` iterations from `offset`, in time order")
     truncated: bool
     total_rows: int
     findings: list[Finding] = []
@@ -189,15 +192,17 @@ def _note(method: str | None, reason: str | None, count: int, spread: float | No
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
     method, reason, candidates, spans = boundaries(con, scope, params.range_name, params.method)
-    shown = spans[:params.limit]
+    shown = spans[params.offset:params.offset + params.limit]
     busy = _busy(con, scope, shown)
     rows = [IterationRow(index=i, start_ns=s, end_ns=e, duration_ns=e - s, gpu_busy_pct=b)
-            for i, ((s, e), b) in enumerate(zip(shown, busy, strict=True))]
+            for i, ((s, e), b) in enumerate(zip(shown, busy, strict=True), start=params.offset)]
+    more = len(spans) > params.offset + params.limit
     summary = _summary([e - s for s, e in spans])
     return Result(scope=scope, method=method, reason=reason if method else None, candidates=candidates,
                   note=_note(method, reason, len(spans), summary.get("spread_ratio")), iteration_count=len(spans),
                   span_start_ns=spans[0][0] if spans else None, span_end_ns=spans[-1][1] if spans else None,
-                  rows=rows, truncated=len(spans) > params.limit, total_rows=len(spans), **summary)
+                  rows=rows, truncated=more, total_rows=len(spans), offset=params.offset,
+                  next_offset=next_page(params.offset, len(rows), more), **summary)
 
 
 def first_is_warmup(result: Result) -> bool:
@@ -257,7 +262,7 @@ def render(result: Result) -> str:
     lines.extend(f"#{row.index:<4} {ms(row.duration_ns):>14}  GPU busy {row.gpu_busy_pct:5.1f}%  start {row.start_ns}"
                  for row in r.rows)
     if r.truncated:
-        lines.extend(more_rows(r, r.total_rows - len(r.rows), "iterations"))
+        lines.extend(more_rows(r, r.rows_after(r.total_rows), "iterations"))
     lines.extend(f"outlier #{o.index} {ms(o.duration_ns)} ({o.vs_steady}x steady)" for o in r.outliers)
     lines.extend(f"other range: '{c.name}' depth {c.depth}, {c.ranges} ranges, period {ms(c.median_period_ns)}"
                  for c in r.candidates[1:])
