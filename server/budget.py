@@ -60,10 +60,11 @@ def fit(result: BaseModel, module: ModuleType, params: BaseModel, max_chars: int
     room = max_chars - NOTE_CHARS
     limit_cut = data.get("truncated")
     data |= {"cut_by": "characters", "cut_note": None} | ({"truncated": True} if "truncated" in data else {})
-    page_rows = len(data.get("rows") or [])
+    paged = module.Result.page_field if issubclass(module.Result, Paged) else None
+    page_rows = len(data.get(paged) or []) if paged else 0
     kept = _cut_rows(module, data, room)
-    if issubclass(module.Result, Paged) and len(data.get("rows") or []) < page_rows:
-        data["next_offset"] = data.get("offset", 0) + len(data["rows"])  # the next page starts after the rows kept
+    if paged and len(data.get(paged) or []) < page_rows:
+        data["next_offset"] = data.get("offset", 0) + len(data[paged])  # the next page starts after the rows kept
     if not kept and "truncated" in data:  # only text values were cut: every row is still there
         data["truncated"] = limit_cut
     values = _cut_values(module, data, room)

@@ -173,11 +173,13 @@ async def test_budget_setting_is_honoured_and_a_limit_cut_names_limit(server, mo
     assert max(len(json.dumps(data)), len(text_of(small))) <= 6000
     assert data["cut_by"] == "characters" and "6,000-character result budget" in data["cut_note"]
     assert "lower `limit`" in data["cut_note"] and "raise `limit`" not in text_of(small)
+    assert 0 < len(data["gaps"]) < 500 and data["next_offset"] == len(data["gaps"])  # the next page: after those kept
     monkeypatch.delenv(budget.ENV)
     limited = await _call(server, "gpu_idle_gaps", {"profile": path, "min_gap_ns": 1000, "limit": 5})
     data = limited.structured_content
     assert len(data["gaps"]) == 5 and data["gap_count"] > 5 and data["cut_by"] == "limit"
-    assert data["cut_note"] == "more rows exist than `limit`=5 returned; raise `limit` (up to 500) to see more"
+    assert data["cut_note"] == ("more rows exist than `limit`=5 returned; raise `limit` (up to 500) to see more; "
+                                "ask again with `offset`=5 for the next page") and data["next_offset"] == 5
 
 
 def test_budget_cli_prints_everything_unless_the_setting_is_set(capsys, monkeypatch, cache_root):

@@ -108,7 +108,7 @@ def test_profile_summary_whole_result_on_tiny_model():
             ("os_runtime", "--trace=osrt"), ("sched", "--cpuctxsw=process-tree"), ("sync", "--trace=cuda"),
             ("uvm_faults", "--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true")]],
         "libraries": [], "diagnostics": {"counts": {}, "messages": [], "truncated": False},
-        "trace_quality": [gpu_info], "findings": [],
+        "trace_quality": [gpu_info],
     }
     assert "device 0: NVIDIA H100 80GB HBM3" in ps.render(result)
 
@@ -393,4 +393,3 @@ def test_profile_summary_matches_synthetic_truth(request, sample):
         "PyTorch (ATen)", "Triton", "cuBLAS/CUTLASS GEMM", "FlashAttention / fused attention", "NCCL"}
     nccl = next(lib for lib in result.libraries if lib.library == "NCCL")
     assert nccl.kernel_count == sum(t["nccl_kernels"] for t in totals.values())
-    assert result.findings == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import duckdb
 from pydantic import BaseModel, Field
@@ -49,7 +49,9 @@ class Output(BaseModel):
 
 
 class Paged(Output):
-    """The result of a tool whose `rows` can be read page by page (its Params take `offset`)."""
+    """The result of a tool whose rows (the list named by `page_field`) can be read page by page (its Params take
+    `offset`)."""
+    page_field: ClassVar[str] = "rows"
     offset: int = Field(0, exclude_if=lambda v: v == 0, description=(
         "present only when not 0: the rows skipped before the first one (the `offset` asked for)"))
     next_offset: int | None = Field(None, exclude_if=lambda v: v is None, description=(
@@ -57,7 +59,7 @@ class Paged(Output):
 
     def rows_after(self, total: int) -> int:
         """Rows of `total` after this page."""
-        return total - self.offset - len(self.rows)  # each Paged result holds its page in `rows`
+        return total - self.offset - len(getattr(self, self.page_field))
 
 
 def next_page(offset: int, shown: int, more: bool) -> int | None:

@@ -19,7 +19,6 @@ from pydantic import BaseModel, Field
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
-    Finding,
     LimitParam,
     OffsetParam,
     Paged,
@@ -86,7 +85,6 @@ class Result(Paged):
     truncated: bool
     total_rows: int = Field(description="matching instances before the limit (= count)")
     note: str | None = None
-    findings: list[Finding] = []
 
 
 # Names are matched once per distinct name (the filter sits on an aggregate, so it cannot be pushed

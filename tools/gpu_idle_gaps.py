@@ -106,6 +106,7 @@ class PeriodicGroup(BaseModel):
 
 
 class Result(Paged):
+    page_field = "gaps"
     scope: Scope
     min_gap_ns: int
     gap_count: int = Field(description="gaps of at least min_gap_ns, all devices")
@@ -204,7 +205,7 @@ def render(result: Result) -> str:
                      f"{' (periodic)' if g.periodic else ''}; {g.kernel_before or '-'} -> {g.kernel_after or '-'}"[:200]
                      + (f"; nvtx {' < '.join(g.nvtx)}" if g.nvtx else ""))
     if result.truncated:
-        lines.extend(more_rows(result, result.gap_count - result.offset - len(result.gaps), "gaps"))
+        lines.extend(more_rows(result, result.rows_after(result.gap_count), "gaps"))
     if result.note:
         lines.append(f"note: {result.note}")
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)

@@ -22,7 +22,6 @@ from pydantic import BaseModel, Field
 
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
-    Finding,
     LimitParam,
     Output,
     Scope,
@@ -83,7 +82,6 @@ class Result(Output):
     total_rows: int
     phase_depth: int | None = Field(description="depth the phase split was taken at; null when no phases")
     phases: list[PhaseRow]
-    findings: list[Finding] = []
 
 
 # Kernel launches join ranges of the same thread through time buckets (hash joins, no sort of the ranges):
@@ -190,5 +188,4 @@ def render(result: Result) -> str:
     if result.phases:
         lines.append(f"phases at depth {result.phase_depth}: " + ", ".join(
             f"{p.phase} {p.cpu_pct:.1f}% ({ms(p.cpu_ns)} cpu, {ms(p.gpu_ns)} gpu)" for p in result.phases))
-    lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
     return "\n".join(lines)

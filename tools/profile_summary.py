@@ -29,7 +29,7 @@ from nsightful.profiles.checks import LOAD_SOURCE
 from nsightful.profiles.kineto_meta import PLATFORM as KINETO_PLATFORM
 from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
 from nsightful.tools import program, rules, trace_quality
-from nsightful.tools.common import Finding, Output, ProfileParams, fetch_capped, ms, pct
+from nsightful.tools.common import Output, ProfileParams, fetch_capped, ms, pct
 from nsightful.tools.program import KERNEL_FAMILIES, Program
 from nsightful.tools.rules import Missing
 
@@ -127,7 +127,6 @@ class Result(Output):
     diagnostics: Diagnostics
     trace_quality: list[str] = Field(description="problems of the trace itself, most severe first, each with "
                                                  "its next action")
-    findings: list[Finding] = []
 
 
 META_SQL = """SELECT nsys_version, schema_version, host, platform, command_line, capture_start_ns, capture_end_ns,

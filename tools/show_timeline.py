@@ -25,7 +25,6 @@ from pydantic import BaseModel, Field
 from nsightful.tools import attribution
 from nsightful.tools.common import (
     MAX_LIMIT,
-    Finding,
     Output,
     Scope,
     ScopedParams,
@@ -110,7 +109,6 @@ class Result(Output):
     steps: list[StepSpan] = Field(description=f"iterations overlapping the window (of the first {MAX_LIMIT})")
     step_method: str | None = Field(description="how iterations found the steps; null when it found none")
     truncated: bool = Field(description="true when there are more kernels or gaps than `limit`")
-    findings: list[Finding] = []
 
 
 LANE_CODE = {lane: code for code, lane in enumerate(LANES)}  # lanes travel as small integers: cheaper to sort on
