@@ -1,5 +1,6 @@
 """The NVTX part of an export's build: NVTX_EVENTS scanned once into a staging table, the push/pop depths
-computed from a narrow read of it (profiles.nvtx_depth), then the model's nvtx table written from both.
+computed from narrow reads of it, window by window of time (profiles.nvtx_depth), then the model's nvtx table
+written from both.
 
 It runs on the build's host-side thread, beside the GPU tables, on that thread's cursor.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import duckdb
+import numpy as np
 
 from nsightful.profiles import checks, nvtx_depth
 
@@ -21,12 +23,15 @@ NVTX_KINDS = {"NvtxPushPopRange": "push_pop", "NvtxtPushPopRange": "push_pop", "
 HELPERS = ("_nvtx", "_nvtx_kinds")  # staging tables, dropped once the model is written
 DEPTH_VIEW = "_nvtx_depth"  # the depths, a NumPy column registered on the cursor for the final insert
 
-# The closed push/pop ranges with their row ids, each thread as a small integer (any order: depth counts per thread).
-RANGES_SQL = """
-SELECT n.rowid AS rid, t.thread, n.start_ns, n.end_ns FROM _nvtx n
-JOIN (SELECT gtid, (row_number() OVER () - 1)::BIGINT AS thread FROM (SELECT DISTINCT gtid FROM _nvtx)) t
-  ON t.gtid IS NOT DISTINCT FROM n.gtid
-WHERE n.kind = 'push_pop' AND n.end_ns >= n.start_ns"""
+# Closed push/pop ranges read at once: a window's NumPy arrays (about 7 int64 columns of its opens and closes,
+# plus the sorts' temporaries) stay near 100 MB beside DuckDB's own memory, whatever the export's size.
+WINDOW_RANGES = 1_000_000
+HISTOGRAM_BINS = 4096  # start-time bins counted to place the windows' cuts
+CLOSED = "kind = 'push_pop' AND end_ns >= start_ns"  # the ranges that have a depth
+OPENS_SQL = f"""SELECT rowid AS rid, coalesce(gtid, -1) AS gtid, start_ns, end_ns FROM _nvtx
+                WHERE {CLOSED} AND start_ns >= $lo AND start_ns < $hi"""
+CLOSES_SQL = f"""SELECT coalesce(gtid, -1) AS gtid, start_ns, end_ns FROM _nvtx
+                 WHERE {CLOSED} AND end_ns >= $lo AND end_ns < $hi"""
 
 MODEL_SQL = f"""
 INSERT INTO nvtx
@@ -62,10 +67,10 @@ def stage(b: Builder, cur: duckdb.DuckDBPyConnection) -> None:
 def write(b: Builder, cur: duckdb.DuckDBPyConnection) -> None:
     """The model's nvtx table: the staged rows with their depths, paired by position (joining them back on row id
     cost as much as computing them)."""
-    rows = cur.execute("SELECT count(*) FROM _nvtx").fetchone()[0]
-    ranges = _fetch(b, cur)
-    depth = nvtx_depth.depths(rows, ranges.pop("rid"), ranges.pop("thread"), ranges.pop("start_ns"),
-                              ranges.pop("end_ns"))
+    try:
+        depth = depths(cur)
+    except duckdb.InterruptException as exc:
+        raise b.cancelled_error() from exc
     b.create("nvtx", cur)
     cur.register(DEPTH_VIEW, {"depth": depth})
     try:
@@ -74,8 +79,37 @@ def write(b: Builder, cur: duckdb.DuckDBPyConnection) -> None:
         cur.unregister(DEPTH_VIEW)
 
 
-def _fetch(b: Builder, cur: duckdb.DuckDBPyConnection) -> dict:
-    try:
-        return cur.execute(RANGES_SQL).fetchnumpy()
-    except duckdb.InterruptException as exc:
-        raise b.cancelled_error() from exc
+def depths(cur: duckdb.DuckDBPyConnection) -> np.ndarray:
+    """Each staged row's depth by row id (NO_DEPTH where none), window by window of time (see profiles.nvtx_depth)."""
+    out = np.full(cur.execute("SELECT count(*) FROM _nvtx").fetchone()[0], nvtx_depth.NO_DEPTH, dtype=np.int32)
+    gtids = cur.execute(f"SELECT DISTINCT coalesce(gtid, -1) AS gtid FROM _nvtx WHERE {CLOSED} ORDER BY 1"
+                        ).fetchnumpy()["gtid"]
+    carry = np.zeros(len(gtids), dtype=np.int64)
+    for lo, hi in _windows(cur):
+        opens = cur.execute(OPENS_SQL, {"lo": lo, "hi": hi}).fetchnumpy()
+        closes = cur.execute(CLOSES_SQL, {"lo": lo, "hi": hi}).fetchnumpy()
+        window = nvtx_depth.Window(opens["rid"], np.searchsorted(gtids, opens["gtid"]), opens["start_ns"],
+                                   opens["end_ns"], np.searchsorted(gtids, closes["gtid"]), closes["start_ns"],
+                                   closes["end_ns"])
+        del opens, closes
+        rid, depth = nvtx_depth.window_depths(window, carry)
+        out[rid] = depth
+    return out
+
+
+def _windows(cur: duckdb.DuckDBPyConnection) -> list[tuple[int, int]]:
+    """[lo, hi) start times covering every closed range, each window opening about WINDOW_RANGES of them; the last
+    reaches past the last end, so that every close falls in a window."""
+    total, lo, last_start, last_end = cur.execute(
+        f"SELECT count(*), min(start_ns), max(start_ns), max(end_ns) FROM _nvtx WHERE {CLOSED}").fetchone()
+    if not total:
+        return []
+    width = (last_start - lo) // HISTOGRAM_BINS + 1
+    bins = cur.execute(f"""SELECT (start_ns - $lo) // $width AS bin, count(*) AS n FROM _nvtx WHERE {CLOSED}
+                           GROUP BY bin ORDER BY bin""", {"lo": lo, "width": width}).fetchnumpy()
+    running = np.cumsum(bins["n"])
+    # a window ends before the bin where the running count passes another WINDOW_RANGES
+    passes = np.searchsorted(running, np.arange(WINDOW_RANGES, total, WINDOW_RANGES), side="right")
+    cuts = np.unique(lo + bins["bin"][passes] * width).tolist()
+    edges = [lo, *(c for c in cuts if c > lo), last_end + 1]
+    return list(zip(edges[:-1], edges[1:], strict=True))

@@ -87,10 +87,8 @@ def _staged(rows: list[tuple]) -> duckdb.DuckDBPyConnection:
 
 def _compared(con: duckdb.DuckDBPyConnection) -> tuple[list, list]:
     """(depth by row id from the build's computation, from the reference SQL), NULL where a row has none."""
-    rows = con.execute("SELECT count(*) FROM _nvtx").fetchone()[0]
-    ranges = con.execute(nvtx_build.RANGES_SQL).fetchnumpy()
-    got = nvtx_depth.depths(rows, ranges["rid"], ranges["thread"], ranges["start_ns"], ranges["end_ns"])
-    expected = [None] * rows
+    got = nvtx_build.depths(con)
+    expected = [None] * len(got)
     for rid, depth in con.execute(REFERENCE_SQL).fetchall():
         expected[rid] = depth
     return [None if d == nvtx_depth.NO_DEPTH else int(d) for d in got], expected
@@ -106,8 +104,10 @@ def _export_rows(path) -> list[tuple]:
     return [(tid, start, end, NVTX_KIND.get(names.get(code), "other")) for tid, start, end, code in events]
 
 
+@pytest.mark.parametrize("window", [nvtx_build.WINDOW_RANGES, 1000])
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.stem)
-def test_profiles_nvtx_depth_equals_the_reference_sql_on_every_fixture(path):
+def test_profiles_nvtx_depth_equals_the_reference_sql_on_every_fixture(path, window, monkeypatch):
+    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", window)  # 1000: the fixtures' ranges over up to 20 windows
     got, expected = _compared(_staged(_export_rows(path)))
     assert got == expected
 
@@ -129,13 +129,16 @@ def _random_rows(rng: random.Random, count: int, spread: int) -> list[tuple]:
     return rows
 
 
+@pytest.mark.parametrize("window", [nvtx_build.WINDOW_RANGES, 7])
 @pytest.mark.parametrize("seed", range(20))
-def test_profiles_nvtx_depth_equals_the_reference_sql_on_random_ties(seed):
-    got, expected = _compared(_staged(_random_rows(random.Random(seed), 300, 12)))
+def test_profiles_nvtx_depth_equals_the_reference_sql_on_random_ties(seed, window, monkeypatch):
+    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", window)  # 7: ranges open across many windows' edges
+    got, expected = _compared(_staged(_random_rows(random.Random(seed), 300, 40)))
     assert got == expected
 
 
-def test_profiles_nvtx_depth_ranks_times_too_far_apart_to_pack():
+def test_profiles_nvtx_depth_ranks_times_too_far_apart_to_pack(monkeypatch):
+    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", 10**9)  # one window spans both ends
     far = 2**62  # threads x span x turns no longer fit an int64 key: the times are ranked first
     rows = [(t << 24, base + s, base + e, "push_pop") for t in range(1, 5) for base in (0, far)
             for s, e in ((0, 100), (10, 20), (10, 20), (20, 20), (20, 50), (100, 100))]
