@@ -15,9 +15,9 @@ from pathlib import Path
 
 import duckdb
 
-from nsightful.profiles import checks
+from nsightful.profiles import checks, nvtx_build
 from nsightful.profiles.activity_join import PID_SQL, TID_SQL, ActivityJoins
-from nsightful.profiles.build_steps import BUILD_SETTINGS, NO_PROGRESS_BAR, Progress, insert_rows
+from nsightful.profiles.build_steps import NO_PROGRESS_BAR, Progress, insert_rows
 from nsightful.profiles.chunks import ROWS_PER_RANGE, correlation_ranges
 from nsightful.profiles.duck import load_sqlite_scanner
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
@@ -36,9 +36,6 @@ CASE WHEN value IS NULL THEN 'other'
      WHEN value ILIKE '%nccl%' THEN 'nccl'
      WHEN regexp_matches(lower(value), 'memcpy|memset|copy|fill_kernel') THEN 'copy'
      ELSE 'compute' END"""
-# NVTX event types the model keeps, as the kind they become (domain: a domain's name, kept only to name the others).
-NVTX_KINDS = {"NvtxPushPopRange": "push_pop", "NvtxtPushPopRange": "push_pop", "NvtxStartEndRange": "start_end",
-              "NvtxtStartEndRange": "start_end", "NvtxMark": "mark", "NvtxtMark": "mark", "NvtxDomainCreate": "domain"}
 API_KIND_SQL = """
 CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
      WHEN regexp_matches(name, '^(cuda|cu)Launch') THEN 'launch'
@@ -262,57 +259,6 @@ class Builder(ActivityJoins):
                     r.start, r."end", r.address, {self.col(gpu, 'numberOfPageFaults', '1')}
                 FROM {self.src(gpu)} r""", cur)
 
-    def nvtx_stage(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """Scan NVTX_EVENTS once (the largest table of most exports) into a staging table, each event type decoded
-        once into its model kind (NVTX_KINDS) rather than compared as text per row later."""
-        t = "NVTX_EVENTS"
-        self.sql("""CREATE TABLE _nvtx (gtid BIGINT, start_ns BIGINT, end_ns BIGINT, kind VARCHAR, text VARCHAR,
-                    domain_id BIGINT)""", cur)
-        if not self.raw.has(t):
-            return
-        kinds = " ".join(f"WHEN '{label}' THEN '{kind}'" for label, kind in NVTX_KINDS.items())
-        self.sql(f"""CREATE TABLE _nvtx_kinds AS SELECT code, CASE label {kinds} END AS kind FROM enums
-                     WHERE enum = 'ENUM_NSYS_EVENT_TYPE' AND label IN (SELECT unnest($labels))""", cur,
-                 {"labels": list(NVTX_KINDS)})
-        text = checks.UTF8_TEXT_SQL.format(col="r.text")
-        self.sql(f"""INSERT INTO _nvtx SELECT r.globalTid, r.start, r."end", k.kind, coalesce({text}, s.value),
-                {self.col(t, "domainId", "0")}
-            FROM {self.src(t)} r JOIN _nvtx_kinds k ON k.code = r.eventType
-            LEFT JOIN _strings s ON s.id = {self.col(t, "textId")}""", cur)
-
-    def nvtx(self) -> None:
-        """Final NVTX table. Push/pop ranges nest per thread, so a range's depth is the running count
-        of opens minus closes before it, in time order; at one time, ranges that end there close first, then
-        ranges open (outer first, then in row order: two with the same times nest), then zero-length ranges close.
-
-        Every open has its close on its own thread, so the running sum over all threads in (thread, time) order
-        is each thread's own: one sort of the opens and closes, no partitioned window. The depths come out in
-        _nvtx's row order and are paired with its rows by position: joining them back on rowid cost as much as
-        computing them (8M ranges: about 6 s of CPU)."""
-        self.sql("SET preserve_insertion_order = true")  # _depth written in rowid order
-        self.sql("""CREATE TABLE _depth AS
-            WITH ranges AS (SELECT rowid AS rid, gtid, start_ns, end_ns,
-                                   kind = 'push_pop' AND end_ns >= start_ns AS opens FROM _nvtx),
-            events AS (SELECT rid, gtid, start_ns AS t, 1 AS step, 1 AS turn, end_ns AS tie FROM ranges WHERE opens
-                       UNION ALL SELECT NULL, gtid, end_ns, -1, CASE WHEN end_ns = start_ns THEN 2 ELSE 0 END, 0
-                       FROM ranges WHERE opens),
-            running AS (SELECT rid, step, sum(step) OVER (ORDER BY gtid, t, turn, tie DESC, rid
-                                                          ROWS UNBOUNDED PRECEDING) AS open_now FROM events)
-            SELECT rid, (open_now - 1)::INTEGER AS depth FROM running WHERE step = 1
-            UNION ALL SELECT rid, NULL FROM ranges WHERE opens IS NOT TRUE
-            ORDER BY rid""")
-        self.sql(f"SET preserve_insertion_order = {BUILD_SETTINGS['preserve_insertion_order']}")
-        self.create("nvtx")
-        self.sql("""INSERT INTO nvtx
-            WITH domains AS (SELECT domain_id, any_value(text) AS name FROM _nvtx
-                             WHERE kind = 'domain' GROUP BY domain_id)
-            SELECT ((n.gtid >> 24) & 16777215)::BIGINT AS pid, (n.gtid & 16777215)::BIGINT AS tid,
-                   d.name AS domain, n.text, n.start_ns, CASE WHEN n.end_ns >= n.start_ns THEN n.end_ns END AS end_ns,
-                   CASE WHEN n.end_ns >= n.start_ns THEN n.end_ns - n.start_ns END AS duration_ns, n.kind, x.depth
-            FROM _nvtx n POSITIONAL JOIN _depth x
-            LEFT JOIN domains d ON d.domain_id = n.domain_id AND n.domain_id <> 0
-            WHERE n.kind <> 'domain'""")
-
     def os_runtime(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "OSRT_API"
         self.create("os_runtime", cur)
@@ -399,7 +345,9 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
 
         def host_side(cur: duckdb.DuckDBPyConnection) -> None:
             b.step("NVTX ranges")
-            b.nvtx_stage(cur)
+            nvtx_build.stage(b, cur)
+            b.step("NVTX nesting")
+            nvtx_build.write(b, cur)
             b.step("OS runtime, CPU samples, scheduling")
             b.os_runtime(cur)
             b.cpu_samples(cur)
@@ -429,14 +377,12 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
         finally:
             for cur in cursors:
                 cur.close()
-        b.step("NVTX nesting")
-        b.nvtx()
         checks.clean(b.con, raw.notes)
         b.step("devices, metadata, capabilities")
         b.gpus()
         b.meta(raw.path, raw.path.stat().st_size, fingerprint)
         b.capabilities()
-        for helper in ("_strings", "_api_names", "_kernel_names", "_nvtx", "_nvtx_kinds", "_depth", "enums"):
+        for helper in ("_strings", "_api_names", "_kernel_names", *nvtx_build.HELPERS, "enums"):
             b.sql(f"DROP TABLE IF EXISTS {helper}")
         b.sql("DETACH raw")
         b.step("writing the model")

@@ -1,14 +1,19 @@
-"""NVTX push/pop depth as the build computes it (profiles.ingest Builder.nvtx), against planted nesting: ranges added
-to a copy of a real export on a thread of their own, each with the depth a per-thread stack gives it."""
+"""NVTX push/pop depth as the build computes it (profiles.nvtx_build, profiles.nvtx_depth): against planted nesting
+(ranges added to a copy of a real export on a thread of their own, each with the depth a per-thread stack gives it),
+and row for row against the ordered SQL window it replaced, on every fixture and on random ties."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import sqlite3
 
-from conftest import FIXTURES
+import duckdb
+import pytest
+from conftest import FIXTURE_FILES, FIXTURES
 
-from nsightful.profiles import open_profile
+from nsightful.profiles import nvtx_build, nvtx_depth, open_profile
+from nsightful.profiles.raw import RawExport
 
 EXPORT = FIXTURES / "nsysai_h100_2gpu_1s.sqlite"
 PID, TID, OTHER_TID = 4242, 7, 8
@@ -54,3 +59,94 @@ def test_profiles_nvtx_depth_follows_each_threads_stack(tmp_path):
                              "WHERE t.name = ? AND e.\"end\" >= e.start", [PUSH_POP]).fetchone()[0]
         total = raw.execute("SELECT count(*) FROM NVTX_EVENTS").fetchone()[0]
     assert others == (total, pushed, 0)  # the export's own ranges keep a depth each, from 0
+
+
+# --- the depth rule against the ordered SQL window it replaced ----------------------------------------------------
+# The build's depth until issue 14 (one running sum over all opens and closes in (thread, time, turn) order), kept
+# as the reference the sorted-key computation must equal row for row.
+REFERENCE_SQL = """
+WITH ranges AS (SELECT rowid AS rid, gtid, start_ns, end_ns, kind = 'push_pop' AND end_ns >= start_ns AS opens
+                FROM _nvtx),
+events AS (SELECT rid, gtid, start_ns AS t, 1 AS step, 1 AS turn, end_ns AS tie FROM ranges WHERE opens
+           UNION ALL SELECT NULL, gtid, end_ns, -1, CASE WHEN end_ns = start_ns THEN 2 ELSE 0 END, 0
+           FROM ranges WHERE opens),
+running AS (SELECT rid, step, sum(step) OVER (ORDER BY gtid, t, turn, tie DESC, rid
+                                              ROWS UNBOUNDED PRECEDING) AS open_now FROM events)
+SELECT rid, (open_now - 1)::INTEGER AS depth FROM running WHERE step = 1"""
+NVTX_KIND = {PUSH_POP: "push_pop", "NvtxtPushPopRange": "push_pop", START_END: "start_end", MARK: "mark"}
+
+
+def _staged(rows: list[tuple]) -> duckdb.DuckDBPyConnection:
+    """A build's staging table (gtid, start_ns, end_ns, kind) holding `rows` in their order."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE _nvtx (gtid BIGINT, start_ns BIGINT, end_ns BIGINT, kind VARCHAR)")
+    if rows:
+        con.executemany("INSERT INTO _nvtx VALUES (?, ?, ?, ?)", rows)
+    return con
+
+
+def _compared(con: duckdb.DuckDBPyConnection) -> tuple[list, list]:
+    """(depth by row id from the build's computation, from the reference SQL), NULL where a row has none."""
+    got = nvtx_build.depths(con)
+    expected = [None] * len(got)
+    for rid, depth in con.execute(REFERENCE_SQL).fetchall():
+        expected[rid] = depth
+    return [None if d == nvtx_depth.NO_DEPTH else int(d) for d in got], expected
+
+
+def _export_rows(path) -> list[tuple]:
+    """The export's NVTX events in row order, as staged: (globalTid, start, end, kind)."""
+    names, _ = RawExport(path).enum("ENUM_NSYS_EVENT_TYPE")  # the export's own, else nsys' codes
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as raw:
+        if not raw.execute("SELECT 1 FROM sqlite_master WHERE name = 'NVTX_EVENTS'").fetchone():
+            return []
+        events = raw.execute('SELECT globalTid, start, "end", eventType FROM NVTX_EVENTS ORDER BY rowid').fetchall()
+    return [(tid, start, end, NVTX_KIND.get(names.get(code), "other")) for tid, start, end, code in events]
+
+
+@pytest.mark.parametrize("window", [nvtx_build.WINDOW_RANGES, 1000])
+@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.stem)
+def test_profiles_nvtx_depth_equals_the_reference_sql_on_every_fixture(path, window, monkeypatch):
+    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", window)  # 1000: the fixtures' ranges over up to 20 windows
+    got, expected = _compared(_staged(_export_rows(path)))
+    assert got == expected
+
+
+def test_profiles_nvtx_depth_equals_the_reference_sql_on_planted_ties():
+    rows = [((PID << 24) | tid, s, e, NVTX_KIND[kind]) for _, s, e, kind, tid, _ in PLANTED]
+    got, expected = _compared(_staged(rows))
+    assert got == expected == [depth for *_, depth in PLANTED]
+
+
+def _random_rows(rng: random.Random, count: int, spread: int) -> list[tuple]:
+    """Ranges on a few threads with times drawn from a small set, so that ties of every kind are common."""
+    rows = []
+    for _ in range(count):
+        start = rng.randrange(spread)
+        end = rng.choice([start, start + rng.randrange(1, spread), None, start - 1])
+        kind = rng.choice(["push_pop"] * 6 + ["start_end", "mark"])
+        rows.append((rng.choice([1 << 24 | 5, 1 << 24 | 6, 9 << 24 | 5, None]), start, end, kind))
+    return rows
+
+
+@pytest.mark.parametrize("window", [nvtx_build.WINDOW_RANGES, 7])
+@pytest.mark.parametrize("seed", range(20))
+def test_profiles_nvtx_depth_equals_the_reference_sql_on_random_ties(seed, window, monkeypatch):
+    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", window)  # 7: ranges open across many windows' edges
+    got, expected = _compared(_staged(_random_rows(random.Random(seed), 300, 40)))
+    assert got == expected
+
+
+def test_profiles_nvtx_depth_ranks_times_too_far_apart_to_pack(monkeypatch):
+    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", 10**9)  # one window spans both ends
+    far = 2**62  # threads x span x turns no longer fit an int64 key: the times are ranked first
+    rows = [(t << 24, base + s, base + e, "push_pop") for t in range(1, 5) for base in (0, far)
+            for s, e in ((0, 100), (10, 20), (10, 20), (20, 20), (20, 50), (100, 100))]
+    got, expected = _compared(_staged(rows))
+    assert got == expected
+    assert got[:6] == [0, 1, 2, 2, 1, 0]  # the twins close at 20 before the ranges opening there; outer first
+
+
+def test_profiles_nvtx_depth_of_no_ranges_is_empty():
+    assert _compared(_staged([])) == ([], [])
+    assert _compared(_staged([(1, 5, None, "push_pop"), (1, 7, None, "mark")])) == ([None, None], [None, None])
