@@ -82,7 +82,7 @@ def write(b: Builder, cur: duckdb.DuckDBPyConnection) -> None:
 
 def depths(cur: duckdb.DuckDBPyConnection) -> np.ndarray:
     """Each staged row's depth by row id (NO_DEPTH where none), window by window of time (see profiles.nvtx_depth)."""
-    out = np.full(cur.execute("SELECT count(*) FROM _nvtx").fetchone()[0], nvtx_depth.NO_DEPTH, dtype=np.int32)
+    out = np.full(cur.execute("SELECT count(*) FROM _nvtx").fetchone()[0], nvtx_depth.NO_DEPTH, dtype=np.int16)
     gtids = cur.execute(f"SELECT DISTINCT coalesce(gtid, -1) AS gtid FROM _nvtx WHERE {CLOSED} ORDER BY 1"
                         ).fetchnumpy()["gtid"]
     carry = np.zeros(len(gtids), dtype=np.int64)
@@ -94,6 +94,8 @@ def depths(cur: duckdb.DuckDBPyConnection) -> np.ndarray:
                                    closes["end_ns"])
         del opens, closes
         rid, depth = nvtx_depth.window_depths(window, carry)
+        if len(depth) and depth.max() > np.iinfo(out.dtype).max:
+            out = out.astype(np.int32)  # nesting deeper than int16 holds: rare, so the common case keeps 2 bytes a row
         out[rid] = depth
     return out
 

@@ -150,3 +150,11 @@ def test_profiles_nvtx_depth_ranks_times_too_far_apart_to_pack(monkeypatch):
 def test_profiles_nvtx_depth_of_no_ranges_is_empty():
     assert _compared(_staged([])) == ([], [])
     assert _compared(_staged([(1, 5, None, "push_pop"), (1, 7, None, "mark")])) == ([None, None], [None, None])
+
+
+def test_profiles_nvtx_depth_deeper_than_int16_widens_the_array(monkeypatch):
+    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", 10_000)  # the widening happens in a later window
+    deep = 33_000  # one thread nesting past 32,767, the int16 the build keeps depths in by default
+    rows = [(1 << 24, i, 2 * deep - i, "push_pop") for i in range(deep)]
+    got, expected = _compared(_staged(rows))
+    assert got == expected == list(range(deep))
