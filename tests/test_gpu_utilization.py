@@ -11,6 +11,8 @@ from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools import gpu_utilization as gu
+from nsightful.tools.common import scope_args
+from nsightful.tools.intervals import GPU_WORK
 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 
@@ -105,6 +107,15 @@ def test_gpu_utilization_matches_brute_force(seed):
         assert {s.stream: s.busy_ns for s in dev.streams} == {st: b for st, b in streams.items() if b}
 
 
+def test_gpu_utilization_streams_serial_summed_mixed_swept():
+    """Stream 7 runs one after another though stream 8 overlaps it (summed); stream 8 and the unnumbered stream
+    overlap themselves (their own sorted pass): each stream's busy time is its own union either way."""
+    con = make_model(kernels=[k(0, 10), k(10, 20), k(5, 30, stream=8), k(8, 12, stream=8), k(40, 50),
+                              {**k(60, 70), "stream_id": None}, {**k(65, 80), "stream_id": None}])
+    streams = run(con).devices[0].streams
+    assert [(s.stream, s.busy_ns) for s in streams] == [(7, 30), (8, 25), (None, 20)]
+
+
 def test_gpu_utilization_device_idle_in_window_has_zero_row():
     con = make_model(kernels=[k(0, 100, device=0), k(0, 10, device=1)])
     result = run(con, start_ns=50, end_ns=100, buckets=2)
@@ -185,6 +196,24 @@ def test_gpu_utilization_golden_union_matches_raw_sweep(open_fixture, stem):
         for st in dev.streams:
             assert st.busy_ns == union_ns(clip([(s, e) for _, d, s2, s, e in rows
                                                 if d == dev.device and s2 == st.stream], lo, hi))
+
+
+# gpu_utilization's stream query before it summed the streams that run one operation after another
+OLD_STREAMS_SQL = "WITH " + GPU_WORK + """,
+o AS (
+  SELECT device_id, stream_id, start_ns AS s, end_ns AS e, max(end_ns) OVER (PARTITION BY device_id, stream_id
+         ORDER BY start_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end FROM gpu_work)
+SELECT device_id, stream_id, sum(e - greatest(s, prev_end)) FILTER (WHERE e > prev_end OR prev_end IS NULL) AS busy
+FROM o GROUP BY ALL ORDER BY device_id, busy DESC, stream_id
+"""
+
+
+@pytest.mark.parametrize("stem", ACTIVE_FIXTURES)
+def test_gpu_utilization_streams_match_the_sorted_pass_of_every_stream(open_fixture, stem):
+    con = open_fixture(stem).con
+    result = run(con, limit=500)
+    old = con.execute(OLD_STREAMS_SQL, scope_args(result.scope)).fetchall()
+    assert [(d.device, s.stream, s.busy_ns) for d in result.devices for s in d.streams] == old
 
 
 @pytest.mark.parametrize("stem", ["nsysai_mfu_2gpu_before", "clue_t4_report4"])

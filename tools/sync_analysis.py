@@ -107,7 +107,8 @@ JOIN (SELECT call_id, list_sort(list(device_id)) AS devs FROM call_devices GROUP
 """
 
 # Per call: the time inside it when none of its devices ran anything (one lane per distinct device set), and
-# whether it lies between the first and last GPU work of those devices.
+# whether it lies between the first and last GPU work of those devices (each device's first and last work
+# found once, then combined per set: no join of every operation with the sets).
 IDLE_SQL = "CREATE OR REPLACE TEMP TABLE sync_idle AS WITH " + GPU_WORK + """,
 sets AS (SELECT devs, row_number() OVER (ORDER BY devs) AS lane FROM (SELECT DISTINCT devs FROM sync_calls)),
 work AS (
@@ -117,9 +118,10 @@ work AS (
 """ + gaps("idle", "work", "lane") + """,
 probes AS (SELECT c.call_id AS probe_id, s.lane, c.start_ns, c.end_ns FROM sync_calls c JOIN sets s USING (devs)),
 """ + overlaps("idle_hits", "probes", "idle", "lane") + """,
+ends AS (SELECT device_id, min(start_ns) AS first_ns, max(end_ns) AS last_ns FROM gpu_work GROUP BY device_id),
 spans AS (
-  SELECT s.devs, min(w.start_ns) AS first_ns, max(w.end_ns) AS last_ns
-  FROM (SELECT devs, unnest(devs) AS device_id FROM sets) s JOIN gpu_work w USING (device_id) GROUP BY s.devs)
+  SELECT s.devs, min(e.first_ns) AS first_ns, max(e.last_ns) AS last_ns
+  FROM (SELECT devs, unnest(devs) AS device_id FROM sets) s JOIN ends e USING (device_id) GROUP BY s.devs)
 SELECT c.call_id, coalesce(i.idle_ns, 0) AS idle_ns,
        coalesce(c.start_ns > sp.first_ns AND c.end_ns < sp.last_ns, false) AS inside
 FROM sync_calls c LEFT JOIN spans sp USING (devs)
