@@ -20,7 +20,6 @@ from pydantic import BaseModel, Field
 
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
-    Finding,
     LimitParam,
     Output,
     Scope,
@@ -77,7 +76,6 @@ class Result(Output):
     devices: list[DeviceUtilization]
     truncated: bool = Field(description="true when some device had more streams than `limit`")
     note: str | None = Field(default=None, description="set when there is nothing to measure")
-    findings: list[Finding] = []
 
 
 # Union length in one sorted pass (cheaper than numbering islands): in start order, the part [ps, e) of
@@ -217,5 +215,4 @@ def render(result: Result) -> str:
         lines.extend(f"  stream {st.stream}: {st.busy_pct:.1f}% ({ms(st.busy_ns)})" for st in d.streams)
         if d.stream_count > len(d.streams):
             lines.append(f"  ... {d.stream_count - len(d.streams)} more streams: raise `limit` to see them")
-    lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
     return "\n".join(lines)
