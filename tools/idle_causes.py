@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 
 import duckdb
 
-from nsightful.tools import iterations, rules
+from nsightful.tools import attribution, iterations, program, rules
 from nsightful.tools.attribution import DeviceIdle
-from nsightful.tools.common import Finding, ms, pct, run_once
+from nsightful.tools.common import Finding, Scope, ms, pct, run_once
 from nsightful.tools.program import Program
 
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
@@ -174,3 +174,10 @@ def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], ext
     return Finding(root_cause=root, severity=rules.severity(ns, d.window_ns), title=title,
                    evidence={"window_pct": pct(ns, d.window_ns), "device_busy_pct": d.busy_pct, **extra},
                    time_at_stake_ns=ns, device=d.device, tags=tags)
+
+
+def shown_by(con: duckdb.DuckDBPyConnection, scope: Scope, causes: set[str]) -> list[Finding]:
+    """The window's idle findings with these root causes: what a tool showing one part of the idle time (sync,
+    launches, host threads) lists, from the one attribution and rule set triage ranks."""
+    idle = attribution.attribute(con, scope).devices if scope.devices else {}
+    return [f for f in findings(idle, program.detect(con)) if f.root_cause in causes]

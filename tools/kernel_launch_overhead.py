@@ -20,7 +20,7 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, idle_causes, program, rules
+from nsightful.tools import idle_causes, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -157,8 +157,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         top_tiny=[TinyKernel(name=r[0], count=r[1], total_ns=int(r[2]), mean_ns=round(r[3], 1), max_ns=r[4])
                   for r in rows],
         truncated=truncated, total_rows=rows[0][5] if rows else 0)
-    found = idle_causes.findings(attribution.attribute(con, scope).devices, program.detect(con))
-    result.findings = [f for f in found if f.root_cause in ROOT_CAUSES]
+    result.findings = idle_causes.shown_by(con, scope, ROOT_CAUSES)
     return result
 
 

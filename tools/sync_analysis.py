@@ -18,7 +18,7 @@ from __future__ import annotations
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, idle_causes, program, rules
+from nsightful.tools import idle_causes, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -185,14 +185,13 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     finally:
         for table in STAGE_TABLES:
             con.execute(f"DROP TABLE IF EXISTS {table}")
-    found = idle_causes.findings(attribution.attribute(con, scope).devices, program.detect(con))
     return Result(
         scope=scope, **totals,
         apis=[ApiRow(**a, gpu_idle_pct=pct(a["gpu_idle_ns"], a["blocked_ns"])) for a in apis[:params.limit]],
         threads=[ThreadRow(**t, blocked_window_pct=pct(t["blocked_ns"], scope.duration_ns))
                  for t in name_threads(con, threads[:params.limit])],
         truncated=len(apis) > params.limit or len(threads) > params.limit,
-        findings=[f for f in found if f.root_cause in ROOT_CAUSES])
+        findings=idle_causes.shown_by(con, scope, ROOT_CAUSES))
 
 
 def render(result: Result) -> str:

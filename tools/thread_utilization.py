@@ -21,7 +21,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import attribution, idle_causes, program, rules
+from nsightful.tools import idle_causes, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -160,11 +160,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     out = [ThreadRow(pid=r[0], tid=r[1], name=r[2], busy_ns=int(r[3]), busy_pct=pct(r[3], scope.duration_ns),
                      blocked_ns=int(r[4]), net_busy_pct=pct(max(0, r[3] - r[4]), scope.duration_ns)) for r in rows]
     total = rows[0][5] if rows else 0
-    idle = attribution.attribute(con, scope).devices if scope.devices else {}
-    found = idle_causes.findings(idle, program.detect(con))
     return Result(scope=scope, basis=basis, basis_meaning=BASIS_MEANING[basis], sample_period_ns=period,
                   thread_count=total, rows=out, truncated=truncated, total_rows=total,
-                  findings=[f for f in found if f.root_cause == "cpu-bottleneck"])
+                  findings=idle_causes.shown_by(con, scope, {"cpu-bottleneck"}))
 
 
 def render(result: Result) -> str:
