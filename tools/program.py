@@ -96,12 +96,11 @@ SELECT label, sum(c)::BIGINT FROM names JOIN rules ON regexp_matches(n, pattern)
   AND NOT coalesce(regexp_matches(n, exclude), false)
 GROUP BY label, rank HAVING sum(c) >= $min ORDER BY 2 DESC, rank
 """
-NVTX_FAMILY_SQL = """
-WITH texts AS (SELECT text, count(*) AS c FROM nvtx WHERE text IS NOT NULL GROUP BY 1),
-rules AS (SELECT unnest($labels) AS label, unnest($patterns) AS pattern, generate_subscripts($labels, 1) AS rank)
-SELECT label, sum(c)::BIGINT FROM texts JOIN rules ON regexp_matches(text, pattern) GROUP BY label, rank
-ORDER BY 2 DESC, rank
-"""
+# One sum per family, each pattern a bound constant: RE2 compiles it once, where a pattern read from a column (a
+# join with the rules) is compiled again for every text (1.0 against 0.3 s CPU over 16 k distinct texts).
+NVTX_FAMILY_SQL = ("WITH texts AS (SELECT text, count(*) AS c FROM nvtx WHERE text IS NOT NULL GROUP BY 1) SELECT "
+                   + ", ".join(f"sum(c) FILTER (WHERE regexp_matches(text, $p{i}))::BIGINT"
+                               for i in range(len(NVTX_FAMILIES))) + " FROM texts")
 THREADS_SQL = "SELECT DISTINCT name FROM threads WHERE pid = $pid AND name IS NOT NULL"
 DOMAINS_SQL = "SELECT DISTINCT domain FROM nvtx WHERE domain IS NOT NULL"
 LAUNCH_APIS_SQL = """SELECT count(*) FILTER (WHERE name LIKE 'cuda%'), count(*) FILTER (WHERE name LIKE 'cu%'
@@ -112,6 +111,13 @@ def _families(con: duckdb.DuckDBPyConnection, sql: str, rules: tuple[tuple, ...]
               extra: dict[str, object]) -> dict[str, int]:
     args = {"labels": [r[0] for r in rules], "patterns": [r[1] for r in rules], **extra}
     return dict(con.execute(sql, args).fetchall())
+
+
+def _nvtx_families(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """NVTX ranges per family that has any, most first (ties in NVTX_FAMILIES order)."""
+    counts = con.execute(NVTX_FAMILY_SQL, {f"p{i}": r[1] for i, r in enumerate(NVTX_FAMILIES)}).fetchone()
+    found = [(n, rank, label) for rank, ((label, _), n) in enumerate(zip(NVTX_FAMILIES, counts, strict=True)) if n]
+    return {label: n for n, _, label in sorted(found, key=lambda f: (-f[0], f[1]))}
 
 
 def detect(con: duckdb.DuckDBPyConnection) -> Program:
@@ -126,7 +132,7 @@ def _detect(con: duckdb.DuckDBPyConnection) -> Program:
     command = command[0] if command else None
     kernels = _families(con, KERNEL_FAMILY_SQL, KERNEL_FAMILIES,
                         {"min": MIN_KERNELS_FOR_FAMILY, "excludes": [r[2] for r in KERNEL_FAMILIES]})
-    nvtx = _families(con, NVTX_FAMILY_SQL, NVTX_FAMILIES, {})
+    nvtx = _nvtx_families(con)
     domains = {NVTX_DOMAINS[d] for (d,) in con.execute(DOMAINS_SQL).fetchall() if d in NVTX_DOMAINS}
     threads = [t for (t,) in con.execute(THREADS_SQL, {"pid": pid}).fetchall()] if pid is not None else []
     runtime_launches, driver_launches = con.execute(LAUNCH_APIS_SQL).fetchone()
