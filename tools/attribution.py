@@ -61,7 +61,7 @@ STEADY_SHARE = 0.75  # share of start-to-start intervals within 20% of the media
 OP_OVERHEAD_MAX_NS = 500_000  # 0.5 ms: an eager framework's host work for one op (Python, dispatch, launch)
 SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; past it the host is late
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
-HOST_PROBE_BUCKET_NS = 1_000_000  # overlap-join buckets for the long gaps x host events join
+HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 JIT_RANGES = (r"(?i)(^|[^a-z])(jit|nvrtc|ptxas)|Xla(Emit|Optimize|Compile|Autotun)|compile(Fusion|Kernel|_fx)|"
               r"triton\.compile|inductor")
 DATA_RANGES = r"(?i)data|fetch|collate|prefetch|get_batch|next_batch"  # input-pipeline NVTX ranges
@@ -146,14 +146,20 @@ bcalls AS MATERIALIZED (
                  lag(end_ns) OVER w AS prev_end
           FROM calls0 WINDOW w AS (PARTITION BY pid, tid ORDER BY start_ns, end_ns)))
   WHERE cause IS NOT NULL),
+bspans AS (  -- the gap starts a call stands for: the thread's latest call begun by then, while it lasts (a call
+  -- nested in another ends the outer one's span), so the spans are disjoint; cut in buckets for an equality join
+  -- of the few calls with the many gaps (an ASOF join sorts every gap)
+  SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket FROM (
+    SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
+             PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM bcalls)
+  WHERE until_ns > start_ns),
 at_start AS (
-  SELECT gap_id, arg_max(cause, b_start) AS cause, arg_max(name, b_start) AS api, arg_max(b_end, b_start) AS b_end
-  FROM (
-    SELECT gl.gap_id, b.cause, b.name, b.start_ns AS b_start, b.end_ns AS b_end, gl.start_ns AS g0
-    FROM (SELECT gap_id, start_ns, pid, tid FROM gap_thread  -- a queued gap's call shows only in listed gaps
-          WHERE tid IS NOT NULL AND (duration_ns >= $min_gap OR NOT coalesce(launch_end_ns <= start_ns, false))) gl
-    ASOF JOIN bcalls b ON b.pid = gl.pid AND b.tid = gl.tid AND b.start_ns <= gl.start_ns)
-  WHERE b_end > g0 GROUP BY gap_id),"""
+  SELECT gl.gap_id, b.cause, b.name AS api, b.end_ns AS b_end
+  FROM (SELECT gap_id, start_ns, pid, tid, start_ns // $bucket_ns AS bucket FROM gap_thread  -- a queued gap's call
+        WHERE tid IS NOT NULL  -- shows only in listed gaps
+          AND (duration_ns >= $min_gap OR NOT coalesce(launch_end_ns <= start_ns, false))) gl
+  JOIN bspans b ON b.pid = gl.pid AND b.tid = gl.tid AND b.bucket = gl.bucket
+    AND gl.start_ns >= b.start_ns AND gl.start_ns < b.until_ns),"""
 
 # What the launching threads did during the gaps that are neither queued nor short.
 HOST = """
