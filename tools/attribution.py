@@ -61,6 +61,8 @@ STEADY_SHARE = 0.75  # share of start-to-start intervals within 20% of the media
 OP_OVERHEAD_MAX_NS = 500_000  # 0.5 ms: an eager framework's host work for one op (Python, dispatch, launch)
 SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; past it the host is late
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
+GAP_ID_STRIDE = 2**32  # a gap's id: its device x this + its row in the device's ordered pass, so ids sort by device
+# and time with no sort of their own (a device in a window has far fewer operations than this)
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 JIT_RANGES = (r"(?i)(^|[^a-z])(jit|nvrtc|ptxas)|Xla(Emit|Optimize|Compile|Autotun)|compile(Fusion|Kernel|_fx)|"
               r"triton\.compile|inductor")
@@ -89,10 +91,11 @@ stretches AS (  -- a gap runs from the latest end so far (in start order) to the
   -- plus one when tiny, gives the latest end and whether an operation ending then is tiny in one ordered pass
   SELECT device_id, max(end_ns * 2 + coalesce(tiny, false)::BIGINT) OVER w AS reach2, lead(start_ns) OVER w AS end_ns,
          lead(start_ns, 2) OVER w = lead(start_ns) OVER w AS tied, lead(launch_end_ns) OVER w AS launch_end_ns,
-         lead(tiny) OVER w AS nxt_tiny, lead(pid) OVER w AS nxt_pid, lead(tid) OVER w AS nxt_tid
+         lead(tiny) OVER w AS nxt_tiny, lead(pid) OVER w AS nxt_pid, lead(tid) OVER w AS nxt_tid,
+         device_id * $gap_id_stride + count(*) OVER w AS gap_id
   FROM lanes WINDOW w AS (PARTITION BY device_id ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)),
 gapset AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY device_id, start_ns) AS gap_id, *, end_ns - start_ns AS duration_ns
+  SELECT *, end_ns - start_ns AS duration_ns
   FROM (SELECT * EXCLUDE (reach2), reach2 // 2 AS start_ns, reach2 % 2 = 1 AS prv_tiny FROM stretches)
   WHERE end_ns > start_ns),
 tied_nxt AS (  -- the operations starting together after a gap: the first launched stands for them
@@ -332,7 +335,7 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
             "follow": rules.READBACK_FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
-            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS}
+            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS, "gap_id_stride": GAP_ID_STRIDE}
 
 
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}
