@@ -44,7 +44,7 @@ from typing import Literal
 
 import duckdb
 
-from nsightful.tools import rules
+from nsightful.tools import nvtx_texts, rules
 from nsightful.tools.common import Scope, per_model
 from nsightful.tools.intervals import overlaps
 
@@ -64,10 +64,6 @@ LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device 
 GAP_ID_STRIDE = 2**32  # a gap's id: its device x this + its row in the device's ordered pass, so ids sort by device
 # and time with no sort of their own (a device in a window has far fewer operations than this)
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
-JIT_RANGES = (r"(?i)(^|[^a-z])(jit|nvrtc|ptxas)|Xla(Emit|Optimize|Compile|Autotun)|compile(Fusion|Kernel|_fx)|"
-              r"triton\.compile|inductor")
-DATA_RANGES = r"(?i)data|fetch|collate|prefetch|get_batch|next_batch"  # input-pipeline NVTX ranges
-COMM_RANGES = r"^(MPI_|PMPI_|shmem_|nvshmem_|UCX|ucp_)"  # host-side communication libraries' NVTX ranges
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
 
 WORK = """api_ends AS (
@@ -312,20 +308,10 @@ SELECT (SELECT list(t ORDER BY t.device_id, t.ns DESC, t.cause) FROM totals t),
 """
 
 
-RANGE_KINDS_SQL = """
-WITH texts AS (SELECT unnest(list(DISTINCT text)) AS text FROM nvtx)  -- a list: no filter is pushed below it
-SELECT text, 'jit' FROM texts WHERE regexp_matches(text, $jit_ranges) AND NOT contains(text, 'Compiled Region')
-UNION ALL
-SELECT text, CASE WHEN regexp_matches(text, $comm_ranges) THEN 'comm' ELSE 'wait' END FROM texts
-WHERE regexp_matches(text, $comm_ranges) OR regexp_matches(text, $data_ranges)
-ORDER BY ALL"""
-
-
 def range_kinds(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
     """(text, kind) of the NVTX range texts that count as jit, comm or wait (a text may be two kinds), each distinct
     text matched once (the regexes cost more than the scan): window-independent, so once per model."""
-    return per_model(con, ("range_kinds",), lambda: con.execute(RANGE_KINDS_SQL, {
-        "jit_ranges": JIT_RANGES, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES}).fetchall())
+    return nvtx_texts.classified(con).range_kinds
 
 
 def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
