@@ -6,17 +6,19 @@ from __future__ import annotations
 import pytest
 
 from nsightful.tools import (
+    answer_figures,
     answer_questions,
     answerers,
     common,
     gpu_idle_gaps,
     iterations,
+    kernel_launch_overhead,
     skills,
     sync_analysis,
     triage,
 )
 
-UNCOVERED = {"gpu_utilization", "kernel_launch_overhead", "thread_utilization", "sync_analysis"}
+UNCOVERED = {"gpu_utilization", "thread_utilization"}  # the other uncovered figures: answer_figures
 
 
 def _answers(con, profile: str) -> dict[str, answer_questions.Answer]:
@@ -62,6 +64,20 @@ def test_answer_questions_device_syncs_are_all_of_the_windows(demo):
     assert sum(a.count for a in device_wide) > 0
     assert _answers(con, "demo")["q28-device-synchronize"].evidence == {"count": sum(a.count for a in device_wide)}
     assert every.device_sync_ns == sum(a.blocked_ns for a in device_wide)
+    assert answerers.Evidence(con, "demo").device_syncs() == answer_figures.DeviceSyncs(
+        count=every.device_sync_count, blocked_ns=every.device_sync_ns)
+
+
+@pytest.mark.parametrize("stem", ["nsysai_h100_2gpu_1s", "clue_t4_report4"])
+def test_answer_questions_small_kernels_equal_kernel_launch_overhead_on_triages_window(open_fixture, stem):
+    con = open_fixture(stem).con
+    w = triage.run(con, triage.Params(profile=stem)).window
+    tool = kernel_launch_overhead.run(con, kernel_launch_overhead.Params(profile=stem, start_ns=w.start_ns,
+                                                                         end_ns=w.end_ns))
+    found = _answers(con, stem)["q13-small-kernels"]
+    assert tool.kernel_count > 0
+    assert found.evidence["tiny_count"] == tool.tiny_count and found.evidence["kernel_count"] == tool.kernel_count
+    assert f"({tool.tiny_kernel_pct:.1f}%) run under {tool.threshold_ns / 1000:g} us" in found.value
 
 
 @pytest.mark.parametrize("sample", ["demo", "clean"])

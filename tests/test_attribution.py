@@ -156,6 +156,28 @@ def test_attribution_a_wait_covering_most_of_a_gap_outranks_the_sync_that_began_
     assert (gap.cause, gap.late_ns, gap.late_cause) == ("host_wait", 0, None)
 
 
+def test_attribution_a_gap_begun_inside_a_long_blocking_call_names_it():
+    """The device runs dry at 3.2 ms, 2.7 ms into a 4 ms cudaStreamSynchronize (its 1 ms join buckets span the
+    gap's start; an earlier synchronize had returned): the gap is the stream sync's, named as its blocking call."""
+    con = make_model(kernels=[kernel(1, 0, 3_200_000, (-5_000, -1_000)),
+                              kernel(2, 4_700_000, 4_710_000, (4_600_000, 4_650_000))],
+                     cuda_api=[call("cudaDeviceSynchronize", "sync", 100_000, 200_000),
+                               call("cudaStreamSynchronize", "sync", 500_000, 4_500_000)])
+    found = attribution.attribute(con, scope(con))
+    [gap] = found.long_gaps
+    assert (gap.start_ns, gap.end_ns, gap.cause, gap.blocked_in) == (T + 3_200_000, T + 4_700_000, "sync",
+                                                                     "cudaStreamSynchronize")
+
+
+def test_attribution_a_gap_begun_after_the_blocking_call_returned_is_not_blocked():
+    """The same, but the stream synchronize returned at 3.1 ms, before the device ran dry: no blocking call."""
+    con = make_model(kernels=[kernel(1, 0, 3_200_000, (-5_000, -1_000)),
+                              kernel(2, 4_700_000, 4_710_000, (4_600_000, 4_650_000))],
+                     cuda_api=[call("cudaStreamSynchronize", "sync", 500_000, 3_100_000)])
+    [gap] = attribution.attribute(con, scope(con)).long_gaps
+    assert (gap.blocked_in, gap.cause) == (None, "host_untraced")
+
+
 @pytest.mark.parametrize("starts_ms, periodic", [
     ([10, 20, 30, 40], 4),  # four 2 ms gaps every 10 ms, host on a CPU: a periodic pattern
     ([10, 20], 0),  # two are not a pattern
@@ -198,3 +220,17 @@ def test_attribution_causes_add_up_to_the_idle_time_of_the_raw_export(open_fixtu
         assert idle.idle_ns == s.duration_ns - union_ns(work)
         assert sum(t.ns for t in idle.causes.values()) == idle.idle_ns
         assert all(0 <= t.long_ns <= t.ns and t.periodic_ns <= t.long_ns for t in idle.causes.values())
+
+
+def test_attribution_gap_ids_are_unique_and_sort_by_device_and_time():
+    """Gap ids come from each device's ordered pass (no sort of their own): the listed gaps, in id order, are in
+    device and time order. Device 1 is given first and its kernels out of time order."""
+    ms = 1_000_000
+    busy = {1: [(4, 5), (0, 2)], 0: [(0, 1), (3, 4), (6, 7)]}  # ms; the window is 0-7 ms (GPU-active)
+    kernels = [{**kernel(10 * d + i, a * ms, b * ms, None), "device_id": d}
+               for d, spans in busy.items() for i, (a, b) in enumerate(spans)]
+    con = make_model(kernels=kernels)
+    gaps = attribution.attribute(con, scope(con)).long_gaps
+    assert [(g.device, g.start_ns - T, g.end_ns - T) for g in gaps] == [(0, 1 * ms, 3 * ms), (0, 4 * ms, 6 * ms),
+                                                                        (1, 2 * ms, 4 * ms), (1, 5 * ms, 7 * ms)]
+    assert len({g.gap_id for g in gaps}) == 4 and [g.gap_id for g in gaps] == sorted(g.gap_id for g in gaps)

@@ -2,8 +2,9 @@
 
 Triage runs first (once per model, through run_once); the answers then read its result, the idle attribution
 of its window, and the results of the tools it ran, asked for with the same parameters so that they come from
-the per-model cache. Only the questions no triage detector covers run their tool (gpu_utilization,
-kernel_launch_overhead, thread_utilization, sync_analysis), each once per model and window.
+the per-model cache. The questions no triage detector covers compute only the figure they need where it is
+cheap (tools/answer_figures.py: tiny kernels, device-wide syncs), else run their tool (gpu_utilization,
+thread_utilization), each once per model and window.
 An answerer returns (value, evidence) when the data gives a real answer to its question, else None.
 """
 
@@ -17,7 +18,7 @@ import duckdb
 from pydantic import BaseModel
 
 from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import attribution, iterations
+from nsightful.tools import answer_figures, attribution, iterations
 from nsightful.tools.common import ms, pct, run_once
 from nsightful.tools.rules import HOTSPOT_PCT
 from nsightful.tools.triage import MAX_FINDINGS
@@ -65,6 +66,12 @@ class Evidence:
     def idle(self) -> attribution.Attribution:
         """Triage's idle attribution of its window (computed once per model and window)."""
         return attribution.attribute(self.con, self.triage.window)
+
+    def tiny_kernels(self) -> answer_figures.TinyKernels:
+        return answer_figures.tiny_kernels(self.con, self.triage.window)
+
+    def device_syncs(self) -> answer_figures.DeviceSyncs:
+        return answer_figures.device_syncs(self.con, self.triage.window)
 
     @property
     def summary(self) -> Any:
@@ -204,8 +211,8 @@ def _dominant(e: Evidence) -> Answer:
 
 
 def _small(e: Evidence) -> Answer:
-    k = e.tool("kernel_launch_overhead")
-    if not k or not k.kernel_count:
+    k = e.tiny_kernels()
+    if not k.kernel_count:
         return None
     idle = sum(d.ns("launch_tiny") for d in e.idle.devices.values())
     return (f"{k.tiny_count:,} of {k.kernel_count:,} kernels ({k.tiny_kernel_pct:.1f}%) run under "
@@ -322,11 +329,11 @@ def _first_iteration(e: Evidence) -> Answer:
 
 
 def _device_sync(e: Evidence) -> Answer:
-    s = e.tool("sync_analysis")
-    if s is None or not e.summary.table_rows.get("cuda_api"):
+    if not e.summary.table_rows.get("cuda_api"):
         return None
-    n = s.device_sync_count
-    return ((f"yes: {n:,} device-wide synchronize calls blocking the host {ms(s.device_sync_ns)}"
+    s = e.device_syncs()
+    n = s.count
+    return ((f"yes: {n:,} device-wide synchronize calls blocking the host {ms(s.blocked_ns)}"
              if n else "no device-wide synchronize calls in the window"), {"count": n})
 
 

@@ -44,7 +44,7 @@ from typing import Literal
 
 import duckdb
 
-from nsightful.tools import rules
+from nsightful.tools import nvtx_texts, rules
 from nsightful.tools.common import Scope, per_model
 from nsightful.tools.intervals import overlaps
 
@@ -61,11 +61,9 @@ STEADY_SHARE = 0.75  # share of start-to-start intervals within 20% of the media
 OP_OVERHEAD_MAX_NS = 500_000  # 0.5 ms: an eager framework's host work for one op (Python, dispatch, launch)
 SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; past it the host is late
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
-HOST_PROBE_BUCKET_NS = 1_000_000  # overlap-join buckets for the long gaps x host events join
-JIT_RANGES = (r"(?i)(^|[^a-z])(jit|nvrtc|ptxas)|Xla(Emit|Optimize|Compile|Autotun)|compile(Fusion|Kernel|_fx)|"
-              r"triton\.compile|inductor")
-DATA_RANGES = r"(?i)data|fetch|collate|prefetch|get_batch|next_batch"  # input-pipeline NVTX ranges
-COMM_RANGES = r"^(MPI_|PMPI_|shmem_|nvshmem_|UCX|ucp_)"  # host-side communication libraries' NVTX ranges
+GAP_ID_STRIDE = 2**32  # a gap's id: its device x this + its row in the device's ordered pass, so ids sort by device
+# and time with no sort of their own (a device in a window has far fewer operations than this)
+HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
 
 WORK = """api_ends AS (
@@ -89,10 +87,11 @@ stretches AS (  -- a gap runs from the latest end so far (in start order) to the
   -- plus one when tiny, gives the latest end and whether an operation ending then is tiny in one ordered pass
   SELECT device_id, max(end_ns * 2 + coalesce(tiny, false)::BIGINT) OVER w AS reach2, lead(start_ns) OVER w AS end_ns,
          lead(start_ns, 2) OVER w = lead(start_ns) OVER w AS tied, lead(launch_end_ns) OVER w AS launch_end_ns,
-         lead(tiny) OVER w AS nxt_tiny, lead(pid) OVER w AS nxt_pid, lead(tid) OVER w AS nxt_tid
+         lead(tiny) OVER w AS nxt_tiny, lead(pid) OVER w AS nxt_pid, lead(tid) OVER w AS nxt_tid,
+         device_id * $gap_id_stride + count(*) OVER w AS gap_id
   FROM lanes WINDOW w AS (PARTITION BY device_id ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)),
 gapset AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY device_id, start_ns) AS gap_id, *, end_ns - start_ns AS duration_ns
+  SELECT *, end_ns - start_ns AS duration_ns
   FROM (SELECT * EXCLUDE (reach2), reach2 // 2 AS start_ns, reach2 % 2 = 1 AS prv_tiny FROM stretches)
   WHERE end_ns > start_ns),
 tied_nxt AS (  -- the operations starting together after a gap: the first launched stands for them
@@ -146,14 +145,20 @@ bcalls AS MATERIALIZED (
                  lag(end_ns) OVER w AS prev_end
           FROM calls0 WINDOW w AS (PARTITION BY pid, tid ORDER BY start_ns, end_ns)))
   WHERE cause IS NOT NULL),
+bspans AS (  -- the gap starts a call stands for: the thread's latest call begun by then, while it lasts (a call
+  -- nested in another ends the outer one's span), so the spans are disjoint; cut in buckets for an equality join
+  -- of the few calls with the many gaps (an ASOF join sorts every gap)
+  SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket FROM (
+    SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
+             PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM bcalls)
+  WHERE until_ns > start_ns),
 at_start AS (
-  SELECT gap_id, arg_max(cause, b_start) AS cause, arg_max(name, b_start) AS api, arg_max(b_end, b_start) AS b_end
-  FROM (
-    SELECT gl.gap_id, b.cause, b.name, b.start_ns AS b_start, b.end_ns AS b_end, gl.start_ns AS g0
-    FROM (SELECT gap_id, start_ns, pid, tid FROM gap_thread  -- a queued gap's call shows only in listed gaps
-          WHERE tid IS NOT NULL AND (duration_ns >= $min_gap OR NOT coalesce(launch_end_ns <= start_ns, false))) gl
-    ASOF JOIN bcalls b ON b.pid = gl.pid AND b.tid = gl.tid AND b.start_ns <= gl.start_ns)
-  WHERE b_end > g0 GROUP BY gap_id),"""
+  SELECT gl.gap_id, b.cause, b.name AS api, b.end_ns AS b_end
+  FROM (SELECT gap_id, start_ns, pid, tid, start_ns // $bucket_ns AS bucket FROM gap_thread  -- a queued gap's call
+        WHERE tid IS NOT NULL  -- shows only in listed gaps
+          AND (duration_ns >= $min_gap OR NOT coalesce(launch_end_ns <= start_ns, false))) gl
+  JOIN bspans b ON b.pid = gl.pid AND b.tid = gl.tid AND b.bucket = gl.bucket
+    AND gl.start_ns >= b.start_ns AND gl.start_ns < b.until_ns),"""
 
 # What the launching threads did during the gaps that are neither queued nor short.
 HOST = """
@@ -303,20 +308,10 @@ SELECT (SELECT list(t ORDER BY t.device_id, t.ns DESC, t.cause) FROM totals t),
 """
 
 
-RANGE_KINDS_SQL = """
-WITH texts AS (SELECT unnest(list(DISTINCT text)) AS text FROM nvtx)  -- a list: no filter is pushed below it
-SELECT text, 'jit' FROM texts WHERE regexp_matches(text, $jit_ranges) AND NOT contains(text, 'Compiled Region')
-UNION ALL
-SELECT text, CASE WHEN regexp_matches(text, $comm_ranges) THEN 'comm' ELSE 'wait' END FROM texts
-WHERE regexp_matches(text, $comm_ranges) OR regexp_matches(text, $data_ranges)
-ORDER BY ALL"""
-
-
 def range_kinds(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
     """(text, kind) of the NVTX range texts that count as jit, comm or wait (a text may be two kinds), each distinct
     text matched once (the regexes cost more than the scan): window-independent, so once per model."""
-    return per_model(con, ("range_kinds",), lambda: con.execute(RANGE_KINDS_SQL, {
-        "jit_ranges": JIT_RANGES, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES}).fetchall())
+    return nvtx_texts.classified(con).range_kinds
 
 
 def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
@@ -326,7 +321,7 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
             "follow": rules.READBACK_FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
-            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS}
+            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS, "gap_id_stride": GAP_ID_STRIDE}
 
 
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}

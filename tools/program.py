@@ -4,8 +4,8 @@ offload, Julia, or unknown; which frameworks it used; and which evidence decided
 The kind picks the fix family of every finding (resources/book.py): a C++ program never gets a PyTorch fix.
 Evidence is read from the processes that did GPU work (the one with the most kernels, copies and memsets
 first), the profiled command line, thread names, NVTX domains and range texts, kernel name families and the
-CUDA API mix. Every rule is a named pattern below; `evidence` lists what matched, `decided_by` the rule that
-set the kind.
+CUDA API mix. Every rule is a named pattern below (the NVTX range texts' in tools/nvtx_texts.py); `evidence`
+lists what matched, `decided_by` the rule that set the kind.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Literal
 import duckdb
 from pydantic import BaseModel, Field
 
+from nsightful.tools import nvtx_texts
 from nsightful.tools.common import per_model
 
 Kind = Literal["pytorch", "jax", "tensorrt", "python", "cuda", "offload", "julia", "unknown"]
@@ -59,15 +60,7 @@ KERNEL_FAMILIES: tuple[tuple[str, str, str | None], ...] = (
     ("OpenMP offload", r"^nvkernel_|__omp_offloading_", None),
     ("CUB/Thrust", r"\bcub::|\bthrust::", None),
 )
-# NVTX domains or range texts (RE2) and the framework they show.
-NVTX_FAMILIES: tuple[tuple[str, str], ...] = (
-    ("PyTorch (ATen)", r"^aten::|, op_id = |^ProfilerStep#"),
-    ("PyTorch FSDP", r"^FSDP::"),
-    ("XLA (JAX/TensorFlow)", r"^(XlaModule|Thunk|XlaEmitGpuAsm|XlaOptimizeLlvmIr|XlaCompile):"),
-    ("MPI", r"^MPI_"),
-    ("Megatron-LM", r"(?i)megatron"),
-    ("DeepSpeed", r"(?i)deepspeed"),
-)
+# NVTX domains and the framework they show (range texts: tools/nvtx_texts.py).
 NVTX_DOMAINS: dict[str, str] = {"MPI": "MPI", "TSL": "XLA (JAX/TensorFlow)", "TensorRT": "TensorRT",
                                 "CCCL": "CUB/Thrust", "NCCL": "NCCL", "cuDNN": "cuDNN", "cuBLAS": "cuBLAS"}
 MIN_KERNELS_FOR_FAMILY = 1  # one kernel of a framework's family shows the framework ran
@@ -96,12 +89,6 @@ SELECT label, sum(c)::BIGINT FROM names JOIN rules ON regexp_matches(n, pattern)
   AND NOT coalesce(regexp_matches(n, exclude), false)
 GROUP BY label, rank HAVING sum(c) >= $min ORDER BY 2 DESC, rank
 """
-NVTX_FAMILY_SQL = """
-WITH texts AS (SELECT text, count(*) AS c FROM nvtx WHERE text IS NOT NULL GROUP BY 1),
-rules AS (SELECT unnest($labels) AS label, unnest($patterns) AS pattern, generate_subscripts($labels, 1) AS rank)
-SELECT label, sum(c)::BIGINT FROM texts JOIN rules ON regexp_matches(text, pattern) GROUP BY label, rank
-ORDER BY 2 DESC, rank
-"""
 THREADS_SQL = "SELECT DISTINCT name FROM threads WHERE pid = $pid AND name IS NOT NULL"
 DOMAINS_SQL = "SELECT DISTINCT domain FROM nvtx WHERE domain IS NOT NULL"
 LAUNCH_APIS_SQL = """SELECT count(*) FILTER (WHERE name LIKE 'cuda%'), count(*) FILTER (WHERE name LIKE 'cu%'
@@ -126,7 +113,7 @@ def _detect(con: duckdb.DuckDBPyConnection) -> Program:
     command = command[0] if command else None
     kernels = _families(con, KERNEL_FAMILY_SQL, KERNEL_FAMILIES,
                         {"min": MIN_KERNELS_FOR_FAMILY, "excludes": [r[2] for r in KERNEL_FAMILIES]})
-    nvtx = _families(con, NVTX_FAMILY_SQL, NVTX_FAMILIES, {})
+    nvtx = nvtx_texts.classified(con).families
     domains = {NVTX_DOMAINS[d] for (d,) in con.execute(DOMAINS_SQL).fetchall() if d in NVTX_DOMAINS}
     threads = [t for (t,) in con.execute(THREADS_SQL, {"pid": pid}).fetchall()] if pid is not None else []
     runtime_launches, driver_launches = con.execute(LAUNCH_APIS_SQL).fetchone()

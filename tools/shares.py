@@ -43,6 +43,7 @@ class Classification(BaseModel):
     reason: str
 
 
+KINDS = ("compute", "copy_kernel", "transfer", "communication")  # copy-like kernels are compute too
 WORK = """work AS (
   SELECT device_id, cat, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
   FROM (SELECT device_id, CASE WHEN category = 'nccl' THEN 'communication' WHEN category = 'copy' THEN 'copy_kernel'
@@ -50,33 +51,41 @@ WORK = """work AS (
         UNION ALL SELECT device_id, 'transfer', start_ns, end_ns FROM memcpy
         UNION ALL SELECT device_id, 'transfer', start_ns, end_ns FROM memset
         UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM graph_exec)
-  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
-keyed AS (SELECT device_id, cat, start_ns, end_ns FROM work
-          UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM work WHERE cat = 'copy_kernel')"""
-# Union length per (device, kind) in one ordered pass: each interval adds what lies past the furthest end
-# before it. Busy time (the union of everything) is the idle attribution's complement.
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
+
+
+def _members(kind: str) -> str:
+    return "('compute', 'copy_kernel')" if kind == "compute" else f"('{kind}')"
+
+
+# Union length per device and kind in one ordered pass per device (one sort for all kinds, not one per kind):
+# each interval of a kind adds what lies past the furthest end of that kind before it. Busy time (the union of
+# everything) is the idle attribution's complement.
 SQL = "WITH " + WORK + """,
 reach AS (
-  SELECT cat, start_ns, end_ns, max(end_ns) OVER (PARTITION BY device_id, cat ORDER BY start_ns, end_ns
-         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end FROM keyed)
-SELECT cat, sum(greatest(0, end_ns - greatest(start_ns, coalesce(before_end, start_ns))))::BIGINT,
-       (SELECT count(*) FROM work) FROM reach GROUP BY cat
+  SELECT cat, start_ns, end_ns, """ + ", ".join(
+    f"max(end_ns) FILTER (WHERE cat IN {_members(k)}) OVER w AS {k}_end" for k in KINDS) + """
+  FROM work WINDOW w AS (PARTITION BY device_id ORDER BY start_ns, end_ns
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING))
+SELECT """ + ", ".join(
+    f"coalesce(sum(end_ns - greatest(start_ns, coalesce({k}_end, start_ns))) FILTER (WHERE cat IN {_members(k)}"
+    f" AND end_ns > coalesce({k}_end, start_ns)), 0)::BIGINT" for k in KINDS) + """, count(*)
+FROM reach
 """
 
 
-def _unions(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[tuple[str, int, int]]:
-    """SQL's rows for a scope, computed once per model: a second triage on the same window (another `limit`, or
-    answer_questions' own) reuses them."""
+def _unions(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, ...]:
+    """SQL's row (each kind's union in KINDS order, then the operations) for a scope, computed once per model: a
+    second triage on the same window (another `limit`, or answer_questions' own) reuses it."""
     key = ("shares", tuple(scope.devices), scope.start_ns, scope.end_ns)
     args = {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices}
-    return per_model(con, key, lambda: con.execute(SQL, args).fetchall())
+    return per_model(con, key, lambda: con.execute(SQL, args).fetchone())
 
 
 def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> Classification:
     """`fired`: root causes of the findings raised on the same window (they name a host-bound run)."""
-    rows = _unions(con, scope)
-    ns = {cat: n for cat, n, _ in rows}
-    ops = rows[0][2] if rows else 0
+    *unions, ops = _unions(con, scope)
+    ns = dict(zip(KINDS, unions, strict=True))
     idle = attribution.attribute(con, scope).devices
     ns["busy"] = sum(d.window_ns - d.idle_ns for d in idle.values())
     capacity = scope.duration_ns * len(scope.devices)
