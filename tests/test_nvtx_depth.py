@@ -12,7 +12,7 @@ import duckdb
 import pytest
 from conftest import FIXTURE_FILES, FIXTURES
 
-from nsightful.profiles import nvtx_build, open_profile
+from nsightful.profiles import nvtx_build, nvtx_depth, open_profile
 from nsightful.profiles.raw import RawExport
 
 EXPORT = FIXTURES / "nsysai_h100_2gpu_1s.sqlite"
@@ -66,7 +66,7 @@ def test_profiles_nvtx_depth_follows_each_threads_stack(tmp_path):
 # as the reference the sorted-key computation must equal row for row.
 REFERENCE_SQL = """
 WITH ranges AS (SELECT rowid AS rid, gtid, start_ns, end_ns, kind = 'push_pop' AND end_ns >= start_ns AS opens
-                FROM _events),
+                FROM _nvtx),
 events AS (SELECT rid, gtid, start_ns AS t, 1 AS step, 1 AS turn, end_ns AS tie FROM ranges WHERE opens
            UNION ALL SELECT NULL, gtid, end_ns, -1, CASE WHEN end_ns = start_ns THEN 2 ELSE 0 END, 0
            FROM ranges WHERE opens),
@@ -77,28 +77,21 @@ NVTX_KIND = {PUSH_POP: "push_pop", "NvtxtPushPopRange": "push_pop", START_END: "
 
 
 def _staged(rows: list[tuple]) -> duckdb.DuckDBPyConnection:
-    """`rows` (gtid, start_ns, end_ns, kind) in their order as _events, and the build's staging of them: the closed
-    push/pop ranges by row id, and the empty table their depths go to."""
+    """A build's staging table (gtid, start_ns, end_ns, kind) holding `rows` in their order."""
     con = duckdb.connect()
-    con.execute("CREATE TABLE _events (gtid BIGINT, start_ns BIGINT, end_ns BIGINT, kind VARCHAR)")
+    con.execute("CREATE TABLE _nvtx (gtid BIGINT, start_ns BIGINT, end_ns BIGINT, kind VARCHAR)")
     if rows:
-        con.executemany("INSERT INTO _events VALUES (?, ?, ?, ?)", rows)
-    con.execute("""CREATE TABLE _nvtx AS SELECT rowid AS rid, coalesce(gtid, -1) AS gtid, start_ns, end_ns
-                   FROM _events WHERE kind = 'push_pop' AND end_ns >= start_ns""")
-    con.execute(f"CREATE TABLE {nvtx_build.DEPTHS} (rid BIGINT, depth INTEGER)")
+        con.executemany("INSERT INTO _nvtx VALUES (?, ?, ?, ?)", rows)
     return con
 
 
 def _compared(con: duckdb.DuckDBPyConnection) -> tuple[list, list]:
     """(depth by row id from the build's computation, from the reference SQL), NULL where a row has none."""
-    nvtx_build.depths(con)
-    count = con.execute("SELECT count(*) FROM _events").fetchone()[0]
-    got, expected = [None] * count, [None] * count
-    for rid, depth in con.execute(f"SELECT rid, depth FROM {nvtx_build.DEPTHS}").fetchall():
-        got[rid] = depth
+    got = nvtx_build.depths(con)
+    expected = [None] * len(got)
     for rid, depth in con.execute(REFERENCE_SQL).fetchall():
         expected[rid] = depth
-    return got, expected
+    return [None if d == nvtx_depth.NO_DEPTH else int(d) for d in got], expected
 
 
 def _export_rows(path) -> list[tuple]:
@@ -159,9 +152,9 @@ def test_profiles_nvtx_depth_of_no_ranges_is_empty():
     assert _compared(_staged([(1, 5, None, "push_pop"), (1, 7, None, "mark")])) == ([None, None], [None, None])
 
 
-def test_profiles_nvtx_depth_deeper_than_int16_is_kept(monkeypatch):
-    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", 10_000)  # the depth passes 32,767 in a later window
-    deep = 33_000  # one thread nesting past 32,767, the most an int16 holds
+def test_profiles_nvtx_depth_deeper_than_int16_widens_the_array(monkeypatch):
+    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", 10_000)  # the widening happens in a later window
+    deep = 33_000  # one thread nesting past 32,767, the int16 the build keeps depths in by default
     rows = [(1 << 24, i, 2 * deep - i, "push_pop") for i in range(deep)]
     got, expected = _compared(_staged(rows))
     assert got == expected == list(range(deep))
