@@ -99,6 +99,8 @@ def test_memory_transfers_per_device_rows():
     ([(0, 1000)], 0),  # one kernel covers the copy
     ([(300, 400), (500, 600), (550, 700)], 400 - 50 - 200),  # 350-400 and 500-700 covered
     ([(360, 370), (360, 380), (365, 390), (700, 760)], 400 - 30 - 50),  # overlapping kernels count once
+    ([(0, 3_000), (100, 400)], 0),  # a kernel longer than the join's time bucket covers it from buckets before
+    ([(740, 9_000), (360, 370)], 400 - 10 - 10),  # ... or from the bucket the copy ends in
 ])
 def test_memory_transfers_exposed_time_is_copy_minus_kernel_union(kernels, exposed):
     con = make_model(kernels=[k(s, e, stream=i) for i, (s, e) in enumerate(kernels)],
@@ -162,6 +164,32 @@ def test_memory_transfers_direction_rows_sum_the_device_rows(open_fixture, stem)
         assert [getattr(r, f) for f in fields] == [sum(getattr(d, f) for d in mine) for f in fields], r.direction
     assert [r.time_ns for r in merged.rows] == sorted((r.time_ns for r in merged.rows), reverse=True)
     assert merged.findings == split.findings and merged.total_rows == len({r.direction for r in split.rows})
+
+def _exposed_by_kernel_union(con) -> dict[tuple[str, int], int]:
+    """Per (direction, device): copy time outside the device's merged kernel intervals, in Python from the rows."""
+    union: dict[int, list[list[int]]] = {}
+    for device, s, e in con.execute("SELECT device_id, start_ns, end_ns FROM kernels WHERE end_ns > start_ns "
+                                    "ORDER BY 1, 2, 3").fetchall():
+        merged = union.setdefault(device, [])
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    exposed: dict[tuple[str, int], int] = {}
+    for direction, device, s, e in con.execute("SELECT direction, device_id, start_ns, end_ns FROM memcpy").fetchall():
+        busy = sum(max(0, min(e, ke) - max(s, ks)) for ks, ke in union.get(device, []) if ks < e and ke > s)
+        exposed[direction, device] = exposed.get((direction, device), 0) + (e - s) - busy
+    return exposed
+
+
+def test_memory_transfers_exposed_time_matches_the_kernel_union(open_fixture):
+    """The copy-to-kernel bucket join gives each copy's time outside the device's kernel union, as merging every
+    kernel of the device does; this capture's copies run partly under kernels (the other fixtures' never do)."""
+    con = open_fixture("extrap_windows_con_kernel").con
+    rows = run(con, per_device=True, limit=100).rows
+    assert all(0 < r.exposed_time_ns < r.time_ns for r in rows)
+    assert {(r.direction, r.device): r.exposed_time_ns for r in rows} == _exposed_by_kernel_union(con)
+
 
 # --- planted problems on the synthetic sample ---------------------------------------------------------
 def test_memory_transfers_finds_planted_pageable_copies(demo):

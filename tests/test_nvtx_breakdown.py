@@ -15,7 +15,7 @@ from nsightful.profiles.errors import InvalidRequest
 from nsightful.tools import nvtx_breakdown as nv
 
 
-def rng_(text: str, s: int, e: int, depth: int | None = 0, tid: int = 1, kind: str = "push_pop",
+def rng_(text: str | None, s: int, e: int, depth: int | None = 0, tid: int = 1, kind: str = "push_pop",
          domain: str | None = None) -> dict:
     return {"pid": 1, "tid": tid, "text": text, "start_ns": s, "end_ns": e, "kind": kind, "depth": depth,
             "domain": domain}
@@ -78,6 +78,15 @@ def test_nvtx_breakdown_domain_start_end_and_marks():
     assert [(r.name, r.depth, r.kernel_count, r.gpu_ns) for r in run(con).rows] == [
         ("step #", None, 2, 15), ("fwd", 0, 1, 10)]
     assert [r.name for r in run(con, domain="train").rows] == ["step #"]
+
+
+def test_nvtx_breakdown_joins_gpu_time_to_groups_without_text_or_depth():
+    """CPU and GPU time are grouped apart and joined on (text, depth): a NULL text or depth still meets its GPU time."""
+    con = make_model(nvtx=[rng_(None, 0, 100, None, kind="start_end"), rng_(None, 200, 260, 0),
+                           rng_("idle", 300, 350, 0)],
+                     kernels=[kern(10, 20, 50), kern(60, 70, 75), kern(210, 220, 230)])
+    rows = {(r.name, r.depth): (r.count, r.cpu_ns, r.kernel_count, r.gpu_ns, r.gpu_span_ns) for r in run(con).rows}
+    assert rows == {("", None): (1, 100, 2, 35, 55), ("", 0): (1, 60, 1, 10, 10), ("idle", 0): (1, 50, 0, 0, 0)}
 
 
 def test_nvtx_breakdown_device_scope_limits_gpu_work():
