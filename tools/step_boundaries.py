@@ -51,7 +51,8 @@ class Candidate(BaseModel):
 # (counter families merged). 'aten::' and the autograd tag, most per-op ranges of PyTorch profiles, are tested
 # first: DuckDB runs a conjunction's cheap string tests before the regex, which sees only the rest (the same
 # tests inside a CASE cost 0.2-0.3 s more CPU over 8.4 M ranges). The metadata, template and number rewrites run
-# once per distinct text (240 texts for 120 k ranges on the 1 GB benchmark export), not once per range.
+# once per distinct text (240 texts for 120 k ranges on the 1 GB benchmark export), not once per range, and a
+# text's numbers become their rank among its template's texts, so the counter test compares integers, not lists.
 # `flagged` marks the ranges whose thread launches GPU work inside them: an ASOF join finds, per range, the
 # thread's first launch at or after its start, which is inside when it starts before the range ends. Every
 # candidate row carries the ranges of the best one (rank 1) on its qualifying threads.
@@ -64,9 +65,10 @@ WITH ranges AS (
     AND ($wanted IS NOT NULL OR (NOT starts_with(text, 'aten::') AND NOT contains(text, $autograd)
                                  AND NOT regexp_matches(text, $per_op)))),
 texts AS (
-  SELECT text, clean, regexp_replace(clean, '[0-9]+', 'N', 'g') AS template,
-         list_transform(regexp_extract_all(clean, '[0-9]+'), lambda x: lpad(x, 40, '0')) AS nums
-  FROM (SELECT text, regexp_replace(text, $metadata, '') AS clean FROM (SELECT DISTINCT text FROM ranges))),
+  SELECT *, dense_rank() OVER (PARTITION BY template ORDER BY list_transform(
+         regexp_extract_all(clean, '[0-9]+'), lambda x: lpad(x, 40, '0'))) AS nums
+  FROM (SELECT text, clean, regexp_replace(clean, '[0-9]+', 'N', 'g') AS template
+        FROM (SELECT text, regexp_replace(text, $metadata, '') AS clean FROM (SELECT DISTINCT text FROM ranges)))),
 steps AS MATERIALIZED (
   SELECT r.pid, r.tid, r.kind, r.depth, r.start_ns, r.end_ns, t.clean, t.template, t.nums
   FROM ranges r JOIN texts t USING (text)),
