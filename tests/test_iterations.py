@@ -140,6 +140,18 @@ def test_iterations_never_merges_texts_that_differ_beyond_their_numbers():
     assert [(c.name, c.ranges) for c in result.candidates] == [("step N fwd", 3), ("step N bwd", 3)]
 
 
+@pytest.mark.parametrize("texts", [
+    ["step 8", "step 9", "step 10", "step 11"],  # as strings '10' < '9': numbers compare by value
+    ["epoch 1 step 9", "epoch 1 step 10", "epoch 2 step 1", "epoch 2 step 2"],  # the first number first
+])
+def test_iterations_counter_numbers_compare_as_numbers(texts):
+    ranges = [rng_(t, 100 * i, 100 * i + 90) for i, t in enumerate(texts)]
+    result = run(make_model(nvtx=ranges, kernels=[kern(100 * i, 100 * i + 5) for i in range(4)]))
+    name = "step N" if len(texts[0].split()) == 2 else "epoch N step N"
+    assert [(c.name, c.counter, c.ranges) for c in result.candidates] == [(name, True, 4)]
+    assert [(r.start_ns, r.end_ns) for r in result.rows] == [(0, 100), (100, 200), (200, 300), (300, 390)]
+
+
 def test_iterations_numbers_that_fall_on_one_thread_are_no_counter():
     r1, k1 = steps("layer {}", [0, 100, 200], [90, 190, 290])
     r2 = [rng_(f"layer {k}", s, s + 90, tid=2) for k, s in zip([2, 1, 0], [0, 100, 200], strict=True)]
