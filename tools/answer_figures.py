@@ -54,6 +54,6 @@ def device_syncs(con: duckdb.DuckDBPyConnection, scope: Scope) -> DeviceSyncs:
             sync_analysis.find(con, scope)
             count, blocked = con.execute(DEVICE_SYNCS_SQL).fetchone()
         finally:
-            con.execute("DROP TABLE IF EXISTS sync_calls")
+            sync_analysis.drop_stages(con)
         return DeviceSyncs(count=count, blocked_ns=blocked)
     return per_model(con, ("device_syncs", tuple(scope.devices), scope.start_ns, scope.end_ns), compute)

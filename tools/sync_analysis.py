@@ -176,6 +176,12 @@ def name_threads(con: duckdb.DuckDBPyConnection, threads: list[dict]) -> list[di
     return [{**t, "thread_name": names.get((t["pid"], t["tid"]))} for t in threads]
 
 
+def drop_stages(con: duckdb.DuckDBPyConnection) -> None:
+    """The stages' temp tables, dropped once a caller has read what it needs."""
+    for table in STAGE_TABLES:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+
+
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
     try:
@@ -183,8 +189,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         measure_idle(con, scope)
         totals, apis, threads = group(con, params.limit)
     finally:
-        for table in STAGE_TABLES:
-            con.execute(f"DROP TABLE IF EXISTS {table}")
+        drop_stages(con)
     return Result(
         scope=scope, **totals,
         apis=[ApiRow(**a, gpu_idle_pct=pct(a["gpu_idle_ns"], a["blocked_ns"])) for a in apis[:params.limit]],
