@@ -15,10 +15,11 @@ from nsightful.tools import (
     kernel_launch_overhead,
     skills,
     sync_analysis,
+    thread_utilization,
     triage,
 )
 
-UNCOVERED = {"gpu_utilization", "thread_utilization"}  # the other uncovered figures: answer_figures
+UNCOVERED = {"gpu_utilization"}  # the other uncovered figures: answer_figures; thread_utilization where it can answer
 
 
 def _answers(con, profile: str) -> dict[str, answer_questions.Answer]:
@@ -40,6 +41,22 @@ def test_answer_questions_after_triage_runs_only_the_tools_triage_does_not(demo,
     # triage again with a larger limit: its detectors, attribution and shares come from the cache
     assert sorted(ran) == sorted({"triage"} | UNCOVERED), ran
     assert answers["q16-h2d-volume"].status == answers["q08-idle-gaps"].status == "answered"
+
+
+@pytest.mark.parametrize("stem, basis", [("clue_t4_report4", "sched"), ("nsysai_h100_2gpu_1s", "cuda_api")])
+def test_answer_questions_runs_thread_utilization_only_where_it_measures_cpu_time(open_fixture, stem, basis,
+                                                                                   monkeypatch):
+    """Traced API time (basis cuda_api) cannot say whether a thread runs flat out: the tool is not even run."""
+    con = open_fixture(stem).con
+    monkeypatch.setattr(common, "_model_cache", {})
+    ran: list[str] = []
+    def counted(con, params, run=thread_utilization.run):
+        ran.append(params.profile)
+        return run(con, params)
+    monkeypatch.setattr(thread_utilization, "run", counted)
+    answer = _answers(con, stem)["q25-hot-cpu-thread"]
+    assert (bool(ran), answer.status) == ((True, "answered") if basis == "sched" else (False, "not_in_profile"))
+    assert thread_utilization.basis(con) == basis
 
 
 @pytest.mark.parametrize("stem", ["nsysai_h100_2gpu_1s", "clue_t4_report4"])

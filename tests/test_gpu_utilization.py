@@ -10,6 +10,7 @@ from conftest import FIXTURE_IDS, FIXTURES, dump
 from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
+from nsightful.tools import device_pass
 from nsightful.tools import gpu_utilization as gu
 from nsightful.tools.common import scope_args
 from nsightful.tools.intervals import GPU_WORK
@@ -71,13 +72,18 @@ def test_gpu_utilization_whole_result_on_tiny_model():
     ([(0, 10), (0, 10)], 10, 10),  # identical
     ([(5, 5), (0, 10)], 10, 0),  # zero-length kernel counts for nothing
 ])
-def test_gpu_utilization_union_and_overlap(kernels, busy, overlap):
+@pytest.mark.parametrize("rows_per_chunk", [device_pass.ROWS_PER_CHUNK, 1])
+def test_gpu_utilization_union_and_overlap(kernels, busy, overlap, rows_per_chunk, monkeypatch):
+    monkeypatch.setattr(device_pass, "ROWS_PER_CHUNK", rows_per_chunk)
     device = run(make_model(kernels=[k(s, e) for s, e in kernels])).devices[0]
     assert (device.busy_ns, device.kernel_busy_ns, device.overlap_ns) == (busy, busy, overlap)
 
 
+@pytest.mark.parametrize("rows_per_chunk", [device_pass.ROWS_PER_CHUNK, 1, 3])
 @pytest.mark.parametrize("seed", range(12))
-def test_gpu_utilization_matches_brute_force(seed):
+def test_gpu_utilization_matches_brute_force(seed, rows_per_chunk, monkeypatch):
+    """Also with the work read in tiny start-time chunks: the running maxima carried across chunks."""
+    monkeypatch.setattr(device_pass, "ROWS_PER_CHUNK", rows_per_chunk)
     rng = random.Random(seed)
     rows = []
     for _ in range(rng.randint(1, 25)):
@@ -236,3 +242,13 @@ def test_gpu_utilization_quiet_on_clean(clean):
     profile, _ = clean
     result = run(profile.con)
     assert all(d.busy_pct > 99 for d in result.devices)
+
+
+@pytest.mark.parametrize("stem", ["nsysai_mfu_2gpu_before", "clue_t4_report4", "nsysai_h100_2gpu_1s"])
+@pytest.mark.parametrize("rows", [97])
+def test_gpu_utilization_chunked_pass_equals_one_pass(open_fixture, stem, rows, monkeypatch):
+    """Work read in start-time chunks, the running maxima carried across them, gives the one-chunk figures."""
+    con = open_fixture(stem).con
+    whole = run(con, buckets=37, limit=500)
+    monkeypatch.setattr(device_pass, "ROWS_PER_CHUNK", rows)
+    assert run(con, buckets=37, limit=500) == whole

@@ -3,8 +3,8 @@
 Triage runs first (once per model, through run_once); the answers then read its result, the idle attribution
 of its window, and the results of the tools it ran, asked for with the same parameters so that they come from
 the per-model cache. The questions no triage detector covers compute only the figure they need where it is
-cheap (tools/answer_figures.py: tiny kernels, device-wide syncs), else run their tool (gpu_utilization,
-thread_utilization), each once per model and window.
+cheap (tools/answer_figures.py: tiny kernels, device-wide syncs), else run their tool (gpu_utilization;
+thread_utilization only where its basis is time on a CPU), each once per model and window.
 An answerer returns (value, evidence) when the data gives a real answer to its question, else None.
 """
 
@@ -18,7 +18,7 @@ import duckdb
 from pydantic import BaseModel
 
 from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import answer_figures, attribution, iterations
+from nsightful.tools import answer_figures, attribution, iterations, thread_utilization
 from nsightful.tools.common import ms, pct, run_once
 from nsightful.tools.rules import HOTSPOT_PCT
 from nsightful.tools.triage import MAX_FINDINGS
@@ -302,8 +302,13 @@ def _nccl_balance(n: Any) -> Answer:
 
 
 def _hot_thread(e: Evidence) -> Answer:
+    try:  # decided before running the tool: traced API time is not time on a CPU, so it cannot answer
+        if thread_utilization.basis(e.con) == "cuda_api":
+            return None
+    except InvalidRequest:
+        return None
     t = e.tool("thread_utilization")
-    if not t or t.basis == "cuda_api" or not t.rows:
+    if not t or not t.rows:
         return None
     r = t.rows[0]
     verdict = "yes" if r.net_busy_pct > HOT_THREAD_PCT else "no"

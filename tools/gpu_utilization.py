@@ -27,9 +27,8 @@ from nsightful.tools.common import (
     ms,
     pct,
     resolve_scope,
-    scope_args,
 )
-from nsightful.tools.intervals import GPU_WORK
+from nsightful.tools.device_pass import DevicePass, device_passes
 
 NO_GPU_NOTE = ("the profile has no GPU activity (no kernel, memcpy or memset), so there is no utilization to "
                "measure; re-capture with `nsys profile --trace=cuda`")
@@ -78,47 +77,6 @@ class Result(Output):
     note: str | None = Field(default=None, description="set when there is nothing to measure")
 
 
-# Union length in one sorted pass (cheaper than numbering islands): in start order, the part [ps, e) of
-# each interval past the running maximum of the ends before it is new busy time, and these pieces are
-# disjoint. A piece counts in the slice of its start; the few that cross a slice edge come back as a list
-# to split. The part of a kernel before the running maximum of earlier kernels' ends is time when 2+
-# kernels run; the union of those parts is taken the same way. A stream none of whose operations starts
-# before the end of an earlier one on its device runs them one after another: its busy time is their sum
-# (mixed = false), and only the other streams need STREAMS_SQL's own sorted pass.
-DEVICE_SQL = "WITH " + GPU_WORK + """,
-o AS MATERIALIZED (
-  SELECT device_id, stream_id, k, s, e, greatest(s, max(e) OVER w) AS ps,
-         max(e) FILTER (WHERE k) OVER w AS prev_kernel_end
-  FROM (SELECT device_id, stream_id, kind IN ('kernel', 'graph') AS k, start_ns AS s, end_ns AS e FROM gpu_work)
-  WINDOW w AS (PARTITION BY device_id ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)),
-slices AS (
-  SELECT device_id, bucket, sum(e - ps) FILTER (WHERE e > ps) AS busy,
-         list([ps, e]) FILTER (WHERE e > ps AND ((e - 1 - $start) * $buckets) // $width > bucket) AS spanning,
-         sum(e - greatest(s, prev_kernel_end)) FILTER (WHERE k AND (e > prev_kernel_end OR prev_kernel_end IS NULL))
-           AS kernel_busy
-  FROM (SELECT *, ((ps - $start) * $buckets) // $width AS bucket FROM o) GROUP BY ALL),
-ov AS (SELECT device_id, s, least(e, prev_kernel_end) AS e FROM o WHERE k AND prev_kernel_end > s),
-ov_new AS (
-  SELECT device_id, e - greatest(s, max(e) OVER (PARTITION BY device_id ORDER BY s
-         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) AS len FROM ov)
-SELECT device_id, 'slice' AS part, bucket, busy, spanning, kernel_busy AS n, NULL AS stream_id, NULL AS mixed
-FROM slices
-UNION ALL SELECT device_id, 'overlap', NULL, NULL, NULL, sum(len) FILTER (WHERE len > 0), NULL, NULL
-FROM ov_new GROUP BY ALL
-UNION ALL SELECT device_id, 'stream', NULL, NULL, NULL, sum(e - s), stream_id, bool_or(ps > s) FROM o GROUP BY ALL
-"""
-
-STREAMS_SQL = "WITH " + GPU_WORK + """,
-o AS (
-  SELECT device_id, stream_id, start_ns AS s, end_ns AS e, max(end_ns) OVER (PARTITION BY device_id, stream_id
-         ORDER BY start_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-  FROM gpu_work SEMI JOIN (SELECT unnest($mixed_devices) AS device_id, unnest($mixed_streams) AS stream_id) m
-    ON m.device_id = gpu_work.device_id AND m.stream_id IS NOT DISTINCT FROM gpu_work.stream_id)
-SELECT device_id, stream_id, sum(e - greatest(s, prev_end)) FILTER (WHERE e > prev_end OR prev_end IS NULL) AS busy
-FROM o GROUP BY ALL
-"""
-
-
 def _bounds(scope: Scope, buckets: int) -> list[int]:
     """Slice edges: slice i is [bounds[i], bounds[i+1]); time t falls in slice (t - start) * buckets // width."""
     width = scope.duration_ns
@@ -149,8 +107,9 @@ def _busy_by_slice(rows: list[tuple], bounds: list[int]) -> list[int]:
     return busy
 
 
-def _device(device: int, busy_by_slice: list[int], kernel_busy: int, overlap: int, streams: list[tuple],
-            scope: Scope, bounds: list[int], limit: int) -> DeviceUtilization:
+def _device(device: int, work: DevicePass, scope: Scope, bounds: list[int], limit: int) -> DeviceUtilization:
+    streams = sorted(work.streams.items(), key=lambda r: (-r[1], r[0] is None, r[0] or 0))  # busiest first
+    busy_by_slice, kernel_busy, overlap = _busy_by_slice(work.slices, bounds), work.kernel_busy, work.overlap
     width = scope.duration_ns
     lengths = [hi - lo for lo, hi in zip(bounds, bounds[1:], strict=False)]
     busy = sum(busy_by_slice)
@@ -166,33 +125,9 @@ def _device(device: int, busy_by_slice: list[int], kernel_busy: int, overlap: in
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params, default="gpu_active")
-    args = {**scope_args(scope), "buckets": params.buckets, "width": scope.duration_ns}
-    slices: dict[int, list[tuple]] = {d: [] for d in scope.devices}
-    kernel_busy: dict[int, int] = {}
-    overlap: dict[int, int] = {}
-    streams: dict[int, list[tuple]] = {}
-    mixed: list[tuple] = []
-    for dev, part, bucket, busy, spanning, n, stream, is_mixed in con.execute(DEVICE_SQL, args).fetchall():
-        if part == "slice":
-            if busy is not None:
-                slices[dev].append((bucket, busy, spanning))
-            kernel_busy[dev] = kernel_busy.get(dev, 0) + int(n or 0)
-        elif part == "overlap":
-            overlap[dev] = int(n or 0)
-        elif is_mixed:
-            mixed.append((dev, stream))
-        else:
-            streams.setdefault(dev, []).append((stream, int(n)))
-    if mixed:
-        found = con.execute(STREAMS_SQL, {**scope_args(scope), "mixed_devices": [d for d, _ in mixed],
-                                          "mixed_streams": [s for _, s in mixed]}).fetchall()
-        for dev, stream, busy in found:
-            streams.setdefault(dev, []).append((stream, int(busy)))
-    for rows in streams.values():
-        rows.sort(key=lambda r: (-r[1], r[0] is None, r[0] or 0))  # busiest first, then by stream id
+    passes = device_passes(con, scope, params.buckets)
     bounds = _bounds(scope, params.buckets)
-    devices = [_device(d, _busy_by_slice(slices[d], bounds), kernel_busy.get(d, 0), overlap.get(d, 0),
-                       streams.get(d, []), scope, bounds, params.limit) for d in scope.devices]
+    devices = [_device(d, passes.get(d, DevicePass()), scope, bounds, params.limit) for d in scope.devices]
     busy = pct(sum(d.busy_ns for d in devices), scope.duration_ns * len(devices))
     result = Result(scope=scope, busy_pct=busy, idle_pct=round(100 - busy, 2) if devices else 0.0,
                     bucket_count=params.buckets, bucket_ns=scope.duration_ns // params.buckets, devices=devices,

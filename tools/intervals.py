@@ -7,7 +7,8 @@ must be constants of the calling module. Compose with `"WITH " + GPU_WORK + ",\n
 - GPU_WORK: `gpu_work(device_id, stream_id, kind, start_ns, end_ns)`, every kernel ('kernel'), memcpy
   ('memcpy'), memset ('memset') and whole CUDA graph execution ('graph': graphs traced at graph level,
   whose kernels have no rows of their own) of the devices in `$devices` that overlaps [$start, $end),
-  clipped to it; zero-length operations are dropped.
+  clipped to it; zero-length operations are dropped. GPU_WORK_FLAGGED: the same rows with `is_kernel`
+  (kernels and graph executions) instead of `kind`.
 - islands(name, source, keys): `name(<keys>, start_ns, end_ns)`, the union of the intervals of
   `source(<keys>, start_ns, end_ns)` per key as disjoint maximal islands (overlapping or touching
   intervals merge), so busy time = sum(end_ns - start_ns).
@@ -32,13 +33,21 @@ must be constants of the calling module. Compose with `"WITH " + GPU_WORK + ",\n
 
 from __future__ import annotations
 
-GPU_WORK = """gpu_work AS (
-  SELECT device_id, stream_id, kind, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
-  FROM (SELECT device_id, stream_id, 'kernel' AS kind, start_ns, end_ns FROM kernels
-        UNION ALL SELECT device_id, stream_id, 'memcpy', start_ns, end_ns FROM memcpy
-        UNION ALL SELECT device_id, stream_id, 'memset', start_ns, end_ns FROM memset
-        UNION ALL SELECT device_id, stream_id, 'graph', start_ns, end_ns FROM graph_exec)
+
+def _gpu_work(name: str, kind: str, labels: tuple[str, str, str, str]) -> str:
+    kernel, memcpy, memset, graph = labels
+    return f"""{name} AS (
+  SELECT device_id, stream_id, {kind}, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
+  FROM (SELECT device_id, stream_id, {kernel} AS {kind}, start_ns, end_ns FROM kernels
+        UNION ALL SELECT device_id, stream_id, {memcpy}, start_ns, end_ns FROM memcpy
+        UNION ALL SELECT device_id, stream_id, {memset}, start_ns, end_ns FROM memset
+        UNION ALL SELECT device_id, stream_id, {graph}, start_ns, end_ns FROM graph_exec)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
+
+
+GPU_WORK = _gpu_work("gpu_work", "kind", ("'kernel'", "'memcpy'", "'memset'", "'graph'"))
+# The same rows with a flag, true for kernels and graph executions, instead of the kind's name (cheaper to read)
+GPU_WORK_FLAGGED = _gpu_work("gpu_work", "is_kernel", ("true", "false", "false", "true"))
 
 
 def islands(name: str, source: str, keys: str) -> str:

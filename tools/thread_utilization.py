@@ -127,7 +127,8 @@ WHERE b.busy_ns > 0 ORDER BY b.busy_ns DESC, b.pid, b.tid LIMIT $limit
 """
 
 
-def _basis(con: duckdb.DuckDBPyConnection, wanted: str) -> Basis:
+def basis(con: duckdb.DuckDBPyConnection, wanted: str = "auto") -> Basis:
+    """The basis a call with `basis=wanted` measures from (auto: the best data the profile has)."""
     rows = dict(con.execute("SELECT data, rows FROM capabilities WHERE data IN ('sched', 'cpu_samples', "
                             "'cuda_api', 'os_runtime')").fetchall())
     available: list[Basis] = [b for b in ("sched", "cpu_samples") if rows.get(b)]
@@ -145,12 +146,12 @@ def _basis(con: duckdb.DuckDBPyConnection, wanted: str) -> Basis:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
-    basis = _basis(con, params.basis)
+    measured = basis(con, params.basis)
     args = {**scope_args(scope), "device": params.device}
     period = None
-    if basis == "sched":
+    if measured == "sched":
         sql = SCHED_SQL
-    elif basis == "cpu_samples":
+    elif measured == "cpu_samples":
         period = con.execute(PERIOD_SQL).fetchone()[0] or 0
         sql, args = SAMPLES_SQL, {**args, "period": period}
     else:
@@ -160,7 +161,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     out = [ThreadRow(pid=r[0], tid=r[1], name=r[2], busy_ns=int(r[3]), busy_pct=pct(r[3], scope.duration_ns),
                      blocked_ns=int(r[4]), net_busy_pct=pct(max(0, r[3] - r[4]), scope.duration_ns)) for r in rows]
     total = rows[0][5] if rows else 0
-    return Result(scope=scope, basis=basis, basis_meaning=BASIS_MEANING[basis], sample_period_ns=period,
+    return Result(scope=scope, basis=measured, basis_meaning=BASIS_MEANING[measured], sample_period_ns=period,
                   thread_count=total, rows=out, truncated=truncated, total_rows=total,
                   findings=idle_causes.shown_by(con, scope, {"cpu-bottleneck"}))
 
