@@ -10,7 +10,7 @@ from conftest import FIXTURE_IDS, FIXTURES, dump
 from modeldb import make_model, union_ns
 
 from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import device_pass
+from nsightful.tools import common, device_pass
 from nsightful.tools import gpu_utilization as gu
 from nsightful.tools.common import scope_args
 from nsightful.tools.intervals import GPU_WORK
@@ -249,6 +249,8 @@ def test_gpu_utilization_quiet_on_clean(clean):
 def test_gpu_utilization_chunked_pass_equals_one_pass(open_fixture, stem, rows, monkeypatch):
     """Work read in start-time chunks, the running maxima carried across them, gives the one-chunk figures."""
     con = open_fixture(stem).con
+    monkeypatch.setattr(common, "_model_cache", {})
     whole = run(con, buckets=37, limit=500)
+    monkeypatch.setattr(common, "_model_cache", {})
     monkeypatch.setattr(device_pass, "ROWS_PER_CHUNK", rows)
     assert run(con, buckets=37, limit=500) == whole

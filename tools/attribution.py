@@ -152,13 +152,13 @@ bspans AS (  -- the gap starts a call stands for: the thread's latest call begun
     SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
              PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM bcalls)
   WHERE until_ns > start_ns),
-at_start AS (
-  SELECT gl.gap_id, b.cause, b.name AS api, b.end_ns AS b_end
-  FROM (SELECT gap_id, start_ns, pid, tid, start_ns // $bucket_ns AS bucket FROM gap_thread  -- a queued gap's call
-        WHERE tid IS NOT NULL  -- shows only in listed gaps
-          AND (duration_ns >= $min_gap OR NOT coalesce(launch_end_ns <= start_ns, false))) gl
-  JOIN bspans b ON b.pid = gl.pid AND b.tid = gl.tid AND b.bucket = gl.bucket
-    AND gl.start_ns >= b.start_ns AND gl.start_ns < b.until_ns),"""
+at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps): a left
+  -- join from the gaps, so the few spans are what is hashed
+  SELECT g.*, b.cause AS blocked_cause, b.name AS blocked_in, b.end_ns AS b_end FROM gap_thread g
+  LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
+      WHEN g.duration_ns >= $min_gap OR NOT coalesce(g.launch_end_ns <= g.start_ns, false)
+      THEN g.start_ns // $bucket_ns END  -- a NULL bucket joins nothing
+    AND g.start_ns >= b.start_ns AND g.start_ns < b.until_ns),"""
 
 # What the launching threads did during the gaps that are neither queued nor short.
 HOST = """
@@ -211,9 +211,9 @@ host AS (
 
 LABELLED = "WITH " + WORK + BLOCKING + HOST + """
 judged AS (
-  SELECT g.*, s.api AS blocked_in, s.cause AS blocked_cause, s.b_end, CASE
+  SELECT g.*, CASE
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
-    WHEN g.duration_ns <= $launch_gap_max AND s.cause IS NOT NULL THEN s.cause
+    WHEN g.duration_ns <= $launch_gap_max AND g.blocked_cause IS NOT NULL THEN g.blocked_cause
     WHEN g.duration_ns <= $launch_gap_max AND g.launch_end_ns IS NULL THEN 'host_untraced'
     WHEN g.duration_ns <= $launch_gap_max THEN
       CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
@@ -221,14 +221,14 @@ judged AS (
     WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'
     WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
-    WHEN s.cause IS NOT NULL THEN s.cause END AS early_cause, CASE
+    WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
     WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
     WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN
       CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
     ELSE 'host_untraced' END AS host_cause
-  FROM gap_thread g LEFT JOIN at_start s USING (gap_id) LEFT JOIN host h USING (gap_id)),
+  FROM at_start g LEFT JOIN host h USING (gap_id)),
 split AS (
   SELECT *, coalesce(early_cause, host_cause) AS cause,
          CASE WHEN early_cause = blocked_cause AND host_cause <> early_cause

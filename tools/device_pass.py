@@ -1,10 +1,11 @@
-"""gpu_utilization's per-device unions from one start-ordered pass over each device's work, in numpy.
+"""Each device's work unions (busy, per time slice, per stream, per kind, 2+ kernels at once) from one pass in start
+order, in numpy; gpu_utilization and shares read them.
 
 DuckDB's window operator costs about three times the sort it needs for a running maximum over millions of
-operations; numpy's running maximum over the fetched, sorted columns costs almost nothing. A device's work
-is read in time chunks of at most ROWS_PER_CHUNK operations (by start), with each running maximum carried
-from one chunk to the next, so memory stays bounded on the largest exports. Every figure is a union length,
-which does not depend on how operations starting at the same time are ordered.
+operations; numpy's running maximum over the fetched columns costs almost nothing. A device's work is read in
+time chunks of at most ROWS_PER_CHUNK operations (by start), each running maximum carried from one chunk to the
+next, so memory stays flat on the largest exports. Every figure is a union length, which does not depend on how
+operations starting at the same time are ordered. Computed once per model, scope and slice count.
 """
 
 from __future__ import annotations
@@ -14,88 +15,100 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from nsightful.tools.common import Scope, scope_args
-from nsightful.tools.intervals import GPU_WORK_FLAGGED
+from nsightful.tools.common import Scope, per_model, scope_args
+from nsightful.tools.intervals import GPU_WORK_CATEGORY
 
-ROWS_PER_CHUNK = 2_000_000  # ~150 MB of arrays a chunk: flat memory however many operations a device ran
+ROWS_PER_CHUNK = 2_000_000  # ~150 MB of arrays at a time: flat memory however many operations a device ran
 NONE = np.iinfo(np.int64).min  # the running maximum before any operation
+KINDS = {"compute": (0, 1), "copy_kernel": (1,), "transfer": (2,), "communication": (3,)}  # shares' unions by cat
 
-COUNT_SQL = "WITH " + GPU_WORK_FLAGGED + """
+COUNT_SQL = "WITH " + GPU_WORK_CATEGORY + """
 SELECT device_id, count(*), min(start_ns), max(start_ns) FROM gpu_work GROUP BY ALL"""
-CHUNK_SQL = "WITH " + GPU_WORK_FLAGGED + """
-SELECT coalesce(stream_id, 0) AS stream, stream_id IS NULL AS no_stream, is_kernel AS k, start_ns AS s, end_ns AS e
+CHUNK_SQL = "WITH " + GPU_WORK_CATEGORY + """
+SELECT coalesce(stream_id, 0) AS stream, stream_id IS NULL AS no_stream, cat, start_ns AS s, end_ns AS e
 FROM gpu_work WHERE device_id = $device AND start_ns >= $lo AND start_ns <= $hi"""
 
 
 @dataclass
 class DevicePass:
-    """One device's figures: (slice, busy, spanning pieces) rows as gpu_utilization._busy_by_slice reads them, the
-    kernel union, the time with 2+ kernels at once, and each stream's union (stream None: no stream recorded)."""
+    """One device's figures: (slice, busy, pieces crossing the slice's end) rows, as gpu_utilization's
+    _busy_by_slice reads them; the kernel union; the time with 2+ kernels at once; each stream's union (None: no
+    stream recorded); each KINDS union; the operations. `reach` holds the running maxima carried across chunks."""
     slices: list[tuple[int, int, list[tuple[int, int]]]] = field(default_factory=list)
     kernel_busy: int = 0
     overlap: int = 0
     streams: dict[int | None, int] = field(default_factory=dict)
-    # running maxima carried across chunks: all work, kernels, the 2+-kernel pieces, each stream
-    reach: int = NONE
-    kernel_reach: int = NONE
-    overlap_reach: int = NONE
-    stream_reach: dict[int | None, int] = field(default_factory=dict)
+    kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    ops: int = 0
+    reach: dict[object, int] = field(default_factory=dict)
 
+    def union(self, key: object, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For start-ordered intervals of the union named `key`: where each one's new part starts (past every end
+        before it, this chunk's and earlier ones') and its length (<= 0: none)."""
+        running = np.maximum.accumulate(np.concatenate(([self.reach.get(key, NONE)], e)))
+        self.reach[key] = int(running[-1])
+        new_start = np.maximum(s, running[:-1])
+        return new_start, e - new_start
 
-def _shifted_max(values: np.ndarray, carry: int) -> tuple[np.ndarray, int]:
-    """For each row the maximum of `carry` and the values before it; and the new carry."""
-    running = np.maximum.accumulate(np.concatenate(([carry], values)))
-    return running[:-1], int(running[-1])
-
-
-def _fresh(s: np.ndarray, e: np.ndarray, carry: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The start of each operation's new part (past every end before it) and its length (<= 0: none)."""
-    before, carry = _shifted_max(e, carry)
-    ps = np.maximum(s, before)
-    return ps, e - ps, carry
-
-
-def _chunk(d: DevicePass, cols: dict[str, np.ndarray], start: int, buckets: int, width: int) -> None:
-    order = np.argsort(cols["s"], kind="stable")
-    s, e, k = cols["s"][order], cols["e"][order], cols["k"][order]
-    ps, length, d.reach = _fresh(s, e, d.reach)
-    new = length > 0
-    ps, pe, length = ps[new], e[new], length[new]
-    if len(length):
+    def add_slices(self, s: np.ndarray, e: np.ndarray, start: int, buckets: int, width: int) -> None:
+        ps, length = self.union("busy", s, e)
+        new = length > 0
+        ps, pe, length = ps[new], e[new], length[new]
+        if not len(length):
+            return
         first = (ps - start) * buckets // width
-        crossing = np.flatnonzero((pe - 1 - start) * buckets // width > first)
         spans: dict[int, list[tuple[int, int]]] = {}
-        for i in crossing.tolist():
+        for i in np.flatnonzero((pe - 1 - start) * buckets // width > first).tolist():
             spans.setdefault(int(first[i]), []).append((int(ps[i]), int(pe[i])))
-        heads = np.concatenate(([0], np.flatnonzero(np.diff(first)) + 1))  # pieces run in start order: a run a slice
+        heads = np.concatenate(([0], np.flatnonzero(np.diff(first)) + 1))  # pieces in start order: a run a slice
         for b, total in zip(first[heads].tolist(), np.add.reduceat(length, heads).tolist(), strict=True):
-            d.slices.append((b, total, spans.pop(b, [])))
-    ks, ke = s[k], e[k]
-    before, d.kernel_reach = _shifted_max(ke, d.kernel_reach)
-    d.kernel_busy += int(np.maximum(ke - np.maximum(ks, before), 0).sum())
-    two = before > ks
-    _, olen, d.overlap_reach = _fresh(ks[two], np.minimum(ke[two], before[two]), d.overlap_reach)
-    d.overlap += int(np.maximum(olen, 0).sum())
-    key = np.where(cols["no_stream"][order], -1, cols["stream"][order])
-    by_stream = np.argsort(key, kind="stable")  # keeps start order within a stream
-    key, s, e = key[by_stream], s[by_stream], e[by_stream]
-    cuts = np.flatnonzero(np.diff(key)) + 1
-    for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(key)])), strict=True):
-        stream = None if key[lo] == -1 else int(key[lo])
-        _, slen, d.stream_reach[stream] = _fresh(s[lo:hi], e[lo:hi], d.stream_reach.get(stream, NONE))
-        d.streams[stream] = d.streams.get(stream, 0) + int(np.maximum(slen, 0).sum())
+            self.slices.append((b, total, spans.pop(b, [])))
+
+    def add_kernels(self, s: np.ndarray, e: np.ndarray) -> None:
+        before = np.maximum.accumulate(np.concatenate(([self.reach.get("kernel", NONE)], e)))
+        self.reach["kernel"] = int(before[-1])
+        before = before[:-1]
+        self.kernel_busy += int(np.maximum(e - np.maximum(s, before), 0).sum())
+        two = before > s  # starts while an earlier kernel runs: 2+ at once until the earlier one's end
+        _, length = self.union("overlap", s[two], np.minimum(e[two], before[two]))
+        self.overlap += int(np.maximum(length, 0).sum())
+
+    def add_streams(self, key: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+        order = np.argsort(key, kind="stable")  # keeps start order within a stream
+        key, s, e = key[order], s[order], e[order]
+        cuts = np.flatnonzero(np.diff(key)) + 1
+        for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(key)])).tolist(),
+                          strict=True):
+            stream = None if key[lo] == -1 else int(key[lo])
+            _, length = self.union(("stream", stream), s[lo:hi], e[lo:hi])
+            self.streams[stream] = self.streams.get(stream, 0) + int(np.maximum(length, 0).sum())
+
+    def add_chunk(self, cols: dict[str, np.ndarray], scope: Scope, buckets: int) -> None:
+        order = np.argsort(cols["s"], kind="stable")
+        s, e, cat = cols["s"][order], cols["e"][order], cols["cat"][order]
+        self.ops += len(s)
+        self.add_slices(s, e, scope.start_ns, buckets, scope.duration_ns)
+        kernel = cat != 2
+        self.add_kernels(s[kernel], e[kernel])
+        for kind, cats in KINDS.items():
+            mine = np.isin(cat, cats)
+            _, length = self.union(kind, s[mine], e[mine])
+            self.kinds[kind] += int(np.maximum(length, 0).sum())
+        self.add_streams(np.where(cols["no_stream"][order], -1, cols["stream"][order]), s, e)
 
 
 def device_passes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) -> dict[int, DevicePass]:
-    """Each device's figures over the scope, its work read in start-time chunks."""
-    args = scope_args(scope)
-    found: dict[int, DevicePass] = {}
-    for device, n, first, last in con.execute(COUNT_SQL, args).fetchall():
-        d = found[device] = DevicePass()
-        chunks = -(-n // ROWS_PER_CHUNK)
-        edges = [first + (last + 1 - first) * i // chunks for i in range(chunks + 1)]
-        for lo, hi in zip(edges, edges[1:], strict=False):
-            cols = con.execute(CHUNK_SQL, {**args, "device": device, "lo": lo, "hi": hi - 1}).fetchnumpy()
-            if len(cols["s"]):
-                _chunk(d, cols, scope.start_ns, buckets, scope.duration_ns)
-    return found
+    """Each device with work in the scope: its figures, its work read in start-time chunks."""
+    def compute() -> dict[int, DevicePass]:
+        args, found = scope_args(scope), {}
+        for device, n, first, last in con.execute(COUNT_SQL, args).fetchall():
+            d = found[device] = DevicePass()
+            chunks = -(-n // ROWS_PER_CHUNK)
+            edges = [first + (last + 1 - first) * i // chunks for i in range(chunks + 1)]
+            for lo, hi in zip(edges, edges[1:], strict=False):
+                cols = con.execute(CHUNK_SQL, {**args, "device": device, "lo": lo, "hi": hi - 1}).fetchnumpy()
+                if len(cols["s"]):
+                    d.add_chunk(cols, scope, buckets)
+            d.reach.clear()
+        return found
+    return per_model(con, ("device_pass", tuple(scope.devices), scope.start_ns, scope.end_ns, buckets), compute)

@@ -7,8 +7,8 @@ must be constants of the calling module. Compose with `"WITH " + GPU_WORK + ",\n
 - GPU_WORK: `gpu_work(device_id, stream_id, kind, start_ns, end_ns)`, every kernel ('kernel'), memcpy
   ('memcpy'), memset ('memset') and whole CUDA graph execution ('graph': graphs traced at graph level,
   whose kernels have no rows of their own) of the devices in `$devices` that overlaps [$start, $end),
-  clipped to it; zero-length operations are dropped. GPU_WORK_FLAGGED: the same rows with `is_kernel`
-  (kernels and graph executions) instead of `kind`.
+  clipped to it; zero-length operations are dropped. GPU_WORK_CATEGORY: the same rows with a number
+  `cat` (kernel categories apart) instead of `kind`.
 - islands(name, source, keys): `name(<keys>, start_ns, end_ns)`, the union of the intervals of
   `source(<keys>, start_ns, end_ns)` per key as disjoint maximal islands (overlapping or touching
   intervals merge), so busy time = sum(end_ns - start_ns).
@@ -46,8 +46,10 @@ def _gpu_work(name: str, kind: str, labels: tuple[str, str, str, str]) -> str:
 
 
 GPU_WORK = _gpu_work("gpu_work", "kind", ("'kernel'", "'memcpy'", "'memset'", "'graph'"))
-# The same rows with a flag, true for kernels and graph executions, instead of the kind's name (cheaper to read)
-GPU_WORK_FLAGGED = _gpu_work("gpu_work", "is_kernel", ("true", "false", "false", "true"))
+# The same rows with `cat` instead of the kind's name (a number is cheaper to read): 0 a compute kernel or graph
+# execution, 1 a copy-like kernel (casts, copies), 2 a memcpy or memset, 3 an NCCL kernel
+GPU_WORK_CATEGORY = _gpu_work("gpu_work", "cat", (
+    "CASE WHEN category = 'nccl' THEN 3 WHEN category = 'copy' THEN 1 ELSE 0 END", "2", "2", "0"))
 
 
 def islands(name: str, source: str, keys: str) -> str:

@@ -17,8 +17,8 @@ from typing import Literal
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution
-from nsightful.tools.common import Scope, pct, per_model
+from nsightful.tools import attribution, device_pass, gpu_utilization
+from nsightful.tools.common import Scope, pct
 
 IDLE_DOMINATED_PCT = 40.0  # idle above this share of the window outweighs any kernel-level tuning
 MIN_GPU_OPS = 10  # fewer kernels, copies and memsets than this say nothing about a workload
@@ -43,49 +43,20 @@ class Classification(BaseModel):
     reason: str
 
 
-KINDS = ("compute", "copy_kernel", "transfer", "communication")  # copy-like kernels are compute too
-WORK = """work AS (
-  SELECT device_id, cat, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
-  FROM (SELECT device_id, CASE WHEN category = 'nccl' THEN 'communication' WHEN category = 'copy' THEN 'copy_kernel'
-                               ELSE 'compute' END AS cat, start_ns, end_ns FROM kernels
-        UNION ALL SELECT device_id, 'transfer', start_ns, end_ns FROM memcpy
-        UNION ALL SELECT device_id, 'transfer', start_ns, end_ns FROM memset
-        UNION ALL SELECT device_id, 'compute', start_ns, end_ns FROM graph_exec)
-  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
+SLICES = gpu_utilization.Params.model_fields["buckets"].default  # its default: the pass it reads on triage's
+# window is then the one computed here
 
 
-def _members(kind: str) -> str:
-    return "('compute', 'copy_kernel')" if kind == "compute" else f"('{kind}')"
-
-
-# Union length per device and kind in one ordered pass per device (one sort for all kinds, not one per kind):
-# each interval of a kind adds what lies past the furthest end of that kind before it. Busy time (the union of
-# everything) is the idle attribution's complement.
-SQL = "WITH " + WORK + """,
-reach AS (
-  SELECT cat, start_ns, end_ns, """ + ", ".join(
-    f"max(end_ns) FILTER (WHERE cat IN {_members(k)}) OVER w AS {k}_end" for k in KINDS) + """
-  FROM work WINDOW w AS (PARTITION BY device_id ORDER BY start_ns, end_ns
-                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING))
-SELECT """ + ", ".join(
-    f"coalesce(sum(end_ns - greatest(start_ns, coalesce({k}_end, start_ns))) FILTER (WHERE cat IN {_members(k)}"
-    f" AND end_ns > coalesce({k}_end, start_ns)), 0)::BIGINT" for k in KINDS) + """, count(*)
-FROM reach
-"""
-
-
-def _unions(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, ...]:
-    """SQL's row (each kind's union in KINDS order, then the operations) for a scope, computed once per model: a
-    second triage on the same window (another `limit`, or answer_questions' own) reuses it."""
-    key = ("shares", tuple(scope.devices), scope.start_ns, scope.end_ns)
-    args = {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices}
-    return per_model(con, key, lambda: con.execute(SQL, args).fetchone())
+def _unions(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[dict[str, int], int]:
+    """Each kind's union summed over the devices (tools/device_pass.py, computed once per model and scope), and the
+    operations."""
+    passes = device_pass.device_passes(con, scope, SLICES).values()
+    return {kind: sum(p.kinds[kind] for p in passes) for kind in device_pass.KINDS}, sum(p.ops for p in passes)
 
 
 def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> Classification:
     """`fired`: root causes of the findings raised on the same window (they name a host-bound run)."""
-    *unions, ops = _unions(con, scope)
-    ns = dict(zip(KINDS, unions, strict=True))
+    ns, ops = _unions(con, scope)
     idle = attribution.attribute(con, scope).devices
     ns["busy"] = sum(d.window_ns - d.idle_ns for d in idle.values())
     capacity = scope.duration_ns * len(scope.devices)
