@@ -44,7 +44,7 @@ from typing import Literal
 
 import duckdb
 
-from nsightful.tools import nvtx_texts, rules
+from nsightful.tools import gap_pass, nvtx_texts, rules
 from nsightful.tools.common import Scope, per_model
 from nsightful.tools.intervals import overlaps
 
@@ -61,63 +61,30 @@ STEADY_SHARE = 0.75  # share of start-to-start intervals within 20% of the media
 OP_OVERHEAD_MAX_NS = 500_000  # 0.5 ms: an eager framework's host work for one op (Python, dispatch, launch)
 SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; past it the host is late
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
-GAP_ID_STRIDE = 2**32  # a gap's id: its device x this + its row in the device's ordered pass, so ids sort by device
-# and time with no sort of their own (a device in a window has far fewer operations than this)
+FOLD_BELOW_NS = min(BUBBLE_MIN_NS, SYNC_RESUME_MAX_NS + 1)  # queued gaps this short are neither listed nor pauses:
+# the pass only counts them (TOTALS_SQL's kept sums them into one row per device)
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
 
-WORK = """api_ends AS (
-  SELECT pid, correlation_id, max(end_ns) AS end_ns FROM cuda_api WHERE kind IN ('memcpy', 'memset') GROUP BY ALL),
-ops AS MATERIALIZED (
-  SELECT device_id, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns, launch_end_ns, tiny,
-         pid, tid
-  FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid FROM kernels
-        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memcpy m
-          LEFT JOIN api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
-        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memset m
-          LEFT JOIN api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
-        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid FROM graph_exec)
+WORK = """ops AS (  -- the work's launching threads (idle_gaps, from gap_pass, holds the gaps themselves)
+  SELECT device_id, least(end_ns, $end) AS end_ns, pid, tid
+  FROM (SELECT device_id, start_ns, end_ns, pid, tid FROM kernels
+        UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM memcpy
+        UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM memset
+        UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM graph_exec)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
-lanes AS (
-  SELECT device_id, start_ns, end_ns, launch_end_ns, tiny, pid, tid FROM ops
-  UNION ALL SELECT unnest($devices), $start, $start, NULL, NULL, NULL, NULL
-  UNION ALL SELECT unnest($devices), $end, $end, NULL, NULL, NULL, NULL),
-stretches AS (  -- a gap runs from the latest end so far (in start order) to the next start, when that is later; the
-  -- operation after it is the next row (tied: another starts then too), and an integer maximum of the ends doubled,
-  -- plus one when tiny, gives the latest end and whether an operation ending then is tiny in one ordered pass
-  SELECT device_id, max(end_ns * 2 + coalesce(tiny, false)::BIGINT) OVER w AS reach2, lead(start_ns) OVER w AS end_ns,
-         lead(start_ns, 2) OVER w = lead(start_ns) OVER w AS tied, lead(launch_end_ns) OVER w AS launch_end_ns,
-         lead(tiny) OVER w AS nxt_tiny, lead(pid) OVER w AS nxt_pid, lead(tid) OVER w AS nxt_tid,
-         device_id * $gap_id_stride + count(*) OVER w AS gap_id
-  FROM lanes WINDOW w AS (PARTITION BY device_id ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)),
-gapset AS MATERIALIZED (
-  SELECT *, end_ns - start_ns AS duration_ns
-  FROM (SELECT * EXCLUDE (reach2), reach2 // 2 AS start_ns, reach2 % 2 = 1 AS prv_tiny FROM stretches)
-  WHERE end_ns > start_ns),
-tied_nxt AS (  -- the operations starting together after a gap: the first launched stands for them
-  SELECT g.gap_id, min(o.launch_end_ns) AS launch_end_ns, bool_or(o.tiny) AS tiny,
-         arg_min({'pid': o.pid, 'tid': o.tid}, (o.launch_end_ns IS NULL, o.launch_end_ns))
-           FILTER (WHERE o.tid IS NOT NULL) AS thread
-  FROM gapset g JOIN ops o ON o.device_id = g.device_id AND o.start_ns = g.end_ns WHERE g.tied GROUP BY g.gap_id),
-nxt AS (
-  SELECT g.*, CASE WHEN g.tied THEN t.launch_end_ns ELSE g.launch_end_ns END AS next_launch_ns,
-         coalesce(CASE WHEN g.tied THEN t.tiny ELSE g.nxt_tiny END, false) OR g.prv_tiny AS any_tiny,
-         CASE WHEN g.tied THEN t.thread WHEN g.nxt_tid IS NOT NULL THEN {'pid': g.nxt_pid, 'tid': g.nxt_tid} END
-           AS thread
-  FROM gapset g LEFT JOIN tied_nxt t USING (gap_id)),
 prv AS (  -- the thread of an operation ending where a gap begins, for the gaps whose next operation has none
   SELECT g.gap_id, any_value({'pid': o.pid, 'tid': o.tid}) AS thread
-  FROM nxt g JOIN ops o ON o.device_id = g.device_id AND o.end_ns = g.start_ns
-  WHERE g.thread IS NULL AND o.tid IS NOT NULL GROUP BY g.gap_id),
+  FROM idle_gaps g JOIN ops o ON o.device_id = g.device_id AND o.end_ns = g.start_ns
+  WHERE g.tid IS NULL AND o.tid IS NOT NULL GROUP BY g.gap_id),
 main_thread AS (
   SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid FROM (
     SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL) GROUP BY device_id),
 gap_thread AS MATERIALIZED (
-  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.next_launch_ns AS launch_end_ns,
-         g.any_tiny AS tiny,
-         struct_extract(coalesce(g.thread, p.thread, {'pid': m.pid, 'tid': m.tid}), 'pid') AS pid,
-         struct_extract(coalesce(g.thread, p.thread, {'pid': m.pid, 'tid': m.tid}), 'tid') AS tid
-  FROM nxt g LEFT JOIN prv p USING (gap_id) LEFT JOIN main_thread m ON m.device_id = g.device_id),
+  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny,
+         CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN p.thread IS NOT NULL THEN p.thread.pid ELSE m.pid END AS pid,
+         CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN p.thread IS NOT NULL THEN p.thread.tid ELSE m.tid END AS tid
+  FROM idle_gaps g LEFT JOIN prv p USING (gap_id) LEFT JOIN main_thread m ON m.device_id = g.device_id),
 threads_in AS (SELECT DISTINCT pid, tid FROM ops WHERE tid IS NOT NULL),"""
 
 # Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
@@ -275,7 +242,10 @@ kept AS MATERIALIZED (  -- a row of its own for each gap that can be listed, res
          any_value(late_cause) AS late_cause
   FROM (SELECT * REPLACE (CASE WHEN duration_ns < least($bubble_min, $gc_min) AND duration_ns <= $resume_max
                                THEN NULL ELSE gap_id END AS gap_id) FROM labelled)
-  GROUP BY gap_id, device_id, cause, blocked_in),
+  GROUP BY gap_id, device_id, cause, blocked_in
+  UNION ALL  -- the short queued gaps the pass only counted (gap_pass.Folded)
+  SELECT NULL, unnest($folded_devices), 'queued', NULL, unnest($folded_gaps), unnest($folded_ns), NULL, NULL, NULL,
+         NULL, NULL, 0, NULL),
 pieces0 AS (  -- a gap's time by cause: all of it, or its blocking call's share and the late resume after it
   SELECT gap_id, device_id, cause, gaps, start_ns, ns - late_ns AS ns, duration_ns FROM kept
   UNION ALL SELECT gap_id, device_id, late_cause, 1, end_ns - late_ns, late_ns, duration_ns FROM kept
@@ -317,11 +287,11 @@ def range_kinds(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
 def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
     """Bound parameters of LABELLED for a scope (callers add their own)."""
     kinds = range_kinds(con)
-    return {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "tiny": rules.TINY_KERNEL_NS,
+    return {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices,
             "follow": rules.READBACK_FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
-            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS, "gap_id_stride": GAP_ID_STRIDE}
+            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS}
 
 
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}
@@ -384,7 +354,11 @@ def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
 def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
     params = {**args(con, scope), **PERIODIC_ARGS, "bubble_min": BUBBLE_MIN_NS, "min_gap": BUBBLE_MIN_NS,
               "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
-    totals, long_gaps = con.execute(TOTALS_SQL, params).fetchone()
+    with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, FOLD_BELOW_NS) as folded:
+        found = [(d, n, folded.ns[d]) for d, n in folded.gaps.items() if n]
+        params.update(folded_devices=[d for d, _, _ in found], folded_gaps=[n for _, n, _ in found],
+                      folded_ns=[ns for _, _, ns in found])
+        totals, long_gaps = con.execute(TOTALS_SQL, params).fetchone()
     found: dict[int, dict[str, CauseTime]] = {d: {} for d in scope.devices}
     for t in totals or []:
         found[t["device_id"]][t["cause"]] = CauseTime(

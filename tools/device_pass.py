@@ -97,16 +97,22 @@ class DevicePass:
         self.add_streams(np.where(cols["no_stream"][order], -1, cols["stream"][order]), s, e)
 
 
+def chunk_edges(n: int, first: int, last: int, rows: int) -> list[tuple[int, int]]:
+    """(lo, hi) start-time ranges, inclusive, that cut [first, last] in equal spans, one per `rows` of the n
+    operations (as many as evenly spread starts would need); equal starts share a chunk."""
+    chunks = -(-n // rows)
+    edges = [first + (last + 1 - first) * i // chunks for i in range(chunks + 1)]
+    return [(lo, hi - 1) for lo, hi in zip(edges, edges[1:], strict=False)]
+
+
 def device_passes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) -> dict[int, DevicePass]:
     """Each device with work in the scope: its figures, its work read in start-time chunks."""
     def compute() -> dict[int, DevicePass]:
         args, found = scope_args(scope), {}
         for device, n, first, last in con.execute(COUNT_SQL, args).fetchall():
             d = found[device] = DevicePass()
-            chunks = -(-n // ROWS_PER_CHUNK)
-            edges = [first + (last + 1 - first) * i // chunks for i in range(chunks + 1)]
-            for lo, hi in zip(edges, edges[1:], strict=False):
-                cols = con.execute(CHUNK_SQL, {**args, "device": device, "lo": lo, "hi": hi - 1}).fetchnumpy()
+            for lo, hi in chunk_edges(n, first, last, ROWS_PER_CHUNK):
+                cols = con.execute(CHUNK_SQL, {**args, "device": device, "lo": lo, "hi": hi}).fetchnumpy()
                 if len(cols["s"]):
                     d.add_chunk(cols, scope, buckets)
             d.reach.clear()

@@ -1,0 +1,107 @@
+"""gap_pass: each device's idle gaps from the chunked numpy pass equal a brute-force sweep, whatever the chunk size."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import FIXTURE_IDS
+from modeldb import make_model
+
+from nsightful.tools import attribution, common, device_pass, gap_pass, rules
+
+TINY = rules.TINY_KERNEL_NS
+GAP_COLUMNS = "gap_id, device_id, start_ns, end_ns, duration_ns, launch_end_ns, tiny, pid, tid"
+
+
+def gaps(con, scope) -> list[tuple]:
+    with gap_pass.idle_gaps(con, scope, TINY, 0):
+        return con.execute(f"SELECT {GAP_COLUMNS} FROM idle_gaps ORDER BY gap_id").fetchall()
+
+
+def brute_force(kernels: list[dict], scope) -> list[tuple[tuple, set]]:
+    """Per gap, its row but the thread, and the threads it may name (operations starting together may tie)."""
+    found = []
+    for device in scope.devices:
+        ops = sorted([(max(k["start_ns"], scope.start_ns), min(k["end_ns"], scope.end_ns), k) for k in kernels
+                      if k["device_id"] == device and k["end_ns"] > scope.start_ns and k["start_ns"] < scope.end_ns],
+                     key=lambda op: op[:2])
+        reach, reach_tiny, row = scope.start_ns, False, 1  # the window's start is row 1
+        for i, (s, e, _) in enumerate(ops + [(scope.end_ns, scope.end_ns, None)]):
+            if s > reach:
+                run = [k for s2, _, k in ops[i:] if s2 == s]
+                ends = [k["launch_end_ns"] for k in run if k.get("launch_end_ns") is not None]
+                traced = [k for k in run if k["tid"] is not None]
+                key = {id(k): (k.get("launch_end_ns") is None, k.get("launch_end_ns") or 0) for k in traced}
+                threads = {(k["pid"], k["tid"]) for k in traced if key[id(k)] == min(key.values())} or {(None, None)}
+                tiny = any(k["end_ns"] - k["start_ns"] < TINY for k in run) or reach_tiny
+                gap_id = device * gap_pass.GAP_ID_STRIDE + row
+                found.append(((gap_id, device, reach, s, s - reach, min(ends, default=None), tiny), threads))
+            if i < len(ops):
+                tiny_end = ops[i][2]["end_ns"] - ops[i][2]["start_ns"] < TINY
+                reach_tiny = (reach_tiny or tiny_end) if e == reach else (tiny_end if e > reach else reach_tiny)
+                reach, row = max(reach, e), row + 1
+    return found
+
+
+def random_kernels(rng: random.Random) -> list[dict]:
+    kernels = []
+    for n in range(rng.randint(1, 30)):
+        s = rng.choice([rng.randrange(0, 200_000, 10_000), rng.randrange(0, 200_000)])  # starts often tie
+        e = s + rng.choice([500, 1_500, 3_000, rng.randrange(1, 40_000)])
+        launch = rng.choice([None, s - rng.randrange(-5_000, 20_000)])
+        traced = rng.random() < 0.8
+        kernels.append({"device_id": rng.choice([0, 0, 1]), "stream_id": 7, "pid": 1 if traced else None,
+                        "tid": rng.randrange(7, 11) if traced else None, "correlation_id": n, "start_ns": s,
+                        "end_ns": e, "short_name": f"k{n}", "name": f"k{n}", "category": "compute",
+                        **({} if launch is None else {"launch_start_ns": launch - 100, "launch_end_ns": launch})})
+    return kernels
+
+
+@pytest.mark.parametrize("rows_per_chunk", [device_pass.ROWS_PER_CHUNK, 1, 3])
+@pytest.mark.parametrize("seed", range(12))
+def test_gap_pass_matches_brute_force(seed, rows_per_chunk, monkeypatch):
+    """Random kernels on two devices (tied starts and ends, untraced launches and threads), in a window that cuts
+    some: each gap's row equals a sweep in (start, end) order, also read in chunks of one or three operations."""
+    monkeypatch.setattr(device_pass, "ROWS_PER_CHUNK", rows_per_chunk)
+    rng = random.Random(seed)
+    kernels = random_kernels(rng)
+    con = make_model(kernels=kernels, gpus=[{"device_id": 0}, {"device_id": 1}])
+    start, end = rng.choice([(-10_000, 260_000), (20_000, 150_000)])
+    scope = common.Scope(profile="t", devices=[0, 1], start_ns=start, end_ns=end, duration_ns=end - start,
+                         window_basis="capture")
+    got, want = gaps(con, scope), brute_force(kernels, scope)
+    assert [g[:7] for g in got] == [w for w, _ in want]
+    assert all(g[7:] in threads for g, (_, threads) in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("stem", [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"][:4])
+def test_gap_pass_chunked_attribution_equals_one_pass(open_fixture, stem, monkeypatch):
+    """The attribution over gaps found in chunks of 97 operations equals the one found in one chunk."""
+    con = open_fixture(stem).con
+    scope = common.resolve_scope(con, common.ScopedParams(profile="t"), default="gpu_active")
+    monkeypatch.setattr(common, "_model_cache", {})
+    whole = attribution.attribute(con, scope)
+    monkeypatch.setattr(common, "_model_cache", {})
+    monkeypatch.setattr(device_pass, "ROWS_PER_CHUNK", 97)
+    assert attribution.attribute(con, scope) == whole
+
+
+@pytest.mark.parametrize("stem", [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"][:4])
+def test_gap_pass_folded_queued_gaps_leave_the_attribution_unchanged(open_fixture, stem, monkeypatch):
+    """The short queued gaps the pass only counts give the same attribution as rows of their own."""
+    con = open_fixture(stem).con
+    scope = common.resolve_scope(con, common.ScopedParams(profile="t"), default="gpu_active")
+    monkeypatch.setattr(common, "_model_cache", {})
+    folded = attribution.attribute(con, scope)
+    monkeypatch.setattr(common, "_model_cache", {})
+    monkeypatch.setattr(attribution, "FOLD_BELOW_NS", 0)
+    assert attribution.attribute(con, scope) == folded
+
+
+def test_gap_pass_drops_its_tables_when_the_query_fails():
+    con = make_model(kernels=random_kernels(random.Random(1)))
+    scope = common.resolve_scope(con, common.ScopedParams(profile="t"), default="gpu_active")
+    with pytest.raises(RuntimeError), gap_pass.idle_gaps(con, scope, TINY, 0):
+        raise RuntimeError("the query failed")
+    assert con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchone() == (0,)

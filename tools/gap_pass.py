@@ -1,0 +1,133 @@
+"""Each device's idle gaps in a scope, from one start-ordered numpy pass over its work in time chunks, written to the
+temp table `idle_gaps` that the idle attribution's SQL reads.
+
+A gap runs from the latest end so far (operations in (start, end) order, the window's start counting as one) to
+the next start when that is later; the window's end closes the last one. Per gap: gap_id (the device x
+GAP_ID_STRIDE + the row of the operation before it in that order, the window's start being row 1, so ids sort by
+device and time), device_id, start_ns, end_ns, duration_ns, launch_end_ns (when the launch call of the operation
+after it returned; of operations starting together, the first returned), tiny (an operation just before or just
+after it is a tiny kernel), and pid/tid of the thread that launched the operation after it (of operations starting
+together, the one whose launch returned first; NULL: not traced). DuckDB's window operator over millions of
+operations costs several times the sort it needs, and spills on the largest exports; the pass reads at most
+device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+
+from nsightful.tools import device_pass
+from nsightful.tools.common import Scope, scope_args
+
+GAP_ID_STRIDE = 2**32  # a device in a window has far fewer operations than this
+NO_TIME = np.iinfo(np.int64).max  # a launch end not traced (sorts after every traced one)
+NO_THREAD = -1  # pid/tid not traced
+
+API_ENDS_SQL = """CREATE OR REPLACE TEMP TABLE gap_api_ends AS  -- read by every chunk: computed once
+SELECT pid, correlation_id, max(end_ns) AS end_ns FROM cuda_api WHERE kind IN ('memcpy', 'memset') GROUP BY ALL"""
+OPS = """ops AS (
+  SELECT device_id, greatest(start_ns, $start) AS s, least(end_ns, $end) AS e, launch_end_ns, tiny, pid, tid
+  FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid FROM kernels
+        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memcpy m
+          LEFT JOIN gap_api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memset m
+          LEFT JOIN gap_api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid FROM graph_exec)
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
+CHUNK_SQL = "WITH " + OPS + """
+SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(tiny, false) AS tiny,
+       coalesce(pid, $no_thread) AS pid, coalesce(tid, $no_thread) AS tid
+FROM ops WHERE device_id = $device AND s >= $lo AND s <= $hi"""
+CREATE_SQL = """CREATE OR REPLACE TEMP TABLE idle_gaps (gap_id BIGINT, device_id INTEGER, start_ns BIGINT,
+  end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT)"""
+INSERT_SQL = """INSERT INTO idle_gaps SELECT gap_id, $device, start_ns, end_ns, end_ns - start_ns,
+  nullif(launch_end_ns, $no_time), tiny, nullif(pid, $no_thread), nullif(tid, $no_thread) FROM gap_chunk"""
+
+
+class _Device:
+    """One device's pass: the running maximum of end x 2 + tiny (the latest end, and whether an operation ending
+    then is tiny) and the rows counted so far, carried from chunk to chunk; the queued gaps shorter than
+    fold_below only counted and summed."""
+
+    def __init__(self, device: int, start: int, fold_below: int) -> None:
+        self.device, self.reach2, self.rows = device, start * 2, 1  # the window's start is row 1
+        self.fold_below, self.folded_gaps, self.folded_ns = fold_below, 0, 0
+
+    def chunk(self, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        order = np.lexsort((c["e"], c["s"]))
+        s, e, le, tiny, pid, tid = (c[k][order] for k in ("s", "e", "le", "tiny", "pid", "tid"))
+        reach2 = np.maximum.accumulate(np.concatenate(([self.reach2], e * 2 + tiny)))
+        before = reach2[:-1]  # the latest end x 2 + tiny before each operation
+        at = np.flatnonzero(s > before // 2)  # the operations a gap ends at
+        heads = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))  # runs of operations starting together
+        sizes = np.diff(np.append(heads, len(s)))
+        # a run's thread: of its traced operations, the first whose launch returned (untraced returns last)
+        key = np.where(tid != NO_THREAD, np.minimum(le, NO_TIME - 1), NO_TIME)
+        best = np.minimum.reduceat(key, heads)
+        firsts = np.flatnonzero(key == np.repeat(best, sizes))
+        pick = firsts[np.unique(np.repeat(np.arange(len(heads)), sizes)[firsts], return_index=True)[1]]
+        run = np.searchsorted(heads, at, side="right") - 1
+        traced = best[run] != NO_TIME
+        found = {"gap_id": self.device * GAP_ID_STRIDE + self.rows + at, "start_ns": before[at] // 2,
+                 "end_ns": s[at], "launch_end_ns": np.minimum.reduceat(le, heads)[run],
+                 "tiny": np.logical_or.reduceat(tiny, heads)[run] | (before[at] % 2 == 1),
+                 "pid": np.where(traced, pid[pick[run]], NO_THREAD), "tid": np.where(traced, tid[pick[run]], NO_THREAD)}
+        self.reach2, self.rows = int(reach2[-1]), self.rows + len(s)
+        fold = (found["launch_end_ns"] <= found["start_ns"]) & (found["end_ns"] - found["start_ns"] < self.fold_below)
+        self.folded_gaps += int(fold.sum())
+        self.folded_ns += int((found["end_ns"] - found["start_ns"])[fold].sum())
+        return {k: v[~fold] for k, v in found.items()}
+
+    def last(self, end: int) -> dict[str, np.ndarray]:
+        """The gap from the latest end to the window's end, if any (no operation after it)."""
+        start = self.reach2 // 2
+        one = start < end
+        return {"gap_id": np.array([self.device * GAP_ID_STRIDE + self.rows] * one, dtype=np.int64),
+                "start_ns": np.array([start] * one, dtype=np.int64), "end_ns": np.array([end] * one, dtype=np.int64),
+                "launch_end_ns": np.array([NO_TIME] * one, dtype=np.int64),
+                "tiny": np.array([self.reach2 % 2 == 1] * one, dtype=bool),
+                "pid": np.array([NO_THREAD] * one, dtype=np.int64), "tid": np.array([NO_THREAD] * one, dtype=np.int64)}
+
+
+@dataclass(frozen=True)
+class Folded:
+    """Per device, the queued gaps (launched before the device went idle) shorter than fold_below_ns: not in
+    idle_gaps, only counted and summed, as callers that list no gap that short need no more of them."""
+    gaps: dict[int, int]
+    ns: dict[int, int]
+
+
+@contextmanager
+def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_below_ns: int) -> Iterator[Folded]:
+    """The temp table idle_gaps for `scope` while the block runs (kernels shorter than tiny_ns are tiny)."""
+    args = {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "tiny": tiny_ns}
+    con.execute(CREATE_SQL)
+    try:
+        con.execute(API_ENDS_SQL)
+        passes = {d: _Device(d, scope.start_ns, fold_below_ns) for d in scope.devices}
+        for device, n, first, last in con.execute(device_pass.COUNT_SQL, scope_args(scope)).fetchall():
+            for lo, hi in device_pass.chunk_edges(n, first, last, device_pass.ROWS_PER_CHUNK):
+                cols = con.execute(CHUNK_SQL, {**args, "device": device, "lo": lo, "hi": hi, "no_time": NO_TIME,
+                                               "no_thread": NO_THREAD}).fetchnumpy()
+                if len(cols["s"]):
+                    _insert(con, device, passes[device].chunk(cols))
+        for device, d in passes.items():  # a device without work in the window idles all of it
+            _insert(con, device, d.last(scope.end_ns))
+        yield Folded(gaps={d: p.folded_gaps for d, p in passes.items()}, ns={d: p.folded_ns for d, p in passes.items()})
+    finally:
+        con.execute("DROP TABLE IF EXISTS idle_gaps; DROP TABLE IF EXISTS gap_api_ends")
+
+
+def _insert(con: duckdb.DuckDBPyConnection, device: int, gaps: dict[str, np.ndarray]) -> None:
+    if not len(gaps["gap_id"]):
+        return
+    con.register("gap_chunk", gaps)
+    try:
+        con.execute(INSERT_SQL, {"device": device, "no_time": NO_TIME, "no_thread": NO_THREAD})
+    finally:
+        con.unregister("gap_chunk")
