@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import socket
 import threading
 from pathlib import Path
 
@@ -35,11 +38,39 @@ _shared: dict[Path, tuple[duckdb.DuckDBPyConnection, int]] = {}
 _shared_lock = threading.Lock()
 
 
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
+
+
 def spill_folder(model: Path) -> Path:
     """Where DuckDB spills for this process's connection to `model`: beside the model (in the cache folder, never
-    the profile's), one per process so that two processes never share spill files. DuckDB makes it on the first
-    spill and removes it when the connection closes."""
-    return model.with_name(f"{model.name}.spill-{os.getpid()}")
+    the profile's), one per host and process so that two processes never share spill files. DuckDB makes it on the
+    first spill and removes it when the connection closes; a process that is killed leaves it (remove_dead_spills)."""
+    return model.with_name(f"{model.name}.spill-{_host()}-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_dead_spills(model: Path) -> list[Path]:
+    """Remove the spill folders that processes of this host left beside `model` when they were killed (a client
+    stopping its stdio server does that), and return them. Folders of other hosts sharing the cache folder (a
+    network home) are left: their processes cannot be checked from here."""
+    pattern = re.compile(re.escape(f"{model.name}.spill-{_host()}-") + r"(\d+)")
+    removed = []
+    for folder in model.parent.glob(f"{model.name}.spill-*"):
+        found = pattern.fullmatch(folder.name)
+        if found and int(found[1]) != os.getpid() and not _alive(int(found[1])):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def open_model(path: Path) -> duckdb.DuckDBPyConnection:
@@ -52,6 +83,7 @@ def open_model(path: Path) -> duckdb.DuckDBPyConnection:
     with _shared_lock:
         base, users = _shared.get(path, (None, 0))
         if base is None:
+            remove_dead_spills(path)
             base = duckdb.connect(str(path), read_only=True, config={
                 **OFFLINE, "enable_external_access": False, "memory_limit": f"{model_memory_mb()}MB",
                 "temp_directory": str(spill_folder(path))})

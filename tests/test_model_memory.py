@@ -3,7 +3,10 @@ cache folder, never the profile's), removed when the model closes; a call that c
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,7 +15,7 @@ from conftest import FIXTURES, one_sentence, text_of
 from mcp.client import Client
 
 from nsightful.profiles import open_profile
-from nsightful.profiles.duck import spill_folder
+from nsightful.profiles.duck import remove_dead_spills, spill_folder
 from nsightful.profiles.limits import MODEL_MEMORY_ENV, MemorySettingInvalid
 from nsightful.server.app import build_server
 
@@ -59,6 +62,29 @@ def test_model_memory_limit_spills_beside_the_model_and_removes_the_folder_on_cl
     assert seen and folder.parent == tmp_path and folder.parent != EXPORT.parent
     assert not folder.exists()
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".duckdb", ".lock"]
+
+
+def test_model_memory_spill_folders_of_killed_processes_are_removed_when_the_model_opens(tmp_path):
+    model = open_profile(EXPORT, cache_dir=tmp_path)
+    path = model.model_path
+    model.close()
+    ours = spill_folder(path)
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    dead = ours.with_name(ours.name.replace(f"-{os.getpid()}", f"-{dead_pid}"))
+    live = ours.with_name(ours.name.replace(f"-{os.getpid()}", f"-{os.getppid()}"))
+    other_host = path.with_name(f"{path.name}.spill-elsewhere-{dead_pid}")
+    for folder in (dead, live, other_host):
+        folder.mkdir()
+        (folder / "duckdb_temp_storage_DEFAULT-0.tmp").write_bytes(b"x" * 1000)
+    reopened = open_profile(EXPORT, cache_dir=tmp_path)
+    try:
+        assert reopened.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == \
+            _raw("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0]
+    finally:
+        reopened.close()
+    assert not dead.exists() and live.exists() and other_host.exists()
+    assert remove_dead_spills(path) == []
 
 
 def test_model_memory_setting_is_checked_before_anything_is_built(tmp_path, monkeypatch):
