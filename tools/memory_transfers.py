@@ -24,7 +24,7 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, rules
+from nsightful.tools import attribution, device_pass, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -107,13 +107,15 @@ WITH c AS (
               WHEN 'pinned' IN (src_kind, dst_kind) THEN 'pinned' END AS host_kind
   FROM memcpy WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end)"""
 
-# Per (direction, device), once: the rows per direction alone are their sums (_by_direction). A copy's exposed time
-# is its length less the union of the kernels overlapping it on its device: joining copies to nearby kernels by time
-# bucket needs no sort of all the device's kernels (an idle-gap union of every kernel cost 2.4x the CPU on 1 GB).
+# Per (direction, device), for the copies starting in [$start, $end): summed over chunks of copies, the rows per
+# direction alone are their sums (_by_direction). A copy's exposed time is its length less the union of the kernels
+# overlapping it on its device: joining copies to nearby kernels by time bucket needs no sort of all the device's
+# kernels (an idle-gap union of every kernel cost 2.4x the CPU on 1 GB).
 DIRECTIONS_SQL = COPIES + """,
 kwork AS (
   SELECT device_id, start_ns, end_ns FROM kernels
-  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND end_ns > start_ns),
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < (SELECT max(end_ns) FROM c)
+    AND end_ns > start_ns),
 probes AS (SELECT copy_id AS probe_id, device_id, start_ns, end_ns FROM c),
 """ + overlaps("hits", "probes", "kwork", "device_id") + ",\n" + covered("kernel_covered", "hits") + """,
 exposed AS (
@@ -128,11 +130,16 @@ SELECT direction, device_id, count(*), sum(bytes), sum(duration_ns),
 FROM exposed GROUP BY ALL
 """
 
-# Buckets of about one copy length (at least 1/100,000 of the window) keep the copy x kernel join small.
-BUCKET_SQL = """
-SELECT greatest(1000, ($end - $start) // 100000, coalesce(avg(duration_ns), 0))::BIGINT FROM memcpy
-WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end
+# The copies in chunks of start times (count, first and last start) and the join's time bucket: about one copy or
+# kernel length, whichever is longer, so each copy and kernel spans a few buckets on average however long the window
+# (a bucket growing with the window made the join superlinear: 10 GB export 10.0 s, 1 GB 0.23 s).
+CHUNKS_SQL = """
+SELECT count(*), min(start_ns), max(start_ns), greatest(1000, avg(duration_ns), (
+  SELECT avg(duration_ns) FROM kernels
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end))::BIGINT
+FROM memcpy WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end
 """
+COPIES_PER_CHUNK = device_pass.ROWS_PER_CHUNK  # one join over 4.5 M copies spilled 0.9 GB and took twice as long
 
 PAGEABLE_SQL = COPIES + """
 SELECT device_id, direction, max(duration_ns), count(*) FILTER (WHERE api_name LIKE '%Async%') FROM c
@@ -196,6 +203,18 @@ def _by_direction(sums: dict[tuple[str, int], tuple], capacity: int) -> list[Dir
     return [_row(direction, None, tuple(figures), capacity) for direction, figures in merged.items()]
 
 
+def _directions(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[str, int], tuple[int, ...]]:
+    """DIRECTIONS_SQL's figures per (direction, device), summed over chunks of at most COPIES_PER_CHUNK copies."""
+    n, first, last, bucket = con.execute(CHUNKS_SQL, args).fetchone()
+    sums: dict[tuple[str, int], tuple[int, ...]] = {}
+    for lo, hi in device_pass.chunk_edges(n, first, last, COPIES_PER_CHUNK) if n else []:
+        for direction, device, *figures in con.execute(
+                DIRECTIONS_SQL, {**args, "start": lo, "end": hi + 1, "bucket_ns": bucket}).fetchall():
+            before = sums.get((direction, device), (0,) * len(figures))
+            sums[direction, device] = tuple(a + int(b) for a, b in zip(before, figures, strict=True))
+    return sums
+
+
 def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
     """(small D2H copies, blocking ones, host ns blocked) in scope."""
     args = {**scope_args(scope), "small_bytes": SMALL_D2H_BYTES, "follow": rules.READBACK_FOLLOW_NS}
@@ -206,8 +225,7 @@ def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, i
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
     args = scope_args(scope)
-    bucket = con.execute(BUCKET_SQL, args).fetchone()[0]
-    sums = {(r[0], r[1]): r[2:] for r in con.execute(DIRECTIONS_SQL, {**args, "bucket_ns": bucket}).fetchall()}
+    sums = _directions(con, args)
     per_device = sorted((_row(direction, device, figures, scope.duration_ns)
                          for (direction, device), figures in sums.items()), key=_costliest_first)
     shown = per_device if params.per_device else sorted(
