@@ -142,7 +142,7 @@ sample_period AS (
     SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
     FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
 range_kinds AS (SELECT unnest($range_texts) AS text, unnest($range_kinds) AS what),  -- kinds(), once per model
-host_events AS (
+host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: written once, 29 M events spilled on 10 GB
   SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
                            WHEN a.kind IN ('launch', 'graph') AND a.end_ns - a.start_ns >= $lazy THEN 'lazy'
@@ -219,14 +219,15 @@ def periodic(name: str, source: str, keys: str) -> str:
 {name}_spaced AS (
   SELECT *, start_ns - lag(start_ns) OVER (PARTITION BY {keys}, grp ORDER BY start_ns) AS interval_ns
   FROM {name}_chained),
-{name}_steady AS (
-  SELECT {keys}, grp, count(*) AS n, median(interval_ns)::BIGINT AS period_ns, list(interval_ns) AS intervals
-  FROM {name}_spaced GROUP BY ALL),
+{name}_median AS (
+  SELECT *, median(interval_ns) OVER (PARTITION BY {keys}, grp)::BIGINT AS period_ns FROM {name}_spaced),
+{name}_steady AS (  -- once per group: a flag per gap over the group's list of intervals grew with its square
+  SELECT {keys}, grp, any_value(period_ns) AS period_ns, count(*) >= $min_gaps AND
+         count(*) FILTER (WHERE abs(interval_ns - period_ns) <= ($similar - 1) * period_ns)
+           >= $steady_share * count(interval_ns) AS periodic
+  FROM {name}_median GROUP BY ALL),
 {name} AS (
-  SELECT s.gap_id, {", ".join(f"s.{k.strip()}" for k in keys.split(","))}, s.grp,
-         st.n >= $min_gaps AND len(list_filter(st.intervals, i -> i IS NOT NULL
-           AND abs(i - st.period_ns) <= ($similar - 1) * st.period_ns))
-           >= $steady_share * len(list_filter(st.intervals, i -> i IS NOT NULL)) AS periodic, st.period_ns
+  SELECT s.gap_id, {", ".join(f"s.{k.strip()}" for k in keys.split(","))}, s.grp, st.periodic, st.period_ns
   FROM {name}_spaced s JOIN {name}_steady st USING ({keys}, grp))"""
 
 
