@@ -8,7 +8,7 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES
 from modeldb import make_model, union_ns
 
-from nsightful.tools import attribution, common
+from nsightful.tools import attribution, common, rules
 
 T = 1_000_000  # the tiny timeline starts here, so launch calls can come before it
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
@@ -94,6 +94,29 @@ def test_attribution_window_clips_gaps_and_adds_the_edges():
     # outside the window, so that stretch is judged by host activity alone, and none was traced
     assert {c: t.ns for c, t in idle.causes.items()} == {"queued": 10_000, "sync": 10_000, "readback": 9_000,
                                                           "host_untraced": 2_000}
+
+
+@pytest.mark.parametrize("returned_before_ns, copy_between, cause", [
+    (rules.READBACK_FOLLOW_NS, False, "readback"),  # the synchronize began right after the D2H copy call returned
+    (rules.READBACK_FOLLOW_NS + 1, False, "sync"),  # ... too long after it
+    (1_000, True, "sync"),  # a pinned H2D copy call returned after the D2H one, before the synchronize
+])
+def test_attribution_a_sync_is_a_readback_when_the_last_call_returned_before_it_is_a_d2h_copy(
+        returned_before_ns, copy_between, cause):
+    sync_start = 190_000  # the device goes idle at 201 us inside this synchronize, until k2 at 400 us
+    d2h_end = sync_start - returned_before_ns
+    calls = [call("cudaMemcpyAsync", "memcpy", d2h_end - 1_000, d2h_end, 50),
+             call("cudaStreamSynchronize", "sync", sync_start, 300_000)]
+    copies = [copy(50, 200_000, 201_000, "D2H", "device", "pinned", 4)]
+    if copy_between:
+        calls.append(call("cudaMemcpyAsync", "memcpy", sync_start - 600, sync_start - 500, 51))
+        copies.append(copy(51, 195_000, 196_000, "H2D", "pinned", "device", 4))
+    kernels = [kernel(1, 0, 200_000, (-5_000, -1_000)), kernel(2, 400_000, 410_000, (390_000, 392_000))]
+    launches = [call("cudaLaunchKernel", "launch", k["launch_start_ns"] - T, k["launch_end_ns"] - T,
+                     k["correlation_id"]) for k in kernels]
+    con = make_model(kernels=kernels, memcpy=copies, cuda_api=calls + launches)
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: t.ns for c, t in idle.causes.items()} == {cause: 199_000}
 
 
 def test_attribution_a_late_launch_after_a_little_untraced_host_work_is_launch_overhead():

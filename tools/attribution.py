@@ -97,21 +97,27 @@ calls0 AS (
   FROM cuda_api a JOIN threads_in t ON t.pid = a.pid AND t.tid = a.tid
   LEFT JOIN copies m ON m.pid = a.pid AND m.correlation_id = a.correlation_id
   WHERE a.kind IN ('sync', 'memcpy') AND a.end_ns > $start AND a.start_ns < $end),
+bcopies AS (
+  SELECT pid, tid, start_ns, end_ns, name, CASE
+    WHEN direction = 'D2H' AND """ + rules.blocking_copy_sql("name", "pageable") + """ THEN 'readback'
+    WHEN pageable THEN 'pageable_copy'
+    WHEN name NOT LIKE '%Async%' THEN 'sync_copy' END AS cause
+  FROM calls0 WHERE kind = 'memcpy'),
+syncs AS (SELECT row_number() OVER () AS sync_id, pid, tid, start_ns, end_ns, name FROM calls0 WHERE kind = 'sync'),
+returns AS (  -- the calls' returns in buckets of $follow: one a sync follows is in its start's bucket or the one before
+  SELECT pid, tid, start_ns, end_ns, end_ns // $follow AS bucket, CASE WHEN kind = 'sync' THEN 'sync'
+    WHEN direction = 'D2H' THEN 'D2H' WHEN pageable THEN 'pageable' ELSE 'copy' END AS what FROM calls0),
+followed AS (  -- what the call that returned last, up to $follow before a sync began, was
+  SELECT s.pid, s.tid, s.start_ns, s.end_ns, s.name, arg_max(r.what, [r.end_ns, r.start_ns]) AS what
+  FROM (SELECT *, unnest([0, 1]) AS back FROM syncs) s
+  LEFT JOIN returns r ON r.pid = s.pid AND r.tid = s.tid AND r.bucket = s.start_ns // $follow - s.back
+    AND r.end_ns BETWEEN s.start_ns - $follow AND s.start_ns AND [r.start_ns, r.end_ns] < [s.start_ns, s.end_ns]
+  GROUP BY s.sync_id, s.pid, s.tid, s.start_ns, s.end_ns, s.name),
 bcalls AS MATERIALIZED (
-  SELECT * FROM (
-    SELECT pid, tid, start_ns, end_ns, name, CASE
-      WHEN kind = 'memcpy' AND direction = 'D2H'
-           AND """ + rules.blocking_copy_sql("name", "pageable") + """ THEN 'readback'
-      WHEN kind = 'memcpy' AND pageable THEN 'pageable_copy'
-      WHEN kind = 'memcpy' AND name NOT LIKE '%Async%' THEN 'sync_copy'
-      WHEN kind = 'sync' AND start_ns - prev_end <= $follow AND prev_copy = 'D2H' THEN 'readback'
-      WHEN kind = 'sync' AND start_ns - prev_end <= $follow AND prev_copy = 'pageable' THEN 'pageable_copy'
-      WHEN kind = 'sync' THEN 'sync' END AS cause
-    FROM (SELECT *, lag(CASE WHEN kind <> 'memcpy' THEN NULL WHEN direction = 'D2H' THEN 'D2H'
-                             WHEN pageable THEN 'pageable' END) OVER w AS prev_copy,
-                 lag(end_ns) OVER w AS prev_end
-          FROM calls0 WINDOW w AS (PARTITION BY pid, tid ORDER BY start_ns, end_ns)))
-  WHERE cause IS NOT NULL),
+  SELECT * FROM bcopies WHERE cause IS NOT NULL
+  UNION ALL
+  SELECT pid, tid, start_ns, end_ns, name, CASE WHEN what = 'D2H' THEN 'readback'
+    WHEN what = 'pageable' THEN 'pageable_copy' ELSE 'sync' END FROM followed),
 bspans AS (  -- the gap starts a call stands for: the thread's latest call begun by then, while it lasts (a call
   -- nested in another ends the outer one's span), so the spans are disjoint; cut in buckets for an equality join
   -- of the few calls with the many gaps (an ASOF join sorts every gap)
