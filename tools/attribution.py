@@ -125,8 +125,8 @@ bspans AS (  -- the gap starts a call stands for: the thread's latest call begun
     SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
              PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM bcalls)
   WHERE until_ns > start_ns),
-at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps): a left
-  -- join from the gaps, so the few spans are what is hashed
+at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps); DuckDB
+  -- overestimates the bucketed spans and hashes the gaps instead (3.6-4.2 s on the 10 GB export)
   SELECT g.*, b.cause AS blocked_cause, b.name AS blocked_in, b.end_ns AS b_end FROM gap_thread g
   LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
       WHEN g.duration_ns >= $min_gap OR NOT coalesce(g.launch_end_ns <= g.start_ns, false)

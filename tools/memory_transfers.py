@@ -194,13 +194,18 @@ def _costliest_first(row: DirectionRow) -> tuple:
     return -row.time_ns, row.direction, -1 if row.device is None else row.device
 
 
+def _added(total: tuple[int, ...] | None, figures: tuple) -> tuple[int, ...]:
+    """Figures summed position by position (None: nothing yet)."""
+    return tuple(int(b) for b in figures) if total is None else tuple(
+        a + int(b) for a, b in zip(total, figures, strict=True))
+
+
 def _by_direction(sums: dict[tuple[str, int], tuple], capacity: int) -> list[DirectionRow]:
     """One row per direction over the devices, from the (direction, device) sums."""
-    merged: dict[str, list[int]] = {}
+    merged: dict[str, tuple[int, ...]] = {}
     for (direction, _), figures in sums.items():
-        total = merged.setdefault(direction, [0] * len(figures))
-        total[:] = [a + int(b) for a, b in zip(total, figures, strict=True)]
-    return [_row(direction, None, tuple(figures), capacity) for direction, figures in merged.items()]
+        merged[direction] = _added(merged.get(direction), figures)
+    return [_row(direction, None, figures, capacity) for direction, figures in merged.items()]
 
 
 def _directions(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -210,8 +215,7 @@ def _directions(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[str, i
     for lo, hi in device_pass.chunk_edges(n, first, last, COPIES_PER_CHUNK) if n else []:
         for direction, device, *figures in con.execute(
                 DIRECTIONS_SQL, {**args, "start": lo, "end": hi + 1, "bucket_ns": bucket}).fetchall():
-            before = sums.get((direction, device), (0,) * len(figures))
-            sums[direction, device] = tuple(a + int(b) for a, b in zip(before, figures, strict=True))
+            sums[direction, device] = _added(sums.get((direction, device)), figures)
     return sums
 
 
@@ -230,8 +234,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                          for (direction, device), figures in sums.items()), key=_costliest_first)
     shown = per_device if params.per_device else sorted(
         _by_direction(sums, scope.duration_ns * max(len(scope.devices), 1)), key=_costliest_first)
-    count, nbytes, ns = con.execute(COPIES + " SELECT count(*), coalesce(sum(bytes), 0), "
-                                    "coalesce(sum(duration_ns), 0) FROM c", args).fetchone()
+    count, nbytes, ns = (sum(f[i] for f in sums.values()) for i in range(3))  # every copy is in one row of sums
     sync_calls, sync_ns = con.execute(SYNC_COPY_SQL, args).fetchone()
     small, blocking, blocked = small_d2h(con, scope)
     result = Result(
