@@ -4,20 +4,28 @@ Each activity table (kernels, memcpy, ...) joins the API call that issued it on 
 large export the API side does not fit the build's memory (29M calls in a 10 GB export), and neither the
 DISTINCT ON that picks one call per id nor the hash join spill enough to stay within it. Both sides are
 clustered by correlation id (ids grow with time, and exports are written in time order), so the join runs
-once per range of ids, each range holding at most ROWS_PER_RANGE API calls.
+once per range of ids, each range holding at most rows_per_range() API calls.
 """
 
 from __future__ import annotations
 
 import duckdb
 
-# API calls joined at once: a range's DISTINCT ON and hash table hold about 100 bytes a call (pid, id, tid,
-# name, times), so 1M calls stay near 100 MB, a fifth of the default 500 MB build limit.
-ROWS_PER_RANGE = 1_000_000
+from nsightful.profiles.limits import build_memory_mb
+
+# API calls joined at once per MB of the build's memory limit. On the 1 GB benchmark export (2.9M calls) at a 150 MB
+# limit, ranges of 1M calls built and 3M ran out of memory; at the default 500 MB, one range of 2.9M peaked at
+# 858-962 MB RSS (819-913 MB in ranges of 1M) for 1.3-1.8 s less CPU: each further range rereads a staged copy.
+CALLS_PER_MB = 6_000
 HISTOGRAM_BINS = 4096  # id bins counted to place the cuts: ranges come out within 1/4096 of the id span of full
 
 Range = tuple[int | None, int | None]  # [lo, hi) of correlation ids; None: unbounded on that side
 WHOLE: Range = (None, None)
+
+
+def rows_per_range() -> int:
+    """API calls a range may hold under the build's memory limit."""
+    return build_memory_mb() * CALLS_PER_MB
 
 
 def correlation_ranges(con: duckdb.DuckDBPyConnection, rows_per_range: int) -> list[Range]:

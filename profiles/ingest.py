@@ -18,7 +18,7 @@ import duckdb
 from nsightful.profiles import checks, nvtx_build
 from nsightful.profiles.activity_join import PID_SQL, TID_SQL, ActivityJoins
 from nsightful.profiles.build_steps import NO_PROGRESS_BAR, Progress, insert_rows
-from nsightful.profiles.chunks import ROWS_PER_RANGE, correlation_ranges
+from nsightful.profiles.chunks import correlation_ranges, rows_per_range
 from nsightful.profiles.duck import load_sqlite_scanner
 from nsightful.profiles.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
 from nsightful.profiles.limits import build_memory_mb
@@ -157,7 +157,7 @@ class Builder(ActivityJoins):
                 r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'), r.returnValue
             FROM _api r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
         self.sql("DROP TABLE _api", cur)
-        self.ranges = correlation_ranges(cur, ROWS_PER_RANGE)
+        self.ranges = correlation_ranges(cur, rows_per_range())
 
     def kernels(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "CUPTI_ACTIVITY_KIND_KERNEL"

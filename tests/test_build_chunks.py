@@ -11,7 +11,8 @@ import pytest
 from conftest import FIXTURE_FILES, FIXTURE_IDS, FIXTURES
 
 from nsightful.profiles import ingest, open_profile
-from nsightful.profiles.chunks import correlation_ranges, within
+from nsightful.profiles.chunks import correlation_ranges, rows_per_range, within
+from nsightful.profiles.limits import BUILD_MEMORY_ENV
 
 JOINED = ("kernels", "memcpy", "memset", "sync", "graph_exec")
 SMALL_RANGE = 400  # API calls per range: several ranges on every fixture with a few thousand calls
@@ -34,7 +35,7 @@ def _tables(path, cache) -> dict[str, list[tuple]]:
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=FIXTURE_IDS)
 def test_build_chunks_ranged_join_equals_one_join(path, tmp_path, monkeypatch):
     whole = _tables(path, tmp_path / "whole")
-    monkeypatch.setattr(ingest, "ROWS_PER_RANGE", SMALL_RANGE)
+    monkeypatch.setattr(ingest, "rows_per_range", lambda: SMALL_RANGE)
     used = []
     monkeypatch.setattr(ingest, "correlation_ranges", lambda con, rows: used.append(correlation_ranges(con, rows))
                         or used[-1])
@@ -84,7 +85,7 @@ def _earliest_calls(table: str, pattern: str) -> tuple[list[tuple], int]:
 def test_build_chunks_shared_correlation_ids_keep_one_row_per_activity_and_its_earliest_call(
         rows_per_range, tmp_path, monkeypatch):
     if rows_per_range:
-        monkeypatch.setattr(ingest, "ROWS_PER_RANGE", rows_per_range)
+        monkeypatch.setattr(ingest, "rows_per_range", lambda: rows_per_range)
     profile = open_profile(SHARED_IDS, cache_dir=tmp_path)
     try:
         if rows_per_range:
@@ -98,3 +99,10 @@ def test_build_chunks_shared_correlation_ids_keep_one_row_per_activity_and_its_e
             assert shared > 0 and got == expected
     finally:
         profile.close()
+
+
+def test_build_chunks_ranges_scale_with_the_build_memory_limit(monkeypatch):
+    monkeypatch.setenv(BUILD_MEMORY_ENV, "150")
+    small = rows_per_range()
+    monkeypatch.setenv(BUILD_MEMORY_ENV, "1500")
+    assert rows_per_range() == 10 * small > 0
