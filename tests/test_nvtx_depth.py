@@ -12,7 +12,8 @@ import duckdb
 import pytest
 from conftest import FIXTURE_FILES, FIXTURES
 
-from nsightful.profiles import nvtx_build, nvtx_depth, open_profile
+from nsightful.profiles import nvtx_build, open_profile
+from nsightful.profiles.model import ddl
 from nsightful.profiles.raw import RawExport
 
 EXPORT = FIXTURES / "nsysai_h100_2gpu_1s.sqlite"
@@ -65,8 +66,8 @@ def test_profiles_nvtx_depth_follows_each_threads_stack(tmp_path):
 # The build's depth until issue 14 (one running sum over all opens and closes in (thread, time, turn) order), kept
 # as the reference the sorted-key computation must equal row for row.
 REFERENCE_SQL = """
-WITH ranges AS (SELECT rowid AS rid, gtid, start_ns, end_ns, kind = 'push_pop' AND end_ns >= start_ns AS opens
-                FROM _nvtx),
+WITH ranges AS (SELECT rowid AS rid, (pid << 24) | tid AS gtid, start_ns, end_ns,
+                       kind = 'push_pop' AND end_ns >= start_ns AS opens FROM nvtx),
 events AS (SELECT rid, gtid, start_ns AS t, 1 AS step, 1 AS turn, end_ns AS tie FROM ranges WHERE opens
            UNION ALL SELECT NULL, gtid, end_ns, -1, CASE WHEN end_ns = start_ns THEN 2 ELSE 0 END, 0
            FROM ranges WHERE opens),
@@ -77,21 +78,23 @@ NVTX_KIND = {PUSH_POP: "push_pop", "NvtxtPushPopRange": "push_pop", START_END: "
 
 
 def _staged(rows: list[tuple]) -> duckdb.DuckDBPyConnection:
-    """A build's staging table (gtid, start_ns, end_ns, kind) holding `rows` in their order."""
+    """A model nvtx table as the build stages it, before its depths, holding `rows` (globalTid, start, end, kind) in
+    their order; the model keeps end_ns only where end >= start."""
     con = duckdb.connect()
-    con.execute("CREATE TABLE _nvtx (gtid BIGINT, start_ns BIGINT, end_ns BIGINT, kind VARCHAR)")
+    con.execute(ddl("nvtx"))
     if rows:
-        con.executemany("INSERT INTO _nvtx VALUES (?, ?, ?, ?)", rows)
+        con.executemany("INSERT INTO nvtx (pid, tid, start_ns, end_ns, kind) VALUES (?, ?, ?, ?, ?)",
+                        [(None if g is None else g >> 24 & 0xFFFFFF, None if g is None else g & 0xFFFFFF, s,
+                          e if e is not None and e >= s else None, kind) for g, s, e, kind in rows])
     return con
 
 
 def _compared(con: duckdb.DuckDBPyConnection) -> tuple[list, list]:
-    """(depth by row id from the build's computation, from the reference SQL), NULL where a row has none."""
-    got = nvtx_build.depths(con)
-    expected = [None] * len(got)
-    for rid, depth in con.execute(REFERENCE_SQL).fetchall():
-        expected[rid] = depth
-    return [None if d == nvtx_depth.NO_DEPTH else int(d) for d in got], expected
+    """(depth by row id as the build fills it in, from the reference SQL), NULL where a row has none."""
+    expected = dict(con.execute(REFERENCE_SQL).fetchall())
+    nvtx_build.fill_depths(con)
+    got = con.execute("SELECT rowid, depth FROM nvtx ORDER BY rowid").fetchall()
+    return [depth for _, depth in got], [expected.get(rid) for rid, _ in got]
 
 
 def _export_rows(path) -> list[tuple]:
@@ -152,9 +155,10 @@ def test_profiles_nvtx_depth_of_no_ranges_is_empty():
     assert _compared(_staged([(1, 5, None, "push_pop"), (1, 7, None, "mark")])) == ([None, None], [None, None])
 
 
-def test_profiles_nvtx_depth_deeper_than_int16_widens_the_array(monkeypatch):
-    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", 10_000)  # the widening happens in a later window
-    deep = 33_000  # one thread nesting past 32,767, the int16 the build keeps depths in by default
+def test_profiles_nvtx_depth_deeper_than_int16(monkeypatch):
+    monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", 10_000)
+    monkeypatch.setattr(nvtx_build, "UPDATE_ROWS", 15_000)  # filled in by several UPDATEs
+    deep = 33_000  # one thread nesting past 32,767
     rows = [(1 << 24, i, 2 * deep - i, "push_pop") for i in range(deep)]
     got, expected = _compared(_staged(rows))
     assert got == expected == list(range(deep))
