@@ -92,21 +92,19 @@ def overlaps(name: str, probes: str, events: str, keys: str, payload: str = "") 
     """`keys` and `payload` are comma-separated column lists (payload may be empty)."""
     on = " AND ".join(f"p.{k.strip()} = e.{k.strip()}" for k in keys.split(","))
     cols = "".join(f"e.{c.strip()}, " for c in payload.split(",") if c.strip())
-    buckets = "unnest(range(start_ns // $bucket_ns{lead}, (end_ns - 1) // $bucket_ns + 1)) AS bucket"
-    return f"""{name}_short AS (
-  SELECT p.probe_id, {cols}greatest(e.start_ns, p.start_ns) AS start_ns, least(e.end_ns, p.end_ns) AS end_ns
-  FROM (SELECT *, {buckets.format(lead=" - 1")} FROM {probes}) p
-  JOIN (SELECT *, start_ns // $bucket_ns AS bucket FROM {events} WHERE end_ns - start_ns <= $bucket_ns) e
+    # One join, so that `events` is read once. A long event's piece is clipped to the bucket, so on the bucket
+    # before a probe (there for the short events) it comes out empty and is dropped with the other empty pieces.
+    return f"""{name}_joined AS (
+  SELECT p.probe_id, {cols}
+         greatest(e.start_ns, p.start_ns, CASE WHEN e.spans_buckets THEN p.bucket * $bucket_ns END) AS start_ns,
+         least(e.end_ns, p.end_ns, CASE WHEN e.spans_buckets THEN (p.bucket + 1) * $bucket_ns END) AS end_ns
+  FROM (SELECT *, unnest(range(start_ns // $bucket_ns - 1, (end_ns - 1) // $bucket_ns + 1)) AS bucket
+        FROM {probes}) p
+  JOIN (SELECT *, unnest(CASE WHEN spans_buckets THEN range(start_ns // $bucket_ns, (end_ns - 1) // $bucket_ns + 1)
+                              ELSE [start_ns // $bucket_ns] END) AS bucket
+        FROM (SELECT *, end_ns - start_ns > $bucket_ns AS spans_buckets FROM {events})) e
     ON {on} AND p.bucket = e.bucket),
-{name}_long AS (
-  SELECT p.probe_id, {cols}greatest(e.start_ns, p.start_ns, p.bucket * $bucket_ns) AS start_ns,
-         least(e.end_ns, p.end_ns, (p.bucket + 1) * $bucket_ns) AS end_ns
-  FROM (SELECT *, {buckets.format(lead="")} FROM {probes}) p
-  JOIN (SELECT *, {buckets.format(lead="")} FROM {events} WHERE end_ns - start_ns > $bucket_ns) e
-    ON {on} AND p.bucket = e.bucket),
-{name} AS (
-  SELECT * FROM {name}_short WHERE end_ns > start_ns
-  UNION ALL SELECT * FROM {name}_long WHERE end_ns > start_ns)"""
+{name} AS (SELECT * FROM {name}_joined WHERE end_ns > start_ns)"""
 
 
 BUSY = GPU_WORK + ",\n" + islands("busy", "gpu_work", "device_id")
