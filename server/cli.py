@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from nsightful.profiles import open_profile
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.limits import model_memory
-from nsightful.server import __version__, budget
+from nsightful.server import __version__, allocator, budget
 from nsightful.server.http import TOKEN_ENV
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB
 from nsightful.server.validation import explain, unknown_arguments
@@ -219,6 +219,7 @@ def cmd_serve(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from nsightful.server.cli_job import cmd_build, cmd_job_tool
     args = parser().parse_args(argv)
+    allocator.tune()
     from nsightful.server.report import cli as report_cli
     commands = {"serve": cmd_serve, "tool": cmd_tool, "tools": cmd_tools, "triage": cmd_triage,
                 "diff": cmd_diff, "build": cmd_build, "report": report_cli.run}
