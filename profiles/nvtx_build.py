@@ -38,7 +38,8 @@ OPENS_SQL = f"""SELECT rowid AS rid, {THREAD} AS thread, start_ns, end_ns FROM n
                 WHERE {CLOSED} AND start_ns >= $lo AND start_ns < $hi"""
 CLOSES_SQL = f"""SELECT {THREAD} AS thread, start_ns, end_ns FROM nvtx
                  WHERE {CLOSED} AND end_ns >= $lo AND end_ns < $hi"""
-UPDATE_SQL = f"UPDATE nvtx SET depth = x.depth FROM {DEPTHS_VIEW} x WHERE nvtx.rowid = x.rid"
+UPDATE_SQL = f"""UPDATE nvtx SET depth = x.depth FROM {DEPTHS_VIEW} x
+                 WHERE nvtx.rowid = x.rid AND nvtx.start_ns >= $lo AND nvtx.start_ns < $hi"""
 DOMAINS_SQL = f"""
 UPDATE nvtx SET domain = d.name
 FROM (SELECT {DOMAIN_ID} AS id, any_value(text) AS name FROM nvtx WHERE kind = 'domain' GROUP BY id) d
@@ -82,27 +83,31 @@ def write(b: Builder, cur: duckdb.DuckDBPyConnection) -> None:
 def fill_depths(cur: duckdb.DuckDBPyConnection) -> None:
     """Each closed push/pop range's depth written into nvtx (the rest keep NULL), UPDATE_ROWS at a time."""
     batch: list[tuple[np.ndarray, np.ndarray]] = []
-    for rid, depth in depths(cur):
+    since = None
+    for lo, hi, rid, depth in depths(cur):
+        since = lo if since is None else since
         batch.append((rid, depth))
         if sum(len(r) for r, _ in batch) >= UPDATE_ROWS:
-            _update(cur, batch)
-    _update(cur, batch)
+            _update(cur, batch, since, hi)
+            since = None
+    if since is not None:
+        _update(cur, batch, since, hi)
 
 
-def _update(cur: duckdb.DuckDBPyConnection, batch: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    if not batch:
-        return
+def _update(cur: duckdb.DuckDBPyConnection, batch: list[tuple[np.ndarray, np.ndarray]], lo: int, hi: int) -> None:
+    """The batch's depths written; its ranges all start in [lo, hi), which spares the UPDATE the rest of the table."""
     cur.register(DEPTHS_VIEW, {"rid": np.concatenate([r for r, _ in batch]),
                                "depth": np.concatenate([d for _, d in batch])})
     batch.clear()
     try:
-        cur.execute(UPDATE_SQL)
+        cur.execute(UPDATE_SQL, {"lo": lo, "hi": hi})
     finally:
         cur.unregister(DEPTHS_VIEW)
 
 
-def depths(cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(row ids, depths) of nvtx's closed push/pop ranges, window by window of time (see profiles.nvtx_depth)."""
+def depths(cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """Per window of time [lo, hi) (see profiles.nvtx_depth): lo, hi, and the row ids and depths of nvtx's closed
+    push/pop ranges starting in it."""
     threads = cur.execute(f"SELECT DISTINCT {THREAD} AS thread FROM nvtx WHERE {CLOSED} ORDER BY 1"
                           ).fetchnumpy()["thread"]
     carry = np.zeros(len(threads), dtype=np.int64)
@@ -113,7 +118,7 @@ def depths(cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[np.ndarray, np.ndar
                                    opens["end_ns"], np.searchsorted(threads, closes["thread"]), closes["start_ns"],
                                    closes["end_ns"])
         del opens, closes
-        yield nvtx_depth.window_depths(window, carry)
+        yield lo, hi, *nvtx_depth.window_depths(window, carry)
 
 
 def _windows(cur: duckdb.DuckDBPyConnection) -> list[tuple[int, int]]:
