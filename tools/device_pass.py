@@ -16,7 +16,7 @@ import duckdb
 import numpy as np
 
 from nsightful.tools.common import Scope, per_model, scope_args
-from nsightful.tools.intervals import GPU_WORK_CATEGORY
+from nsightful.tools.intervals import GPU_WORK_CATEGORY, GPU_WORK_CATEGORY_CHUNK
 
 ROWS_PER_CHUNK = 2_000_000  # ~150 MB of arrays at a time: flat memory however many operations a device ran
 NONE = np.iinfo(np.int64).min  # the running maximum before any operation
@@ -24,9 +24,9 @@ KINDS = {"compute": (0, 1), "copy_kernel": (1,), "transfer": (2,), "communicatio
 
 COUNT_SQL = "WITH " + GPU_WORK_CATEGORY + """
 SELECT device_id, count(*), min(start_ns), max(start_ns) FROM gpu_work GROUP BY ALL"""
-CHUNK_SQL = "WITH " + GPU_WORK_CATEGORY + """
+CHUNK_SQL = "WITH " + GPU_WORK_CATEGORY_CHUNK + """
 SELECT coalesce(stream_id, 0) AS stream, stream_id IS NULL AS no_stream, cat, start_ns AS s, end_ns AS e
-FROM gpu_work WHERE device_id = $device AND start_ns >= $lo AND start_ns <= $hi"""
+FROM gpu_work"""
 
 
 @dataclass
@@ -105,6 +105,12 @@ def chunk_edges(n: int, first: int, last: int, rows: int) -> list[tuple[int, int
     return [(lo, hi - 1) for lo, hi in zip(edges, edges[1:], strict=False)]
 
 
+def chunk_bounds(scope: Scope, lo: int, hi: int) -> dict[str, int]:
+    """Bound parameters ($raw_lo, $hi) that select, by stored start, the operations whose start clipped to the
+    window lies in [lo, hi]: the first chunk also takes those that began before the window."""
+    return {"raw_lo": lo if lo > scope.start_ns else NONE, "hi": hi}
+
+
 def device_passes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) -> dict[int, DevicePass]:
     """Each device with work in the scope: its figures, its work read in start-time chunks."""
     def compute() -> dict[int, DevicePass]:
@@ -112,7 +118,7 @@ def device_passes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) ->
         for device, n, first, last in con.execute(COUNT_SQL, args).fetchall():
             d = found[device] = DevicePass()
             for lo, hi in chunk_edges(n, first, last, ROWS_PER_CHUNK):
-                cols = con.execute(CHUNK_SQL, {**args, "device": device, "lo": lo, "hi": hi}).fetchnumpy()
+                cols = con.execute(CHUNK_SQL, {**args, "device": device, **chunk_bounds(scope, lo, hi)}).fetchnumpy()
                 if len(cols["s"]):
                     d.add_chunk(cols, scope, buckets)
             d.reach.clear()

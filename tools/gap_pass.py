@@ -38,11 +38,12 @@ OPS = """ops AS (
         UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memset m
           LEFT JOIN gap_api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
         UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid FROM graph_exec)
-  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
+  WHERE device_id = $device AND end_ns > $start AND start_ns < $end AND end_ns > start_ns
+    AND start_ns >= $raw_lo AND start_ns <= $hi)"""  # one chunk (device_pass.chunk_bounds), by stored start
 CHUNK_SQL = "WITH " + OPS + """
 SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(tiny, false) AS tiny,
        coalesce(pid, $no_thread) AS pid, coalesce(tid, $no_thread) AS tid
-FROM ops WHERE device_id = $device AND s >= $lo AND s <= $hi"""
+FROM ops"""
 CREATE_SQL = """CREATE OR REPLACE TEMP TABLE idle_gaps (gap_id BIGINT, device_id INTEGER, start_ns BIGINT,
   end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT)"""
 INSERT_SQL = """INSERT INTO idle_gaps SELECT gap_id, $device, start_ns, end_ns, end_ns - start_ns,
@@ -105,15 +106,15 @@ class Folded:
 @contextmanager
 def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_below_ns: int) -> Iterator[Folded]:
     """The temp table idle_gaps for `scope` while the block runs (kernels shorter than tiny_ns are tiny)."""
-    args = {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "tiny": tiny_ns}
+    args = {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns}
     con.execute(CREATE_SQL)
     try:
         con.execute(API_ENDS_SQL)
         passes = {d: _Device(d, scope.start_ns, fold_below_ns) for d in scope.devices}
         for device, n, first, last in con.execute(device_pass.COUNT_SQL, scope_args(scope)).fetchall():
             for lo, hi in device_pass.chunk_edges(n, first, last, device_pass.ROWS_PER_CHUNK):
-                cols = con.execute(CHUNK_SQL, {**args, "device": device, "lo": lo, "hi": hi, "no_time": NO_TIME,
-                                               "no_thread": NO_THREAD}).fetchnumpy()
+                cols = con.execute(CHUNK_SQL, {**args, "device": device, **device_pass.chunk_bounds(scope, lo, hi),
+                                               "no_time": NO_TIME, "no_thread": NO_THREAD}).fetchnumpy()
                 if len(cols["s"]):
                     _insert(con, device, passes[device].chunk(cols))
         for device, d in passes.items():  # a device without work in the window idles all of it

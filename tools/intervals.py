@@ -34,7 +34,7 @@ must be constants of the calling module. Compose with `"WITH " + GPU_WORK + ",\n
 from __future__ import annotations
 
 
-def _gpu_work(name: str, kind: str, labels: tuple[str, str, str, str]) -> str:
+def _gpu_work(name: str, kind: str, labels: tuple[str, str, str, str], where: str = "") -> str:
     kernel, memcpy, memset, graph = labels
     return f"""{name} AS (
   SELECT device_id, stream_id, {kind}, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns
@@ -42,14 +42,18 @@ def _gpu_work(name: str, kind: str, labels: tuple[str, str, str, str]) -> str:
         UNION ALL SELECT device_id, stream_id, {memcpy}, start_ns, end_ns FROM memcpy
         UNION ALL SELECT device_id, stream_id, {memset}, start_ns, end_ns FROM memset
         UNION ALL SELECT device_id, stream_id, {graph}, start_ns, end_ns FROM graph_exec)
-  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)"""
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns{where})"""
 
 
 GPU_WORK = _gpu_work("gpu_work", "kind", ("'kernel'", "'memcpy'", "'memset'", "'graph'"))
 # The same rows with `cat` instead of the kind's name (a number is cheaper to read): 0 a compute kernel or graph
 # execution, 1 a copy-like kernel (casts, copies), 2 a memcpy or memset, 3 an NCCL kernel
-GPU_WORK_CATEGORY = _gpu_work("gpu_work", "cat", (
-    "CASE WHEN category = 'nccl' THEN 3 WHEN category = 'copy' THEN 1 ELSE 0 END", "2", "2", "0"))
+CATEGORY_LABELS = ("CASE WHEN category = 'nccl' THEN 3 WHEN category = 'copy' THEN 1 ELSE 0 END", "2", "2", "0")
+GPU_WORK_CATEGORY = _gpu_work("gpu_work", "cat", CATEGORY_LABELS)
+# One device's rows starting (unclipped) in [$raw_lo, $hi]: on the stored start, so that each table's scan skips the
+# row groups outside it (a filter on the clipped start reads every row group again for each chunk of a pass).
+GPU_WORK_CATEGORY_CHUNK = _gpu_work("gpu_work", "cat", CATEGORY_LABELS,
+                                    " AND device_id = $device AND start_ns >= $raw_lo AND start_ns <= $hi")
 
 
 def islands(name: str, source: str, keys: str) -> str:
