@@ -92,8 +92,9 @@ launches AS (
   UNION ALL
   SELECT a.pid, a.tid, a.start_ns FROM (SELECT pid, correlation_id, device_id FROM memcpy
                                         UNION ALL SELECT pid, correlation_id, device_id FROM memset) m
-  JOIN cuda_api a USING (pid, correlation_id)
-  WHERE m.device_id IN (SELECT unnest($devices)) AND a.start_ns >= $start AND a.start_ns < $end
+  JOIN cuda_api a USING (pid, correlation_id)  -- the call kinds the build joined the copies to
+  WHERE m.device_id IN (SELECT unnest($devices)) AND a.kind IN ('memcpy', 'memset')
+    AND a.start_ns >= $start AND a.start_ns < $end
   UNION ALL
   SELECT pid, tid, start_ns FROM cuda_api WHERE kind = 'graph' AND start_ns >= $start AND start_ns < $end),
 flagged AS MATERIALIZED (
