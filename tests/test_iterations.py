@@ -193,6 +193,19 @@ def test_iterations_ranges_without_gpu_work_do_not_qualify():
     assert "no kernel runs 3+ times on device 0" in result.note
 
 
+def test_iterations_counts_launches_anywhere_inside_a_long_range():
+    """The launch join's buckets follow the average range (short ones here), so a step spans a hundred of them: a
+    launch late in a step counts, one at its very end or just before it does not."""
+    ms = 1_000_000
+    starts = [k * 20 * ms for k in range(4)]
+    step_ranges, _ = steps("step {}", starts, [s + 10 * ms for s in starts])
+    tiny = [rng_("tiny", s + i * 50_000, s + i * 50_000 + 1_000, depth=1) for s in starts for i in range(100)]
+    launches = [s + 9_500_000 for s in starts[:3]] + [starts[3] + 10 * ms, starts[3] - 1]
+    result = run(make_model(nvtx=step_ranges + tiny, kernels=[kern(at + 1_000, at + 2_000, launch=at)
+                                                              for at in launches]))
+    assert [(c.name, c.ranges, c.gpu_ranges_pct) for c in result.candidates] == [("step N", 4, 75.0)]
+
+
 def test_iterations_boundaries_run_start_to_start():
     ranges, kernels = steps("step {}", [0, 150, 400, 500], [100, 200, 450, 600])
     result = run(make_model(nvtx=ranges, kernels=kernels))

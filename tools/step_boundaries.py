@@ -29,6 +29,7 @@ PER_OP = "|".join((
     r"\.(py|pyx|c|cc|cpp|cxx|cu|cuh|h|hpp|f|f90|jl)(\([0-9]+\)|:[0-9]+)",  # source-line markers
 ))
 MAX_CANDIDATES = 5  # qualifying NVTX ranges listed, the chosen one first
+MIN_LAUNCH_BUCKET_NS = 10_000  # 10 us: the launch join's buckets never shorter, even when most ranges are
 PERIOD_TOLERANCE = 0.25  # a loop's period jitters by a few %; 25% still rejects a kernel run twice per step
 STABLE_SHARE = 0.75  # a quarter of the periods may be disturbed (a recompilation, a GC pause, a checkpoint)
 STABLE_TIME_SHARE = 0.25  # steady periods fill a quarter of the time after the first: a loop may pause at
@@ -53,9 +54,10 @@ class Candidate(BaseModel):
 # tests inside a CASE cost 0.2-0.3 s more CPU over 8.4 M ranges). The metadata, template and number rewrites run
 # once per distinct text (240 texts for 120 k ranges on the 1 GB benchmark export), not once per range, and a
 # text's numbers become their rank among its template's texts, so the counter test compares integers, not lists.
-# `flagged` marks the ranges whose thread launches GPU work inside them: an ASOF join finds, per range, the
-# thread's first launch at or after its start, which is inside when it starts before the range ends. Every
-# candidate row carries the ranges of the best one (rank 1) on its qualifying threads.
+# `flagged` marks the ranges whose thread launches GPU work inside them: launches hash-joined to the ranges by (thread,
+# time bucket), a range in every bucket it covers, the bucket about a range long (an ASOF join sorted every launch:
+# 3.1 s on the 10 GB export, whose threads are few, so its partitions are large). Every candidate row carries the
+# ranges of the best one (rank 1) on its qualifying threads.
 LETTERS = "lower(regexp_replace(regexp_replace({}, '\\bN\\b|[0-9]+', '', 'g'), '[^A-Za-z]', '', 'g'))"
 NVTX_SQL = """
 WITH ranges AS (
@@ -83,8 +85,9 @@ named AS (
            CASE WHEN f.counter THEN s.template ELSE s.clean END AS name
     FROM steps s JOIN families f USING (template, kind, depth))
   WHERE $wanted IS NULL OR name = $wanted OR """ + LETTERS.format("name") + " = " + LETTERS.format("$wanted") + """),
-repeating AS (
-  SELECT *, start_ns - lag(start_ns) OVER (PARTITION BY name, kind, depth, pid, tid ORDER BY start_ns) AS period_ns
+repeating AS MATERIALIZED (
+  SELECT *, start_ns - lag(start_ns) OVER (PARTITION BY name, kind, depth, pid, tid ORDER BY start_ns) AS period_ns,
+         row_number() OVER () AS rid
   FROM named QUALIFY count(*) OVER (PARTITION BY name, kind, depth, pid, tid) >= $min_repeats),
 launches AS (
   SELECT pid, tid, launch_start_ns AS at_ns FROM kernels
@@ -97,9 +100,15 @@ launches AS (
     AND a.start_ns >= $start AND a.start_ns < $end
   UNION ALL
   SELECT pid, tid, start_ns FROM cuda_api WHERE kind = 'graph' AND start_ns >= $start AND start_ns < $end),
-flagged AS MATERIALIZED (
-  SELECT r.*, coalesce(l.at_ns < r.end_ns, false) AS gpu
-  FROM repeating r ASOF LEFT JOIN launches l ON r.pid = l.pid AND r.tid = l.tid AND r.start_ns <= l.at_ns),
+bucket AS (SELECT greatest($min_bucket, avg(end_ns - start_ns))::BIGINT AS ns FROM repeating),
+launched AS (
+  SELECT DISTINCT r.rid
+  FROM (SELECT rid, pid, tid, start_ns, end_ns,
+               unnest(range(start_ns // (SELECT ns FROM bucket), (end_ns - 1) // (SELECT ns FROM bucket) + 1)) AS b
+        FROM repeating WHERE end_ns > start_ns) r
+  JOIN (SELECT pid, tid, at_ns, at_ns // (SELECT ns FROM bucket) AS b FROM launches) l USING (pid, tid, b)
+  WHERE l.at_ns >= r.start_ns AND l.at_ns < r.end_ns),
+flagged AS MATERIALIZED (SELECT *, rid IN (SELECT rid FROM launched) AS gpu FROM repeating),
 threads AS MATERIALIZED (
   SELECT name, kind, depth, pid, tid, any_value(counter) AS counter, count(*) AS n,
          count(*) FILTER (WHERE gpu) AS n_gpu, min(start_ns) AS first_ns, median(period_ns) AS period_ns
@@ -164,6 +173,7 @@ def _candidates(con: duckdb.DuckDBPyConnection, scope: Scope, wanted: str | None
         "start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "wanted": wanted,
         "metadata": METADATA, "autograd": AUTOGRAD, "per_op": PER_OP, "min_repeats": 1 if wanted else MIN_REPEATS,
         "min_gpu_share": MIN_GPU_SHARE, "profiler_step": PROFILER_STEP, "step_names": STEP_NAMES,
+        "min_bucket": MIN_LAUNCH_BUCKET_NS,
         "limit": MAX_CANDIDATES}).fetchall()
     found = [Candidate(name=name, kind=kind, depth=depth, counter=counter, ranges=n, threads=threads,
                        gpu_ranges_pct=pct(n_gpu, n), median_period_ns=period)
