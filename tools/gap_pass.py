@@ -71,7 +71,8 @@ class _Device:
         key = np.where(tid != NO_THREAD, np.minimum(le, NO_TIME - 1), NO_TIME)
         best = np.minimum.reduceat(key, heads)
         firsts = np.flatnonzero(key == np.repeat(best, sizes))
-        pick = firsts[np.unique(np.repeat(np.arange(len(heads)), sizes)[firsts], return_index=True)[1]]
+        first_runs = np.repeat(np.arange(len(heads)), sizes)[firsts]  # ascending: each run's first is where it changes
+        pick = firsts[np.concatenate(([True], first_runs[1:] != first_runs[:-1]))]
         run = np.searchsorted(heads, at, side="right") - 1
         traced = best[run] != NO_TIME
         found = {"gap_id": self.device * GAP_ID_STRIDE + self.rows + at, "start_ns": before[at] // 2,
