@@ -145,18 +145,15 @@ class Builder(ActivityJoins):
         self.create("cuda_api", cur)
         if not self.raw.has(t):
             return
-        # One pass of the SQLite scanner: the ids the calls name come from the DuckDB copy, not a second pass.
-        self.sql(f"""CREATE TABLE _api AS SELECT r.globalTid, r.correlationId, r.nameId, r.start, r."end",
-                {self.col(t, 'returnValue')} AS returnValue FROM {self.src(t)} r""", cur)
-        self.sql(f"""CREATE TABLE _api_names AS
-            SELECT id, name, {API_KIND_SQL} AS kind FROM (
-              SELECT id, regexp_replace(value, '_v[0-9]+$', '') AS name FROM _strings
-              WHERE id IN (SELECT DISTINCT nameId FROM _api))""", cur)
+        # Every string classified (a few thousand to a few hundred thousand, against millions of calls): the calls
+        # are then written in one pass of the SQLite scanner, with no copy to learn which names they use.
+        self.sql(f"""CREATE TABLE _api_names AS SELECT id, name, {API_KIND_SQL} AS kind FROM (
+              SELECT id, regexp_replace(value, '_v[0-9]+$', '') AS name FROM _strings)""", cur)
         self.sql(f"""INSERT INTO cuda_api
             SELECT {PID_SQL.format(col='r.globalTid')}, {TID_SQL.format(col='r.globalTid')},
-                r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'), r.returnValue
-            FROM _api r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
-        self.sql("DROP TABLE _api", cur)
+                r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'),
+                {self.col(t, 'returnValue')}
+            FROM {self.src(t)} r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
         self.ranges = correlation_ranges(cur, rows_per_range())
 
     def kernels(self, cur: duckdb.DuckDBPyConnection) -> None:
