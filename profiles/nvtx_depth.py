@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-NO_DEPTH = -1  # depth of rows that are not closed push/pop ranges (marks, start/end, unclosed); NULL in the model
 # Turns at one time on one thread, in the order they count: ranges that end there close, ranges open,
 # zero-length ranges close (they opened at this very time).
 CLOSE_FIRST, OPEN, CLOSE_LAST = 0, 1, 2
