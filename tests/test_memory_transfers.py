@@ -193,12 +193,12 @@ def test_memory_transfers_exposed_time_matches_the_kernel_union(open_fixture):
 
 @pytest.mark.parametrize("fixture", ["extrap_windows_con_kernel", "clue_t4_report4", "nsysai_h100_2gpu_1s"])
 def test_memory_transfers_figures_do_not_depend_on_the_copy_chunks(open_fixture, monkeypatch, fixture):
-    """Copies joined to kernels three at a time (a copy's kernels may start in a later chunk) give the one-chunk
+    """Copies and kernels read three at a time (a copy's kernels may start in a later chunk) give the one-chunk
     figures."""
     con = open_fixture(fixture).con
     whole = run(con, per_device=True, limit=100)
     assert whole.copy_count > 3 * 2
-    monkeypatch.setattr(mt, "COPIES_PER_CHUNK", 3)
+    monkeypatch.setattr(mt, "ROWS_PER_CHUNK", 3)
     assert run(con, per_device=True, limit=100) == whole
 
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import duckdb
+import numpy as np
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, device_pass, rules
+from nsightful.tools import attribution, cover, device_pass, rules
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -38,7 +39,6 @@ from nsightful.tools.common import (
     resolve_scope,
     scope_args,
 )
-from nsightful.tools.intervals import covered, overlaps
 
 SMALL_D2H_BYTES = 1024  # a scalar or a handful of values read back: .item(), .cpu() of a metric
 PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
@@ -107,39 +107,32 @@ WITH c AS (
               WHEN 'pinned' IN (src_kind, dst_kind) THEN 'pinned' END AS host_kind
   FROM memcpy WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end)"""
 
-# Per (direction, device), for the copies starting in [$start, $end): summed over chunks of copies, the rows per
-# direction alone are their sums (_by_direction). A copy's exposed time is its length less the union of the kernels
-# overlapping it on its device: joining copies to nearby kernels by time bucket needs no sort of all the device's
-# kernels (an idle-gap union of every kernel cost 2.4x the CPU on 1 GB).
-DIRECTIONS_SQL = COPIES + """,
-kwork AS (
-  SELECT device_id, start_ns, end_ns FROM kernels
-  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < (SELECT max(end_ns) FROM c)
-    AND end_ns > start_ns),
-probes AS (SELECT copy_id AS probe_id, device_id, start_ns, end_ns FROM c),
-""" + overlaps("hits", "probes", "kwork", "device_id") + ",\n" + covered("kernel_covered", "hits") + """,
-exposed AS (
-  SELECT c.*, end_ns - start_ns - coalesce(k.ns, 0) AS exposed_ns FROM c
-  LEFT JOIN kernel_covered k ON k.probe_id = c.copy_id)
+# Per (direction, device), for the copies starting in [$start, $end); exposed time comes from _exposed.
+DIRECTIONS_SQL = COPIES + """
 SELECT direction, device_id, count(*), sum(bytes), sum(duration_ns),
        count(*) FILTER (WHERE host_kind = 'pageable'), coalesce(sum(bytes) FILTER (WHERE host_kind = 'pageable'), 0),
        coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pageable'), 0),
        count(*) FILTER (WHERE host_kind = 'pinned'), coalesce(sum(bytes) FILTER (WHERE host_kind = 'pinned'), 0),
-       coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pinned'), 0), sum(exposed_ns),
-       coalesce(sum(exposed_ns) FILTER (WHERE host_kind = 'pageable'), 0)
-FROM exposed GROUP BY ALL
+       coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pinned'), 0)
+FROM c GROUP BY ALL
 """
-
-# The copies in chunks of start times (count, first and last start) and the join's time bucket: about one copy or
-# kernel length, whichever is longer, so each copy and kernel spans a few buckets on average however long the window
-# (a bucket growing with the window made the join superlinear: 10 GB export 10.0 s, 1 GB 0.23 s).
+# A copy's exposed time is its length less the union of its device's kernels inside it (tools/cover.py), one device
+# and one time chunk of copies at a time: the copies (first, last start) and the kernels starting among them.
 CHUNKS_SQL = """
-SELECT count(*), min(start_ns), max(start_ns), greatest(1000, avg(duration_ns), (
-  SELECT avg(duration_ns) FROM kernels
-  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end))::BIGINT
-FROM memcpy WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end
+SELECT device_id, count(*), min(start_ns), max(start_ns) FROM memcpy
+WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end GROUP BY ALL
 """
-COPIES_PER_CHUNK = 2_000_000  # one join over 4.5 M copies spilled 0.9 GB and took twice as long
+KERNELS_AMONG_SQL = "SELECT count(*) FROM kernels WHERE device_id = $device AND start_ns BETWEEN $lo AND $hi"
+CHUNK_COPIES_SQL = """
+SELECT start_ns AS s, end_ns AS e, (list_position($directions, direction) - 1) * 2
+       + coalesce('pageable' IN (src_kind, dst_kind), false)::INTEGER AS g
+FROM memcpy WHERE device_id = $device AND start_ns >= $start AND start_ns < $end AND start_ns BETWEEN $lo AND $hi
+"""
+CHUNK_KERNELS_SQL = """
+SELECT start_ns AS s, end_ns AS e FROM kernels
+WHERE device_id = $device AND end_ns > $lo AND start_ns < $until AND end_ns > start_ns
+"""
+ROWS_PER_CHUNK = 1_000_000  # copies and kernels read at a time: memory stays flat on the largest exports
 
 PAGEABLE_SQL = COPIES + """
 SELECT device_id, direction, max(duration_ns), count(*) FILTER (WHERE api_name LIKE '%Async%') FROM c
@@ -178,8 +171,8 @@ def _bandwidth(nbytes: int, ns: int) -> float | None:
 
 
 def _row(direction: str, device: int | None, sums: tuple, capacity: int) -> DirectionRow:
-    """A row from DIRECTIONS_SQL's sums (count, bytes, ns, pageable count/bytes/ns, pinned count/bytes/ns, exposed,
-    pageable exposed)."""
+    """A row from DIRECTIONS_SQL's sums (count, bytes, ns, pageable count/bytes/ns, pinned count/bytes/ns) and
+    _exposed's (exposed, pageable exposed)."""
     n, nbytes, ns, pg_n, pg_b, pg_ns, pin_n, pin_b, pin_ns, exposed, pg_exposed = (int(v) for v in sums)
     return DirectionRow(
         direction=direction, device=device, count=n, bytes=nbytes, time_ns=ns,
@@ -209,14 +202,34 @@ def _by_direction(sums: dict[tuple[str, int], tuple], capacity: int) -> list[Dir
 
 
 def _directions(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[str, int], tuple[int, ...]]:
-    """DIRECTIONS_SQL's figures per (direction, device), summed over chunks of at most COPIES_PER_CHUNK copies."""
-    n, first, last, bucket = con.execute(CHUNKS_SQL, args).fetchone()
-    sums: dict[tuple[str, int], tuple[int, ...]] = {}
-    for lo, hi in device_pass.chunk_edges(n, first, last, COPIES_PER_CHUNK) if n else []:
-        for direction, device, *figures in con.execute(
-                DIRECTIONS_SQL, {**args, "start": lo, "end": hi + 1, "bucket_ns": bucket}).fetchall():
-            sums[direction, device] = _added(sums.get((direction, device)), figures)
+    """DIRECTIONS_SQL's figures per (direction, device), then the exposed time and its pageable part."""
+    sums = {(direction, device): tuple(int(v) for v in figures)
+            for direction, device, *figures in con.execute(DIRECTIONS_SQL, args).fetchall()}
+    directions = sorted({direction for direction, _ in sums})
+    for device, n, first, last in con.execute(CHUNKS_SQL, args).fetchall():
+        kernels = con.execute(KERNELS_AMONG_SQL, {"device": device, "lo": first, "hi": last}).fetchone()[0]
+        exposed = _exposed(con, {"start": args["start"], "end": args["end"], "device": device,
+                                 "directions": directions}, n + kernels, first, last)
+        for i, direction in enumerate(directions):
+            if (direction, device) in sums:
+                pair = exposed[2 * i:2 * i + 2]
+                sums[direction, device] += (int(pair.sum()), int(pair[1]))
     return sums
+
+
+def _exposed(con: duckdb.DuckDBPyConnection, args: dict, rows: int, first: int, last: int) -> np.ndarray:
+    """One device's exposed copy time per group (direction index x 2 + pageable), over chunks of copies."""
+    total = np.zeros(2 * len(args["directions"]), dtype=np.int64)
+    for lo, hi in device_pass.chunk_edges(rows, first, last, ROWS_PER_CHUNK):
+        c = con.execute(CHUNK_COPIES_SQL, {**args, "lo": lo, "hi": hi}).fetchnumpy()
+        if not len(c["s"]):
+            continue
+        k = con.execute(CHUNK_KERNELS_SQL, {"device": args["device"], "lo": lo, "until": int(c["e"].max())}
+                        ).fetchnumpy()
+        exposed = c["e"] - c["s"] - cover.covered(c["s"], c["e"], k["s"], k["e"])
+        for g in np.unique(c["g"]).tolist():  # a few groups: integer sums, exact
+            total[g] += int(exposed[c["g"] == g].sum())
+    return total
 
 
 def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
