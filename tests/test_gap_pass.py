@@ -105,3 +105,19 @@ def test_gap_pass_drops_its_tables_when_the_query_fails():
     with pytest.raises(RuntimeError), gap_pass.idle_gaps(con, scope, TINY, 0):
         raise RuntimeError("the query failed")
     assert con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("stem", [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"])
+def test_gap_pass_device_figures_equal_the_device_pass_of_their_own(open_fixture, stem, monkeypatch):
+    """The busy, per-slice, per-stream and per-kind unions the gap pass computes in passing (read by shares after an
+    attribution) equal the device pass run alone, with chunks cut mid-device."""
+    con = open_fixture(stem).con
+    scope = common.resolve_scope(con, common.ScopedParams(profile="t"), default="gpu_active")
+    monkeypatch.setattr(device_pass, "ROWS_PER_CHUNK", 97)
+    monkeypatch.setattr(common, "_model_cache", {})
+    alone = device_pass.device_passes(con, scope, attribution.DEVICE_PASS_SLICES)
+    monkeypatch.setattr(common, "_model_cache", {})
+    attribution.attribute(con, scope)
+    monkeypatch.setattr(device_pass, "CHUNK_SQL", "SELECT error('the device pass ran again')")
+    assert device_pass.device_passes(con, scope, attribution.DEVICE_PASS_SLICES) == alone
+    assert sum(p.ops for p in alone.values()) > 0

@@ -44,7 +44,7 @@ from typing import Literal
 
 import duckdb
 
-from nsightful.tools import gap_pass, nvtx_texts, rules
+from nsightful.tools import gap_pass, gpu_utilization, nvtx_texts, rules
 from nsightful.tools.common import Scope, per_model
 from nsightful.tools.intervals import overlaps
 
@@ -64,6 +64,8 @@ LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device 
 FOLD_BELOW_NS = min(BUBBLE_MIN_NS, SYNC_RESUME_MAX_NS + 1)  # queued gaps this short are neither listed nor pauses:
 # the pass only counts them (TOTALS_SQL's kept sums them into one row per device)
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
+DEVICE_PASS_SLICES = gpu_utilization.Params.model_fields["buckets"].default  # the device pass the gap pass fills
+# in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
 
 WORK = """ops AS (  -- the work's launching threads (idle_gaps, from gap_pass, holds the gaps themselves)
@@ -361,7 +363,7 @@ def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
 def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
     params = {**args(con, scope), **PERIODIC_ARGS, "bubble_min": BUBBLE_MIN_NS, "min_gap": BUBBLE_MIN_NS,
               "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
-    with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, FOLD_BELOW_NS) as folded:
+    with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, FOLD_BELOW_NS, DEVICE_PASS_SLICES) as folded:
         found = [(d, n, folded.ns[d]) for d, n in folded.gaps.items() if n]
         params.update(folded_devices=[d for d, _, _ in found], folded_gaps=[n for _, n, _ in found],
                       folded_ns=[ns for _, _, ns in found])

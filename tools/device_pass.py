@@ -114,8 +114,13 @@ def chunk_bounds(scope: Scope, lo: int, hi: int) -> dict[str, int]:
     return {"raw_lo": lo if lo > scope.start_ns else NONE, "hi": hi}
 
 
+def _key(scope: Scope, buckets: int) -> tuple:
+    return "device_pass", tuple(scope.devices), scope.start_ns, scope.end_ns, buckets
+
+
 def device_passes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) -> dict[int, DevicePass]:
-    """Each device with work in the scope: its figures, its work read in start-time chunks."""
+    """Each device with work in the scope: its figures, its work read in start-time chunks (or taken from the idle
+    gap pass over the same scope, which reads the same chunks: `remember`)."""
     def compute() -> dict[int, DevicePass]:
         args, found = scope_args(scope), {}
         for device, n, first, last in con.execute(COUNT_SQL, args).fetchall():
@@ -126,4 +131,12 @@ def device_passes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) ->
                     d.add_chunk(cols, scope, buckets)
             d.reach.clear()
         return found
-    return per_model(con, ("device_pass", tuple(scope.devices), scope.start_ns, scope.end_ns, buckets), compute)
+    return per_model(con, _key(scope, buckets), compute)
+
+
+def remember(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int, found: dict[int, DevicePass]) -> None:
+    """Keep passes computed elsewhere from the same chunks (every device with work, each chunk's CHUNK_SQL columns
+    added in start-time order) for device_passes to return."""
+    for d in found.values():
+        d.reach.clear()
+    per_model(con, _key(scope, buckets), lambda: found)

@@ -23,6 +23,7 @@ import numpy as np
 
 from nsightful.tools import device_pass
 from nsightful.tools.common import Scope, scope_args
+from nsightful.tools.intervals import CATEGORY_LABELS
 
 GAP_ID_STRIDE = 2**32  # a device in a window has far fewer operations than this
 NO_TIME = np.iinfo(np.int64).max  # a launch end not traced (sorts after every traced one)
@@ -30,19 +31,24 @@ NO_THREAD = -1  # pid/tid not traced
 
 API_ENDS_SQL = """CREATE OR REPLACE TEMP TABLE gap_api_ends AS  -- read by every chunk: computed once
 SELECT pid, correlation_id, max(end_ns) AS end_ns FROM cuda_api WHERE kind IN ('memcpy', 'memset') GROUP BY ALL"""
-OPS = """ops AS (
-  SELECT device_id, greatest(start_ns, $start) AS s, least(end_ns, $end) AS e, launch_end_ns, tiny, pid, tid
-  FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid FROM kernels
-        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memcpy m
-          LEFT JOIN gap_api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
-        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid FROM memset m
-          LEFT JOIN gap_api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
-        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid FROM graph_exec)
+KERNEL_CAT, COPY_CAT, _, GRAPH_CAT = CATEGORY_LABELS
+OPS = f"""ops AS (
+  SELECT device_id, greatest(start_ns, $start) AS s, least(end_ns, $end) AS e, launch_end_ns, tiny, pid, tid,
+         stream_id, cat
+  FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid, stream_id,
+               {KERNEL_CAT} AS cat FROM kernels
+        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid, m.stream_id, {COPY_CAT}
+          FROM memcpy m LEFT JOIN gap_api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid, m.stream_id, {COPY_CAT}
+          FROM memset m LEFT JOIN gap_api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {GRAPH_CAT}
+          FROM graph_exec)
   WHERE device_id = $device AND end_ns > $start AND start_ns < $end AND end_ns > start_ns
     AND start_ns >= $raw_lo AND start_ns <= $hi)"""  # one chunk (device_pass.chunk_bounds), by stored start
 CHUNK_SQL = "WITH " + OPS + """
 SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(tiny, false) AS tiny,
-       coalesce(pid, $no_thread) AS pid, coalesce(tid, $no_thread) AS tid
+       coalesce(pid, $no_thread) AS pid, coalesce(tid, $no_thread) AS tid,
+       coalesce(stream_id, 0) AS stream, stream_id IS NULL AS no_stream, cat  -- device_pass.CHUNK_SQL's columns
 FROM ops"""
 CREATE_SQL = """CREATE OR REPLACE TEMP TABLE idle_gaps (gap_id BIGINT, device_id INTEGER, start_ns BIGINT,
   end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT)"""
@@ -105,19 +111,27 @@ class Folded:
 
 
 @contextmanager
-def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_below_ns: int) -> Iterator[Folded]:
-    """The temp table idle_gaps for `scope` while the block runs (kernels shorter than tiny_ns are tiny)."""
+def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_below_ns: int,
+              slices: int | None = None) -> Iterator[Folded]:
+    """The temp table idle_gaps for `scope` while the block runs (kernels shorter than tiny_ns are tiny); with
+    `slices`, the device passes of that many slices are computed from the same chunks (device_pass.remember)."""
     args = {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns}
     con.execute(CREATE_SQL)
     try:
         con.execute(API_ENDS_SQL)
         passes = {d: _Device(d, scope.start_ns, fold_below_ns) for d in scope.devices}
+        figures: dict[int, device_pass.DevicePass] = {}
         for device, n, first, last in con.execute(device_pass.COUNT_SQL, scope_args(scope)).fetchall():
+            figures[device] = device_pass.DevicePass()
             for lo, hi in device_pass.chunk_edges(n, first, last, device_pass.ROWS_PER_CHUNK):
                 cols = con.execute(CHUNK_SQL, {**args, "device": device, **device_pass.chunk_bounds(scope, lo, hi),
                                                "no_time": NO_TIME, "no_thread": NO_THREAD}).fetchnumpy()
                 if len(cols["s"]):
                     _insert(con, device, passes[device].chunk(cols))
+                    if slices is not None:
+                        figures[device].add_chunk(cols, scope, slices)
+        if slices is not None:
+            device_pass.remember(con, scope, slices, figures)
         for device, d in passes.items():  # a device without work in the window idles all of it
             _insert(con, device, d.last(scope.end_ns))
         yield Folded(gaps={d: p.folded_gaps for d, p in passes.items()}, ns={d: p.folded_ns for d, p in passes.items()})

@@ -17,7 +17,7 @@ from typing import Literal
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools import attribution, device_pass, gpu_utilization
+from nsightful.tools import attribution, device_pass
 from nsightful.tools.common import Scope, pct
 
 IDLE_DOMINATED_PCT = 40.0  # idle above this share of the window outweighs any kernel-level tuning
@@ -43,8 +43,7 @@ class Classification(BaseModel):
     reason: str
 
 
-SLICES = gpu_utilization.Params.model_fields["buckets"].default  # its default: the pass it reads on triage's
-# window is then the one computed here
+SLICES = attribution.DEVICE_PASS_SLICES  # computed with the idle attribution shares reads anyway
 
 
 def _unions(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[dict[str, int], int]:
@@ -56,8 +55,8 @@ def _unions(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[dict[str, int
 
 def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> Classification:
     """`fired`: root causes of the findings raised on the same window (they name a host-bound run)."""
+    idle = attribution.attribute(con, scope).devices  # first: its gap pass computes the unions in passing
     ns, ops = _unions(con, scope)
-    idle = attribution.attribute(con, scope).devices
     ns["busy"] = sum(d.window_ns - d.idle_ns for d in idle.values())
     capacity = scope.duration_ns * len(scope.devices)
     share = {cat: pct(ns.get(cat, 0), capacity) for cat in ("compute", "copy_kernel", "transfer", "communication",
