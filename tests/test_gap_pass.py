@@ -11,7 +11,7 @@ from modeldb import make_model
 from nsightful.tools import attribution, common, device_pass, gap_pass, rules
 
 TINY = rules.TINY_KERNEL_NS
-GAP_COLUMNS = "gap_id, device_id, start_ns, end_ns, duration_ns, launch_end_ns, tiny, pid, tid"
+GAP_COLUMNS = "gap_id, device_id, start_ns, end_ns, duration_ns, launch_end_ns, tiny, pid, tid, prev_pid, prev_tid"
 
 
 def gaps(con, scope) -> list[tuple]:
@@ -19,8 +19,9 @@ def gaps(con, scope) -> list[tuple]:
         return con.execute(f"SELECT {GAP_COLUMNS} FROM idle_gaps ORDER BY gap_id").fetchall()
 
 
-def brute_force(kernels: list[dict], scope) -> list[tuple[tuple, set]]:
-    """Per gap, its row but the thread, and the threads it may name (operations starting together may tie)."""
+def brute_force(kernels: list[dict], scope) -> list[tuple[tuple, set, set]]:
+    """Per gap, its row but the threads, the threads it may name (operations starting together may tie) and the
+    previous threads it may name (traced operations before it ending where it begins)."""
     found = []
     for device in scope.devices:
         ops = sorted([(max(k["start_ns"], scope.start_ns), min(k["end_ns"], scope.end_ns), k) for k in kernels
@@ -36,7 +37,9 @@ def brute_force(kernels: list[dict], scope) -> list[tuple[tuple, set]]:
                 threads = {(k["pid"], k["tid"]) for k in traced if key[id(k)] == min(key.values())} or {(None, None)}
                 tiny = any(k["end_ns"] - k["start_ns"] < TINY for k in run) or reach_tiny
                 gap_id = device * gap_pass.GAP_ID_STRIDE + row
-                found.append(((gap_id, device, reach, s, s - reach, min(ends, default=None), tiny), threads))
+                prevs = {(k["pid"], k["tid"]) for _, e2, k in ops[:i] if e2 == reach and k["tid"] is not None}
+                found.append(((gap_id, device, reach, s, s - reach, min(ends, default=None), tiny), threads,
+                              prevs or {(None, None)}))
             if i < len(ops):
                 tiny_end = ops[i][2]["end_ns"] - ops[i][2]["start_ns"] < TINY
                 reach_tiny = (reach_tiny or tiny_end) if e == reach else (tiny_end if e > reach else reach_tiny)
@@ -51,7 +54,7 @@ def random_kernels(rng: random.Random) -> list[dict]:
         e = s + rng.choice([500, 1_500, 3_000, rng.randrange(1, 40_000)])
         launch = rng.choice([None, s - rng.randrange(-5_000, 20_000)])
         traced = rng.random() < 0.8
-        kernels.append({"device_id": rng.choice([0, 0, 1]), "stream_id": 7, "pid": 1 if traced else None,
+        kernels.append({"device_id": rng.choice([0, 0, 1]), "stream_id": 7, "pid": 1 if traced or n % 2 else None,
                         "tid": rng.randrange(7, 11) if traced else None, "correlation_id": n, "start_ns": s,
                         "end_ns": e, "short_name": f"k{n}", "name": f"k{n}", "category": "compute",
                         **({} if launch is None else {"launch_start_ns": launch - 100, "launch_end_ns": launch})})
@@ -71,8 +74,9 @@ def test_gap_pass_matches_brute_force(seed, rows_per_chunk, monkeypatch):
     scope = common.Scope(profile="t", devices=[0, 1], start_ns=start, end_ns=end, duration_ns=end - start,
                          window_basis="capture")
     got, want = gaps(con, scope), brute_force(kernels, scope)
-    assert [g[:7] for g in got] == [w for w, _ in want]
-    assert all(g[7:] in threads for g, (_, threads) in zip(got, want, strict=True))
+    assert [g[:7] for g in got] == [w for w, _, _ in want]
+    assert all(g[7:9] in threads and g[9:] in prevs for g, (_, threads, prevs) in zip(got, want, strict=True))
+    assert any(g[9] is not None for g in got) or not any(p != {(None, None)} for _, _, p in want)
 
 
 @pytest.mark.parametrize("stem", [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"][:4])
@@ -121,3 +125,17 @@ def test_gap_pass_device_figures_equal_the_device_pass_of_their_own(open_fixture
     monkeypatch.setattr(device_pass, "CHUNK_SQL", "SELECT error('the device pass ran again')")
     assert device_pass.device_passes(con, scope, attribution.DEVICE_PASS_SLICES) == alone
     assert sum(p.ops for p in alone.values()) > 0
+
+
+@pytest.mark.parametrize(("later", "prev"), [
+    ({"pid": None, "tid": None}, (1, 7)),  # an untraced operation ending together: the traced one still names it
+    ({"pid": 1, "tid": 9}, (1, 9)),  # two traced ones ending together: the last in (start, end) order
+    ({"pid": 1, "tid": 9, "end_ns": 90}, (1, 7)),  # the later one ends earlier: not where the gap begins
+])
+def test_gap_pass_names_the_thread_of_an_operation_ending_where_a_gap_begins(later, prev):
+    kernels = [{"start_ns": 0, "end_ns": 100, "pid": 1, "tid": 7}, {"start_ns": 50, "end_ns": 100, **later},
+               {"start_ns": 200, "end_ns": 300, "pid": None, "tid": None}]
+    con = make_model(kernels=[{"device_id": 0, "stream_id": 7, "correlation_id": n, "short_name": "k", "name": "k",
+                               "category": "compute", **k} for n, k in enumerate(kernels)])
+    scope = common.Scope(profile="t", devices=[0], start_ns=0, end_ns=300, duration_ns=300, window_basis="capture")
+    assert [g[1:4] + g[7:] for g in gaps(con, scope)] == [(0, 100, 200, None, None, *prev)]

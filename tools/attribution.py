@@ -75,18 +75,14 @@ WORK = """ops AS (  -- the work's launching threads (idle_gaps, from gap_pass, h
         UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM memset
         UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM graph_exec)
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
-prv AS (  -- the thread of an operation ending where a gap begins, for the gaps whose next operation has none
-  SELECT g.gap_id, any_value({'pid': o.pid, 'tid': o.tid}) AS thread
-  FROM idle_gaps g JOIN ops o ON o.device_id = g.device_id AND o.end_ns = g.start_ns
-  WHERE g.tid IS NULL AND o.tid IS NOT NULL GROUP BY g.gap_id),
 main_thread AS (
   SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid FROM (
     SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL) GROUP BY device_id),
 gap_thread AS NOT MATERIALIZED (  -- twice recomputed costs less than writing 11 M gaps (spilled on 10 GB)
   SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny,
-         CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN p.thread IS NOT NULL THEN p.thread.pid ELSE m.pid END AS pid,
-         CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN p.thread IS NOT NULL THEN p.thread.tid ELSE m.tid END AS tid
-  FROM idle_gaps g LEFT JOIN prv p USING (gap_id) LEFT JOIN main_thread m ON m.device_id = g.device_id),
+         CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
+         CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
+  FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),
 threads_in AS (SELECT DISTINCT pid, tid FROM ops WHERE tid IS NOT NULL),"""
 
 # Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.

@@ -6,10 +6,11 @@ the next start when that is later; the window's end closes the last one. Per gap
 GAP_ID_STRIDE + the row of the operation before it in that order, the window's start being row 1, so ids sort by
 device and time), device_id, start_ns, end_ns, duration_ns, launch_end_ns (when the launch call of the operation
 after it returned; of operations starting together, the first returned), tiny (an operation just before or just
-after it is a tiny kernel), and pid/tid of the thread that launched the operation after it (of operations starting
-together, the one whose launch returned first; NULL: not traced). DuckDB's window operator over millions of
-operations costs several times the sort it needs, and spills on the largest exports; the pass reads at most
-device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
+after it is a tiny kernel), pid/tid of the thread that launched the operation after it (of operations starting
+together, the one whose launch returned first; NULL: not traced), and prev_pid/prev_tid of the thread that launched
+an operation ending where the gap begins (of several, the last in that order; NULL: none traced). DuckDB's window
+operator over millions of operations costs several times the sort it needs, and spills on the largest exports; the
+pass reads at most device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
 """
 
 from __future__ import annotations
@@ -51,19 +52,33 @@ SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(tiny, false) AS t
        coalesce(stream_id, 0) AS stream, stream_id IS NULL AS no_stream, cat  -- device_pass.CHUNK_SQL's columns
 FROM ops"""
 CREATE_SQL = """CREATE OR REPLACE TEMP TABLE idle_gaps (gap_id BIGINT, device_id INTEGER, start_ns BIGINT,
-  end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT)"""
+  end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT, prev_pid BIGINT,
+  prev_tid BIGINT)"""
 INSERT_SQL = """INSERT INTO idle_gaps SELECT gap_id, $device, start_ns, end_ns, end_ns - start_ns,
-  nullif(launch_end_ns, $no_time), tiny, nullif(pid, $no_thread), nullif(tid, $no_thread) FROM gap_chunk"""
+  nullif(launch_end_ns, $no_time), tiny, nullif(pid, $no_thread), nullif(tid, $no_thread),
+  nullif(prev_pid, $no_thread), nullif(prev_tid, $no_thread) FROM gap_chunk"""
 
 
 class _Device:
     """One device's pass: the running maximum of end x 2 + tiny (the latest end, and whether an operation ending
-    then is tiny) and the rows counted so far, carried from chunk to chunk; the queued gaps shorter than
-    fold_below only counted and summed."""
+    then is tiny), of end x 2 + traced with the thread of the last operation reaching it (prev), and the rows
+    counted so far, carried from chunk to chunk; the queued gaps shorter than fold_below only counted and summed."""
 
     def __init__(self, device: int, start: int, fold_below: int) -> None:
         self.device, self.reach2, self.rows = device, start * 2, 1  # the window's start is row 1
+        self.traced2, self.prev = start * 2, (NO_THREAD, NO_THREAD)
         self.fold_below, self.folded_gaps, self.folded_ns = fold_below, 0, 0
+
+    def _prev(self, e: np.ndarray, pid: np.ndarray, tid: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """prev_pid/prev_tid of the gaps before the operations `at`: the thread of the last operation so far that
+        ends latest, a traced one first among those ending together; none when no traced one ends then."""
+        value = np.concatenate(([self.traced2], e * 2 + (tid != NO_THREAD)))
+        reach = np.maximum.accumulate(value)
+        last = np.maximum.accumulate(np.where(value == reach, np.arange(len(value)), 0))  # the latest reaching it
+        pids, tids = np.concatenate(([self.prev[0]], pid)), np.concatenate(([self.prev[1]], tid))
+        self.traced2, self.prev = int(reach[-1]), (int(pids[last[-1]]), int(tids[last[-1]]))
+        traced = reach[at] % 2 == 1  # reach[at]: over the operations before `at` and the carried state
+        return np.where(traced, pids[last[at]], NO_THREAD), np.where(traced, tids[last[at]], NO_THREAD)
 
     def chunk(self, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         order = np.lexsort((c["e"], c["s"]))
@@ -85,6 +100,7 @@ class _Device:
                  "end_ns": s[at], "launch_end_ns": np.minimum.reduceat(le, heads)[run],
                  "tiny": np.logical_or.reduceat(tiny, heads)[run] | (before[at] % 2 == 1),
                  "pid": np.where(traced, pid[pick[run]], NO_THREAD), "tid": np.where(traced, tid[pick[run]], NO_THREAD)}
+        found["prev_pid"], found["prev_tid"] = self._prev(e, pid, tid, at)
         self.reach2, self.rows = int(reach2[-1]), self.rows + len(s)
         fold = (found["launch_end_ns"] <= found["start_ns"]) & (found["end_ns"] - found["start_ns"] < self.fold_below)
         self.folded_gaps += int(fold.sum())
@@ -99,7 +115,9 @@ class _Device:
                 "start_ns": np.array([start] * one, dtype=np.int64), "end_ns": np.array([end] * one, dtype=np.int64),
                 "launch_end_ns": np.array([NO_TIME] * one, dtype=np.int64),
                 "tiny": np.array([self.reach2 % 2 == 1] * one, dtype=bool),
-                "pid": np.array([NO_THREAD] * one, dtype=np.int64), "tid": np.array([NO_THREAD] * one, dtype=np.int64)}
+                "pid": np.array([NO_THREAD] * one, dtype=np.int64), "tid": np.array([NO_THREAD] * one, dtype=np.int64),
+                "prev_pid": np.array([self.prev[0] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64),
+                "prev_tid": np.array([self.prev[1] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64)}
 
 
 @dataclass(frozen=True)
