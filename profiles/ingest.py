@@ -189,7 +189,7 @@ class Builder(ActivityJoins):
             SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
                 a.tid, r.correlationId, r.start, r."end", r."end" - r.start, r.bytes,
                 coalesce(op.label, 'unknown'), coalesce(sk.label, 'unknown'), coalesce(dk.label, 'unknown'),
-                {self.col(t, 'srcDeviceId')}, {self.col(t, 'dstDeviceId')}, a.name
+                {self.col(t, 'srcDeviceId')}, {self.col(t, 'dstDeviceId')}, a.name, a.start_ns, a.end_ns
             FROM {src} r
             LEFT JOIN enums op ON op.enum = 'ENUM_CUDA_MEMCPY_OPER' AND op.code = r.copyKind
             LEFT JOIN enums sk ON sk.enum = 'ENUM_CUDA_MEM_KIND' AND sk.code = r.srcKind
@@ -203,7 +203,8 @@ class Builder(ActivityJoins):
             return
         self.joined(t, "memset", lambda src, calls: f"""INSERT INTO memset
             SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')}, a.tid,
-                r.correlationId, r.start, r."end", r."end" - r.start, r.bytes, coalesce(mk.label, 'unknown')
+                r.correlationId, r.start, r."end", r."end" - r.start, r.bytes, coalesce(mk.label, 'unknown'),
+                a.start_ns, a.end_ns
             FROM {src} r
             LEFT JOIN enums mk ON mk.enum = 'ENUM_CUDA_MEM_KIND' AND mk.code = {self.col(t, 'memKind')}
             {calls('memset')}""", cur)

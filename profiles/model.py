@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 9  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 10  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,8 @@ TABLES: tuple[Table, ...] = (
         ("src_device_id", "INTEGER", "source device for D2D/P2P"),
         ("dst_device_id", "INTEGER", "destination device for D2D/P2P"),
         ("api_name", "VARCHAR", "CUDA API call that issued it, e.g. cudaMemcpyAsync"),
+        ("launch_start_ns", "BIGINT", "start of that API call"),
+        ("launch_end_ns", "BIGINT", "end of that API call"),
     )),
     Table("memset", "Memory sets (CUPTI_ACTIVITY_KIND_MEMSET).", (
         ("device_id", "INTEGER", ""), ("stream_id", "INTEGER", ""), ("pid", "BIGINT", ""),
@@ -139,6 +141,8 @@ TABLES: tuple[Table, ...] = (
         ("start_ns", "BIGINT", ""), ("end_ns", "BIGINT", ""), ("duration_ns", "BIGINT", ""),
         ("bytes", "BIGINT", "bytes set"),
         ("mem_kind", "VARCHAR", "memory kind label, as memcpy.src_kind"),
+        ("launch_start_ns", "BIGINT", "start of the CUDA API call that issued it"),
+        ("launch_end_ns", "BIGINT", "end of that API call"),
     )),
     Table("graph_exec", "Whole CUDA graph executions (CUPTI_ACTIVITY_KIND_GRAPH_TRACE): what nsys records for "
                         "each graph launch under --cuda-graph-trace=graph (its default); the kernels inside such a "

@@ -4,7 +4,8 @@ make_model(kernels=[{...}], nvtx=[{...}], ...) creates every table of profiles.m
 in-memory DuckDB, inserts the given rows (dicts; missing columns are NULL, duration_ns is filled in
 from start_ns/end_ns when absent), then derives what ingest derives: one `gpus` row per device seen
 in kernels/memcpy/memset/graph_exec (unless `gpus` is given), the `meta` row with capture and GPU windows
-(any field overridable through `meta={...}`) and the `capabilities` rows (ingest.capability_rows).
+(any field overridable through `meta={...}`) and the `capabilities` rows (ingest.capability_rows); copies and
+memsets without launch_start_ns/launch_end_ns get those of their earliest API call of their kind, as ingest joins them.
 
 union_ns(intervals) is the independent reference for interval unions: a plain Python sweep.
 """
@@ -32,6 +33,12 @@ SELECT (SELECT min(s) FROM every), (SELECT max(e) FROM every), (SELECT min(s) FR
 """
 
 
+_LAUNCH_SQL = """UPDATE {table} SET launch_start_ns = a.start_ns, launch_end_ns = a.end_ns
+FROM (SELECT pid, correlation_id, min(start_ns) AS start_ns, arg_min(end_ns, start_ns) AS end_ns FROM cuda_api
+      WHERE kind = '{table}' GROUP BY ALL) a
+WHERE a.pid = {table}.pid AND a.correlation_id = {table}.correlation_id AND {table}.launch_end_ns IS NULL"""
+
+
 def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict]) -> None:
     columns = [c[0] for c in _TABLES[table].columns]
     for row in rows:
@@ -55,6 +62,8 @@ def make_model(meta: dict | None = None, **tables: list[dict]) -> duckdb.DuckDBP
         con.execute(ddl(table.name))
     for name, rows in tables.items():
         _insert(con, name, rows)
+    for table in ("memcpy", "memset"):
+        con.execute(_LAUNCH_SQL.format(table=table))
     if "gpus" not in tables:
         devices = con.execute("""SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL
             SELECT device_id FROM memcpy UNION ALL SELECT device_id FROM memset UNION ALL

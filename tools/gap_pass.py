@@ -30,18 +30,14 @@ GAP_ID_STRIDE = 2**32  # a device in a window has far fewer operations than this
 NO_TIME = np.iinfo(np.int64).max  # a launch end not traced (sorts after every traced one)
 NO_THREAD = -1  # pid/tid not traced
 
-API_ENDS_SQL = """CREATE OR REPLACE TEMP TABLE gap_api_ends AS  -- read by every chunk: computed once
-SELECT pid, correlation_id, max(end_ns) AS end_ns FROM cuda_api WHERE kind IN ('memcpy', 'memset') GROUP BY ALL"""
 KERNEL_CAT, COPY_CAT, _, GRAPH_CAT = CATEGORY_LABELS
 OPS = f"""ops AS (
   SELECT device_id, greatest(start_ns, $start) AS s, least(end_ns, $end) AS e, launch_end_ns, tiny, pid, tid,
          stream_id, cat
   FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid, stream_id,
                {KERNEL_CAT} AS cat FROM kernels
-        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid, m.stream_id, {COPY_CAT}
-          FROM memcpy m LEFT JOIN gap_api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
-        UNION ALL SELECT m.device_id, m.start_ns, m.end_ns, a.end_ns, false, m.pid, m.tid, m.stream_id, {COPY_CAT}
-          FROM memset m LEFT JOIN gap_api_ends a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {COPY_CAT} FROM memcpy
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {COPY_CAT} FROM memset
         UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {GRAPH_CAT}
           FROM graph_exec)
   WHERE device_id = $device AND end_ns > $start AND start_ns < $end AND end_ns > start_ns
@@ -136,7 +132,6 @@ def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_b
     args = {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns}
     con.execute(CREATE_SQL)
     try:
-        con.execute(API_ENDS_SQL)
         passes = {d: _Device(d, scope.start_ns, fold_below_ns) for d in scope.devices}
         figures: dict[int, device_pass.DevicePass] = {}
         for device, n, first, last in con.execute(device_pass.COUNT_SQL, scope_args(scope)).fetchall():
@@ -154,7 +149,7 @@ def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_b
             _insert(con, device, d.last(scope.end_ns))
         yield Folded(gaps={d: p.folded_gaps for d, p in passes.items()}, ns={d: p.folded_ns for d, p in passes.items()})
     finally:
-        con.execute("DROP TABLE IF EXISTS idle_gaps; DROP TABLE IF EXISTS gap_api_ends")
+        con.execute("DROP TABLE IF EXISTS idle_gaps")
 
 
 def _insert(con: duckdb.DuckDBPyConnection, device: int, gaps: dict[str, np.ndarray]) -> None:

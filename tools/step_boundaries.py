@@ -93,11 +93,11 @@ launches AS (
   SELECT pid, tid, launch_start_ns AS at_ns FROM kernels
   WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end
   UNION ALL
-  SELECT a.pid, a.tid, a.start_ns FROM (SELECT pid, correlation_id, device_id FROM memcpy
-                                        UNION ALL SELECT pid, correlation_id, device_id FROM memset) m
-  JOIN cuda_api a USING (pid, correlation_id)  -- the call kinds the build joined the copies to
-  WHERE m.device_id IN (SELECT unnest($devices)) AND a.kind IN ('memcpy', 'memset')
-    AND a.start_ns >= $start AND a.start_ns < $end
+  SELECT pid, tid, launch_start_ns FROM memcpy
+  WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end
+  UNION ALL
+  SELECT pid, tid, launch_start_ns FROM memset
+  WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end
   UNION ALL
   SELECT pid, tid, start_ns FROM cuda_api WHERE kind = 'graph' AND start_ns >= $start AND start_ns < $end),
 bucket AS (SELECT greatest($min_bucket, avg(end_ns - start_ns))::BIGINT AS ns FROM repeating),
