@@ -101,8 +101,7 @@ class _Pageable(BaseModel):
 
 COPIES = """
 WITH c AS (
-  SELECT row_number() OVER () AS copy_id, device_id, pid, correlation_id, direction, bytes, start_ns, end_ns,
-         duration_ns, api_name,
+  SELECT device_id, pid, correlation_id, direction, bytes, start_ns, end_ns, duration_ns, api_name,
          CASE WHEN 'pageable' IN (src_kind, dst_kind) THEN 'pageable'
               WHEN 'pinned' IN (src_kind, dst_kind) THEN 'pinned' END AS host_kind
   FROM memcpy WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end)"""
@@ -148,7 +147,7 @@ SELECT count(*), coalesce(sum(duration_ns), 0) FROM (
 
 SMALL_D2H_SQL = COPIES + """,
 small AS (
-  SELECT c.copy_id, c.host_kind = 'pageable' AS pageable, a.pid, a.tid, a.name, a.end_ns, a.duration_ns FROM c
+  SELECT c.host_kind = 'pageable' AS pageable, a.pid, a.tid, a.name, a.end_ns, a.duration_ns FROM c
   LEFT JOIN cuda_api a ON a.pid = c.pid AND a.correlation_id = c.correlation_id AND a.kind = 'memcpy'
   WHERE c.direction = 'D2H' AND c.bytes <= $small_bytes),
 syncs AS (
