@@ -139,3 +139,19 @@ def test_gap_pass_names_the_thread_of_an_operation_ending_where_a_gap_begins(lat
                                "category": "compute", **k} for n, k in enumerate(kernels)])
     scope = common.Scope(profile="t", devices=[0], start_ns=0, end_ns=300, duration_ns=300, window_basis="capture")
     assert [g[1:4] + g[7:] for g in gaps(con, scope)] == [(0, 100, 200, None, None, *prev)]
+
+
+@pytest.mark.parametrize(("gap_ns", "written"), [(999, False), (1_000, True)])
+def test_gap_pass_folds_only_queued_gaps_shorter_than_the_limit(gap_ns, written):
+    """A gap whose next operation was launched before it began is only counted when shorter than fold_below_ns; one
+    that long is written (the attribution lists gaps of at least its fold limit)."""
+    kernels = [{"start_ns": 0, "end_ns": 100, "pid": 1, "tid": 7},
+               {"start_ns": 100 + gap_ns, "end_ns": 2_000 + gap_ns, "pid": 1, "tid": 7, "launch_end_ns": 50}]
+    con = make_model(kernels=[{"device_id": 0, "stream_id": 7, "correlation_id": n, "short_name": "k", "name": "k",
+                               "category": "compute", **k} for n, k in enumerate(kernels)])
+    scope = common.Scope(profile="t", devices=[0], start_ns=0, end_ns=2_000 + gap_ns, duration_ns=2_000 + gap_ns,
+                         window_basis="capture")
+    with gap_pass.idle_gaps(con, scope, TINY, 1_000) as folded:
+        rows = con.execute("SELECT start_ns, end_ns, launch_end_ns FROM idle_gaps").fetchall()
+    assert (rows, folded.gaps, folded.ns) == (
+        ([(100, 100 + gap_ns, 50)], {0: 0}, {0: 0}) if written else ([], {0: 1}, {0: gap_ns}))

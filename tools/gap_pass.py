@@ -83,25 +83,28 @@ class _Device:
         before = reach2[:-1]  # the latest end x 2 + tiny before each operation
         at = np.flatnonzero(s > before // 2)  # the operations a gap ends at
         heads = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))  # runs of operations starting together
-        sizes = np.diff(np.append(heads, len(s)))
+        run = np.searchsorted(heads, at, side="right") - 1
+        start, launch_end = before[at] // 2, np.minimum.reduceat(le, heads)[run]
+        fold = (launch_end <= start) & (s[at] - start < self.fold_below)  # counted here, not written
+        self.folded_gaps += int(fold.sum())
+        self.folded_ns += int((s[at] - start)[fold].sum())
+        kept = ~fold
+        at, run, start, launch_end = at[kept], run[kept], start[kept], launch_end[kept]
         # a run's thread: of its traced operations, the first whose launch returned (untraced returns last)
+        sizes = np.diff(np.append(heads, len(s)))
         key = np.where(tid != NO_THREAD, np.minimum(le, NO_TIME - 1), NO_TIME)
         best = np.minimum.reduceat(key, heads)
         firsts = np.flatnonzero(key == np.repeat(best, sizes))
         first_runs = np.repeat(np.arange(len(heads)), sizes)[firsts]  # ascending: each run's first is where it changes
         pick = firsts[np.concatenate(([True], first_runs[1:] != first_runs[:-1]))]
-        run = np.searchsorted(heads, at, side="right") - 1
         traced = best[run] != NO_TIME
-        found = {"gap_id": self.device * GAP_ID_STRIDE + self.rows + at, "start_ns": before[at] // 2,
-                 "end_ns": s[at], "launch_end_ns": np.minimum.reduceat(le, heads)[run],
+        found = {"gap_id": self.device * GAP_ID_STRIDE + self.rows + at, "start_ns": start, "end_ns": s[at],
+                 "launch_end_ns": launch_end,
                  "tiny": np.logical_or.reduceat(tiny, heads)[run] | (before[at] % 2 == 1),
                  "pid": np.where(traced, pid[pick[run]], NO_THREAD), "tid": np.where(traced, tid[pick[run]], NO_THREAD)}
         found["prev_pid"], found["prev_tid"] = self._prev(e, pid, tid, at)
         self.reach2, self.rows = int(reach2[-1]), self.rows + len(s)
-        fold = (found["launch_end_ns"] <= found["start_ns"]) & (found["end_ns"] - found["start_ns"] < self.fold_below)
-        self.folded_gaps += int(fold.sum())
-        self.folded_ns += int((found["end_ns"] - found["start_ns"])[fold].sum())
-        return {k: v[~fold] for k, v in found.items()}
+        return found
 
     def last(self, end: int) -> dict[str, np.ndarray]:
         """The gap from the latest end to the window's end, if any (no operation after it)."""
