@@ -84,12 +84,12 @@ class _Device:
         at = np.flatnonzero(s > before // 2)  # the operations a gap ends at
         heads = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))  # runs of operations starting together
         run = np.searchsorted(heads, at, side="right") - 1
-        start, launch_end = before[at] // 2, np.minimum.reduceat(le, heads)[run]
-        fold = (launch_end <= start) & (s[at] - start < self.fold_below)  # counted here, not written
+        start, end, launch_end = before[at] // 2, s[at], np.minimum.reduceat(le, heads)[run]
+        fold = (launch_end <= start) & (end - start < self.fold_below)  # counted here, not written
         self.folded_gaps += int(fold.sum())
-        self.folded_ns += int((s[at] - start)[fold].sum())
+        self.folded_ns += int((end - start)[fold].sum())
         kept = ~fold
-        at, run, start, launch_end = at[kept], run[kept], start[kept], launch_end[kept]
+        at, run, start, end, launch_end = at[kept], run[kept], start[kept], end[kept], launch_end[kept]
         # a run's thread: of its traced operations, the first whose launch returned (untraced returns last)
         sizes = np.diff(np.append(heads, len(s)))
         key = np.where(tid != NO_THREAD, np.minimum(le, NO_TIME - 1), NO_TIME)
@@ -98,7 +98,7 @@ class _Device:
         first_runs = np.repeat(np.arange(len(heads)), sizes)[firsts]  # ascending: each run's first is where it changes
         pick = firsts[np.concatenate(([True], first_runs[1:] != first_runs[:-1]))]
         traced = best[run] != NO_TIME
-        found = {"gap_id": self.device * GAP_ID_STRIDE + self.rows + at, "start_ns": start, "end_ns": s[at],
+        found = {"gap_id": self.device * GAP_ID_STRIDE + self.rows + at, "start_ns": start, "end_ns": end,
                  "launch_end_ns": launch_end,
                  "tiny": np.logical_or.reduceat(tiny, heads)[run] | (before[at] % 2 == 1),
                  "pid": np.where(traced, pid[pick[run]], NO_THREAD), "tid": np.where(traced, tid[pick[run]], NO_THREAD)}
