@@ -29,6 +29,7 @@ from typing import Annotated, Literal
 import duckdb
 from pydantic import BaseModel, Field
 
+from nsightful.tools import quantiles
 from nsightful.tools.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -130,21 +131,24 @@ GROUP BY ALL ORDER BY 1, 5 DESC, 2
 # Shares are taken within the device partition (one partition, NULL, when not per_device). Returns the
 # rows $offset + 1 .. $offset + $limit + 1 and every hotspot row, whatever its rank.
 ROWS_SQL = """
-WITH g AS (
+WITH durations AS NOT MATERIALIZED (
   SELECT CASE WHEN $by = 'name' THEN coalesce(name, short_name, '(unnamed)')
               ELSE coalesce(short_name, name, '(unnamed)') END AS key,
-         CASE WHEN $per_device THEN device_id END AS device, count(*) AS n, sum(duration_ns) AS total,
-         avg(duration_ns) AS mean, median(duration_ns) AS med, min(duration_ns) AS lo, max(duration_ns) AS hi,
-         coalesce(stddev_pop(duration_ns), 0) AS sd
-  FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end
-  GROUP BY ALL),
+         CASE WHEN $per_device THEN device_id END AS device, duration_ns AS v
+  FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end),
+g AS (
+  SELECT key, device, count(*) AS n, sum(v) AS total, avg(v) AS mean, min(v) AS lo, max(v) AS hi,
+         coalesce(stddev_pop(v), 0) AS sd
+  FROM durations GROUP BY ALL),
+""" + quantiles.medians("med", "durations", ("key", "device")) + """,
 s AS (
   SELECT *, sum(total) OVER (PARTITION BY device) AS scope_total, count(*) OVER () AS total_rows,
          row_number() OVER (ORDER BY total DESC, key, device) AS rn,
          total * 100.0 > $hot_pct * sum(total) OVER (PARTITION BY device)
            AND count(*) OVER (PARTITION BY device) >= $min_names AS hot
   FROM g)
-SELECT key, device, n, total, mean, med, lo, hi, sd, scope_total, total_rows, rn, hot FROM s
+SELECT s.key, s.device, n, total, mean, m.median, lo, hi, sd, scope_total, total_rows, rn, hot
+FROM s LEFT JOIN med m ON m.key = s.key AND m.device IS NOT DISTINCT FROM s.device
 WHERE (rn > $offset AND rn <= $offset + $limit + 1) OR hot ORDER BY rn
 """
 
