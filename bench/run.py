@@ -47,7 +47,7 @@ CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 from nsightful.profiles import open_profile
-from nsightful.server import allocator
+from nsightful.profiles import allocator
 allocator.tune()  # as the nsightful command does
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)

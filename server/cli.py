@@ -10,10 +10,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from nsightful.profiles import open_profile
+from nsightful.profiles import allocator, open_profile
 from nsightful.profiles.errors import NsightfulError
 from nsightful.profiles.limits import model_memory
-from nsightful.server import __version__, allocator, budget
+from nsightful.server import __version__, budget
 from nsightful.server.http import TOKEN_ENV
 from nsightful.server.store import DEFAULT_MEMORY_BUDGET_MB
 from nsightful.server.validation import explain, unknown_arguments

@@ -1,4 +1,4 @@
-"""The allocator setting the nsightful command makes at start (server/allocator.py): arrays freed and allocated again,
+"""The allocator setting the nsightful command makes at start (profiles/allocator.py): arrays freed and allocated again,
 as the numpy passes do, reuse the heap instead of faulting fresh pages in."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from nsightful.server import allocator
+from nsightful.profiles import allocator
 
 CHURN = """
 import resource, sys
 import numpy as np
-from nsightful.server import allocator
+from nsightful.profiles import allocator
 if sys.argv[1] == "tuned":
     assert allocator.tune()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -38,3 +38,25 @@ def test_allocator_tuned_process_reuses_freed_arrays():
 
 def test_allocator_tune_says_whether_it_took():
     assert allocator.tune() is sys.platform.startswith("linux")
+
+
+RELEASE = """
+import sys
+import numpy as np
+from nsightful.profiles import allocator
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 // 2**20
+allocator.tune()
+arrays = [np.ones(8 * 2**20 // 8) for _ in range(20)]  # 160 MB from the heap (below the mmap threshold)
+del arrays[:-1]  # the last one pins the heap's top: glibc's own trim at free cannot reach the rest
+before = rss_mb()
+took = allocator.release()
+print(took, before - rss_mb())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_allocator_release_hands_freed_heap_memory_back():
+    done = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True)
+    took, freed_mb = done.stdout.split()
+    assert took == "True" and int(freed_mb) >= 100

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 
+from nsightful.profiles import allocator
 from nsightful.tools import device_pass
 from nsightful.tools.common import Scope, scope_args
 from nsightful.tools.intervals import CATEGORY_LABELS
@@ -150,6 +151,7 @@ def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_b
             device_pass.remember(con, scope, slices, figures)
         for device, d in passes.items():  # a device without work in the window idles all of it
             _insert(con, device, d.last(scope.end_ns))
+        allocator.release()  # the pass's arrays, freed, would stay in the heap while the attribution's SQL runs
         yield Folded(gaps={d: p.folded_gaps for d, p in passes.items()}, ns={d: p.folded_ns for d, p in passes.items()})
     finally:
         con.execute("DROP TABLE IF EXISTS idle_gaps")
