@@ -96,14 +96,15 @@ def test_attribution_window_clips_gaps_and_adds_the_edges():
                                                           "host_untraced": 2_000}
 
 
-@pytest.mark.parametrize("returned_before_ns, copy_between, cause", [
-    (rules.READBACK_FOLLOW_NS, False, "readback"),  # the synchronize began right after the D2H copy call returned
-    (rules.READBACK_FOLLOW_NS + 1, False, "sync"),  # ... too long after it
-    (1_000, True, "sync"),  # a pinned H2D copy call returned after the D2H one, before the synchronize
+@pytest.mark.parametrize("returned_before_ns, copy_between, cause, sync_start", [
+    (rules.READBACK_FOLLOW_NS, False, "readback", 190_000),  # the synchronize began right after the D2H copy returned
+    (rules.READBACK_FOLLOW_NS + 1, False, "sync", 190_000),  # ... too long after it
+    (1_000, True, "sync", 190_000),  # a pinned H2D copy call returned after the D2H one, before the synchronize
+    (1_000, True, "sync", 200_000),  # ... in the READBACK_FOLLOW_NS bucket before the synchronize's
 ])
 def test_attribution_a_sync_is_a_readback_when_the_last_call_returned_before_it_is_a_d2h_copy(
-        returned_before_ns, copy_between, cause):
-    sync_start = 190_000  # the device goes idle at 201 us inside this synchronize, until k2 at 400 us
+        returned_before_ns, copy_between, cause, sync_start):
+    # the device goes idle at 200-201 us inside this synchronize, until k2 at 400 us
     d2h_end = sync_start - returned_before_ns
     calls = [call("cudaMemcpyAsync", "memcpy", d2h_end - 1_000, d2h_end, 50),
              call("cudaStreamSynchronize", "sync", sync_start, 300_000)]

@@ -39,6 +39,9 @@ ns clipped to the window.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,33 +71,43 @@ DEVICE_PASS_SLICES = gpu_utilization.Params.model_fields["buckets"].default  # t
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
 
-WORK = """ops AS (  -- the work's launching threads (idle_gaps, from gap_pass, holds the gaps themselves)
-  SELECT device_id, least(end_ns, $end) AS end_ns, pid, tid
+THREADS_SQL = """CREATE TEMP TABLE gap_work_threads AS  -- the work's launching threads, operations per device
+WITH ops AS (
+  SELECT device_id, pid, tid
   FROM (SELECT device_id, start_ns, end_ns, pid, tid FROM kernels
         UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM memcpy
         UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM memset
         UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM graph_exec)
-  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns),
-main_thread AS (
-  SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid FROM (
-    SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL) GROUP BY device_id),
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)
+SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL"""
+
+WORK = """main_thread AS (  -- idle_gaps (gap_pass) holds the gaps, gap_work_threads (THREADS_SQL) who launched the work
+  SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid
+  FROM gap_work_threads GROUP BY device_id),
 gap_thread AS NOT MATERIALIZED (  -- twice recomputed costs less than writing 11 M gaps (spilled on 10 GB)
   SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny,
          CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
          CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
   FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),
-threads_in AS (SELECT DISTINCT pid, tid FROM ops WHERE tid IS NOT NULL),"""
+threads_in AS (SELECT DISTINCT pid, tid FROM gap_work_threads),"""
 
 # Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
 BLOCKING = """
-copies AS (
+copies AS (  -- the copies a call's cause depends on: device-to-host, or pageable (any other copy is a plain copy)
   SELECT pid, correlation_id, any_value(direction) AS direction,
-         bool_or('pageable' IN (src_kind, dst_kind)) AS pageable FROM memcpy GROUP BY ALL),
-calls0 AS (
-  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, m.direction, coalesce(m.pageable, false) AS pageable
-  FROM cuda_api a JOIN threads_in t ON t.pid = a.pid AND t.tid = a.tid
-  LEFT JOIN copies m ON m.pid = a.pid AND m.correlation_id = a.correlation_id
+         bool_or('pageable' IN (src_kind, dst_kind)) AS pageable
+  FROM memcpy WHERE direction = 'D2H' OR 'pageable' IN (src_kind, dst_kind) GROUP BY ALL),
+thread_calls AS (
+  SELECT a.* FROM cuda_api a JOIN threads_in t ON t.pid = a.pid AND t.tid = a.tid
   WHERE a.kind IN ('sync', 'memcpy') AND a.end_ns > $start AND a.start_ns < $end),
+reach AS (  -- the (thread, bucket of $follow) in which a call returning can be the one a sync follows
+  SELECT DISTINCT pid, tid, start_ns // $follow - unnest([0, 1]) AS bucket FROM thread_calls WHERE kind = 'sync'),
+calls0 AS (  -- the syncs, and the copy calls that can block (below) or that a sync can follow: of 4.6 M copy calls on
+  -- the 10 GB export, 40 k (numbering and joining them all took 1.8 s)
+  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, m.direction, coalesce(m.pageable, false) AS pageable
+  FROM thread_calls a LEFT JOIN copies m ON m.pid = a.pid AND m.correlation_id = a.correlation_id
+  WHERE a.kind = 'sync' OR m.pid IS NOT NULL OR a.name NOT LIKE '%Async%'
+     OR (a.pid, a.tid, a.end_ns // $follow) IN (SELECT (pid, tid, bucket) FROM reach)),
 bcopies AS (
   SELECT pid, tid, start_ns, end_ns, name, CASE
     WHEN direction = 'D2H' AND """ + rules.blocking_copy_sql("name", "pageable") + """ THEN 'readback'
@@ -111,20 +124,25 @@ followed AS (  -- what the call that returned last, up to $follow before a sync 
   LEFT JOIN returns r ON r.pid = s.pid AND r.tid = s.tid AND r.bucket = s.start_ns // $follow - s.back
     AND r.end_ns BETWEEN s.start_ns - $follow AND s.start_ns AND [r.start_ns, r.end_ns] < [s.start_ns, s.end_ns]
   GROUP BY s.sync_id, s.pid, s.tid, s.start_ns, s.end_ns, s.name),
-bcalls AS MATERIALIZED (
+bcalls AS (
   SELECT * FROM bcopies WHERE cause IS NOT NULL
   UNION ALL
   SELECT pid, tid, start_ns, end_ns, name, CASE WHEN what = 'D2H' THEN 'readback'
     WHEN what = 'pageable' THEN 'pageable_copy' ELSE 'sync' END FROM followed),
+"""
+CALLS_SQL = "CREATE TEMP TABLE gap_blocking_calls AS WITH " + WORK + BLOCKING.rstrip().rstrip(",") + """
+SELECT * FROM bcalls"""
+
+# The gaps' starts against the blocking calls (gap_blocking_calls, CALLS_SQL).
+SPANS = """
 bspans AS (  -- the gap starts a call stands for: the thread's latest call begun by then, while it lasts (a call
   -- nested in another ends the outer one's span), so the spans are disjoint; cut in buckets for an equality join
   -- of the few calls with the many gaps (an ASOF join sorts every gap)
   SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket FROM (
     SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
-             PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM bcalls)
+             PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM gap_blocking_calls)
   WHERE until_ns > start_ns),
-at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps); DuckDB
-  -- overestimates the bucketed spans and hashes the gaps instead (3.6-4.2 s on the 10 GB export)
+at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps)
   SELECT g.*, b.cause AS blocked_cause, b.name AS blocked_in, b.end_ns AS b_end FROM gap_thread g
   LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
       WHEN g.duration_ns >= $min_gap OR NOT coalesce(g.launch_end_ns <= g.start_ns, false)
@@ -185,7 +203,10 @@ host AS (
            AS api_ns
   FROM touch GROUP BY probe_id),"""
 
-LABELLED = "WITH " + WORK + BLOCKING + HOST + """
+HOST_SQL = "CREATE TEMP TABLE gap_host AS WITH " + WORK + HOST.rstrip().rstrip(",") + """
+SELECT * FROM host"""
+
+LABELLED = "WITH " + WORK + SPANS + """
 judged AS (
   SELECT g.*, CASE
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
@@ -204,7 +225,7 @@ judged AS (
     WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN
       CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
     ELSE 'host_untraced' END AS host_cause
-  FROM at_start g LEFT JOIN host h USING (gap_id)),
+  FROM at_start g LEFT JOIN gap_host h USING (gap_id)),
 split AS (
   SELECT *, coalesce(early_cause, host_cause) AS cause,
          CASE WHEN early_cause = blocked_cause AND host_cause <> early_cause
@@ -305,6 +326,30 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
 
 
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}
+STAGED = ("gap_work_threads", "gap_blocking_calls", "gap_host")  # temp tables LABELLED reads beside idle_gaps
+
+
+def bound(sql: str, params: dict[str, object]) -> dict[str, object]:
+    """The entries of `params` that `sql` names ($name): DuckDB refuses parameters a statement does not use."""
+    return {name: params[name] for name in set(re.findall(r"\$(\w+)", sql)) if name in params}
+
+
+@contextmanager
+def labelled_inputs(con: duckdb.DuckDBPyConnection, scope: Scope, fold_below_ns: int,
+                    slices: int | None = None) -> Iterator[gap_pass.Folded]:
+    """What LABELLED reads, as temp tables while the block runs: idle_gaps (gap_pass.idle_gaps, with its arguments)
+    and STAGED, each written by its own statement. Inside the labelling query DuckDB took the blocking calls' spans
+    and the long gaps' host activity for larger than the gaps, and hashed the 11 M gaps of the 10 GB export twice
+    (6.2-10 s); written first, their sizes are known (0.5 + 0.8 s, the labelling 2.1 s)."""
+    with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, fold_below_ns, slices) as folded:
+        params = args(con, scope)
+        try:
+            for sql in (THREADS_SQL, CALLS_SQL, HOST_SQL):
+                con.execute(sql, bound(sql, params))
+            yield folded
+        finally:
+            for table in STAGED:
+                con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 @dataclass(frozen=True)
@@ -364,11 +409,11 @@ def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
 def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
     params = {**args(con, scope), **PERIODIC_ARGS, "bubble_min": BUBBLE_MIN_NS, "min_gap": BUBBLE_MIN_NS,
               "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
-    with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, FOLD_BELOW_NS, DEVICE_PASS_SLICES) as folded:
+    with labelled_inputs(con, scope, FOLD_BELOW_NS, DEVICE_PASS_SLICES) as folded:
         found = [(d, n, folded.ns[d]) for d, n in folded.gaps.items() if n]
         params.update(folded_devices=[d for d, _, _ in found], folded_gaps=[n for _, n, _ in found],
                       folded_ns=[ns for _, _, ns in found])
-        totals, long_gaps = con.execute(TOTALS_SQL, params).fetchone()
+        totals, long_gaps = con.execute(TOTALS_SQL, bound(TOTALS_SQL, params)).fetchone()
     found: dict[int, dict[str, CauseTime]] = {d: {} for d in scope.devices}
     for t in totals or []:
         found[t["device_id"]][t["cause"]] = CauseTime(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import duckdb
 
-from nsightful.tools import attribution, gap_pass, rules
+from nsightful.tools import attribution
 from nsightful.tools.attribution import LABELLED, periodic
 from nsightful.tools.common import Scope, packed, unpacked
 
@@ -77,8 +77,9 @@ def find(con: duckdb.DuckDBPyConnection, scope: Scope, min_gap_ns: int) -> list[
     min_gap_ns, its labelling run again for them."""
     if min_gap_ns >= attribution.BUBBLE_MIN_NS:
         return [g for g in attribution.attribute(con, scope).long_gaps if g.end_ns - g.start_ns >= min_gap_ns]
-    with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, min_gap_ns):  # shorter gaps are not listed
-        rows = _rows(con.execute(FIND_SQL, {**attribution.args(con, scope), "min_gap": min_gap_ns}))
+    with attribution.labelled_inputs(con, scope, min_gap_ns):  # shorter gaps are not listed
+        params = {**attribution.args(con, scope), "min_gap": min_gap_ns}
+        rows = _rows(con.execute(FIND_SQL, attribution.bound(FIND_SQL, params)))
     return [attribution.Gap(**r) for r in rows]
 
 
