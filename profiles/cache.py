@@ -24,7 +24,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from nsightful.profiles import source
+from nsightful.profiles import allocator, source
 from nsightful.profiles.duck import close_model, open_model
 from nsightful.profiles.errors import CacheUnwritable, ProfileChanged
 from nsightful.profiles.ingest import Progress, build
@@ -194,6 +194,7 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
     finally:
         for leftover in (tmp, tmp.with_name(tmp.name + ".wal"), tmp.with_name(tmp.name + SPILL_SUFFIX)):
             _remove(leftover)
+        allocator.release()  # what the build freed (its arrays, its connection's memory) before the tools run
 
 
 def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,

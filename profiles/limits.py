@@ -26,9 +26,10 @@ MODEL_MEMORY_ENV = "NSIGHTFUL_MODEL_MEMORY_MB"
 # MB DuckDB may hold per open model while tools run; it spills past it. Unlimited, DuckDB takes 80% of RAM: the
 # 10 GB export's first triage reached 16.7 GB RSS. On the 1 GB export (bench/model_memory.py, BENCHMARKS.md): first
 # triage peak RSS 710-769 MB at 500, 954-990 MB at 750, 1,203-1,246 MB at 1,000, ~1,560 MB unlimited; warm
-# nvtx_breakdown 3.2-4.0 s at 500, 1.8-1.9 s at 750, 1.5 s unlimited (it spills below ~750). 750 keeps both
-# under 1 GB and under 2 s.
-MODEL_MEMORY_MB = 750
+# nvtx_breakdown 3.2-4.0 s at 500, 1.8-1.9 s at 750, 1.5 s unlimited (it spills below ~750). Since then the tools
+# spill less: at 700, the 1 GB export's tools took as long as at 750 (nvtx_breakdown 0.86-0.90 s, all 2.6 s) and the
+# 10 GB export's first answer peaked at 956 MB RSS (1,022 MB at 750).
+MODEL_MEMORY_MB = 700
 NO_SPACE = "No space left on device"  # the OS error text DuckDB passes on when a spill file cannot grow
 
 

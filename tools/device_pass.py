@@ -20,8 +20,9 @@ from nsightful.tools.intervals import GPU_WORK_CATEGORY, GPU_WORK_CATEGORY_CHUNK
 
 # Operations read at a time (this pass and tools/gap_pass.py): flat memory however many operations a device ran. On the
 # 10 GB benchmark export the first triage peaked at 1,166 MB RSS with 500k, 1,220 MB with 1M and 1,367 MB with 2M in
-# about the same 27-28 s; 1 GB first triage 2.28-2.30 s (2.37-2.55 s with 2M); 250k peaked no lower, and ran slower.
-ROWS_PER_CHUNK = 500_000
+# about the same 27-28 s; 1 GB first triage 2.28-2.30 s (2.37-2.55 s with 2M). Once the SQL peaks above it were gone
+# the gap pass set the peak: its arrays take 60 MB at 250k (120 MB at 500k), for 0.3 s more on 10 GB (6.4 -> 6.8 s).
+ROWS_PER_CHUNK = 250_000
 NONE = np.iinfo(np.int64).min  # the running maximum before any operation
 KINDS = {"compute": (0, 1), "copy_kernel": (1,), "transfer": (2,), "communication": (3,)}  # shares' unions by cat
 
