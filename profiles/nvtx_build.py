@@ -34,10 +34,10 @@ UPDATE_ROWS = 1_000_000
 HISTOGRAM_BINS = 4096  # start-time bins counted to place the windows' cuts
 CLOSED = "kind = 'push_pop' AND end_ns >= start_ns"  # the ranges that have a depth (end_ns is NULL when unclosed)
 THREAD = "coalesce((pid << 24) | tid, -1)"  # one key per thread; NULL threads share -1
-OPENS_SQL = f"""SELECT rowid AS rid, {THREAD} AS thread, start_ns, end_ns FROM nvtx
-                WHERE {CLOSED} AND start_ns >= $lo AND start_ns < $hi"""
-CLOSES_SQL = f"""SELECT {THREAD} AS thread, start_ns, end_ns FROM nvtx
-                 WHERE {CLOSED} AND end_ns >= $lo AND end_ns < $hi"""
+# A window's opens (start in [lo, hi)) and closes (end in [lo, hi)) in one read: the ranges meeting it, spanning
+# ones left out by the caller (two reads, one per kind, took 7 s of the 10 GB export's 22 s of depths).
+WINDOW_SQL = f"""SELECT rowid AS rid, {THREAD} AS thread, start_ns, end_ns FROM nvtx
+                 WHERE {CLOSED} AND start_ns < $hi AND end_ns >= $lo"""
 UPDATE_SQL = f"""UPDATE nvtx SET depth = x.depth FROM {DEPTHS_VIEW} x
                  WHERE nvtx.rowid = x.rid AND nvtx.start_ns >= $lo AND nvtx.start_ns < $hi"""
 DOMAINS_SQL = f"""
@@ -112,12 +112,12 @@ def depths(cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[int, int, np.ndarra
                           ).fetchnumpy()["thread"]
     carry = np.zeros(len(threads), dtype=np.int64)
     for lo, hi in _windows(cur):
-        opens = cur.execute(OPENS_SQL, {"lo": lo, "hi": hi}).fetchnumpy()
-        closes = cur.execute(CLOSES_SQL, {"lo": lo, "hi": hi}).fetchnumpy()
-        window = nvtx_depth.Window(opens["rid"], np.searchsorted(threads, opens["thread"]), opens["start_ns"],
-                                   opens["end_ns"], np.searchsorted(threads, closes["thread"]), closes["start_ns"],
-                                   closes["end_ns"])
-        del opens, closes
+        rows = cur.execute(WINDOW_SQL, {"lo": lo, "hi": hi}).fetchnumpy()
+        thread = np.searchsorted(threads, rows["thread"])
+        opens, closes = rows["start_ns"] >= lo, rows["end_ns"] < hi
+        window = nvtx_depth.Window(rows["rid"][opens], thread[opens], rows["start_ns"][opens], rows["end_ns"][opens],
+                                   thread[closes], rows["start_ns"][closes], rows["end_ns"][closes])
+        del rows, thread, opens, closes
         yield lo, hi, *nvtx_depth.window_depths(window, carry)
 
 
