@@ -124,14 +124,18 @@ def depths(cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[int, int, np.ndarra
 def _windows(cur: duckdb.DuckDBPyConnection) -> list[tuple[int, int]]:
     """[lo, hi) start times covering every closed range, each window opening about WINDOW_RANGES of them; the last
     reaches past the last end, so that every close falls in a window."""
-    total, lo, last_start, last_end = cur.execute(
-        f"SELECT count(*), min(start_ns), max(start_ns), max(end_ns) FROM nvtx WHERE {CLOSED}").fetchone()
-    if not total:
+    # bounds of every event, not only the closed ranges': DuckDB answers them from its column statistics (13 ms on
+    # the 10 GB export, where a scan for the closed ranges' took 0.9-1.8 s)
+    lo, last_start, last_end = cur.execute("SELECT min(start_ns), max(start_ns), max(end_ns) FROM nvtx").fetchone()
+    if lo is None:
         return []
     width = (last_start - lo) // HISTOGRAM_BINS + 1
     bins = cur.execute(f"""SELECT (start_ns - $lo) // $width AS bin, count(*) AS n FROM nvtx WHERE {CLOSED}
                            GROUP BY bin ORDER BY bin""", {"lo": lo, "width": width}).fetchnumpy()
+    if not len(bins["n"]):
+        return []
     running = np.cumsum(bins["n"])
+    total = int(running[-1])
     # a window ends before the bin where the running count passes another WINDOW_RANGES
     passes = np.searchsorted(running, np.arange(WINDOW_RANGES, total, WINDOW_RANGES), side="right")
     cuts = np.unique(lo + bins["bin"][passes] * width).tolist()
