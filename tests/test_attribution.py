@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
 
+import numpy as np
 import pytest
 from conftest import FIXTURE_IDS, FIXTURES
 from modeldb import make_model, union_ns
@@ -258,3 +260,48 @@ def test_attribution_gap_ids_are_unique_and_sort_by_device_and_time():
     assert [(g.device, g.start_ns - T, g.end_ns - T) for g in gaps] == [(0, 1 * ms, 3 * ms), (0, 4 * ms, 6 * ms),
                                                                         (1, 2 * ms, 4 * ms), (1, 5 * ms, 7 * ms)]
     assert len({g.gap_id for g in gaps}) == 4 and [g.gap_id for g in gaps] == sorted(g.gap_id for g in gaps)
+
+
+def _random_timeline(seed: int):
+    """Two devices, two launching threads, short gaps mostly: launches traced, untraced (no thread) or queued,
+    tiny kernels, synchronizes and copies of every kind (D2H, pageable, pinned, blocking or async) in between."""
+    rng = random.Random(seed)
+    kernels, calls, copies, corr = [], [], [], 1000
+    for device in (0, 1):
+        t = 0
+        for _ in range(150):
+            t += rng.choice([0, 500, 2_000, 8_000, 30_000, 49_000, 50_000, 50_001, 51_000, 200_000, 1_500_000])
+            length = rng.choice([1_000, 3_000, 20_000])
+            tid = rng.choice([7, 8])
+            launch = rng.choice([None, "queued", "late", "late"])
+            k = kernel(corr, t, t + length, None if launch is None else
+                       (t - 20_000, t - 15_000) if launch == "queued" else (t - 3_000, t - 1_000))
+            k.update(device_id=device, tid=tid if launch else None)  # an untraced launch names no thread
+            kernels.append(k)
+            if launch:
+                calls.append({**call("cudaLaunchKernel", "launch", k["launch_start_ns"] - T, k["launch_end_ns"] - T,
+                                     corr), "tid": tid})
+            corr += 1
+            if rng.random() < 0.3:  # a blocking call begun before the kernel ended, returning after it
+                name, kind = rng.choice([("cudaStreamSynchronize", "sync"), ("cudaMemcpyAsync", "memcpy"),
+                                         ("cudaMemcpy", "memcpy")])
+                s = t + length - rng.choice([0, 500, 1_000, 2_000])  # 1_000: may return as the gap begins
+                calls.append({**call(name, kind, s, s + rng.choice([1_000, 10_000, 60_000]), corr), "tid": tid})
+                if kind == "memcpy":
+                    direction, src, dst = rng.choice([("D2H", "device", "pinned"), ("H2D", "pageable", "device"),
+                                                      ("H2D", "pinned", "device")])
+                    copies.append({**copy(corr, s + 100, s + 600, direction, src, dst, 4), "device_id": device,
+                                   "tid": tid})
+                corr += 1
+            t += length
+    return make_model(kernels=kernels, memcpy=copies, cuda_api=calls)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_attribution_short_gaps_judged_in_the_pass_equal_the_sql_labelling(seed, monkeypatch):
+    con = _random_timeline(seed)
+    judged = attribution.attribute(con, scope(con))
+    monkeypatch.setattr(attribution.ShortGaps, "__call__", lambda self, device, gaps: np.zeros(len(gaps["gap_id"]),
+                                                                                               dtype=bool))
+    assert attribution.attribute(con, scope(con)) == judged
+    assert {c for d in judged.devices.values() for c in d.causes} >= {"launch", "launch_tiny", "host_untraced", "sync"}

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import duckdb
+import numpy as np
 
 from nsightful.tools import gap_pass, gpu_utilization, nvtx_texts, rules
 from nsightful.tools.common import Scope, per_model
@@ -81,15 +82,17 @@ WITH ops AS (
   WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)
 SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL"""
 
-WORK = """main_thread AS (  -- idle_gaps (gap_pass) holds the gaps, gap_work_threads (THREADS_SQL) who launched the work
+THREADS = """main_thread AS (  -- who launched the work (gap_work_threads, THREADS_SQL)
   SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid
   FROM gap_work_threads GROUP BY device_id),
-gap_thread AS NOT MATERIALIZED (  -- twice recomputed costs less than writing 11 M gaps (spilled on 10 GB)
+threads_in AS (SELECT DISTINCT pid, tid FROM gap_work_threads),"""
+WORK = THREADS + """
+gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with its thread; twice recomputed costs less
+  -- than writing 11 M gaps (spilled on 10 GB)
   SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny,
          CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
          CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
-  FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),
-threads_in AS (SELECT DISTINCT pid, tid FROM gap_work_threads),"""
+  FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),"""
 
 # Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
 BLOCKING = """
@@ -130,18 +133,19 @@ bcalls AS (
   SELECT pid, tid, start_ns, end_ns, name, CASE WHEN what = 'D2H' THEN 'readback'
     WHEN what = 'pageable' THEN 'pageable_copy' ELSE 'sync' END FROM followed),
 """
-CALLS_SQL = "CREATE TEMP TABLE gap_blocking_calls AS WITH " + WORK + BLOCKING.rstrip().rstrip(",") + """
+CALLS_SQL = "CREATE TEMP TABLE gap_blocking_calls AS WITH " + THREADS + BLOCKING.rstrip().rstrip(",") + """
 SELECT * FROM bcalls"""
 
-# The gaps' starts against the blocking calls (gap_blocking_calls, CALLS_SQL).
-SPANS = """
-bspans AS (  -- the gap starts a call stands for: the thread's latest call begun by then, while it lasts (a call
-  -- nested in another ends the outer one's span), so the spans are disjoint; cut in buckets for an equality join
-  -- of the few calls with the many gaps (an ASOF join sorts every gap)
-  SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket FROM (
+# The gap starts a blocking call stands for: the thread's latest call begun by then, while it lasts (a call nested in
+# another ends the outer one's span), so a thread's spans are disjoint.
+CALL_SPANS = """SELECT * FROM (
     SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
              PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM gap_blocking_calls)
-  WHERE until_ns > start_ns),
+  WHERE until_ns > start_ns"""
+SPANS = """
+bspans AS (  -- cut in buckets for an equality join of the few calls with the many gaps (an ASOF join sorts every gap)
+  SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket FROM (
+  """ + CALL_SPANS + """)),
 at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps)
   SELECT g.*, b.cause AS blocked_cause, b.name AS blocked_in, b.end_ns AS b_end FROM gap_thread g
   LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
@@ -274,9 +278,9 @@ kept AS MATERIALIZED (  -- a row of its own for each gap that can be listed, res
   FROM (SELECT * REPLACE (CASE WHEN duration_ns < least($bubble_min, $gc_min) AND duration_ns <= $resume_max
                                THEN NULL ELSE gap_id END AS gap_id) FROM labelled)
   GROUP BY gap_id, device_id, cause, blocked_in
-  UNION ALL  -- the short queued gaps the pass only counted (gap_pass.Folded)
-  SELECT NULL, unnest($folded_devices), 'queued', NULL, unnest($folded_gaps), unnest($folded_ns), NULL, NULL, NULL,
-         NULL, NULL, 0, NULL),
+  UNION ALL  -- the short gaps the pass only counted: queued (gap_pass.Folded) or judged in passing (ShortGaps)
+  SELECT NULL, unnest($folded_devices), unnest($folded_causes), unnest($folded_calls), unnest($folded_gaps),
+         unnest($folded_ns), NULL, NULL, NULL, NULL, NULL, 0, NULL),
 pieces0 AS (  -- a gap's time by cause: all of it, or its blocking call's share and the late resume after it
   SELECT gap_id, device_id, cause, gaps, start_ns, ns - late_ns AS ns, duration_ns FROM kept
   UNION ALL SELECT gap_id, device_id, late_cause, 1, end_ns - late_ns, late_ns, duration_ns FROM kept
@@ -334,22 +338,90 @@ def bound(sql: str, params: dict[str, object]) -> dict[str, object]:
     return {name: params[name] for name in set(re.findall(r"\$(\w+)", sql)) if name in params}
 
 
+UNBLOCKED = ("host_untraced", "launch_tiny", "launch")  # a short gap's cause with no blocking call, coded -1, -2, -3
+
+
+class ShortGaps:
+    """The gap pass's judge (gap_pass.Judge) of the gaps LABELLED would only count: not queued, at most
+    LAUNCH_GAP_MAX_NS and shorter than the pass's fold limit. Each gets the cause LABELLED gives it (the blocking
+    call whose span (CALL_SPANS) holds its start on its thread, else host_untraced when the work after it was not
+    launched by a traced call, else launch_tiny or launch) and is counted and summed per (device, cause, call)
+    instead of written: on the 10 GB export most of its 11 M gaps, which the labelling then no longer reads."""
+
+    def __init__(self, spans: dict[str, np.ndarray], main_threads: dict[int, tuple[int, int]], below_ns: int):
+        self.below_ns, self.main_threads = below_ns, main_threads
+        self.labels = sorted(set(spans["cause"].tolist()) | set(spans["name"].tolist()))
+        ids = {label: i for i, label in enumerate(self.labels)}
+        self.spans: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
+        for key in set(zip(spans["pid"].tolist(), spans["tid"].tolist(), strict=True)):
+            at = np.flatnonzero((spans["pid"] == key[0]) & (spans["tid"] == key[1]))
+            at = at[np.argsort(spans["start_ns"][at], kind="stable")]
+            self.spans[key] = (spans["start_ns"][at], spans["until_ns"][at],
+                               np.array([ids[c] for c in spans["cause"][at].tolist()], dtype=np.int64),
+                               np.array([ids[n] for n in spans["name"][at].tolist()], dtype=np.int64))
+        self.counted: dict[tuple[int, str, str | None], list[int]] = {}
+
+    def __call__(self, device: int, gaps: dict[str, np.ndarray]) -> np.ndarray:
+        start, end, launch_end = gaps["start_ns"], gaps["end_ns"], gaps["launch_end_ns"]
+        duration = end - start
+        judged = (duration < self.below_ns) & (duration <= LAUNCH_GAP_MAX_NS) & ~(launch_end <= start)
+        if not judged.any():
+            return judged
+        at = np.flatnonzero(judged)
+        pid, tid = self._threads(device, {k: gaps[k][at] for k in ("pid", "tid", "prev_pid", "prev_tid")})
+        cause = np.where(launch_end[at] == gap_pass.NO_TIME, -1, np.where(gaps["tiny"][at], -2, -3))  # UNBLOCKED
+        call = np.full(len(at), -1)
+        for key, (starts, untils, causes, names) in self.spans.items():
+            mine = np.flatnonzero((pid == key[0]) & (tid == key[1]))
+            if not len(mine):
+                continue
+            span = np.searchsorted(starts, start[at][mine], side="right") - 1
+            inside = (span >= 0) & (start[at][mine] < untils[np.maximum(span, 0)])
+            cause[mine[inside]], call[mine[inside]] = causes[span[inside]], names[span[inside]]
+        for c, n in set(zip(cause.tolist(), call.tolist(), strict=True)):
+            these = (cause == c) & (call == n)
+            label = UNBLOCKED[-c - 1] if c < 0 else self.labels[c]
+            sums = self.counted.setdefault((device, label, self.labels[n] if n >= 0 else None), [0, 0])
+            sums[0] += int(these.sum())
+            sums[1] += int(duration[at][these].sum())
+        return judged
+
+    def _threads(self, device: int, g: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Each gap's thread as gap_thread picks it: the next work's, else the previous work's, else the device's
+        main thread (NO_THREAD when it has none)."""
+        main = self.main_threads.get(device, (gap_pass.NO_THREAD, gap_pass.NO_THREAD))
+        own, prev = g["tid"] != gap_pass.NO_THREAD, g["prev_tid"] != gap_pass.NO_THREAD
+        pid = np.where(own, g["pid"], np.where(prev, g["prev_pid"], main[0]))
+        tid = np.where(own, g["tid"], np.where(prev, g["prev_tid"], main[1]))
+        return pid, tid
+
+
+MAIN_THREAD_SQL = "WITH " + THREADS.rstrip().rstrip(",") + """
+SELECT device_id, pid, tid FROM main_thread WHERE pid IS NOT NULL AND tid IS NOT NULL"""
+SPANS_SQL = CALL_SPANS + " AND pid IS NOT NULL AND tid IS NOT NULL"
+
+
 @contextmanager
 def labelled_inputs(con: duckdb.DuckDBPyConnection, scope: Scope, fold_below_ns: int,
-                    slices: int | None = None) -> Iterator[gap_pass.Folded]:
-    """What LABELLED reads, as temp tables while the block runs: idle_gaps (gap_pass.idle_gaps, with its arguments)
-    and STAGED, each written by its own statement. Inside the labelling query DuckDB took the blocking calls' spans
-    and the long gaps' host activity for larger than the gaps, and hashed the 11 M gaps of the 10 GB export twice
-    (6.2-10 s); written first, their sizes are known (0.5 + 0.8 s, the labelling 2.1 s)."""
-    with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, fold_below_ns, slices) as folded:
-        params = args(con, scope)
-        try:
-            for sql in (THREADS_SQL, CALLS_SQL, HOST_SQL):
-                con.execute(sql, bound(sql, params))
-            yield folded
-        finally:
-            for table in STAGED:
-                con.execute(f"DROP TABLE IF EXISTS {table}")
+                    slices: int | None = None) -> Iterator[tuple[gap_pass.Folded, ShortGaps]]:
+    """What LABELLED reads, as temp tables while the block runs: idle_gaps (gap_pass.idle_gaps, with its arguments;
+    the short gaps judged in the pass by ShortGaps, returned with the pass's Folded) and STAGED, each written by its
+    own statement. Inside one labelling query DuckDB took the blocking calls' spans and the long gaps' host activity
+    for larger than the gaps, and hashed the 11 M gaps of the 10 GB export twice (6.2-10 s); written first, their
+    sizes are known, and with the short gaps judged in the pass the three statements take 0.5 + 0.5 + 0.3 s."""
+    params = args(con, scope)
+    try:
+        for sql in (THREADS_SQL, CALLS_SQL):
+            con.execute(sql, bound(sql, params))
+        spans = con.execute(SPANS_SQL).fetchnumpy()
+        main_threads = {d: (p, t) for d, p, t in con.execute(MAIN_THREAD_SQL).fetchall()}
+        short = ShortGaps(spans, main_threads, fold_below_ns)
+        with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, fold_below_ns, slices, short) as folded:
+            con.execute(HOST_SQL, bound(HOST_SQL, params))
+            yield folded, short
+    finally:
+        for table in STAGED:
+            con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 @dataclass(frozen=True)
@@ -409,10 +481,11 @@ def attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
 def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
     params = {**args(con, scope), **PERIODIC_ARGS, "bubble_min": BUBBLE_MIN_NS, "min_gap": BUBBLE_MIN_NS,
               "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
-    with labelled_inputs(con, scope, FOLD_BELOW_NS, DEVICE_PASS_SLICES) as folded:
-        found = [(d, n, folded.ns[d]) for d, n in folded.gaps.items() if n]
-        params.update(folded_devices=[d for d, _, _ in found], folded_gaps=[n for _, n, _ in found],
-                      folded_ns=[ns for _, _, ns in found])
+    with labelled_inputs(con, scope, FOLD_BELOW_NS, DEVICE_PASS_SLICES) as (folded, short):
+        counted = [(d, "queued", None, n, folded.ns[d]) for d, n in folded.gaps.items() if n]
+        counted += [(d, cause, call, n, ns) for (d, cause, call), (n, ns) in short.counted.items()]
+        params.update({f"folded_{name}": [row[i] for row in counted]
+                       for i, name in enumerate(("devices", "causes", "calls", "gaps", "ns"))})
         totals, long_gaps = con.execute(TOTALS_SQL, bound(TOTALS_SQL, params)).fetchone()
     found: dict[int, dict[str, CauseTime]] = {d: {} for d in scope.devices}
     for t in totals or []:

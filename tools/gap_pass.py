@@ -15,7 +15,7 @@ pass reads at most device_pass.ROWS_PER_CHUNK operations at a time, so memory st
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -123,16 +123,21 @@ class _Device:
 @dataclass(frozen=True)
 class Folded:
     """Per device, the queued gaps (launched before the device went idle) shorter than fold_below_ns: not in
-    idle_gaps, only counted and summed, as callers that list no gap that short need no more of them."""
+    idle_gaps, only counted and summed, as callers that list no gap that short need no more of them (a Judge
+    counts the others it takes)."""
     gaps: dict[int, int]
     ns: dict[int, int]
 
 
+Judge = Callable[[int, dict[str, np.ndarray]], np.ndarray]  # (device, gaps) -> the gaps it counted itself
+
+
 @contextmanager
 def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_below_ns: int,
-              slices: int | None = None) -> Iterator[Folded]:
+              slices: int | None = None, judge: Judge | None = None) -> Iterator[Folded]:
     """The temp table idle_gaps for `scope` while the block runs (kernels shorter than tiny_ns are tiny); with
-    `slices`, the device passes of that many slices are computed from the same chunks (device_pass.remember)."""
+    `slices`, the device passes of that many slices are computed from the same chunks (device_pass.remember); with
+    `judge`, each chunk's gaps go to it first, and those it returns True for are not written."""
     args = {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns}
     con.execute(CREATE_SQL)
     try:
@@ -144,17 +149,24 @@ def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_b
                 cols = con.execute(CHUNK_SQL, {**args, "device": device, **device_pass.chunk_bounds(scope, lo, hi),
                                                "no_time": NO_TIME, "no_thread": NO_THREAD}).fetchnumpy()
                 if len(cols["s"]):
-                    _insert(con, device, passes[device].chunk(cols))
+                    _insert(con, device, _unjudged(judge, device, passes[device].chunk(cols)))
                     if slices is not None:
                         figures[device].add_chunk(cols, scope, slices)
         if slices is not None:
             device_pass.remember(con, scope, slices, figures)
         for device, d in passes.items():  # a device without work in the window idles all of it
-            _insert(con, device, d.last(scope.end_ns))
+            _insert(con, device, _unjudged(judge, device, d.last(scope.end_ns)))
         allocator.release()  # the pass's arrays, freed, would stay in the heap while the attribution's SQL runs
         yield Folded(gaps={d: p.folded_gaps for d, p in passes.items()}, ns={d: p.folded_ns for d, p in passes.items()})
     finally:
         con.execute("DROP TABLE IF EXISTS idle_gaps")
+
+
+def _unjudged(judge: Judge | None, device: int, gaps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if judge is None or not len(gaps["gap_id"]):
+        return gaps
+    keep = ~judge(device, gaps)
+    return {k: v[keep] for k, v in gaps.items()}
 
 
 def _insert(con: duckdb.DuckDBPyConnection, device: int, gaps: dict[str, np.ndarray]) -> None:
