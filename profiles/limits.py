@@ -27,9 +27,11 @@ MODEL_MEMORY_ENV = "NSIGHTFUL_MODEL_MEMORY_MB"
 # 10 GB export's first triage reached 16.7 GB RSS. On the 1 GB export (bench/model_memory.py, BENCHMARKS.md): first
 # triage peak RSS 710-769 MB at 500, 954-990 MB at 750, 1,203-1,246 MB at 1,000, ~1,560 MB unlimited; warm
 # nvtx_breakdown 3.2-4.0 s at 500, 1.8-1.9 s at 750, 1.5 s unlimited (it spills below ~750). Since then the tools
-# spill less: at 700, the 1 GB export's tools took as long as at 750 (nvtx_breakdown 0.86-0.90 s, all 2.6 s) and the
-# 10 GB export's first answer peaked at 956 MB RSS (1,022 MB at 750).
-MODEL_MEMORY_MB = 700
+# spill less: at 600-750 the 1 GB export's tools take as long (nvtx_breakdown 0.85-0.90 s, all 2.6 s). The 10 GB
+# export's first triage (after a cached reopen) peaked at 855 MB RSS at 600 (20.8 s), 886-905 MB at 650
+# (17.5-19.4 s), 966-971 MB at 700 (16.9-17.3 s), and its first answer, load included, at 956-1,055 MB at 700:
+# 650 keeps that under 1 GB with room.
+MODEL_MEMORY_MB = 650
 NO_SPACE = "No space left on device"  # the OS error text DuckDB passes on when a spill file cannot grow
 
 
