@@ -133,19 +133,18 @@ bcalls AS (
   SELECT pid, tid, start_ns, end_ns, name, CASE WHEN what = 'D2H' THEN 'readback'
     WHEN what = 'pageable' THEN 'pageable_copy' ELSE 'sync' END FROM followed),
 """
+# The blocking calls as the gap starts they stand for: the thread's latest call begun by then, while it lasts (a call
+# nested in another ends the outer one's span), so a thread's spans are disjoint; written once, read by the gap
+# pass (ShortGaps) and by the labelling.
 CALLS_SQL = "CREATE TEMP TABLE gap_blocking_calls AS WITH " + THREADS + BLOCKING.rstrip().rstrip(",") + """
-SELECT * FROM bcalls"""
-
-# The gap starts a blocking call stands for: the thread's latest call begun by then, while it lasts (a call nested in
-# another ends the outer one's span), so a thread's spans are disjoint.
-CALL_SPANS = """SELECT * FROM (
-    SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
-             PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM gap_blocking_calls)
-  WHERE until_ns > start_ns"""
+SELECT * FROM (
+  SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
+           PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM bcalls)
+WHERE until_ns > start_ns"""
 SPANS = """
 bspans AS (  -- cut in buckets for an equality join of the few calls with the many gaps (an ASOF join sorts every gap)
-  SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket FROM (
-  """ + CALL_SPANS + """)),
+  SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket
+  FROM gap_blocking_calls),
 at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps)
   SELECT g.*, b.cause AS blocked_cause, b.name AS blocked_in, b.end_ns AS b_end FROM gap_thread g
   LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
@@ -344,21 +343,23 @@ UNBLOCKED = ("host_untraced", "launch_tiny", "launch")  # a short gap's cause wi
 class ShortGaps:
     """The gap pass's judge (gap_pass.Judge) of the gaps LABELLED would only count: not queued, at most
     LAUNCH_GAP_MAX_NS and shorter than the pass's fold limit. Each gets the cause LABELLED gives it (the blocking
-    call whose span (CALL_SPANS) holds its start on its thread, else host_untraced when the work after it was not
+    call whose span (CALLS_SQL) holds its start on its thread, else host_untraced when the work after it was not
     launched by a traced call, else launch_tiny or launch) and is counted and summed per (device, cause, call)
     instead of written: on the 10 GB export most of its 11 M gaps, which the labelling then no longer reads."""
 
     def __init__(self, spans: dict[str, np.ndarray], main_threads: dict[int, tuple[int, int]], below_ns: int):
         self.below_ns, self.main_threads = below_ns, main_threads
-        self.labels = sorted(set(spans["cause"].tolist()) | set(spans["name"].tolist()))
-        ids = {label: i for i, label in enumerate(self.labels)}
+        self.labels = sorted(set(spans["cause"].tolist()) | set(spans["name"].tolist()) - {None})
+        ids = {label: i for i, label in enumerate(self.labels)}  # a call with no name: -1, as no call (NULL)
         self.spans: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
-        for key in set(zip(spans["pid"].tolist(), spans["tid"].tolist(), strict=True)):
-            at = np.flatnonzero((spans["pid"] == key[0]) & (spans["tid"] == key[1]))
-            at = at[np.argsort(spans["start_ns"][at], kind="stable")]
-            self.spans[key] = (spans["start_ns"][at], spans["until_ns"][at],
-                               np.array([ids[c] for c in spans["cause"][at].tolist()], dtype=np.int64),
-                               np.array([ids[n] for n in spans["name"][at].tolist()], dtype=np.int64))
+        cause = np.array([ids[c] for c in spans["cause"].tolist()], dtype=np.int64)
+        name = np.array([ids.get(n, -1) for n in spans["name"].tolist()], dtype=np.int64)
+        thread = np.stack([spans["pid"], spans["tid"]], axis=1).astype(np.int64)
+        edges = np.flatnonzero(np.any(thread[1:] != thread[:-1], axis=1)) + 1  # SPANS_SQL sorts by thread, start
+        for lo, hi in zip(np.concatenate(([0], edges)), np.concatenate((edges, [len(thread)])), strict=True):
+            if hi > lo:
+                self.spans[int(thread[lo, 0]), int(thread[lo, 1])] = (
+                    spans["start_ns"][lo:hi], spans["until_ns"][lo:hi], cause[lo:hi], name[lo:hi])
         self.counted: dict[tuple[int, str, str | None], list[int]] = {}
 
     def __call__(self, device: int, gaps: dict[str, np.ndarray]) -> np.ndarray:
@@ -371,12 +372,13 @@ class ShortGaps:
         pid, tid = self._threads(device, {k: gaps[k][at] for k in ("pid", "tid", "prev_pid", "prev_tid")})
         cause = np.where(launch_end[at] == gap_pass.NO_TIME, -1, np.where(gaps["tiny"][at], -2, -3))  # UNBLOCKED
         call = np.full(len(at), -1)
+        begins = start[at]
         for key, (starts, untils, causes, names) in self.spans.items():
             mine = np.flatnonzero((pid == key[0]) & (tid == key[1]))
             if not len(mine):
                 continue
-            span = np.searchsorted(starts, start[at][mine], side="right") - 1
-            inside = (span >= 0) & (start[at][mine] < untils[np.maximum(span, 0)])
+            span = np.searchsorted(starts, begins[mine], side="right") - 1
+            inside = (span >= 0) & (begins[mine] < untils[np.maximum(span, 0)])
             cause[mine[inside]], call[mine[inside]] = causes[span[inside]], names[span[inside]]
         for c, n in set(zip(cause.tolist(), call.tolist(), strict=True)):
             these = (cause == c) & (call == n)
@@ -398,7 +400,8 @@ class ShortGaps:
 
 MAIN_THREAD_SQL = "WITH " + THREADS.rstrip().rstrip(",") + """
 SELECT device_id, pid, tid FROM main_thread WHERE pid IS NOT NULL AND tid IS NOT NULL"""
-SPANS_SQL = CALL_SPANS + " AND pid IS NOT NULL AND tid IS NOT NULL"
+SPANS_SQL = """SELECT pid, tid, cause, name, start_ns, until_ns FROM gap_blocking_calls
+WHERE pid IS NOT NULL AND tid IS NOT NULL ORDER BY pid, tid, start_ns"""
 
 
 @contextmanager
