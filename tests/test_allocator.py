@@ -32,8 +32,10 @@ def _faults(mode: str) -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_allocator_tuned_process_reuses_freed_arrays():
-    default, tuned = _faults("default"), _faults("tuned")
-    assert tuned <= 0.6 * default  # default maps each new size fresh, then once more from the heap: about twice
+    # default maps each new size fresh, then once more from the heap: here 5,150 faults, or 3,106 in some runs
+    # (where the heap already lay), against 2,563 tuned in every run; so against default's best of three
+    default, tuned = min(_faults("default") for _ in range(3)), _faults("tuned")
+    assert tuned <= 0.85 * default
 
 
 def test_allocator_tune_says_whether_it_took():

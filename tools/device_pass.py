@@ -16,6 +16,7 @@ import duckdb
 import numpy as np
 
 from nsightful.tools.common import Scope, per_model, scope_args
+from nsightful.tools.fetch_ahead import FetchAhead
 from nsightful.tools.intervals import GPU_WORK_CATEGORY, GPU_WORK_CATEGORY_CHUNK
 
 # Operations read at a time (this pass and tools/gap_pass.py): flat memory however many operations a device ran. On the
@@ -123,13 +124,16 @@ def device_passes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) ->
     """Each device with work in the scope: its figures, its work read in start-time chunks (or taken from the idle
     gap pass over the same scope, which reads the same chunks: `remember`)."""
     def compute() -> dict[int, DevicePass]:
-        args, found = scope_args(scope), {}
-        for device, n, first, last in con.execute(COUNT_SQL, args).fetchall():
-            d = found[device] = DevicePass()
-            for lo, hi in chunk_edges(n, first, last, ROWS_PER_CHUNK):
-                cols = con.execute(CHUNK_SQL, {**args, "device": device, **chunk_bounds(scope, lo, hi)}).fetchnumpy()
+        args = scope_args(scope)
+        counts = con.execute(COUNT_SQL, args).fetchall()
+        found = {device: DevicePass() for device, *_ in counts}
+        chunks = [(device, {**args, "device": device, **chunk_bounds(scope, lo, hi)})
+                  for device, n, first, last in counts for lo, hi in chunk_edges(n, first, last, ROWS_PER_CHUNK)]
+        with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
+            for (device, _), cols in zip(chunks, ahead, strict=False):  # strict would read past the last chunk
                 if len(cols["s"]):
-                    d.add_chunk(cols, scope, buckets)
+                    found[device].add_chunk(cols, scope, buckets)
+        for d in found.values():
             d.reach.clear()
         return found
     return per_model(con, _key(scope, buckets), compute)

@@ -25,6 +25,7 @@ import numpy as np
 from nsightful.profiles import allocator
 from nsightful.tools import device_pass
 from nsightful.tools.common import Scope, scope_args
+from nsightful.tools.fetch_ahead import FetchAhead
 from nsightful.tools.intervals import CATEGORY_LABELS
 
 GAP_ID_STRIDE = 2**32  # a device in a window has far fewer operations than this
@@ -142,14 +143,18 @@ def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_b
     con.execute(CREATE_SQL)
     try:
         passes = {d: _Device(d, scope.start_ns, fold_below_ns) for d in scope.devices}
-        figures: dict[int, device_pass.DevicePass] = {}
-        for device, n, first, last in con.execute(device_pass.COUNT_SQL, scope_args(scope)).fetchall():
-            figures[device] = device_pass.DevicePass()
-            for lo, hi in device_pass.chunk_edges(n, first, last, device_pass.ROWS_PER_CHUNK):
-                cols = con.execute(CHUNK_SQL, {**args, "device": device, **device_pass.chunk_bounds(scope, lo, hi),
-                                               "no_time": NO_TIME, "no_thread": NO_THREAD}).fetchnumpy()
+        counts = con.execute(device_pass.COUNT_SQL, scope_args(scope)).fetchall()
+        figures = {device: device_pass.DevicePass() for device, *_ in counts}
+        chunks = [(device, {**args, "device": device, **device_pass.chunk_bounds(scope, lo, hi), "no_time": NO_TIME,
+                            "no_thread": NO_THREAD})
+                  for device, n, first, last in counts
+                  for lo, hi in device_pass.chunk_edges(n, first, last, device_pass.ROWS_PER_CHUNK)]
+        with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
+            for (device, _), cols in zip(chunks, ahead, strict=False):  # strict would read past the last chunk
                 if len(cols["s"]):
-                    _insert(con, device, _unjudged(judge, device, passes[device].chunk(cols)))
+                    gaps = _unjudged(judge, device, passes[device].chunk(cols))
+                    with ahead.using() as locked:
+                        _insert(locked, device, gaps)
                     if slices is not None:
                         figures[device].add_chunk(cols, scope, slices)
         if slices is not None:
