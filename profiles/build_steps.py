@@ -18,7 +18,7 @@ BUILD_SETTINGS = {
     "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
     # The model file in DuckDB 1.5's storage format rather than the default one readable by 0.10.2: its strings are
     # compressed as DICT_FSST, one analysis instead of Dictionary's and FSST's. On the 10 GB benchmark export the
-    # build took 128 s of CPU instead of 138 s, the model came out 3% smaller and the first triage 10% faster.
+    # build took 119-128 s of CPU instead of 138 s, the model came out 3% smaller and the first triage 7-10% faster.
     # Only this package reads the file, with the DuckDB it was written by (pyproject pins 1.5).
     "storage_compatibility_version": "v1.5.0",
 }

@@ -130,7 +130,7 @@ def device_passes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) ->
         chunks = [(device, {**args, "device": device, **chunk_bounds(scope, lo, hi)})
                   for device, n, first, last in counts for lo, hi in chunk_edges(n, first, last, ROWS_PER_CHUNK)]
         with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
-            for (device, _), cols in zip(chunks, ahead, strict=False):  # strict would read past the last chunk
+            for (device, _), cols in zip(chunks, ahead, strict=True):
                 if len(cols["s"]):
                     found[device].add_chunk(cols, scope, buckets)
         for d in found.values():

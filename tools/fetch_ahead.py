@@ -19,8 +19,7 @@ import numpy as np
 # (~15 MB). With one, the 10 GB benchmark export's gap pass took 4.4 s instead of 5.4 s for +10 MB of peak RSS; a
 # helper that also read on while a chunk waited added 45 MB for no more speed.
 AHEAD = 1
-ROOM_POLL_S = 0.05  # how often a helper waiting for room checks that the caller still wants its chunks
-_DONE = object()
+_DONE = object()  # queued after the last chunk (or when the helper stops), so that the caller's loop ends
 
 
 class FetchAhead:
@@ -41,7 +40,9 @@ class FetchAhead:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._stop.set()
+        self._room.release()  # a helper waiting for room wakes, sees the stop and ends
         self._thread.join()
+        self._queue = queue.SimpleQueue()  # a chunk read for a caller that left is not kept with this object
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         while (item := self._queue.get()) is not _DONE:
@@ -54,23 +55,22 @@ class FetchAhead:
     def using(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """The connection, while no chunk is being read on it."""
         with self._lock:
-            yield self._con
+            try:
+                yield self._con
+            except Exception:
+                self._stop.set()  # before the lock is free: the helper reads no further chunk for a failed caller
+                raise
 
     def _fetch(self) -> None:
+        end: object = _DONE
         try:
             for params in self._params:
-                if not self._wait_for_room():
-                    return
+                self._room.acquire()
                 with self._lock:
+                    if self._stop.is_set():
+                        return
                     self._queue.put(self._con.execute(self._sql, params).fetchnumpy())
         except Exception as exc:  # an interrupt or a failed query: raised in the caller's thread by __iter__
-            self._queue.put(exc)
-            return
-        self._queue.put(_DONE)
-
-    def _wait_for_room(self) -> bool:
-        """False once the caller has left."""
-        while not self._stop.is_set():
-            if self._room.acquire(timeout=ROOM_POLL_S):
-                return True
-        return False
+            end = exc
+        finally:
+            self._queue.put(end)

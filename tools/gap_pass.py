@@ -139,24 +139,10 @@ def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_b
     """The temp table idle_gaps for `scope` while the block runs (kernels shorter than tiny_ns are tiny); with
     `slices`, the device passes of that many slices are computed from the same chunks (device_pass.remember); with
     `judge`, each chunk's gaps go to it first, and those it returns True for are not written."""
-    args = {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns}
     con.execute(CREATE_SQL)
     try:
         passes = {d: _Device(d, scope.start_ns, fold_below_ns) for d in scope.devices}
-        counts = con.execute(device_pass.COUNT_SQL, scope_args(scope)).fetchall()
-        figures = {device: device_pass.DevicePass() for device, *_ in counts}
-        chunks = [(device, {**args, "device": device, **device_pass.chunk_bounds(scope, lo, hi), "no_time": NO_TIME,
-                            "no_thread": NO_THREAD})
-                  for device, n, first, last in counts
-                  for lo, hi in device_pass.chunk_edges(n, first, last, device_pass.ROWS_PER_CHUNK)]
-        with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
-            for (device, _), cols in zip(chunks, ahead, strict=False):  # strict would read past the last chunk
-                if len(cols["s"]):
-                    gaps = _unjudged(judge, device, passes[device].chunk(cols))
-                    with ahead.using() as locked:
-                        _insert(locked, device, gaps)
-                    if slices is not None:
-                        figures[device].add_chunk(cols, scope, slices)
+        figures = _walk(con, scope, tiny_ns, passes, judge, slices)
         if slices is not None:
             device_pass.remember(con, scope, slices, figures)
         for device, d in passes.items():  # a device without work in the window idles all of it
@@ -165,6 +151,27 @@ def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_b
         yield Folded(gaps={d: p.folded_gaps for d, p in passes.items()}, ns={d: p.folded_ns for d, p in passes.items()})
     finally:
         con.execute("DROP TABLE IF EXISTS idle_gaps")
+
+
+def _walk(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, passes: dict[int, _Device],
+          judge: Judge | None, slices: int | None) -> dict[int, device_pass.DevicePass]:
+    """Each device's work in start-time chunks, each read while the one before it is worked on: its gaps written to
+    idle_gaps (but those the judge counted) and, with `slices`, its device figures added up."""
+    args = {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns, "no_time": NO_TIME, "no_thread": NO_THREAD}
+    counts = con.execute(device_pass.COUNT_SQL, scope_args(scope)).fetchall()
+    figures = {device: device_pass.DevicePass() for device, *_ in counts}
+    chunks = [(device, {**args, "device": device, **device_pass.chunk_bounds(scope, lo, hi)})
+              for device, n, first, last in counts
+              for lo, hi in device_pass.chunk_edges(n, first, last, device_pass.ROWS_PER_CHUNK)]
+    with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
+        for (device, _), cols in zip(chunks, ahead, strict=True):
+            if len(cols["s"]):
+                gaps = _unjudged(judge, device, passes[device].chunk(cols))
+                with ahead.using() as locked:
+                    _insert(locked, device, gaps)
+                if slices is not None:
+                    figures[device].add_chunk(cols, scope, slices)
+    return figures
 
 
 def _unjudged(judge: Judge | None, device: int, gaps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
