@@ -110,6 +110,15 @@ def chunk_edges(n: int, first: int, last: int, rows: int) -> list[tuple[int, int
     return [(lo, hi - 1) for lo, hi in zip(edges, edges[1:], strict=False)]
 
 
+def chunk_params(con: duckdb.DuckDBPyConnection, scope: Scope, args: dict) -> list[tuple[int, dict]]:
+    """Each device's work in `scope` cut into start-time chunks (device by device, in time order): per chunk, the
+    device and `args` with the chunk's device and bounds, the parameters of a chunk query (CHUNK_SQL, the gap
+    pass's). Every device with work has at least one."""
+    counts = con.execute(COUNT_SQL, scope_args(scope)).fetchall()
+    return [(device, {**args, "device": device, **chunk_bounds(scope, lo, hi)})
+            for device, n, first, last in counts for lo, hi in chunk_edges(n, first, last, ROWS_PER_CHUNK)]
+
+
 def chunk_bounds(scope: Scope, lo: int, hi: int) -> dict[str, int]:
     """Bound parameters ($raw_lo, $hi) that select, by stored start, the operations whose start clipped to the
     window lies in [lo, hi]: the first chunk also takes those that began before the window."""
@@ -124,11 +133,8 @@ def device_passes(con: duckdb.DuckDBPyConnection, scope: Scope, buckets: int) ->
     """Each device with work in the scope: its figures, its work read in start-time chunks (or taken from the idle
     gap pass over the same scope, which reads the same chunks: `remember`)."""
     def compute() -> dict[int, DevicePass]:
-        args = scope_args(scope)
-        counts = con.execute(COUNT_SQL, args).fetchall()
-        found = {device: DevicePass() for device, *_ in counts}
-        chunks = [(device, {**args, "device": device, **chunk_bounds(scope, lo, hi)})
-                  for device, n, first, last in counts for lo, hi in chunk_edges(n, first, last, ROWS_PER_CHUNK)]
+        chunks = chunk_params(con, scope, scope_args(scope))
+        found = {device: DevicePass() for device, _ in chunks}
         with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
             for (device, _), cols in zip(chunks, ahead, strict=True):
                 if len(cols["s"]):

@@ -24,7 +24,7 @@ import numpy as np
 
 from nsightful.profiles import allocator
 from nsightful.tools import device_pass
-from nsightful.tools.common import Scope, scope_args
+from nsightful.tools.common import Scope
 from nsightful.tools.fetch_ahead import FetchAhead
 from nsightful.tools.intervals import CATEGORY_LABELS
 
@@ -157,12 +157,9 @@ def _walk(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, passes: di
           judge: Judge | None, slices: int | None) -> dict[int, device_pass.DevicePass]:
     """Each device's work in start-time chunks, each read while the one before it is worked on: its gaps written to
     idle_gaps (but those the judge counted) and, with `slices`, its device figures added up."""
-    args = {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns, "no_time": NO_TIME, "no_thread": NO_THREAD}
-    counts = con.execute(device_pass.COUNT_SQL, scope_args(scope)).fetchall()
-    figures = {device: device_pass.DevicePass() for device, *_ in counts}
-    chunks = [(device, {**args, "device": device, **device_pass.chunk_bounds(scope, lo, hi)})
-              for device, n, first, last in counts
-              for lo, hi in device_pass.chunk_edges(n, first, last, device_pass.ROWS_PER_CHUNK)]
+    chunks = device_pass.chunk_params(con, scope, {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns,
+                                                   "no_time": NO_TIME, "no_thread": NO_THREAD})
+    figures = {device: device_pass.DevicePass() for device, _ in chunks}
     with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
         for (device, _), cols in zip(chunks, ahead, strict=True):
             if len(cols["s"]):
