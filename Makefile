@@ -1,4 +1,4 @@
-# nsightful: `make demo` shows it on a sample profile, `make test` runs the whole suite.
+# stallhound: `make demo` shows it on a sample profile, `make test` runs the whole suite.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +9,7 @@ DEMO := out/demo.sqlite
 .PHONY: demo test lint docs bench bench-job loadtest clean install dev inspector chromium
 
 $(BIN)/python:
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nsightful needs Python >= 3.11")'
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "stallhound needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
@@ -37,18 +37,18 @@ chromium:  # headless browser for the report tests (tests/browser.py)
 
 demo: $(VENV)/.installed
 	@mkdir -p out
-	$(BIN)/nsightful synth $(DEMO) --preset demo --force
-	$(BIN)/nsightful triage $(DEMO)
+	$(BIN)/stallhound synth $(DEMO) --preset demo --force
+	$(BIN)/stallhound triage $(DEMO)
 
 test: $(VENV)/.dev $(INSPECTOR) chromium
-	$(BIN)/ruff check profiles tools server resources tests bench
+	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check profiles tools server resources tests bench
+	$(BIN)/ruff check src tests bench
 
 docs: $(VENV)/.installed  # the README's tool table, from the tools the server registers
-	$(BIN)/python -m nsightful.server.docs README.md
+	$(BIN)/python -m stallhound.cli.docs README.md
 
 bench: $(VENV)/.installed loadtest
 	$(BIN)/python bench/run.py

@@ -15,11 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from nsightful.profiles import build_steps
-from nsightful.profiles.build_steps import NO_PROGRESS_BAR
-from nsightful.profiles.duck import load_sqlite_scanner
-from nsightful.profiles.ingest import Builder
-from nsightful.profiles.raw import RawExport
+from stallhound.formats import build_steps
+from stallhound.formats.build_steps import NO_PROGRESS_BAR
+from stallhound.formats.nsys.build import Builder
+from stallhound.formats.nsys.raw import RawExport
+from stallhound.model.duck import load_sqlite_scanner
 
 GPU_STEPS = (  # each builds the model table of its name
     "cuda_api", "kernels", "memcpy", "memset", "sync", "graph_exec", "memory_usage", "uvm_faults")
@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     log: list[tuple[float, str]] = []
     build_steps.BuildSteps.sql = timed_sql(log)
-    with tempfile.TemporaryDirectory(prefix="nsightful-gpu-side-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stallhound-gpu-side-") as tmp:
         raw = RawExport(args.export)
         b = Builder(raw, Path(tmp) / "model.duckdb")
         with b.running():

@@ -20,9 +20,9 @@ from pathlib import Path
 from run import SHARED
 
 SOURCE = SHARED / "fixtures/nsys/nsysai_h100_2gpu_1s.sqlite"
-FOLDER = Path(os.environ.get("NSIGHTFUL_BENCH_JOB", "/tmp/nsightful-bench/job"))
-RANKS = int(os.environ.get("NSIGHTFUL_BENCH_JOB_RANKS", "8"))
-COPIES = int(os.environ.get("NSIGHTFUL_BENCH_JOB_COPIES", "125"))  # x ~2 MB of source: ~250 MB per rank
+FOLDER = Path(os.environ.get("STALLHOUND_BENCH_JOB", "/tmp/stallhound-bench/job"))
+RANKS = int(os.environ.get("STALLHOUND_BENCH_JOB_RANKS", "8"))
+COPIES = int(os.environ.get("STALLHOUND_BENCH_JOB_COPIES", "125"))  # x ~2 MB of source: ~250 MB per rank
 GAP_NS = 1_000_000  # scale_profile's gap between copies; rank r adds r ns, so each rank's content differs
 SAMPLE_S = 0.2
 
@@ -30,7 +30,7 @@ CHILD = r"""
 import json, sys, threading, time
 from pathlib import Path
 import psutil
-from nsightful.profiles.job import load_job
+from stallhound.jobs.job import load_job
 me, peak, stop = psutil.Process(), [0], threading.Event()
 def sample():
     while not stop.is_set():
@@ -74,7 +74,7 @@ def main() -> None:
     cores = os.cpu_count() or 1
     print(json.dumps({"ranks": RANKS, "export_mb_each": round(mb / RANKS), "cores": cores}))
     for label, workers in (("serial", 1), ("parallel", cores)):
-        with tempfile.TemporaryDirectory(prefix="nsightful-bench-job-") as cache:
+        with tempfile.TemporaryDirectory(prefix="stallhound-bench-job-") as cache:
             cold = load(Path(cache), workers)
             print(json.dumps({"run": label, "workers": workers, **cold}))
             if label == "parallel":

@@ -19,7 +19,7 @@ from pathlib import Path
 from run import SHARED, child, machine, record
 
 SOURCE = SHARED / "fixtures/kineto/hta_a100_nccl_rank0.json.gz"
-BIG = Path(os.environ.get("NSIGHTFUL_BENCH_KINETO", "/tmp/nsightful-bench/kineto_big.json"))
+BIG = Path(os.environ.get("STALLHOUND_BENCH_KINETO", "/tmp/stallhound-bench/kineto_big.json"))
 COPIES = 116  # x 8.6 MB of events as json.dumps writes them: ~1 GB of JSON
 GAP_US = 1000  # between copies, so copies never overlap in time
 
@@ -60,7 +60,7 @@ def make_trace() -> None:
 
 
 def load(path: Path) -> dict:
-    with tempfile.TemporaryDirectory(prefix="nsightful-bench-") as cache:
+    with tempfile.TemporaryDirectory(prefix="stallhound-bench-") as cache:
         return child(path, Path(cache), "load")
 
 

@@ -1,8 +1,8 @@
 """`make loadtest` (run by `make bench`): several MCP clients at once over streamable HTTP on loopback.
 
-One server (`nsightful serve --transport http`, 127.0.0.1, a memory budget below the size of all models
+One server (`stallhound serve --transport http`, 127.0.0.1, a memory budget below the size of all models
 together, so the LRU closes and reopens models while clients work) serves the fixtures in
-../shared/fixtures/nsys plus `nsightful synth` samples. A quiet run (one client, one call at a time)
+../shared/fixtures/nsys plus `stallhound synth` samples. A quiet run (one client, one call at a time)
 records every answer; then CLIENTS clients (handshake sessions and sessionless 2026-07-28 clients
 alternately) each load every profile and run every tool on it ROUNDS times in their own shuffled order,
 all within TIME_LIMIT_S. A call that raises, times out or answers differently from the quiet run is an
@@ -118,7 +118,7 @@ async def load_run(served: Served, calls: list[Call], clients: int, rounds: int,
 
 
 def samples(folder: Path) -> list[Path]:
-    from nsightful.profiles import synth
+    from stallhound import synth
     paths = [folder / "synth_demo.sqlite", folder / "synth_clean.sqlite"]
     synth.write_sample(paths[0], synth.demo())
     synth.write_sample(paths[1], synth.clean())
@@ -153,13 +153,13 @@ def report(out: Outcome, profiles: int, tools: int, clients: int, rounds: int, b
 
 
 def main() -> int:
-    from nsightful.tools import TOOL_NAMES
+    from stallhound.tools import TOOL_NAMES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=CLIENTS)
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--memory-budget-mb", type=int, default=MEMORY_BUDGET_MB)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="nsightful-load-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stallhound-load-") as tmp:
         profiles = sorted(FIXTURES.glob("*.sqlite")) + samples(Path(tmp))
         out = run(profiles, list(TOOL_NAMES), clients=args.clients, rounds=args.rounds,
                   budget_mb=args.memory_budget_mb, cache_dir=Path(tmp) / "cache", extra_roots=(Path(tmp),))

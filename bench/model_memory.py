@@ -1,5 +1,5 @@
 """`python bench/model_memory.py [CACHE_DIR]`: the first triage on the 1 GB benchmark export under model memory
-limits (NSIGHTFUL_MODEL_MEMORY_MB), A/B in one run.
+limits (STALLHOUND_MODEL_MEMORY_MB), A/B in one run.
 
 Each (round, limit) is a fresh process that reopens the cached model (built into CACHE_DIR first if missing)
 and runs triage once, then answer_questions (which reads triage's results), recording CPU time, wall time, peak
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-BIG = Path("/tmp/nsightful-bench/big.sqlite")  # made by bench/run.py
+BIG = Path("/tmp/stallhound-bench/big.sqlite")  # made by bench/run.py
 LIMITS_MB = (500, 750, 1000, 100_000)
 UNLIMITED = 100_000
 ROUNDS = 2
@@ -26,8 +26,8 @@ TOP_QUERIES = 3
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from nsightful.profiles import open_profile
-from nsightful.tools import answer_questions, triage
+from stallhound.formats import open_profile
+from stallhound.tools import answer_questions, triage
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -62,7 +62,7 @@ print(json.dumps({"wall": wall, "cpu": used, "queries": sorted(asked, reverse=Tr
 
 
 def first_triage(cache: Path, limit_mb: int) -> dict:
-    env = {**os.environ, "NSIGHTFUL_MODEL_MEMORY_MB": str(limit_mb)}
+    env = {**os.environ, "STALLHOUND_MODEL_MEMORY_MB": str(limit_mb)}
     done = subprocess.run([sys.executable, "-c", CHILD, str(BIG), str(cache)], env=env, capture_output=True,
                           text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -9,7 +9,7 @@ figure on a shared machine).
 
 Then the 10 GB case (COPIES_10GB copies, generated under /tmp once: about 10 GB of disk and a few minutes to
 make and load): its floor, and the first answer (cold load + first triage in one fresh process) with peak RSS.
-NSIGHTFUL_BENCH_10GB=0 leaves it out.
+STALLHOUND_BENCH_10GB=0 leaves it out.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 SOURCE = SHARED / "fixtures/nsys/nsysai_h100_2gpu_1s.sqlite"
-BIG = Path(os.environ.get("NSIGHTFUL_BENCH_PROFILE", "/tmp/nsightful-bench/big.sqlite"))
+BIG = Path(os.environ.get("STALLHOUND_BENCH_PROFILE", "/tmp/stallhound-bench/big.sqlite"))
 COPIES = 500
 BIG_10GB = BIG.with_name("big10.sqlite")
 COPIES_10GB = 5000
-WITH_10GB = os.environ.get("NSIGHTFUL_BENCH_10GB") != "0"
-# The activity tables the build scans (profiles/ingest.py); the floor reads each of their columns once.
+WITH_10GB = os.environ.get("STALLHOUND_BENCH_10GB") != "0"
+# The activity tables the build scans (formats/nsys/build.py); the floor reads each of their columns once.
 FLOOR_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
                 "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
                 "CUPTI_ACTIVITY_KIND_GRAPH_TRACE", "NVTX_EVENTS", "OSRT_API", "COMPOSITE_EVENTS", "SCHED_EVENTS",
@@ -47,9 +47,9 @@ TOOL_ARGS = {"query_sql": {"sql": "SELECT device_id, count(*), sum(duration_ns) 
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from nsightful.profiles import open_profile
-from nsightful.profiles import allocator
-allocator.tune()  # as the nsightful command does
+from stallhound.formats import open_profile
+from stallhound.model import allocator
+allocator.tune()  # as the stallhound command does
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -60,8 +60,8 @@ out = {"seconds": elapsed, "cpu_seconds": cpu() - c,
        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 if sys.argv[3] == "tools":
     import statistics
-    from nsightful.tools import skills
-    from nsightful.tools.contracts import run_skill
+    from stallhound.tools import skills
+    from stallhound.analysis.contracts import run_skill
     extra = json.loads(sys.argv[4])
     times = {}
     for name, module in skills().items():
@@ -75,7 +75,7 @@ if sys.argv[3] == "tools":
         times[name] = statistics.median(runs)
     out["tools"] = times
 if sys.argv[3] == "triage":  # the call an assistant makes first: nothing computed yet in this process
-    from nsightful.tools import triage
+    from stallhound.tools import triage
     t, c = time.perf_counter(), cpu()
     triage.run(p.con, triage.Params(profile="bench"))
     out["triage_first"], out["triage_first_cpu"] = time.perf_counter() - t, cpu() - c
@@ -164,7 +164,7 @@ def case_10gb() -> dict:
     make_profile(BIG_10GB, COPIES_10GB)
     floor = scan_floor(BIG_10GB)
     gb = BIG_10GB.stat().st_size / 1e9
-    with tempfile.TemporaryDirectory(prefix="nsightful-bench10-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stallhound-bench10-") as tmp:
         try:
             first = child(BIG_10GB, Path(tmp), "triage")
         except ChildFailed as exc:  # recorded, so the 1 GB figures of the same run are kept
@@ -183,7 +183,7 @@ def record(text: str) -> None:
 def main() -> int:
     make_profile(BIG, COPIES)
     floor = scan_floor(BIG)
-    with tempfile.TemporaryDirectory(prefix="nsightful-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stallhound-bench-") as tmp:
         cache = Path(tmp)
         cold = child(BIG, cache, "load")
         warm = child(BIG, cache, "tools")

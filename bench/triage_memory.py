@@ -15,8 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from nsightful.profiles import open_profile
-from nsightful.tools import triage
+from stallhound.formats import open_profile
+from stallhound.tools import triage
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SAMPLE_S = 0.2  # often enough to see a query's peak, rare enough not to slow it

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fixture_guard import FIXTURES_ROOT, missing_fixtures_hooks
 
-from nsightful.profiles import Profile, open_profile
+from stallhound.formats import Profile, open_profile
 
 FIXTURES = FIXTURES_ROOT / "nsys"
 FIXTURE_FILES = sorted(FIXTURES.glob("*.sqlite"))
@@ -35,7 +35,7 @@ def one_sentence(message: str) -> None:
 
 @pytest.fixture(scope="session")
 def cache_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("nsightful-cache")
+    return tmp_path_factory.mktemp("stallhound-cache")
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +54,7 @@ def open_fixture(cache_root):
 
 
 def _sample(tmp_path_factory, cache_root, preset: str) -> tuple[Profile, dict]:
-    from nsightful.profiles import synth
+    from stallhound import synth
     path = tmp_path_factory.mktemp(f"synth-{preset}") / f"{preset}.sqlite"
     truth = synth.write_sample(path, getattr(synth, preset)())
     return open_profile(path, cache_dir=cache_root), truth
@@ -104,7 +104,7 @@ SYNTH_PAIRS = {  # name -> (before overrides, after overrides): one planted chan
 @pytest.fixture(scope="session")
 def synth_pair(tmp_path_factory, cache_root):
     """synth_pair(name) -> ((before Profile, truth), (after Profile, truth)) for a SYNTH_PAIRS change, built once."""
-    from nsightful.profiles import synth
+    from stallhound import synth
     made: dict[str, tuple] = {}
 
     def _pair(name: str) -> tuple:
@@ -137,7 +137,7 @@ def blocked_share(path: Path, device: int, global_tid: int, name_like: str, lo: 
     to the call's return plus attribution.SYNC_RESUME_MAX_NS, or to its end: the blocking call's share."""
     import sqlite3
 
-    from nsightful.tools.attribution import SYNC_RESUME_MAX_NS
+    from stallhound.analysis.attribution import SYNC_RESUME_MAX_NS
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as raw:
         work = sorted((max(a, lo), min(b, hi)) for a, b in raw.execute(RAW_WORK, {"d": device}) if b > lo and a < hi)
         calls = raw.execute(RAW_CALLS, {"name": name_like, "tid": global_tid}).fetchall()

@@ -1,5 +1,5 @@
 """Tests that need the real fixtures (../shared/fixtures) skip when it is missing, with one line saying so and how
-many; NSIGHTFUL_REQUIRE_FIXTURES=1 (set by .ci/run) turns that into an error, so CI always runs them.
+many; STALLHOUND_REQUIRE_FIXTURES=1 (set by .ci/run) turns that into an error, so CI always runs them.
 
 A test needs the fixtures when its code, a helper or pytest fixture it uses (followed through the module's
 functions), or one of its parameters reaches a name bound to the fixtures folder: a path under it, or a module
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 FIXTURES_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
-REQUIRE_ENV = "NSIGHTFUL_REQUIRE_FIXTURES"
+REQUIRE_ENV = "STALLHOUND_REQUIRE_FIXTURES"
 FIXTURE_NAMES = {"FIXTURES", "FIXTURE_FILES", "FIXTURE_IDS", "FIXTURES_ROOT", "open_fixture"}
 SKIP_REASON = f"needs the real fixtures in {FIXTURES_ROOT}, which is missing"
 

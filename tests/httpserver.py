@@ -1,4 +1,4 @@
-"""`nsightful serve --transport http` in a subprocess on a free loopback port, for tests and bench/load.py."""
+"""`stallhound serve --transport http` in a subprocess on a free loopback port, for tests and bench/load.py."""
 
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ def free_port() -> int:
 
 @contextmanager
 def serving(root: Path, cache_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Served]:
-    """A running HTTP server reading profiles under `root`; extra `args` go to `nsightful serve`."""
+    """A running HTTP server reading profiles under `root`; extra `args` go to `stallhound serve`."""
     port = free_port()
-    with tempfile.NamedTemporaryFile(prefix="nsightful-serve-", suffix=".log", delete=False) as log:
-        cmd = [sys.executable, "-m", "nsightful.server.cli", "serve", "--transport", "http", "--port", str(port),
+    with tempfile.NamedTemporaryFile(prefix="stallhound-serve-", suffix=".log", delete=False) as log:
+        cmd = [sys.executable, "-m", "stallhound", "serve", "--transport", "http", "--port", str(port),
                "--root", str(root), "--cache-dir", str(cache_dir), *args]
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, env={**os.environ, **(env or {})})
     try:

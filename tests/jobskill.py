@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 from pydantic import BaseModel, Field
 
-from nsightful.tools.common import Output
+from stallhound.analysis.common import Output
 
 
 class Params(BaseModel):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import duckdb
 
-from nsightful.profiles.ingest import capability_rows
-from nsightful.profiles.model import MODEL_VERSION, TABLES, ddl
+from stallhound.formats.nsys.build import capability_rows
+from stallhound.model.schema import MODEL_VERSION, TABLES, ddl
 
 _TABLES = {t.name: t for t in TABLES}
 _DERIVED = ("meta", "capabilities")

@@ -1,4 +1,4 @@
-"""The allocator setting the nsightful command makes at start (profiles/allocator.py): arrays freed and allocated again,
+"""The allocator setting the stallhound command makes at start (model/allocator.py): arrays freed and allocated again,
 as the numpy passes do, reuse the heap instead of faulting fresh pages in."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from nsightful.profiles import allocator
+from stallhound.model import allocator
 
 CHURN = """
 import resource, sys
 import numpy as np
-from nsightful.profiles import allocator
+from stallhound.model import allocator
 if sys.argv[1] == "tuned":
     assert allocator.tune()
 def churn():  # a pass over chunks of growing size, each freed before the next
@@ -48,7 +48,7 @@ def test_allocator_tune_says_whether_it_took():
 RELEASE = """
 import sys
 import numpy as np
-from nsightful.profiles import allocator
+from stallhound.model import allocator
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 // 2**20
 allocator.tune()

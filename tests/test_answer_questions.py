@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from nsightful.tools import (
-    answer_figures,
+from stallhound.analysis import answer_figures, answerers, common
+from stallhound.tools import (
     answer_questions,
-    answerers,
-    common,
     gpu_idle_gaps,
     iterations,
     kernel_launch_overhead,

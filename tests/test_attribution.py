@@ -10,7 +10,7 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES
 from modeldb import make_model, union_ns
 
-from nsightful.tools import attribution, common, rules
+from stallhound.analysis import attribution, common, rules
 
 T = 1_000_000  # the tiny timeline starts here, so launch calls can come before it
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]

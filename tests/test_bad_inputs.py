@@ -20,17 +20,17 @@ import pytest
 from conftest import FIXTURE_FILES, FIXTURES, one_sentence, text_of
 from mcp.client import Client
 
-from nsightful.profiles import open_profile
-from nsightful.profiles.errors import ConversionFailed, ProfileChanged
-from nsightful.profiles.model import MODEL_VERSION
-from nsightful.server.app import build_server
-from nsightful.tools import TOOL_NAMES
+from stallhound.formats import open_profile
+from stallhound.model.errors import ConversionFailed, ProfileChanged
+from stallhound.model.schema import MODEL_VERSION
+from stallhound.server.app import build_server
+from stallhound.tools import TOOL_NAMES
 
 MOCK = FIXTURES / "nsysai_mock.sqlite"  # 2 kernels, on an RTX 3080
 NVTX_FIXTURE = FIXTURES / "fuser_h200_crossentropy.sqlite"  # 18 kernels, 13,513 NVTX events
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"}}
-CLI = [sys.executable, "-m", "nsightful.server.cli"]
+CLI = [sys.executable, "-m", "stallhound"]
 
 
 
@@ -345,7 +345,7 @@ def test_bad_inputs_two_processes_build_one_cache_once(tmp_path):
 KILL_HALF_WAY = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from nsightful.profiles import open_profile
+    from stallhound.formats import open_profile
 
     def progress(done, total, label):
         if done == total // 2:
@@ -384,7 +384,7 @@ def _unwritable_cache(tmp_path: Path) -> Path:
     """A cache folder that cannot be written: read-only; for root, who may write anywhere, one under /proc,
     where nobody can create a folder."""
     if os.geteuid() == 0:
-        return Path("/proc/nsightful-cache")
+        return Path("/proc/stallhound-cache")
     cache = tmp_path / "readonly"
     cache.mkdir(mode=0o555)
     return cache

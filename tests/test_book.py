@@ -7,9 +7,9 @@ from importlib.resources import files
 
 import pytest
 
-from nsightful.profiles.errors import NsightfulError
-from nsightful.resources import book
-from nsightful.tools import JOB_TOOL_NAMES, TOOL_NAMES
+from stallhound import book
+from stallhound.model.errors import StallhoundError
+from stallhound.tools import JOB_TOOL_NAMES, TOOL_NAMES
 
 SEEDED = (
     "gpu-bubbles", "cpu-bottleneck", "nccl-serialization", "excessive-h2d-transfers", "small-kernel-overhead",
@@ -36,11 +36,11 @@ def test_book_entry_fields_are_all_non_empty(item):
 
 @_by_id(ENTRIES)
 def test_book_entry_id_equals_file_stem(item):
-    assert (files("nsightful.resources") / "book" / f"{item.id}.md").is_file()
+    assert (files("stallhound.book") / "entries" / f"{item.id}.md").is_file()
 
 
 def test_book_ids_are_unique_and_cover_the_seeded_entries():
-    stems = [p.name.removesuffix(".md") for p in (files("nsightful.resources") / "book").iterdir()
+    stems = [p.name.removesuffix(".md") for p in (files("stallhound.book") / "entries").iterdir()
              if p.name.endswith(".md")]
     assert len(stems) == len(set(stems)) == len(ENTRIES)
     assert len(ENTRIES) >= 21
@@ -85,13 +85,13 @@ def test_book_render_index_has_one_line_per_entry():
 
 def test_book_get_entry_returns_the_entry():
     assert book.get_entry("gpu-bubbles").id == "gpu-bubbles"
-    assert book.entry_uri("gpu-bubbles") == "nsightful://book/gpu-bubbles"
+    assert book.entry_uri("gpu-bubbles") == "stallhound://book/gpu-bubbles"
 
 
 def test_book_get_entry_unknown_id_names_valid_ids():
     with pytest.raises(book.UnknownEntry) as err:
         book.get_entry("no-such-cause")
-    assert isinstance(err.value, NsightfulError)
+    assert isinstance(err.value, StallhoundError)
     assert "no-such-cause" in str(err.value)
     for entry_id in SEEDED:
         assert entry_id in str(err.value)
@@ -107,7 +107,7 @@ def test_book_malformed_entry_raises_book_error():
     with pytest.raises(book.BookError, match="front matter"):
         book._parse_entry("broken.md", "no front matter here")
     with pytest.raises(book.BookError, match="id must equal"):
-        text = (files("nsightful.resources") / "book" / "gpu-bubbles.md").read_text(encoding="utf-8")
+        text = (files("stallhound.book") / "entries" / "gpu-bubbles.md").read_text(encoding="utf-8")
         book._parse_entry("renamed.md", text)
 
 
@@ -138,12 +138,12 @@ def test_book_question_is_answered_or_explained(item):
 def test_book_questions_for_unknown_phase_names_valid_phases():
     with pytest.raises(book.UnknownPhase) as err:
         book.questions_for_phase("tuning")
-    assert isinstance(err.value, NsightfulError)
+    assert isinstance(err.value, StallhoundError)
     assert all(phase in str(err.value) for phase in book.PHASES)
 
 
 # --- fixes per program family ---------------------------------------------------------------------------------
-# Fix families tried per program kind, most specific first, as triage tries them (tools/program.py FIX_CHAINS).
+# Fix families tried per program kind, most specific first, as triage tries them (analysis/program.py FIX_CHAINS).
 CHAINS = {
     "pytorch": ("pytorch", "python", "generic"),
     "python": ("python", "generic"),

@@ -14,10 +14,11 @@ from conftest import FIXTURE_FILES, FIXTURES, text_of
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from nsightful.server import budget, cli
-from nsightful.server.app import build_server
-from nsightful.tools import TOOL_NAMES, skills
-from nsightful.tools.contracts import run_skill
+from stallhound.analysis.contracts import run_skill
+from stallhound.cli import main as cli
+from stallhound.server import budget
+from stallhound.server.app import build_server
+from stallhound.tools import TOOL_NAMES, skills
 
 WORST_ARGS = {  # each tool's largest answer: every limit at its maximum, the widest filters
     "gpu_utilization": {"buckets": 200, "limit": 500},
@@ -41,7 +42,7 @@ KEPT = re.compile(r"([\d,]+) of ([\d,]+) (\w+)")
 
 @pytest.fixture(scope="module")
 def eight_gpus(tmp_path_factory):
-    from nsightful.profiles import synth
+    from stallhound import synth
     path = tmp_path_factory.mktemp("eight") / "demo8.sqlite"
     synth.write_sample(path, synth.demo(devices=8))
     return path
@@ -195,13 +196,13 @@ def test_budget_cli_prints_everything_unless_the_setting_is_set(capsys, monkeypa
     assert cut["cut_by"] == "characters" and cut["rows"] == whole["rows"][:len(cut["rows"])]
     monkeypatch.setenv(budget.ENV, "12")
     assert cli.main(argv) == cli.EXIT_USAGE
-    assert "NSIGHTFUL_MAX_RESULT_CHARS='12' is not a number of characters of at least 4,000" in capsys.readouterr().err
+    assert "STALLHOUND_MAX_RESULT_CHARS='12' is not a number of characters of at least 4,000" in capsys.readouterr().err
 
 
 @pytest.mark.anyio
 async def test_budget_serve_option_sets_the_budget_over_stdio(cache_root):
     params = StdioServerParameters(command=sys.executable, args=[
-        "-m", "nsightful.server.cli", "serve", "--root", str(FIXTURES), "--cache-dir", str(cache_root),
+        "-m", "stallhound", "serve", "--root", str(FIXTURES), "--cache-dir", str(cache_root),
         "--max-result-chars", "5000"])
     async with Client(params) as client:
         result = await client.call_tool("nvtx_breakdown", {"profile": str(FIXTURES / "nsysai_mfu_2gpu_after.sqlite"),

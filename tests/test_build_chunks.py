@@ -10,9 +10,10 @@ from itertools import pairwise
 import pytest
 from conftest import FIXTURE_FILES, FIXTURE_IDS, FIXTURES
 
-from nsightful.profiles import ingest, open_profile
-from nsightful.profiles.chunks import correlation_ranges, rows_per_range, within
-from nsightful.profiles.limits import BUILD_MEMORY_ENV
+from stallhound.formats import open_profile
+from stallhound.formats.nsys import build as ingest
+from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range, within
+from stallhound.model.limits import BUILD_MEMORY_ENV
 
 JOINED = ("kernels", "memcpy", "memset", "sync", "graph_exec")
 SMALL_RANGE = 400  # API calls per range: several ranges on every fixture with a few thousand calls

@@ -1,5 +1,5 @@
 """A build that runs out of memory, or of disk to spill to, is one sentence; its files are removed and the server
-keeps serving. The limit is NSIGHTFUL_BUILD_MEMORY_MB."""
+keeps serving. The limit is STALLHOUND_BUILD_MEMORY_MB."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from conftest import FIXTURES, one_sentence, text_of
 from mcp.client import Client
 
-from nsightful.profiles import open_profile, source
-from nsightful.profiles.cache import SPILL_SUFFIX
-from nsightful.profiles.limits import BUILD_MEMORY_ENV, BuildOutOfMemory, MemorySettingInvalid, out_of_resources
-from nsightful.server.app import build_server
+from stallhound.formats import open_profile, source
+from stallhound.model.cache import SPILL_SUFFIX
+from stallhound.model.limits import BUILD_MEMORY_ENV, BuildOutOfMemory, MemorySettingInvalid, out_of_resources
+from stallhound.server.app import build_server
 
 EXPORT = FIXTURES / "nsysai_h100_2gpu_1s.sqlite"  # 2.3 MB; its build needs more than 5 MB of DuckDB memory
 TINY_MB = "5"

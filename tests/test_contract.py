@@ -10,32 +10,30 @@ import sys
 import tomllib
 from pathlib import Path
 
-import nsightful.profiles
-import nsightful.resources
-import nsightful.server
-import nsightful.tools
-from nsightful.profiles import errors
+import stallhound
+from stallhound.model import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _modules():
-    for package in (nsightful.profiles, nsightful.resources, nsightful.server, nsightful.tools):
-        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+    for info in pkgutil.walk_packages(stallhound.__path__, "stallhound."):
+        if info.name != "stallhound.__main__":
             yield importlib.import_module(info.name)
 
 
-def test_errors_every_named_error_lives_in_profiles_errors():
+def test_errors_every_named_error_lives_in_model_errors():
     elsewhere = sorted(f"{obj.__module__}.{obj.__name__}" for module in _modules() for obj in vars(module).values()
-                       if isinstance(obj, type) and issubclass(obj, errors.NsightfulError)
+                       if isinstance(obj, type) and issubclass(obj, errors.StallhoundError)
                        and obj.__module__ != errors.__name__)
-    assert elsewhere == [], "define these in profiles/errors.py (import them where they are raised)"
-    assert len([c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.NsightfulError)]) >= 20
+    assert elsewhere == [], "define these in model/errors.py (import them where they are raised)"
+    named = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.StallhoundError)]
+    assert len(named) >= 20
 
 
 def test_version_is_pyprojects_read_from_the_installed_metadata():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert nsightful.server.__version__ == importlib.metadata.version("nsightful") == declared
-    done = subprocess.run([sys.executable, "-m", "nsightful.server.cli", "--version"], capture_output=True, text=True,
+    assert stallhound.__version__ == importlib.metadata.version("stallhound") == declared
+    done = subprocess.run([sys.executable, "-m", "stallhound", "--version"], capture_output=True, text=True,
                           timeout=60)
-    assert done.stdout.strip() == f"nsightful {declared}"
+    assert done.stdout.strip() == f"stallhound {declared}"

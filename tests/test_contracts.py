@@ -1,4 +1,4 @@
-"""Every registered module satisfies its contract (tools/contracts.py), signatures included; a build reports
+"""Every registered module satisfies its contract (analysis/contracts.py), signatures included; a build reports
 the progress steps it declares."""
 
 from __future__ import annotations
@@ -11,11 +11,15 @@ import pytest
 from fixture_guard import FIXTURES_ROOT
 from pydantic import BaseModel
 
-from nsightful.profiles import build_steps, ingest, kineto, open_profile, synth
-from nsightful.profiles.errors import LoadCancelled
-from nsightful.tools import contracts, job_tools, pair_tools, skills
-from nsightful.tools.common import Output
-from nsightful.tools.contracts import run_skill
+from stallhound import synth
+from stallhound.analysis import contracts
+from stallhound.analysis.common import Output
+from stallhound.analysis.contracts import run_skill
+from stallhound.formats import build_steps, open_profile
+from stallhound.formats.kineto import build as kineto
+from stallhound.formats.nsys import build as ingest
+from stallhound.model.errors import LoadCancelled
+from stallhound.tools import job_tools, pair_tools, skills
 
 KINDS = [(contracts.Skill, skills, ("con", "params")), (contracts.PairSkill, pair_tools, ("before", "after", "params")),
          (contracts.JobSkill, job_tools, ("con", "params"))]

@@ -1,4 +1,4 @@
-"""tools/cover.py against a brute-force count of covered nanoseconds, on random probes and intervals (nested,
+"""analysis/cover.py against a brute-force count of covered nanoseconds, on random probes and intervals (nested,
 touching, zero-length, unsorted)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from nsightful.tools import cover
+from stallhound.analysis import cover
 
 
 def _brute(probes: list[tuple[int, int]], intervals: list[tuple[int, int]]) -> list[int]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.profiles.model import TABLE_NAMES, TABLES
-from nsightful.tools import describe_schema as ds
+from stallhound.model.errors import InvalidRequest
+from stallhound.model.schema import TABLE_NAMES, TABLES
+from stallhound.tools import describe_schema as ds
 
 
 def test_describe_schema_lists_every_table_with_its_rows(open_fixture):

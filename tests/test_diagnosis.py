@@ -11,8 +11,8 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES
 from modeldb import union_ns
 
-from nsightful.resources import book
-from nsightful.tools import triage
+from stallhound import book
+from stallhound.tools import triage
 
 PYTORCH_WORDS = re.compile(r"torch|DataLoader|\.item\(\)|pin_memory=|TrainingArguments|\bnn\.|FSDP|DDP|autocast|"
                            r"Hugging Face|\bgc\.|import ", re.I)

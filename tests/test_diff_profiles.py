@@ -10,10 +10,10 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, SYNTH_PAIRS
 from mcp.client import Client
 
-from nsightful.server import budget
-from nsightful.server.app import build_server
-from nsightful.server.cli import main
-from nsightful.tools import diff_profiles as dp
+from stallhound.cli.main import main
+from stallhound.server import budget
+from stallhound.server.app import build_server
+from stallhound.tools import diff_profiles as dp
 
 BEFORE, AFTER = FIXTURES / "nsysai_mfu_2gpu_before.sqlite", FIXTURES / "nsysai_mfu_2gpu_after.sqlite"
 STEP_RANGE = "FSDP::pre_forward (blocks.%._checkpoint_wrapped_module)%"  # the FSDP step marker in the real pair
@@ -139,7 +139,8 @@ def test_diff_profiles_synth_pair_gives_the_planted_verdict_and_finding(synth_pa
 
 
 def test_diff_profiles_warns_when_runs_are_not_comparable(open_fixture, synth_pair, tmp_path, cache_root):
-    from nsightful.profiles import open_profile, synth
+    from stallhound import synth
+    from stallhound.formats import open_profile
     (clean, _), _ = synth_pair("slower_rank")
     other = dp.run(open_fixture(BEFORE.stem).con, clean.con, dp.Params(before="real", after="synth"))
     assert any(w.startswith("different programs: only") for w in other.decision.warnings), other.decision.warnings
@@ -178,7 +179,7 @@ def test_diff_profiles_cli_formats_and_fails_on_regression(cache_root, capsys):
     assert main([*args, "--fail-on-regression", "10"]) == 1
     assert capsys.readouterr().out.startswith("verdict: regressed")
     assert main([*args, "--fail-on-regression", "20", "--format", "markdown"]) == 0
-    assert capsys.readouterr().out.startswith("## nsightful diff")
+    assert capsys.readouterr().out.startswith("## stallhound diff")
     assert main([*args, "--format", "json", "--limit", "2"]) == 0
     assert '"verdict": "regressed"' in capsys.readouterr().out
     assert main([*args, "--fail-on-regression", "-1"]) == 2

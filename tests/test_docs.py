@@ -1,4 +1,4 @@
-"""The README's tool table and `nsightful tools` come from the tools the server registers."""
+"""The README's tool table and `stallhound tools` come from the tools the server registers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from mcp.client import Client
 
-from nsightful import tools
-from nsightful.server import docs
-from nsightful.server.app import build_server
+from stallhound import tools
+from stallhound.cli import docs
+from stallhound.server.app import build_server
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 LIFECYCLE = {"load_profile", "list_profiles", "close_profile"}
@@ -42,7 +42,7 @@ async def test_docs_list_every_tool_a_client_sees_from_every_registry(summaries,
 
 
 def test_docs_cli_tools_prints_one_line_per_tool(summaries):
-    done = subprocess.run([sys.executable, "-m", "nsightful.server.cli", "tools"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "stallhound", "tools"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

@@ -1,4 +1,4 @@
-"""tools/fetch_ahead.py: chunks in order and equal to reading them one by one, the caller's statements between them,
+"""analysis/fetch_ahead.py: chunks in order and equal to reading them one by one, the caller's statements between them,
 a cursor's temporary views seen by the helper, errors and interrupts raised in the caller, early exits that leave
 no thread behind."""
 
@@ -10,7 +10,7 @@ import time
 import duckdb
 import pytest
 
-from nsightful.tools.fetch_ahead import FetchAhead
+from stallhound.analysis.fetch_ahead import FetchAhead
 
 CHUNK_SQL = "SELECT i AS v, i % 7 AS k FROM t WHERE i >= $lo AND i < $hi"
 
@@ -22,7 +22,7 @@ def _con(rows: int = 10_000) -> duckdb.DuckDBPyConnection:
 
 
 def _helpers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "nsightful-fetch-ahead"]
+    return [t for t in threading.enumerate() if t.name == "stallhound-fetch-ahead"]
 
 
 @pytest.mark.parametrize("width", [1, 333, 10_000, 20_000])

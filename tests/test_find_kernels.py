@@ -8,8 +8,8 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, dump, planted
 from modeldb import make_model
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import find_kernels as fk
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import find_kernels as fk
 
 
 def kern(name: str, s: int, e: int, *, tid: int | None = 10, launch: int | None = None, device: int = 0,

@@ -8,7 +8,7 @@ import pytest
 from conftest import FIXTURE_IDS
 from modeldb import make_model
 
-from nsightful.tools import attribution, common, device_pass, gap_pass, rules
+from stallhound.analysis import attribution, common, device_pass, gap_pass, rules
 
 TINY = rules.TINY_KERNEL_NS
 GAP_COLUMNS = "gap_id, device_id, start_ns, end_ns, duration_ns, launch_end_ns, tiny, pid, tid, prev_pid, prev_tid"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from modeldb import make_model
 
-from nsightful.tools import attribution, common, gap_stages
+from stallhound.analysis import attribution, common, gap_stages
 
 MS = 1_000_000
 

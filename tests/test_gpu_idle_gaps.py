@@ -8,8 +8,8 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, blocked_share, planted
 from modeldb import make_model
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import gpu_idle_gaps as gg
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import gpu_idle_gaps as gg
 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 MS = 1_000_000
@@ -202,7 +202,7 @@ def test_gpu_idle_gaps_gc_pauses_are_periodic(demo):
     pauses = [p for p in planted(truth, "gc_pause") if p["gpu_idle_start_ns"] is not None]
     assert len(pauses) >= 3 * len(truth["devices"])
     # the demo pauses right after its pageable input copy: the device runs dry inside that cudaMemcpyAsync, which
-    # keeps its share of the gap (tools/attribution.py); the rest, the host's late resume, is the pause
+    # keeps its share of the gap (analysis/attribution.py); the rest, the host's late resume, is the pause
     tids = {r["device"]: r["global_tid"] for r in truth["ranks"]}
     copy_ns = {}
     for pause in pauses:

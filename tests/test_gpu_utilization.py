@@ -9,11 +9,11 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, dump
 from modeldb import make_model, union_ns
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import common, device_pass
-from nsightful.tools import gpu_utilization as gu
-from nsightful.tools.common import scope_args
-from nsightful.tools.intervals import GPU_WORK
+from stallhound.analysis import common, device_pass
+from stallhound.analysis.common import scope_args
+from stallhound.analysis.intervals import GPU_WORK
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import gpu_utilization as gu
 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 

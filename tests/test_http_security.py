@@ -17,7 +17,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from nsightful.server.http import TOKEN_ENV, transport_security
+from stallhound.server.http import TOKEN_ENV, transport_security
 
 TOKEN = "s3cret-token-for-tests"
 MOCK = FIXTURES / "nsysai_mock.sqlite"
@@ -40,12 +40,12 @@ def _with_token(url: str, token: str, mode: str = "legacy") -> Client:
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::"])
 def test_http_security_refuses_a_non_loopback_bind_without_a_token(host, cache_root):
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-    done = subprocess.run([sys.executable, "-m", "nsightful.server.cli", "serve", "--transport", "http", "--host",
+    done = subprocess.run([sys.executable, "-m", "stallhound", "serve", "--transport", "http", "--host",
                            host, "--root", str(FIXTURES), "--cache-dir", str(cache_root)],
                           capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
-    assert f"binding {host} exposes the server" in done.stderr and "--token or $NSIGHTFUL_TOKEN" in done.stderr
+    assert f"binding {host} exposes the server" in done.stderr and "--token or $STALLHOUND_TOKEN" in done.stderr
 
 
 @pytest.mark.anyio

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nsightful.tools import idle_causes
-from nsightful.tools.attribution import CauseTime, DeviceIdle
-from nsightful.tools.program import FIX_CHAINS, Program
+from stallhound.analysis import idle_causes
+from stallhound.analysis.attribution import CauseTime, DeviceIdle
+from stallhound.analysis.program import FIX_CHAINS, Program
 
 MS = 1_000_000
 WINDOW = 100 * MS

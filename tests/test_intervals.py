@@ -1,4 +1,4 @@
-"""The bucketed overlap join (tools/intervals.py overlaps, covered) against a brute-force sweep over random probes
+"""The bucketed overlap join (analysis/intervals.py overlaps, covered) against a brute-force sweep over random probes
 and events, short and long against the bucket, on two keys."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import duckdb
 import pytest
 
-from nsightful.tools.intervals import covered, overlaps
+from stallhound.analysis.intervals import covered, overlaps
 
 BUCKET_NS = 100
 

@@ -12,10 +12,10 @@ import pytest
 from conftest import FIXTURES, dump, planted
 from modeldb import make_model, union_ns
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import iterations as it
-from nsightful.tools import step_boundaries as sb
-from nsightful.tools.contracts import run_skill
+from stallhound.analysis import step_boundaries as sb
+from stallhound.analysis.contracts import run_skill
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import iterations as it
 
 
 def rng_(text: str, s: int, e: int, depth: int | None = 0, tid: int = 1, kind: str = "push_pop") -> dict:

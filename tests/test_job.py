@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 from modeldb import make_model
 
-from nsightful.profiles import job_build, synth
-from nsightful.profiles.errors import LoadCancelled
-from nsightful.profiles.job import STALE_WRITE_S, load_job
-from nsightful.profiles.job_dask import DaskUnavailable, connect
-from nsightful.profiles.job_files import rank_in_name
-from nsightful.profiles.job_ranks import RanksInvalid, assign, probe
-from nsightful.profiles.model import TABLE_NAMES
+from stallhound import synth
+from stallhound.jobs import build as job_build
+from stallhound.jobs.dask import DaskUnavailable, connect
+from stallhound.jobs.files import rank_in_name
+from stallhound.jobs.job import STALE_WRITE_S, load_job
+from stallhound.jobs.ranks import RanksInvalid, assign, probe
+from stallhound.model.errors import LoadCancelled
+from stallhound.model.schema import TABLE_NAMES
 
 KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "kineto"
 KINETO_RANKS = [KINETO / "hta_sampled_rank0.json.gz", KINETO / "hta_sampled_rank1.json.gz"]
@@ -190,7 +191,7 @@ def test_load_job_dask_local_cluster_matches_serial(tmp_path):
 
 def test_load_job_dask_missing_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)
-    with pytest.raises(DaskUnavailable, match=r"pip install 'nsightful\[distributed\]'"):
+    with pytest.raises(DaskUnavailable, match=r"pip install 'stallhound\[distributed\]'"):
         connect("tcp://127.0.0.1:8786", None)
 
 

@@ -1,4 +1,4 @@
-"""Jobs over MCP (in-memory client, stdio subprocess) and the `nsightful build` command."""
+"""Jobs over MCP (in-memory client, stdio subprocess) and the `stallhound build` command."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from test_job import KINETO, KINETO_RANKS, trace_kernels, write_ranks
 
-from nsightful import tools
-from nsightful.profiles.job import load_job
-from nsightful.profiles.synth_ranks import write_rank_set
-from nsightful.server import cli
-from nsightful.server.app import build_server
-from nsightful.server.jobs import JobStore
-from nsightful.server.sessions import Session
-from nsightful.server.store import ProfileStore
-from nsightful.tools import rank_imbalance
-from nsightful.tools.contracts import run_skill
+from stallhound import tools
+from stallhound.analysis.contracts import run_skill
+from stallhound.cli import main as cli
+from stallhound.jobs.job import load_job
+from stallhound.server.app import build_server
+from stallhound.server.jobs import JobStore
+from stallhound.server.sessions import Session
+from stallhound.server.store import ProfileStore
+from stallhound.synth.ranks import write_rank_set
+from stallhound.tools import rank_imbalance
 
 GLOB = str(KINETO / "hta_sampled_rank*.json.gz")
 EXPECTED = {0: trace_kernels(KINETO_RANKS[0]), 1: trace_kernels(KINETO_RANKS[1])}
@@ -107,7 +107,7 @@ async def test_load_job_errors_are_one_sentence(server, tmp_path):
 
 @pytest.mark.anyio
 async def test_load_job_over_stdio_builds_in_a_process_pool(tmp_path):
-    params = StdioServerParameters(command=sys.executable, args=["-m", "nsightful.server.cli", "serve", "--root",
+    params = StdioServerParameters(command=sys.executable, args=["-m", "stallhound", "serve", "--root",
                                                                  str(KINETO), "--cache-dir", str(tmp_path)])
     async with Client(params) as client:
         loaded = await client.call_tool("load_job", {"paths": [str(KINETO)], "workers": 2})
@@ -129,7 +129,7 @@ def test_build_cli_dask_scheduler_without_dask_is_one_line(tmp_path, capsys, mon
     code = cli.main(["build", str(KINETO_RANKS[0]), "--dask-scheduler", "tcp://127.0.0.1:8786", "--cache-dir",
                      str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_USAGE and err.count("\n") == 1 and "pip install 'nsightful[distributed]'" in err
+    assert code == cli.EXIT_USAGE and err.count("\n") == 1 and "pip install 'stallhound[distributed]'" in err
 
 
 def test_build_cli_honours_dask_scheduler_address(tmp_path, capsys, monkeypatch):

@@ -8,7 +8,7 @@ from collections import defaultdict
 import pytest
 from conftest import FIXTURE_IDS, FIXTURES
 
-from nsightful.tools import kernel_kinds as kk
+from stallhound.analysis import kernel_kinds as kk
 
 VEC = "void at::native::vectorized_elementwise_kernel"
 FFMA = ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x256x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute"

@@ -8,8 +8,8 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, planted
 from modeldb import make_model
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import kernel_launch_overhead as klo
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import kernel_launch_overhead as klo
 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 

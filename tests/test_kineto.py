@@ -21,12 +21,13 @@ import jsonschema
 import pytest
 from mcp.client import Client
 
-from nsightful.profiles import open_profile
-from nsightful.profiles.errors import LoadCancelled, NotAProfile
-from nsightful.server.app import build_server
-from nsightful.tools import TOOL_NAMES, step_boundaries
-from nsightful.tools import iterations as it
-from nsightful.tools import nccl_breakdown as nb
+from stallhound.analysis import step_boundaries
+from stallhound.formats import open_profile
+from stallhound.model.errors import LoadCancelled, NotAProfile
+from stallhound.server.app import build_server
+from stallhound.tools import TOOL_NAMES
+from stallhound.tools import iterations as it
+from stallhound.tools import nccl_breakdown as nb
 
 KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "kineto"
 REALPROF = Path(__file__).resolve().parents[1].parent / "realprof"
@@ -258,7 +259,7 @@ def test_kineto_trace_is_known_by_content_not_name(tmp_path, loaded, cache_root)
 def test_kineto_cli_runs_a_tool_on_a_trace(tmp_path):
     path = SHARED[0]
     events = xs(read_json(path), "kernel")
-    done = subprocess.run([sys.executable, "-m", "nsightful.server.cli", "tool", "top_kernels", str(path), "--json",
+    done = subprocess.run([sys.executable, "-m", "stallhound", "tool", "top_kernels", str(path), "--json",
                            "--cache-dir", str(tmp_path)], capture_output=True, text=True, check=True, timeout=300)
     result = json.loads(done.stdout)
     assert (result["kernel_count"], result["kernel_time_ns"]) == (len(events), sum(span(e)[1] - span(e)[0]

@@ -16,13 +16,14 @@ from mcp.client import Client
 from test_kineto import KINETO, SHARED, ns, read_json, xs
 from test_kineto_nccl import write_json
 
-from nsightful.profiles import kineto_read, open_profile
-from nsightful.profiles.errors import LoadCancelled
-from nsightful.profiles.kineto import KinetoBuilder
-from nsightful.profiles.kineto_stage import BATCH_ROWS, Stage, Writer
-from nsightful.server.app import build_server
-from nsightful.server.sessions import Session
-from nsightful.tools import profile_summary as ps
+from stallhound.formats import open_profile
+from stallhound.formats.kineto import read as kineto_read
+from stallhound.formats.kineto.build import KinetoBuilder
+from stallhound.formats.kineto.stage import BATCH_ROWS, Stage, Writer
+from stallhound.model.errors import LoadCancelled
+from stallhound.server.app import build_server
+from stallhound.server.sessions import Session
+from stallhound.tools import profile_summary as ps
 
 NCCL = KINETO / "hta_a100_nccl_rank0.json.gz"
 HEAD_KEYS = ("deviceProperties", "distributedInfo")

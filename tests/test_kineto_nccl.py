@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from test_kineto import KINETO, SHARED, read_json, span, xs
 
-from nsightful.profiles import open_profile
-from nsightful.tools import nccl_breakdown as nb
-from nsightful.tools import nccl_sizes
+from stallhound.analysis import nccl_sizes
+from stallhound.formats import open_profile
+from stallhound.tools import nccl_breakdown as nb
 
 NCCL = KINETO / "hta_a100_nccl_rank0.json.gz"
 ELEMENT_BYTES = {"Float": 4, "Long": 8}  # the dtypes of the fixture's collectives (torch.float32, torch.int64)

@@ -1,4 +1,4 @@
-"""Open models stay within NSIGHTFUL_MODEL_MEMORY_MB: DuckDB spills past it into a folder beside the model (in the
+"""Open models stay within STALLHOUND_MODEL_MEMORY_MB: DuckDB spills past it into a folder beside the model (in the
 cache folder, never the profile's), removed when the model closes; a call that cannot fit is one sentence."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 from conftest import FIXTURES, one_sentence, text_of
 from mcp.client import Client
 
-from nsightful.profiles import open_profile
-from nsightful.profiles.duck import remove_dead_spills, spill_folder
-from nsightful.profiles.limits import MODEL_MEMORY_ENV, MemorySettingInvalid
-from nsightful.server.app import build_server
+from stallhound.formats import open_profile
+from stallhound.model.duck import remove_dead_spills, spill_folder
+from stallhound.model.limits import MODEL_MEMORY_ENV, MemorySettingInvalid
+from stallhound.server.app import build_server
 
 EXPORT = FIXTURES / "nsysai_h100_2gpu_1s.sqlite"
 SPILLING_MB = "20"  # the sort below holds about 100 MB of rows: at 20 MB DuckDB must spill

@@ -11,10 +11,10 @@ import pytest
 from conftest import FIXTURES, dump, planted
 from modeldb import make_model, union_ns
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import nccl_arrival as na
-from nsightful.tools import nccl_breakdown as nb
-from nsightful.tools.contracts import run_skill
+from stallhound.analysis import nccl_arrival as na
+from stallhound.analysis.contracts import run_skill
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import nccl_breakdown as nb
 
 US = 1_000
 MS = 1_000_000

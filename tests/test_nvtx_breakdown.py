@@ -11,8 +11,8 @@ import pytest
 from conftest import FIXTURES, dump
 from modeldb import make_model
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import nvtx_breakdown as nv
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import nvtx_breakdown as nv
 
 
 def rng_(text: str | None, s: int, e: int, depth: int | None = 0, tid: int = 1, kind: str = "push_pop",

@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 from conftest import FIXTURE_FILES, FIXTURES
 
-from nsightful.profiles import open_profile
-from nsightful.profiles.nvtx_build import NVTX_KINDS
-from nsightful.profiles.raw import RawExport
+from stallhound.formats import open_profile
+from stallhound.formats.nsys.nvtx import NVTX_KINDS
+from stallhound.formats.nsys.raw import RawExport
 
 TID = 1 << 24  # the planted events' thread
 MODEL_SQL = "SELECT pid, tid, domain, text, start_ns, end_ns, duration_ns, kind FROM nvtx"

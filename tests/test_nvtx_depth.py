@@ -12,9 +12,10 @@ import duckdb
 import pytest
 from conftest import FIXTURE_FILES, FIXTURES
 
-from nsightful.profiles import nvtx_build, open_profile
-from nsightful.profiles.model import ddl
-from nsightful.profiles.raw import RawExport
+from stallhound.formats import open_profile
+from stallhound.formats.nsys import nvtx as nvtx_build
+from stallhound.formats.nsys.raw import RawExport
+from stallhound.model.schema import ddl
 
 EXPORT = FIXTURES / "nsysai_h100_2gpu_1s.sqlite"
 PID, TID, OTHER_TID = 4242, 7, 8

@@ -10,13 +10,13 @@ import pytest
 from conftest import FIXTURES, text_of
 from mcp.client import Client
 
-from nsightful.server import budget
-from nsightful.server.app import build_server
-from nsightful.tools import find_kernels as fk
-from nsightful.tools import gpu_idle_gaps as gg
-from nsightful.tools import iterations as it
-from nsightful.tools import query_sql as qs
-from nsightful.tools import top_kernels as tk
+from stallhound.server import budget
+from stallhound.server.app import build_server
+from stallhound.tools import find_kernels as fk
+from stallhound.tools import gpu_idle_gaps as gg
+from stallhound.tools import iterations as it
+from stallhound.tools import query_sql as qs
+from stallhound.tools import top_kernels as tk
 
 CLUE = FIXTURES / "clue_t4_report4.sqlite"  # 100 kernels under 7 demangled names, all with 'kernel' in the name
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, dump
 from modeldb import make_model
 
-from nsightful.tools import profile_summary as ps
+from stallhound.tools import profile_summary as ps
 
 FA3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwd"
        "Sm90<(int)2, cute::tuple<cute::C<(int)1>>, cutlass::bfloat16_t>>>>(T1::Params)")

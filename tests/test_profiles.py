@@ -16,12 +16,12 @@ import pytest
 from conftest import FIXTURE_FILES, FIXTURE_IDS, FIXTURES
 from modeldb import make_model
 
-from nsightful.profiles import open_profile
-from nsightful.profiles.errors import ConversionNeeded, NotAProfile, ProfileNotFound
-from nsightful.profiles.hardware import gpu_info_flag
-from nsightful.profiles.model import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
-from nsightful.tools.common import records
-from nsightful.tools.intervals import BUSY, GPU_WORK
+from stallhound.analysis.common import records
+from stallhound.analysis.intervals import BUSY, GPU_WORK
+from stallhound.formats import open_profile
+from stallhound.formats.nsys.hardware import gpu_info_flag
+from stallhound.model.errors import ConversionNeeded, NotAProfile, ProfileNotFound
+from stallhound.model.schema import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -382,26 +382,26 @@ def test_profiles_two_processes_open_one_profile_at_once(tmp_path):
 def test_profiles_wheel_installs_under_one_namespace_and_runs(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "--wheel-dir", str(tmp_path / "dist"), str(ROOT)], check=True, cwd=tmp_path)
-    wheel = next((tmp_path / "dist").glob("nsightful-*.whl"))
+    wheel = next((tmp_path / "dist").glob("stallhound-*.whl"))
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert tops == {"nsightful", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
+    assert tops == {"stallhound", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
                     str(wheel)], check=True)
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, str(target / "bin" / "nsightful"), "tool", "top_kernels",
+    done = subprocess.run([sys.executable, str(target / "bin" / "stallhound"), "tool", "top_kernels",
                            str(FIXTURES / "nsysai_mock.sqlite"), "--json", "-p", "limit=1"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, check=False)
     assert done.returncode == 0, done.stderr
     assert '"kernel_count": 2' in done.stdout
-    book = subprocess.run([sys.executable, "-c", "import nsightful.resources.book as b; print(len(b.load_book()))"],
+    book = subprocess.run([sys.executable, "-c", "import stallhound.book as b; print(len(b.load_book()))"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, check=True)
     assert int(book.stdout) >= 21
 
 
 def test_profiles_cli_output_cut_short_by_the_reader_ends_quietly():
-    """`nsightful tools | head -1`: the reader leaves early; the CLI exits without a traceback."""
-    cli = Path(sys.executable).parent / "nsightful"
+    """`stallhound tools | head -1`: the reader leaves early; the CLI exits without a traceback."""
+    cli = Path(sys.executable).parent / "stallhound"
     proc = subprocess.Popen([str(cli), "tools"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # before the CLI has started to write
     stderr = proc.stderr.read().decode()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from modeldb import make_model
 
-from nsightful.tools import program
+from stallhound.analysis import program
 
 
 def model(process: str | None = "app", kernels: tuple[str, ...] = ("my_kernel",), nvtx: tuple[str, ...] = (),

@@ -1,4 +1,4 @@
-"""tools/quantiles.py against DuckDB's own median aggregate, on random groups (NULL keys and values, ties, a single
+"""analysis/quantiles.py against DuckDB's own median aggregate, on random groups (NULL keys and values, ties, a single
 value, values below 1 and from 2**40 up, buckets shared by many rows) and against a whole-number check by hand."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from nsightful.tools import quantiles
+from stallhound.analysis import quantiles
 
 DISTRIBUTIONS = {
     "small_ties": lambda rng, n: rng.integers(-5, 5, n),

@@ -14,13 +14,14 @@ import jsonschema
 import pytest
 from modeldb import make_model, union_ns
 
-from nsightful.profiles import job_parquet, open_profile
-from nsightful.profiles.job import load_job
-from nsightful.profiles.job_ranks import RankSpec, Unit
-from nsightful.profiles.synth_ranks import TRUTH_NAME, write_rank_set
-from nsightful.tools import iterations
-from nsightful.tools import rank_imbalance as ri
-from nsightful.tools.contracts import run_skill
+from stallhound.analysis.contracts import run_skill
+from stallhound.formats import open_profile
+from stallhound.jobs import parquet as job_parquet
+from stallhound.jobs.job import load_job
+from stallhound.jobs.ranks import RankSpec, Unit
+from stallhound.synth.ranks import TRUTH_NAME, write_rank_set
+from stallhound.tools import iterations
+from stallhound.tools import rank_imbalance as ri
 
 KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "kineto"
 DELAY_NS = 3_000_000
@@ -324,7 +325,7 @@ def test_rank_imbalance_ranks_without_nccl_or_events_compare_nothing(tmp_path):
 
 
 def test_rank_imbalance_fits_the_result_budget(rank_set):
-    from nsightful.server import budget
+    from stallhound.server import budget
     con, _, _ = rank_set("compute")
     params = ri.Params(job="j", limit=3)
     text, result = budget.fit(run_skill(con, ri, params), ri, params, budget.MIN_RESULT_CHARS)
@@ -361,7 +362,7 @@ def test_synth_ranks_write_one_rank_per_file_and_the_truth(tmp_path):
 
 
 def test_synth_ranks_cli_writes_a_rank_set_and_refuses_a_bad_rank(tmp_path, capsys):
-    from nsightful.server import cli
+    from stallhound.cli import main as cli
     assert cli.main(["synth", str(tmp_path), "--ranks", "2", "--iterations", "3", "--straggler-rank", "1"]) == 0
     truth = json.loads((tmp_path / TRUTH_NAME).read_text())
     assert (truth["straggler"]["rank"], truth["straggler"]["kind"], len(truth["ranks"])) == (1, "compute", 2)

@@ -1,4 +1,4 @@
-"""nsightful report: one self-contained HTML file per profile (or before/after pair), opened in headless Chromium;
+"""stallhound report: one self-contained HTML file per profile (or before/after pair), opened in headless Chromium;
 and the MCP App view drawing a real show_timeline result inside a minimal host page."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from conftest import FIXTURES, SYNTH_PAIRS, text_of
 from mcp.client import Client
 from timeline_ref import raw_lanes
 
-from nsightful.server.app import build_server
-from nsightful.server.cli import main
-from nsightful.server.report import page
-from nsightful.server.report.gather import REPORT_SPANS
+from stallhound.cli.main import main
+from stallhound.report import page
+from stallhound.report.gather import REPORT_SPANS
+from stallhound.server.app import build_server
 
 REAL = "nsysai_h100_2gpu_1s"  # two devices, busy: no gap of 1 ms
 IDLE = "clue_t4_report4"  # one device, idle 81% of the window in long gaps
@@ -64,7 +64,7 @@ def test_report_demo_draws_every_lane_gap_and_step(demo_report):
 
 
 def test_report_demo_lists_triage_findings_with_fix_and_book_id(demo_report):
-    from nsightful.tools import triage
+    from stallhound.tools import triage
     out, html, profile, _ = demo_report
     found = triage.run(profile.con, triage.Params(profile="demo.sqlite"))
     assert html.count('class="finding ') == len(found.findings) == 10
@@ -114,7 +114,7 @@ def test_report_diff_of_a_synth_pair_shows_both_sides_and_the_verdict(synth_pair
 def test_report_needs_one_profile_or_one_pair(tmp_path, capsys):
     assert main(["report", "-o", str(tmp_path / "x.html")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "nsightful: error: give one profile, or --diff BEFORE AFTER, not both; e.g. nsightful report run.sqlite "
+        "stallhound: error: give one profile, or --diff BEFORE AFTER, not both; e.g. stallhound report run.sqlite "
         "-o report.html")
     assert main(["report", str(FIXTURES / f"{REAL}.sqlite"), "-o", str(tmp_path)]) == 2
     assert "is a folder; name the HTML file to write" in capsys.readouterr().err
@@ -146,7 +146,7 @@ frame.srcdoc = %s;
 @pytest.mark.anyio
 async def test_report_view_draws_a_show_timeline_result_in_an_mcp_host(tmp_path, cache_root):
     async with Client(build_server([FIXTURES], cache_dir=cache_root)) as client:
-        view = (await client.read_resource("ui://nsightful/timeline.html")).contents[0].text
+        view = (await client.read_resource("ui://stallhound/timeline.html")).contents[0].text
         result = await client.call_tool("show_timeline", {"profile": str(FIXTURES / f"{IDLE}.sqlite"), "limit": 7})
     assert view == page.timeline_view()
     sent = {"content": [{"type": "text", "text": text_of(result)}], "structuredContent": result.structured_content}
@@ -181,6 +181,6 @@ def test_report_of_an_export_without_events_is_one_sentence_and_writes_nothing(t
     out = tmp_path / "empty.html"
     argv = ["report", str(FIXTURES / "dynamicvit_empty_export.sqlite"), "-o", str(out), "--cache-dir", str(cache_root)]
     assert main(argv) == 2
-    assert capsys.readouterr().err == ("nsightful: error: this profile has no timed events at all, so there is no "
+    assert capsys.readouterr().err == ("stallhound: error: this profile has no timed events at all, so there is no "
                                        "window to analyse; re-capture with `nsys profile --trace=cuda,nvtx`\n")
     assert not out.exists()

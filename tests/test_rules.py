@@ -1,4 +1,4 @@
-"""tools/rules.py: each cross-tool rule on its own, and the tools that apply it agreeing at its edges."""
+"""analysis/rules.py: each cross-tool rule on its own, and the tools that apply it agreeing at its edges."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import duckdb
 import pytest
 from modeldb import make_model
 
-from nsightful.tools import answerers, kernel_launch_overhead, memory_transfers, rules, sync_analysis, top_kernels
-from nsightful.tools.common import Scope
+from stallhound.analysis import answerers, rules
+from stallhound.analysis.common import Scope
+from stallhound.tools import kernel_launch_overhead, memory_transfers, sync_analysis, top_kernels
 
 SYNC_NAMES = {  # API name -> what it waits for
     "cudaDeviceSynchronize": "device", "cuCtxSynchronize": "device", "cudaThreadSynchronize": "device",

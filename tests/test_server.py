@@ -16,10 +16,10 @@ from httpserver import serving
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from nsightful.server import budget
-from nsightful.server.app import build_server
-from nsightful.tools import JOB_TOOL_NAMES, PAIR_TOOL_NAMES, TOOL_NAMES
-from nsightful.tools.contracts import run_skill
+from stallhound.analysis.contracts import run_skill
+from stallhound.server import budget
+from stallhound.server.app import build_server
+from stallhound.tools import JOB_TOOL_NAMES, PAIR_TOOL_NAMES, TOOL_NAMES
 
 LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile", "load_job", "list_jobs", "close_job"}
 ALL_TOOLS = set(TOOL_NAMES) | set(PAIR_TOOL_NAMES) | set(JOB_TOOL_NAMES) | LIFECYCLE_TOOLS
@@ -48,7 +48,7 @@ async def test_server_lists_every_tool_with_schemas(server, mode):
 
 
 def test_server_every_tool_is_in_the_readme_and_every_analysis_is_cited_by_the_book():
-    from nsightful.resources import book
+    from stallhound import book
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in sorted(ALL_TOOLS) if f"`{t}`" not in readme] == []
     cited = {s.tool for entry in book.load_book().values() for s in entry.signals}
@@ -145,20 +145,20 @@ async def test_server_resources_and_prompts(server):
     async with Client(server) as client:
         uris = {str(r.uri) for r in (await client.list_resources()).resources}
         templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
-        assert {"nsightful://book", "nsightful://questions", "nsightful://schema"} <= uris
-        assert {"nsightful://book/{id}", "nsightful://questions/{phase}", "nsightful://profiles/{id}"} <= templates
-        entry = await client.read_resource("nsightful://book/gpu-bubbles")
+        assert {"stallhound://book", "stallhound://questions", "stallhound://schema"} <= uris
+        assert {"stallhound://book/{id}", "stallhound://questions/{phase}", "stallhound://profiles/{id}"} <= templates
+        entry = await client.read_resource("stallhound://book/gpu-bubbles")
         assert "GPU bubbles" in entry.contents[0].text
-        phase = await client.read_resource("nsightful://questions/communication")
+        phase = await client.read_resource("stallhound://questions/communication")
         assert "q22" in phase.contents[0].text
-        schema = await client.read_resource("nsightful://schema")
+        schema = await client.read_resource("stallhound://schema")
         assert "kernels:" in schema.contents[0].text
         prompts = {p.name for p in (await client.list_prompts()).prompts}
         assert prompts == {"triage_profile", "explain_finding", "verify_fix"}
         prompt = await client.get_prompt("triage_profile", {"path": "/profiles/run.sqlite"})
         assert "/profiles/run.sqlite" in prompt.messages[0].content.text
         from mcp_types import ResourceTemplateReference
-        done = await client.complete(ResourceTemplateReference(uri="nsightful://book/{id}"),
+        done = await client.complete(ResourceTemplateReference(uri="stallhound://book/{id}"),
                                      {"name": "id", "value": "nccl-"})
         assert done.completion.values == ["nccl-on-compute-stream", "nccl-serialization", "nccl-straggler"]
 
@@ -166,7 +166,7 @@ async def test_server_resources_and_prompts(server):
 @pytest.mark.anyio
 async def test_server_stdio_round_trip(cache_root):
     params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "nsightful.server.cli", "serve", "--root", str(FIXTURES),
+                                   args=["-m", "stallhound", "serve", "--root", str(FIXTURES),
                                          "--cache-dir", str(cache_root)])
     async with Client(params) as client:
         result = await client.call_tool("top_kernels", {"profile": str(FIXTURES / "nsysai_mock.sqlite"), "limit": 1})
@@ -188,7 +188,7 @@ INSPECTOR = Path(__file__).resolve().parents[1] / ".tools/inspector/node_modules
 def _inspector(cache_root, *args: str) -> dict:
     if not INSPECTOR.exists():
         pytest.fail("the MCP Inspector is not installed: run `make test` (it installs it with npm)")
-    cmd = [str(INSPECTOR), "--cli", sys.executable, "-m", "nsightful.server.cli", "serve", "--root", str(FIXTURES),
+    cmd = [str(INSPECTOR), "--cli", sys.executable, "-m", "stallhound", "serve", "--root", str(FIXTURES),
            "--cache-dir", str(cache_root), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "CI": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -207,8 +207,8 @@ def test_server_inspector_lists_tools_and_calls(cache_root):
 
 def test_server_inspector_reads_resources_and_prompts(cache_root):
     resources = _inspector(cache_root, "--method", "resources/list")
-    assert "nsightful://book" in {r["uri"] for r in resources["resources"]}
-    entry = _inspector(cache_root, "--method", "resources/read", "--uri", "nsightful://book/nccl-straggler")
+    assert "stallhound://book" in {r["uri"] for r in resources["resources"]}
+    entry = _inspector(cache_root, "--method", "resources/read", "--uri", "stallhound://book/nccl-straggler")
     assert "straggler" in entry["contents"][0]["text"].lower()
     prompts = _inspector(cache_root, "--method", "prompts/list")
     assert {p["name"] for p in prompts["prompts"]} == {"triage_profile", "explain_finding", "verify_fix"}
@@ -216,7 +216,8 @@ def test_server_inspector_reads_resources_and_prompts(cache_root):
 
 @pytest.fixture(scope="module")
 def eight_gpus(tmp_path_factory, cache_root):
-    from nsightful.profiles import open_profile, synth
+    from stallhound import synth
+    from stallhound.formats import open_profile
     path = tmp_path_factory.mktemp("eight") / "demo8.sqlite"
     synth.write_sample(path, synth.demo(devices=8))
     profile = open_profile(path, cache_dir=cache_root)
@@ -227,7 +228,7 @@ def eight_gpus(tmp_path_factory, cache_root):
 @pytest.mark.parametrize("name", TOOL_NAMES)
 def test_server_default_results_fit_the_budget_on_eight_gpus(eight_gpus, name):
     """Per-device rows and findings grow with the node: a full 8-GPU node must still fit a model's context."""
-    from nsightful.tools import skills
+    from stallhound.tools import skills
     module = skills()[name]
     result = run_skill(eight_gpus.con, module, module.Params(profile="p", **REQUIRED_ARGS.get(name, {})))
     assert len(result.model_dump_json()) + len(module.render(result)) < budget.MAX_RESULT_CHARS

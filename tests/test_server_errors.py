@@ -19,11 +19,12 @@ from mcp.client import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, PromptReference
 
-from nsightful.profiles.errors import NsightfulError
-from nsightful.server import cli
-from nsightful.server.app import build_server
-from nsightful.server.validation import shown
-from nsightful.tools import common, query_sql, top_kernels
+from stallhound.analysis import common
+from stallhound.cli import main as cli
+from stallhound.model.errors import StallhoundError
+from stallhound.server.app import build_server
+from stallhound.server.validation import shown
+from stallhound.tools import query_sql, top_kernels
 
 MOCK = str(FIXTURES / "nsysai_mock.sqlite")
 BIG = str(FIXTURES / "nsysai_h100_2gpu_1s.sqlite")  # 3,442 kernels: a triple self-join runs for minutes
@@ -136,19 +137,19 @@ def test_server_errors_cli_reads_shell_strings_and_words_errors_as_the_server(ca
                           ("device=true", "device must be an integer of at least 0, or null (got 'true')"),
                           ("device=1.5", "device must be an integer of at least 0, or null (got '1.5')"),
                           ("group_by=size", "group_by must be one of 'name', 'short_name' (got 'size')")]:
-        with pytest.raises(NsightfulError) as err:
+        with pytest.raises(StallhoundError) as err:
             cli._parse_params(top_kernels, MOCK, [pair])
         assert str(err.value) == message
     code = cli.main(["tool", "query_sql", MOCK, "-p", "sql=SELECT 1", "-p", "rows=3"])
     assert code == cli.EXIT_USAGE
-    assert capsys.readouterr().err == ("nsightful: error: 'rows' is not a parameter of this tool "
+    assert capsys.readouterr().err == ("stallhound: error: 'rows' is not a parameter of this tool "
                                        "(parameters: sql, limit, offset, timeout_s)\n")
 
 
 def test_server_errors_formatter_words_lists_per_item():
     from pydantic import BaseModel, Field, ValidationError
 
-    from nsightful.server.validation import explain
+    from stallhound.server.validation import explain
 
     class Params(BaseModel):
         devices: list[int] = Field(default_factory=list)
@@ -171,7 +172,7 @@ async def test_server_errors_explain_finding_checks_and_completes_its_finding(se
         assert err.value.message.startswith("no root-cause entry 'gpu'; valid ids: alloc-in-loop, ")
         assert "gpu-bubbles" in err.value.message
         good = await client.get_prompt("explain_finding", {"profile": MOCK, "finding": "gpu-bubbles"})
-        assert "nsightful://book/gpu-bubbles" in good.messages[0].content.text
+        assert "stallhound://book/gpu-bubbles" in good.messages[0].content.text
         done = await client.complete(PromptReference(name="explain_finding"), {"name": "finding", "value": "gpu"})
         assert done.completion.values == ["gpu-bubbles"]
         done = await client.complete(PromptReference(name="explain_finding"), {"name": "finding", "value": "nccl-"})

@@ -10,8 +10,8 @@ from conftest import FIXTURES, kernels_in_export
 from httpserver import serving
 from mcp.client import Client
 
-from nsightful.server.app import build_server
-from nsightful.server.store import ProfileStore, UnknownProfile
+from stallhound.server.app import build_server
+from stallhound.server.store import ProfileStore, UnknownProfile
 
 MOCK = FIXTURES / "nsysai_mock.sqlite"
 CLUE = FIXTURES / "clue_t4_report4.sqlite"
@@ -86,7 +86,7 @@ async def test_sessions_ending_a_session_closes_the_models_only_it_used(cache_ro
             await leaver.call_tool("load_profile", {"path": str(CLUE)})
             assert set(store.models) == {MOCK.resolve(), CLUE.resolve()}
         assert set(store.models) == {MOCK.resolve()}
-        summary = json.loads((await keeper.read_resource("nsightful://profiles/nsysai_mock")).contents[0].text)
+        summary = json.loads((await keeper.read_resource("stallhound://profiles/nsysai_mock")).contents[0].text)
         assert summary["table_rows"]["kernels"] == kernels_in_export(MOCK)
     assert store.models == {}
 
@@ -145,7 +145,7 @@ def test_sessions_lru_never_closes_a_model_a_call_is_using(cache_root):
 
 
 def test_sessions_memory_budget_must_be_positive(capsys):
-    from nsightful.server.cli import main
+    from stallhound.cli.main import main
     assert main(["serve", "--root", str(FIXTURES), "--memory-budget-mb", "0"]) == 2
     assert capsys.readouterr().err.strip() == \
-        "nsightful: error: --memory-budget-mb 0 is not positive; pass a size in MB"
+        "stallhound: error: --memory-budget-mb 0 is not positive; pass a size in MB"

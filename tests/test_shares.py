@@ -6,7 +6,7 @@ import pytest
 from conftest import FIXTURE_IDS
 from modeldb import make_model, union_ns
 
-from nsightful.tools import common, shares
+from stallhound.analysis import common, shares
 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 

@@ -12,11 +12,12 @@ from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID
 from modeldb import make_model, union_ns
 from timeline_ref import levels, raw_lanes
 
-from nsightful.server.app import build_server
-from nsightful.server.ui import TIMELINE_URI
-from nsightful.tools import attribution, gpu_idle_gaps, iterations
-from nsightful.tools import show_timeline as st
-from nsightful.tools.intervals import islands
+from stallhound.analysis import attribution
+from stallhound.analysis.intervals import islands
+from stallhound.server.app import build_server
+from stallhound.server.ui import TIMELINE_URI
+from stallhound.tools import gpu_idle_gaps, iterations
+from stallhound.tools import show_timeline as st
 
 REAL = "nsysai_h100_2gpu_1s"
 

@@ -8,8 +8,8 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, planted
 from modeldb import make_model
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import sync_analysis as sa
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import sync_analysis as sa
 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 

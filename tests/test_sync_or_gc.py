@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 from conftest import blocked_share, planted
 
-from nsightful.profiles import open_profile, synth
-from nsightful.tools import gpu_idle_gaps, idle_causes, triage
-from nsightful.tools.attribution import CauseTime, DeviceIdle
-from nsightful.tools.program import FIX_CHAINS, Program
+from stallhound import synth
+from stallhound.analysis import idle_causes
+from stallhound.analysis.attribution import CauseTime, DeviceIdle
+from stallhound.analysis.program import FIX_CHAINS, Program
+from stallhound.formats import open_profile
+from stallhound.tools import gpu_idle_gaps, triage
 
 MS = 1_000_000
 SAMPLES = {"syncs": {"device_syncs_per_iteration": 2}, "gc": {"gc_pause_period": 3}}

@@ -1,6 +1,6 @@
 """The synthetic export generator: every planted problem is in the file exactly as the truth says.
 
-Checks run raw SQL through the stdlib sqlite3 on the written file, never through nsightful's own
+Checks run raw SQL through the stdlib sqlite3 on the written file, never through stallhound's own
 reader, so that a bug in the generator cannot hide behind the same bug in the ingest.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nsightful.profiles import synth
+from stallhound import synth
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "nsys"
 REAL_2025 = FIXTURES / "fuser_h200_crossentropy.sqlite"  # nsys 2025.1.1, the version the generator mimics
@@ -100,7 +100,7 @@ def test_synth_writes_truth_beside_the_export(demo_sample):
     path, truth, seconds = demo_sample
     on_disk = json.loads(Path(f"{path}.truth.json").read_text())
     assert on_disk == json.loads(json.dumps(truth))
-    assert on_disk["generator"] == "nsightful.profiles.synth"
+    assert on_disk["generator"] == "stallhound.synth"
     assert on_disk["devices"] == [0, 1, 2, 3] and len(set(on_disk["pids"])) == 4
     assert len(on_disk["iterations"]) == 12
     assert {p["kind"] for p in on_disk["planted"]} == PLANTED_KINDS
@@ -435,7 +435,7 @@ def _content_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-# (config, content digest, truth JSON digest) as written by profiles/synth.py before it became a package:
+# (config, content digest, truth JSON digest) as written by synth.py before it became a package:
 # a refactoring of the generator must not change one row or one truth value.
 WRITTEN_BEFORE_THE_SPLIT = [
     (lambda: synth.demo(devices=2, iterations=4),

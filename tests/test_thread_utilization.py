@@ -10,8 +10,8 @@ import pytest
 from conftest import FIXTURES, dump
 from modeldb import make_model
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import thread_utilization as tu
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import thread_utilization as tu
 
 
 def sched(tid: int, *switches: tuple[int, int], pid: int = 1) -> list[dict]:

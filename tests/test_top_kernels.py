@@ -9,9 +9,9 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES
 from modeldb import make_model
 
-from nsightful.profiles.errors import InvalidRequest
-from nsightful.tools import top_kernels as tk
-from nsightful.tools.contracts import run_skill
+from stallhound.analysis.contracts import run_skill
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import top_kernels as tk
 
 ACTIVE_FIXTURES = [f for f in FIXTURE_IDS if f != "dynamicvit_empty_export"]
 VEC = "void at::native::vectorized_elementwise_kernel"

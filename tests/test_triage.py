@@ -9,8 +9,8 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, planted
 from modeldb import make_model
 
-from nsightful.resources import book
-from nsightful.tools import answer_questions, triage
+from stallhound import book
+from stallhound.tools import answer_questions, triage
 
 # planted kind -> the root cause triage must name for it
 PLANTED_CAUSES = {
@@ -113,7 +113,7 @@ def test_triage_irregular_loop_is_the_window_only_after_a_longer_setup(setup_ms,
 def test_triage_compilation_before_the_loop_longer_than_the_window_is_warmup(compile_ms):
     """The window (steps 1-4, 10 ms) leaves out 100 ms of setup; idling on compilation for longer than the window
     there makes the capture mostly one-time warmup. A module load inside the setup's one gap makes it a jit gap
-    (tools/attribution.py), so all its 100.5 ms are at stake; without one, the gap is unexplained, not warmup."""
+    (analysis/attribution.py), so all its 100.5 ms are at stake; without one, the gap is unexplained, not warmup."""
     con, starts = irregular_loop(100, compile_ms=compile_ms)
     result = triage.run(con, triage.Params(profile="t"))
     assert result.window.duration_ns == starts[-1] - starts[1] == 10 * MS
@@ -128,7 +128,7 @@ def test_triage_ranks_by_time_at_stake_and_cites_the_book(demo_triage):
     assert [f.rank for f in result.findings] == list(range(1, len(result.findings) + 1))
     for f in result.findings:
         entry = book.get_entry(f.root_cause)
-        assert f.book_uri == f"nsightful://book/{entry.id}" and f.verify == entry.verify
+        assert f.book_uri == f"stallhound://book/{entry.id}" and f.verify == entry.verify
         fix = entry.fix_for(tuple(result.program.fix_chain), f.tags)
         assert (f.fix, f.fix_for) == (fix.text, fix.family)
 
@@ -154,7 +154,7 @@ def test_triage_every_fixture_resolves_its_book_ids(open_fixture, stem):
 def test_triage_markdown_has_a_row_per_finding(demo_triage):
     result, _ = demo_triage
     text = triage.render_markdown(result)
-    assert sum(line.startswith("| ") and "nsightful://book/" in line for line in text.splitlines()) == len(
+    assert sum(line.startswith("| ") and "stallhound://book/" in line for line in text.splitlines()) == len(
         result.findings)
 
 
@@ -233,7 +233,7 @@ FA2 = "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, fal
 def test_answer_questions_flash_version_agrees_with_profile_summary(name, version, hint):
     from modeldb import make_model
 
-    from nsightful.tools import profile_summary
+    from stallhound.tools import profile_summary
     con = make_model(kernels=[{"device_id": 0, "stream_id": 7, "pid": 1, "start_ns": 0, "end_ns": 50,
                                "short_name": name.split("(")[0][-40:], "name": name, "category": "compute"}])
     answers = {a.id: a for a in answer_questions.run(con, answer_questions.Params(profile="t")).answers}
@@ -269,7 +269,7 @@ def test_triage_limit_keeps_the_costliest_findings(demo):
 
 
 def test_answer_questions_peak_memory_only_where_the_capture_recorded_it(open_fixture):
-    from nsightful.tools import profile_summary
+    from stallhound.tools import profile_summary
     answer = _answers(open_fixture, "extrap_windows_con_kernel")["q19-peak-memory"]
     summary = profile_summary.run(open_fixture("extrap_windows_con_kernel").con, profile_summary.Params(profile="e"))
     assert answer.status == "answered"
@@ -283,8 +283,8 @@ def test_triage_shares_detector_results_once_per_model_each_caller_a_copy():
     parameters (the profile id aside) and hands out copies, so a caller's edits never reach the next caller."""
     import types
 
-    from nsightful.tools import top_kernels
-    from nsightful.tools.common import run_once
+    from stallhound.analysis.common import run_once
+    from stallhound.tools import top_kernels
     calls = []
     counted = types.SimpleNamespace(__name__="counted_top_kernels",
                                     run=lambda con, p: calls.append(p) or top_kernels.run(con, p))

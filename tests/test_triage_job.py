@@ -12,13 +12,14 @@ import pytest
 from conftest import text_of
 from mcp.client import Client
 
-from nsightful.profiles import open_profile
-from nsightful.profiles.job import load_job
-from nsightful.profiles.synth_ranks import write_rank_set
-from nsightful.server import cli
-from nsightful.server.app import build_server
-from nsightful.tools import common, iterations, triage
-from nsightful.tools import triage_job as tj
+from stallhound.analysis import common
+from stallhound.cli import main as cli
+from stallhound.formats import open_profile
+from stallhound.jobs.job import load_job
+from stallhound.server.app import build_server
+from stallhound.synth.ranks import write_rank_set
+from stallhound.tools import iterations, triage
+from stallhound.tools import triage_job as tj
 
 KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "kineto"
 DELAY_NS = 3_000_000
@@ -68,7 +69,7 @@ def test_triage_job_straggler_first_with_the_straggler_rank_triaged(rank_set, ca
     top = result.findings[0]
     assert planted == 2 and (top.root_cause, top.rank, top.evidence["straggler_rank"]) == ("nccl-straggler", None,
                                                                                             planted)
-    assert top.book_uri == "nsightful://book/nccl-straggler" and top.fix and top.source_tool == "rank_imbalance"
+    assert top.book_uri == "stallhound://book/nccl-straggler" and top.fix and top.source_tool == "rank_imbalance"
     assert (result.straggler, result.triaged_rank, result.chosen_by) == (planted, planted, "straggler")
     assert f"rank {planted} is the straggler" in result.chosen_why
     rank_found = [f for f in result.findings if f.rank is not None]
@@ -122,11 +123,11 @@ def test_triage_job_kineto_ranks_are_schema_valid(cache_root, monkeypatch):
     direct = own_triage(paths[result.triaged_rank], cache_root, monkeypatch)
     assert len(result.findings) == 3 and result.truncated and result.total_findings == direct.total_findings
     assert figures(result.findings) == figures(direct.findings[:3])
-    assert all(f.rank == result.triaged_rank and f.book_uri.startswith("nsightful://book/") for f in result.findings)
+    assert all(f.rank == result.triaged_rank and f.book_uri.startswith("stallhound://book/") for f in result.findings)
 
 
 def test_triage_job_fits_the_result_budget(rank_set):
-    from nsightful.server import budget
+    from stallhound.server import budget
     _, _, job = rank_set("host")
     params = tj.Params(job="j")
     text, result = budget.fit(tj.run(job.con.cursor(), params), tj, params, budget.MIN_RESULT_CHARS)
@@ -163,7 +164,7 @@ def test_triage_job_cli_matches_the_tool(rank_set, tmp_path, capsys):
 def test_triage_job_ranks_of_one_export_keep_their_own_cached_results(tmp_path):
     from test_job import export_kernels_per_pid, write_ranks
 
-    from nsightful.tools.rank_figures import rank_view
+    from stallhound.analysis.rank_figures import rank_view
     (path,) = write_ranks(tmp_path, ["train.sqlite"], devices=4)
     job = load_job([path], cache_dir=tmp_path / "cache", workers=1)
     try:

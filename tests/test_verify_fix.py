@@ -8,10 +8,10 @@ import pytest
 from conftest import FIXTURES
 from mcp.client import Client
 
-from nsightful.resources import book
-from nsightful.resources.book import UnknownEntry
-from nsightful.server.app import build_server
-from nsightful.tools import verify_fix as vf
+from stallhound import book
+from stallhound.book import UnknownEntry
+from stallhound.server.app import build_server
+from stallhound.tools import verify_fix as vf
 
 BEFORE, AFTER = FIXTURES / "nsysai_mfu_2gpu_before.sqlite", FIXTURES / "nsysai_mfu_2gpu_after.sqlite"
 
@@ -27,7 +27,7 @@ def _moved(result: vf.Result) -> dict[str, str]:
 def test_verify_fix_names_diff_figures_for_every_book_entry(synth_pair):
     assert set(vf.VERIFY_FIGURES) == set(book.load_book())
     (before, _), (after, _) = synth_pair("pinned_memory")  # has copies H2D, so every figure name is there
-    from nsightful.tools import diff_profiles
+    from stallhound.tools import diff_profiles
     names = {r.figure for r in diff_profiles.run(before.con, after.con, diff_profiles.Params(before="b", after="a"))
              .figures}
     assert {name for checks in vf.VERIFY_FIGURES.values() for name, _ in checks} <= names

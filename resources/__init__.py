@@ -1,1 +1,0 @@
-"""Packaged data: the root-cause book and the veteran question list."""

@@ -1,0 +1,188 @@
+"""Each device's idle gaps in a scope, from one start-ordered numpy pass over its work in time chunks, written to the
+temp table `idle_gaps` that the idle attribution's SQL reads.
+
+A gap runs from the latest end so far (operations in (start, end) order, the window's start counting as one) to
+the next start when that is later; the window's end closes the last one. Per gap: gap_id (the device x
+GAP_ID_STRIDE + the row of the operation before it in that order, the window's start being row 1, so ids sort by
+device and time), device_id, start_ns, end_ns, duration_ns, launch_end_ns (when the launch call of the operation
+after it returned; of operations starting together, the first returned), tiny (an operation just before or just
+after it is a tiny kernel), pid/tid of the thread that launched the operation after it (of operations starting
+together, the one whose launch returned first; NULL: not traced), and prev_pid/prev_tid of the thread that launched
+an operation ending where the gap begins (of several, the last in that order; NULL: none traced). DuckDB's window
+operator over millions of operations costs several times the sort it needs, and spills on the largest exports; the
+pass reads at most device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+
+from stallhound.analysis import device_pass
+from stallhound.analysis.common import Scope
+from stallhound.analysis.fetch_ahead import FetchAhead
+from stallhound.analysis.intervals import CATEGORY_LABELS
+from stallhound.model import allocator
+
+GAP_ID_STRIDE = 2**32  # a device in a window has far fewer operations than this
+NO_TIME = np.iinfo(np.int64).max  # a launch end not traced (sorts after every traced one)
+NO_THREAD = -1  # pid/tid not traced
+
+KERNEL_CAT, COPY_CAT, _, GRAPH_CAT = CATEGORY_LABELS
+OPS = f"""ops AS (
+  SELECT device_id, greatest(start_ns, $start) AS s, least(end_ns, $end) AS e, launch_end_ns, tiny, pid, tid,
+         stream_id, cat
+  FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid, stream_id,
+               {KERNEL_CAT} AS cat FROM kernels
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {COPY_CAT} FROM memcpy
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {COPY_CAT} FROM memset
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {GRAPH_CAT}
+          FROM graph_exec)
+  WHERE device_id = $device AND end_ns > $start AND start_ns < $end AND end_ns > start_ns
+    AND start_ns >= $raw_lo AND start_ns <= $hi)"""  # one chunk (device_pass.chunk_bounds), by stored start
+CHUNK_SQL = "WITH " + OPS + """
+SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(tiny, false) AS tiny,
+       coalesce(pid, $no_thread) AS pid, coalesce(tid, $no_thread) AS tid,
+       coalesce(stream_id, 0) AS stream, stream_id IS NULL AS no_stream, cat  -- device_pass.CHUNK_SQL's columns
+FROM ops"""
+CREATE_SQL = """CREATE OR REPLACE TEMP TABLE idle_gaps (gap_id BIGINT, device_id INTEGER, start_ns BIGINT,
+  end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT, prev_pid BIGINT,
+  prev_tid BIGINT)"""
+INSERT_SQL = """INSERT INTO idle_gaps SELECT gap_id, $device, start_ns, end_ns, end_ns - start_ns,
+  nullif(launch_end_ns, $no_time), tiny, nullif(pid, $no_thread), nullif(tid, $no_thread),
+  nullif(prev_pid, $no_thread), nullif(prev_tid, $no_thread) FROM gap_chunk"""
+
+
+class _Device:
+    """One device's pass: the running maximum of end x 2 + tiny (the latest end, and whether an operation ending
+    then is tiny), of end x 2 + traced with the thread of the last operation reaching it (prev), and the rows
+    counted so far, carried from chunk to chunk; the queued gaps shorter than fold_below only counted and summed."""
+
+    def __init__(self, device: int, start: int, fold_below: int) -> None:
+        self.device, self.reach2, self.rows = device, start * 2, 1  # the window's start is row 1
+        self.traced2, self.prev = start * 2, (NO_THREAD, NO_THREAD)
+        self.fold_below, self.folded_gaps, self.folded_ns = fold_below, 0, 0
+
+    def _prev(self, e: np.ndarray, pid: np.ndarray, tid: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """prev_pid/prev_tid of the gaps before the operations `at`: the thread of the last operation so far that
+        ends latest, a traced one first among those ending together; none when no traced one ends then."""
+        value = np.concatenate(([self.traced2], e * 2 + (tid != NO_THREAD)))
+        reach = np.maximum.accumulate(value)
+        last = np.maximum.accumulate(np.where(value == reach, np.arange(len(value)), 0))  # the latest reaching it
+        pids, tids = np.concatenate(([self.prev[0]], pid)), np.concatenate(([self.prev[1]], tid))
+        self.traced2, self.prev = int(reach[-1]), (int(pids[last[-1]]), int(tids[last[-1]]))
+        traced = reach[at] % 2 == 1  # reach[at]: over the operations before `at` and the carried state
+        return np.where(traced, pids[last[at]], NO_THREAD), np.where(traced, tids[last[at]], NO_THREAD)
+
+    def chunk(self, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        order = np.lexsort((c["e"], c["s"]))
+        s, e, le, tiny, pid, tid = (c[k][order] for k in ("s", "e", "le", "tiny", "pid", "tid"))
+        reach2 = np.maximum.accumulate(np.concatenate(([self.reach2], e * 2 + tiny)))
+        before = reach2[:-1]  # the latest end x 2 + tiny before each operation
+        at = np.flatnonzero(s > before // 2)  # the operations a gap ends at
+        heads = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))  # runs of operations starting together
+        run = np.searchsorted(heads, at, side="right") - 1
+        start, end, launch_end = before[at] // 2, s[at], np.minimum.reduceat(le, heads)[run]
+        fold = (launch_end <= start) & (end - start < self.fold_below)  # counted here, not written
+        self.folded_gaps += int(fold.sum())
+        self.folded_ns += int((end - start)[fold].sum())
+        kept = ~fold
+        at, run, start, end, launch_end = at[kept], run[kept], start[kept], end[kept], launch_end[kept]
+        # a run's thread: of its traced operations, the first whose launch returned (untraced returns last)
+        sizes = np.diff(np.append(heads, len(s)))
+        key = np.where(tid != NO_THREAD, np.minimum(le, NO_TIME - 1), NO_TIME)
+        best = np.minimum.reduceat(key, heads)
+        firsts = np.flatnonzero(key == np.repeat(best, sizes))
+        first_runs = np.repeat(np.arange(len(heads)), sizes)[firsts]  # ascending: each run's first is where it changes
+        pick = firsts[np.concatenate(([True], first_runs[1:] != first_runs[:-1]))]
+        traced = best[run] != NO_TIME
+        found = {"gap_id": self.device * GAP_ID_STRIDE + self.rows + at, "start_ns": start, "end_ns": end,
+                 "launch_end_ns": launch_end,
+                 "tiny": np.logical_or.reduceat(tiny, heads)[run] | (before[at] % 2 == 1),
+                 "pid": np.where(traced, pid[pick[run]], NO_THREAD), "tid": np.where(traced, tid[pick[run]], NO_THREAD)}
+        found["prev_pid"], found["prev_tid"] = self._prev(e, pid, tid, at)
+        self.reach2, self.rows = int(reach2[-1]), self.rows + len(s)
+        return found
+
+    def last(self, end: int) -> dict[str, np.ndarray]:
+        """The gap from the latest end to the window's end, if any (no operation after it)."""
+        start = self.reach2 // 2
+        one = start < end
+        return {"gap_id": np.array([self.device * GAP_ID_STRIDE + self.rows] * one, dtype=np.int64),
+                "start_ns": np.array([start] * one, dtype=np.int64), "end_ns": np.array([end] * one, dtype=np.int64),
+                "launch_end_ns": np.array([NO_TIME] * one, dtype=np.int64),
+                "tiny": np.array([self.reach2 % 2 == 1] * one, dtype=bool),
+                "pid": np.array([NO_THREAD] * one, dtype=np.int64), "tid": np.array([NO_THREAD] * one, dtype=np.int64),
+                "prev_pid": np.array([self.prev[0] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64),
+                "prev_tid": np.array([self.prev[1] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64)}
+
+
+@dataclass(frozen=True)
+class Folded:
+    """Per device, the queued gaps (launched before the device went idle) shorter than fold_below_ns: not in
+    idle_gaps, only counted and summed, as callers that list no gap that short need no more of them (a Judge
+    counts the others it takes)."""
+    gaps: dict[int, int]
+    ns: dict[int, int]
+
+
+Judge = Callable[[int, dict[str, np.ndarray]], np.ndarray]  # (device, gaps) -> the gaps it counted itself
+
+
+@contextmanager
+def idle_gaps(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, fold_below_ns: int,
+              slices: int | None = None, judge: Judge | None = None) -> Iterator[Folded]:
+    """The temp table idle_gaps for `scope` while the block runs (kernels shorter than tiny_ns are tiny); with
+    `slices`, the device passes of that many slices are computed from the same chunks (device_pass.remember); with
+    `judge`, each chunk's gaps go to it first, and those it returns True for are not written."""
+    con.execute(CREATE_SQL)
+    try:
+        passes = {d: _Device(d, scope.start_ns, fold_below_ns) for d in scope.devices}
+        figures = _walk(con, scope, tiny_ns, passes, judge, slices)
+        if slices is not None:
+            device_pass.remember(con, scope, slices, figures)
+        for device, d in passes.items():  # a device without work in the window idles all of it
+            _insert(con, device, _unjudged(judge, device, d.last(scope.end_ns)))
+        allocator.release()  # the pass's arrays, freed, would stay in the heap while the attribution's SQL runs
+        yield Folded(gaps={d: p.folded_gaps for d, p in passes.items()}, ns={d: p.folded_ns for d, p in passes.items()})
+    finally:
+        con.execute("DROP TABLE IF EXISTS idle_gaps")
+
+
+def _walk(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, passes: dict[int, _Device],
+          judge: Judge | None, slices: int | None) -> dict[int, device_pass.DevicePass]:
+    """Each device's work in start-time chunks, each read while the one before it is worked on: its gaps written to
+    idle_gaps (but those the judge counted) and, with `slices`, its device figures added up."""
+    chunks = device_pass.chunk_params(con, scope, {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns,
+                                                   "no_time": NO_TIME, "no_thread": NO_THREAD})
+    figures = {device: device_pass.DevicePass() for device, _ in chunks}
+    with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
+        for (device, _), cols in zip(chunks, ahead, strict=True):
+            if len(cols["s"]):
+                gaps = _unjudged(judge, device, passes[device].chunk(cols))
+                with ahead.using() as locked:
+                    _insert(locked, device, gaps)
+                if slices is not None:
+                    figures[device].add_chunk(cols, scope, slices)
+    return figures
+
+
+def _unjudged(judge: Judge | None, device: int, gaps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if judge is None or not len(gaps["gap_id"]):
+        return gaps
+    keep = ~judge(device, gaps)
+    return {k: v[keep] for k, v in gaps.items()}
+
+
+def _insert(con: duckdb.DuckDBPyConnection, device: int, gaps: dict[str, np.ndarray]) -> None:
+    if not len(gaps["gap_id"]):
+        return
+    con.register("gap_chunk", gaps)
+    try:
+        con.execute(INSERT_SQL, {"device": device, "no_time": NO_TIME, "no_thread": NO_THREAD})
+    finally:
+        con.unregister("gap_chunk")

@@ -1,0 +1,61 @@
+"""What the NVTX range texts say, matched once per model over their distinct texts (16 k texts for 8.4 M ranges on
+the 1 GB benchmark export): how many ranges each framework family has (analysis/program.py) and which texts the idle
+attribution counts as compilation, host communication or data waits (analysis/attribution.py). One grouping of the
+ranges serves both; every pattern is a bound constant, so RE2 compiles it once.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import duckdb
+
+from stallhound.analysis.common import per_model
+
+# Range texts (RE2) and the framework they show.
+NVTX_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("PyTorch (ATen)", r"^aten::|, op_id = |^ProfilerStep#"),
+    ("PyTorch FSDP", r"^FSDP::"),
+    ("XLA (JAX/TensorFlow)", r"^(XlaModule|Thunk|XlaEmitGpuAsm|XlaOptimizeLlvmIr|XlaCompile):"),
+    ("MPI", r"^MPI_"),
+    ("Megatron-LM", r"(?i)megatron"),
+    ("DeepSpeed", r"(?i)deepspeed"),
+)
+JIT_RANGES = (r"(?i)(^|[^a-z])(jit|nvrtc|ptxas)|Xla(Emit|Optimize|Compile|Autotun)|compile(Fusion|Kernel|_fx)|"
+              r"triton\.compile|inductor")
+DATA_RANGES = r"(?i)data|fetch|collate|prefetch|get_batch|next_batch"  # input-pipeline NVTX ranges
+COMM_RANGES = r"^(MPI_|PMPI_|shmem_|nvshmem_|UCX|ucp_)"  # host-side communication libraries' NVTX ranges
+
+# MATERIALIZED: the pattern tests stay on the distinct texts, never pushed below the grouping onto every range.
+SQL = """
+WITH texts AS MATERIALIZED (SELECT text, count(*) AS c FROM nvtx WHERE text IS NOT NULL GROUP BY 1),
+kinds AS (
+  SELECT text, 'jit' AS what FROM texts WHERE regexp_matches(text, $jit_ranges)
+    AND NOT contains(text, 'Compiled Region')
+  UNION ALL
+  SELECT text, CASE WHEN regexp_matches(text, $comm_ranges) THEN 'comm' ELSE 'wait' END FROM texts
+  WHERE regexp_matches(text, $comm_ranges) OR regexp_matches(text, $data_ranges))
+SELECT [""" + ", ".join(f"sum(c) FILTER (WHERE regexp_matches(text, $family{i}))::BIGINT"
+                         for i in range(len(NVTX_FAMILIES))) + """],
+       (SELECT list([text, what] ORDER BY text, what) FROM kinds)
+FROM texts
+"""
+
+
+class Texts(NamedTuple):
+    families: dict[str, int]  # NVTX ranges per family that has any, most first (ties in NVTX_FAMILIES order)
+    range_kinds: list[tuple[str, str]]  # (text, 'jit' | 'comm' | 'wait'); a text may be two kinds
+
+
+def classified(con: duckdb.DuckDBPyConnection) -> Texts:
+    """The model's NVTX texts matched against every pattern above: window-independent, so once per model."""
+    return per_model(con, ("nvtx_texts",), lambda: _classify(con))
+
+
+def _classify(con: duckdb.DuckDBPyConnection) -> Texts:
+    counts, kinds = con.execute(SQL, {
+        "jit_ranges": JIT_RANGES, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES,
+        **{f"family{i}": pattern for i, (_, pattern) in enumerate(NVTX_FAMILIES)}}).fetchone()
+    found = sorted((-n, rank, label) for rank, ((label, _), n) in enumerate(zip(NVTX_FAMILIES, counts, strict=True))
+                   if n)
+    return Texts(families={label: -n for n, _, label in found}, range_kinds=[(t, w) for t, w in kinds or []])

@@ -1,0 +1,82 @@
+"""Rules more than one tool applies, each decided here once, so two tools never judge the same thing two ways.
+
+Kernels: what is tiny (TINY_KERNEL_NS) and what is a hotspot (HOTSPOT_PCT). Host calls: which synchronize
+calls reach the whole device, a stream or an event (sync_scope, SYNC_SCOPE_SQL); which copy calls block the
+host (BLOCKING_COPY_SQL) and which synchronize belongs to the device-to-host copy before it (READBACK_FOLLOW_NS);
+which OS-runtime calls are waits (WAIT_CALLS). Findings: the least time at stake worth reporting
+(MIN_STAKE_PCT) and the severity cutoff by share of the window (severity). Capture: what the profile lacks and
+the nsys flag that records it (Missing, missing).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import duckdb
+from pydantic import BaseModel
+
+from stallhound.analysis.common import Severity, pct
+
+TINY_KERNEL_NS = 10_000  # 10 us: below this a kernel runs shorter than its launch costs (book small-kernel-overhead)
+HOTSPOT_PCT = 30.0  # book kernel-hotspot: one kernel above this share of kernel time is worth a look on its own
+
+SyncScope = Literal["device", "stream", "event", "other"]
+# Synchronize calls by what they wait for, first match wins; cudaThreadSynchronize is the deprecated name of
+# cudaDeviceSynchronize, cuCtxSynchronize the driver API's.
+SYNC_SCOPES: tuple[tuple[SyncScope, str], ...] = (
+    ("device", r"(Device|Ctx|Thread)Synchronize"),
+    ("stream", r"StreamSynchronize"),
+    ("event", r"EventSynchronize"),
+)
+SYNC_SCOPE_SQL = ("CASE " + " ".join(f"WHEN regexp_matches({{name}}, '{pattern}') THEN '{scope}'"
+                                     for scope, pattern in SYNC_SCOPES) + " ELSE 'other' END")
+
+# A copy call blocks the host when it is synchronous (no 'Async' in its name) or from pageable memory, which the
+# driver stages through a pinned buffer before the call returns, Async or not.
+BLOCKING_COPY_SQL = "({name} NOT LIKE '%Async%' OR {pageable})"
+READBACK_FOLLOW_NS = 100_000  # 100 us: a synchronize this soon after a device-to-host copy waits for its result
+# OS-runtime calls in which a thread waits (for input, a lock, a child, a peer) rather than works.
+WAIT_CALLS = "wait|poll|select|sleep|futex|pause|sem_|pthread_join|pthread_cond|accept|recv|read|epoll"
+
+MIN_STAKE_PCT = 1.0  # a finding must be worth 1% of the window: less cannot move the step time noticeably
+HIGH_STAKE_PCT = 10.0  # a tenth of the window or more at stake: among the first things to fix
+
+
+def sync_scope(api: str | None) -> SyncScope:
+    """What a synchronize call named `api` waits for (SYNC_SCOPES)."""
+    return next((scope for scope, pattern in SYNC_SCOPES if re.search(pattern, api or "")), "other")
+
+
+def sync_scope_sql(name: str) -> str:
+    """SQL for the SyncScope of the call named by column `name`."""
+    return SYNC_SCOPE_SQL.format(name=name)
+
+
+def blocking_copy_sql(name: str, pageable: str) -> str:
+    """SQL, true when the copy call named by column `name` blocks the host; `pageable` is a boolean SQL term."""
+    return BLOCKING_COPY_SQL.format(name=name, pageable=pageable)
+
+
+def worth_reporting(stake_ns: int, window_ns: int) -> bool:
+    return pct(stake_ns, window_ns) >= MIN_STAKE_PCT
+
+
+def severity(stake_ns: int, window_ns: int) -> Severity:
+    """high when the time at stake is HIGH_STAKE_PCT of the window or more, else medium."""
+    return "high" if pct(stake_ns, window_ns) >= HIGH_STAKE_PCT else "medium"
+
+
+class Missing(BaseModel):
+    data: str
+    capture_flag: str
+
+
+MISSING_SQL = ("SELECT data, capture_flag FROM capabilities WHERE NOT present "
+               "AND ($data IS NULL OR list_contains($data, data)) ORDER BY data")
+
+
+def missing(con: duckdb.DuckDBPyConnection, among: tuple[str, ...] | None = None) -> list[Missing]:
+    """The data the capture lacks (only those in `among`, when given), each with the nsys flag that records it."""
+    rows = con.execute(MISSING_SQL, {"data": None if among is None else list(among)}).fetchall()
+    return [Missing(data=d, capture_flag=f) for d, f in rows]

@@ -1,0 +1,86 @@
+"""Is the run compute-, transfer-, communication- or host-bound? Device-time shares from interval unions.
+
+Per device over the window: busy = union of all its kernels, copies, memsets and CUDA graph executions (the
+complement of its idle time, analysis/attribution.py);
+compute = union of its non-NCCL kernels and graph executions (graphs recorded whole hide their kernels;
+copy-like kernels included, copy_kernel_pct shows their own union); communication = union
+of its NCCL kernels; transfer = union of its memcpy and memset. Each share is the sum over devices of that
+union / (window x devices), so each lies in 0-100; idle_pct = 100 - busy_pct; overlap_pct = compute +
+transfer + communication - busy (time in which two kinds of work ran at once). One function serves triage and
+answer_questions, so both always agree.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import duckdb
+from pydantic import BaseModel, Field
+
+from stallhound.analysis import attribution, device_pass
+from stallhound.analysis.common import Scope, pct
+
+IDLE_DOMINATED_PCT = 40.0  # idle above this share of the window outweighs any kernel-level tuning
+MIN_GPU_OPS = 10  # fewer kernels, copies and memsets than this say nothing about a workload
+MIN_BUSY_NS = 1_000_000  # ... and neither does less than 1 ms of GPU work
+HOST_CAUSES = {"cpu-bottleneck", "small-kernel-overhead", "excessive-synchronization", "blocking-d2h-sync",
+               "alloc-in-loop", "module-loading-hot-path", "torch-compile-recompilation", "gc-pauses",
+               "dataloader-starvation", "host-communication", "pageable-host-memory"}
+Bound = Literal["compute-bound", "transfer-bound", "communication-bound", "host-bound", "idle-dominated",
+                "too little GPU activity", "no GPU activity"]
+
+
+class Classification(BaseModel):
+    bound: Bound
+    compute_pct: float = Field(description="union of non-NCCL kernels / (window x devices)")
+    copy_kernel_pct: float = Field(description="union of copy-like kernels (casts, copies): part of compute_pct")
+    transfer_pct: float = Field(description="union of memcpy and memset / (window x devices)")
+    communication_pct: float = Field(description="union of NCCL kernels / (window x devices)")
+    busy_pct: float
+    idle_pct: float
+    overlap_pct: float = Field(description="time counted in more than one of the three shares")
+    gpu_ops: int = Field(description="kernels, copies and memsets in the window")
+    reason: str
+
+
+SLICES = attribution.DEVICE_PASS_SLICES  # computed with the idle attribution shares reads anyway
+
+
+def _unions(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[dict[str, int], int]:
+    """Each kind's union summed over the devices (analysis/device_pass.py, computed once per model and scope), and the
+    operations."""
+    passes = device_pass.device_passes(con, scope, SLICES).values()
+    return {kind: sum(p.kinds[kind] for p in passes) for kind in device_pass.KINDS}, sum(p.ops for p in passes)
+
+
+def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> Classification:
+    """`fired`: root causes of the findings raised on the same window (they name a host-bound run)."""
+    idle = attribution.attribute(con, scope).devices  # first: its gap pass computes the unions in passing
+    ns, ops = _unions(con, scope)
+    ns["busy"] = sum(d.window_ns - d.idle_ns for d in idle.values())
+    capacity = scope.duration_ns * len(scope.devices)
+    share = {cat: pct(ns.get(cat, 0), capacity) for cat in ("compute", "copy_kernel", "transfer", "communication",
+                                                             "busy")}
+    overlap = round(max(0.0, share["compute"] + share["transfer"] + share["communication"] - share["busy"]), 2)
+    idle = round(100 - share["busy"], 2)
+    bound, reason = _bound(share, idle, ops, ns.get("busy", 0), fired)
+    return Classification(bound=bound, compute_pct=share["compute"], copy_kernel_pct=share["copy_kernel"],
+                          transfer_pct=share["transfer"], communication_pct=share["communication"],
+                          busy_pct=share["busy"], idle_pct=idle, overlap_pct=overlap, gpu_ops=ops, reason=reason)
+
+
+def _bound(share: dict[str, float], idle: float, ops: int, busy_ns: int, fired: set[str]) -> tuple[Bound, str]:
+    if not ops:
+        return "no GPU activity", "no kernel, copy or memset in the window"
+    if ops < MIN_GPU_OPS or busy_ns < MIN_BUSY_NS:
+        return "too little GPU activity", (f"only {ops} GPU operations ({busy_ns / 1e6:.3f} ms of GPU work) in the "
+                                           "window: too little to classify")
+    if idle >= IDLE_DOMINATED_PCT:
+        host = sorted(fired & HOST_CAUSES)
+        if host:
+            return "host-bound", f"devices idle {idle:.1f}% of the window while the host shows {', '.join(host)}"
+        return "idle-dominated", f"devices idle {idle:.1f}% of the window; the trace shows no host cause"
+    kinds = {"compute-bound": share["compute"], "transfer-bound": share["transfer"],
+             "communication-bound": share["communication"]}
+    bound = max(kinds, key=kinds.get)
+    return bound, f"largest share: {bound.removesuffix('-bound')} at {kinds[bound]:.1f}% (idle {idle:.1f}%)"

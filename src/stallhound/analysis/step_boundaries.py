@@ -1,0 +1,272 @@
+"""Where each iteration begins and ends: the boundary methods the iterations tool describes (its 'method')."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Literal
+
+import duckdb
+from pydantic import BaseModel, Field
+
+from stallhound.analysis.common import Scope, ms, pct, per_model
+from stallhound.model.errors import InvalidRequest
+
+MIN_REPEATS = 3  # ranges (or marker kernels) per thread: fewer cannot show a period, let alone a steady one
+MIN_GPU_SHARE = 0.5  # a step range launches GPU work most times; CPU-only ranges (logging, I/O) cannot time it
+LAST_RANGE_MIN_SHARE = 0.5  # a last range shorter than half a period is the start of a step cut off by the window
+PROFILER_STEP = "^ProfilerStep#"  # torch.profiler's own step range: the step by definition
+STEP_NAMES = "(?i)step|iter|train|batch|forward"  # words people name one training or inference step with
+METADATA = ", (seq|op_id|sizes|input_op_ids|input_dims) = .*$"  # PyTorch record_function / emit_nvtx suffix
+AUTOGRAD = ", seq = "  # emit_nvtx tags autograd functions with their sequence number
+PER_OP = "|".join((
+    r"^(aten|prim|c10d|_c10d_functional|c10d_functional|flash_attn|autograd|torch::autograd|cub|thrust|cutlass"
+    r"|triton|xformers|fbgemm|quantized|torchvision|inductor)::",  # operator namespaces
+    r"^(cublas|cublasLt|cudnn|cusparse|cufft|curand|cusolver|nccl|nvshmem)[A-Z_:]",  # library calls
+    r"^record_param_comms(,|$)",  # PyTorch's record of one collective call
+    r"^P?MPI_[A-Za-z_]+$",  # one MPI call (MPI_Send, MPI_Recv, ...)
+    r"^Thunk:",  # XLA: one range per HLO op executed
+    r"\.(py|pyx|c|cc|cpp|cxx|cu|cuh|h|hpp|f|f90|jl)(\([0-9]+\)|:[0-9]+)",  # source-line markers
+))
+MAX_CANDIDATES = 5  # qualifying NVTX ranges listed, the chosen one first
+MIN_LAUNCH_BUCKET_NS = 10_000  # 10 us: the launch join's buckets never shorter, even when most ranges are
+PERIOD_TOLERANCE = 0.25  # a loop's period jitters by a few %; 25% still rejects a kernel run twice per step
+STABLE_SHARE = 0.75  # a quarter of the periods may be disturbed (a recompilation, a GC pause, a checkpoint)
+STABLE_TIME_SHARE = 0.25  # steady periods fill a quarter of the time after the first: a loop may pause at
+#                           times (a checkpoint, a GC), but bursts between long pauses (a JIT compile each) are no loop
+MIN_SPAN_SHARE = 0.5  # the marker recurs over at least half the device's kernel span: a loop, not a burst
+
+
+class Candidate(BaseModel):
+    name: str = Field(description="range text without PyTorch metadata; N for an instance counter")
+    kind: Literal["push_pop", "start_end"]
+    depth: int = Field(description="push/pop nesting depth on its thread, 0 = outermost (start/end: 0)")
+    counter: bool = Field(description="true when texts differing in their N were taken as one range")
+    ranges: int = Field(description="ranges on the qualifying threads")
+    threads: int = Field(description="threads where it occurs 3+ times, half of them with GPU work")
+    gpu_ranges_pct: float = Field(description="share of those ranges that launch GPU work")
+    median_period_ns: float | None = Field(description="median over threads of the median start-to-start lag")
+
+
+# NVTX candidates, in one pass over the ranges. `named` gives every range outside the per-op set its range name
+# (counter families merged). 'aten::' and the autograd tag, most per-op ranges of PyTorch profiles, are tested
+# first: DuckDB runs a conjunction's cheap string tests before the regex, which sees only the rest (the same
+# tests inside a CASE cost 0.2-0.3 s more CPU over 8.4 M ranges). The metadata, template and number rewrites run
+# once per distinct text (240 texts for 120 k ranges on the 1 GB benchmark export), not once per range, and a
+# text's numbers become their rank among its template's texts, so the counter test compares integers, not lists.
+# `flagged` marks the ranges whose thread launches GPU work inside them: launches hash-joined to the ranges by (thread,
+# time bucket), a range in every bucket it covers, the bucket about a range long (an ASOF join sorted every launch:
+# 3.1 s on the 10 GB export, whose threads are few, so its partitions are large). Every candidate row carries the
+# ranges of the best one (rank 1) on its qualifying threads.
+LETTERS = "lower(regexp_replace(regexp_replace({}, '\\bN\\b|[0-9]+', '', 'g'), '[^A-Za-z]', '', 'g'))"
+NVTX_SQL = """
+WITH ranges AS (
+  SELECT pid, tid, kind, coalesce(depth, 0) AS depth, start_ns, end_ns, text
+  FROM nvtx WHERE kind IN ('push_pop', 'start_end') AND end_ns IS NOT NULL AND text IS NOT NULL
+    AND start_ns >= $start AND end_ns <= $end
+    AND ($wanted IS NOT NULL OR (NOT starts_with(text, 'aten::') AND NOT contains(text, $autograd)
+                                 AND NOT regexp_matches(text, $per_op)))),
+texts AS (
+  SELECT *, dense_rank() OVER (PARTITION BY template ORDER BY list_transform(
+         regexp_extract_all(clean, '[0-9]+'), lambda x: lpad(x, 40, '0'))) AS nums
+  FROM (SELECT text, clean, regexp_replace(clean, '[0-9]+', 'N', 'g') AS template
+        FROM (SELECT text, regexp_replace(text, $metadata, '') AS clean FROM (SELECT DISTINCT text FROM ranges)))),
+steps AS MATERIALIZED (
+  SELECT r.pid, r.tid, r.kind, r.depth, r.start_ns, r.end_ns, t.clean, t.template, t.nums
+  FROM ranges r JOIN texts t USING (text)),
+families AS (
+  SELECT template, kind, depth, count(DISTINCT clean) > 1 AND bool_and(prev IS NULL OR nums > prev) AS counter
+  FROM (SELECT *, lag(nums) OVER (PARTITION BY template, kind, depth, pid, tid ORDER BY start_ns, end_ns) AS prev
+        FROM steps)
+  GROUP BY ALL),
+named AS (
+  SELECT * FROM (
+    SELECT s.pid, s.tid, s.kind, s.depth, s.start_ns, s.end_ns, f.counter,
+           CASE WHEN f.counter THEN s.template ELSE s.clean END AS name
+    FROM steps s JOIN families f USING (template, kind, depth))
+  WHERE $wanted IS NULL OR name = $wanted OR """ + LETTERS.format("name") + " = " + LETTERS.format("$wanted") + """),
+repeating AS MATERIALIZED (
+  SELECT *, start_ns - lag(start_ns) OVER (PARTITION BY name, kind, depth, pid, tid ORDER BY start_ns) AS period_ns,
+         row_number() OVER () AS rid
+  FROM named QUALIFY count(*) OVER (PARTITION BY name, kind, depth, pid, tid) >= $min_repeats),
+launches AS (
+  SELECT pid, tid, launch_start_ns AS at_ns FROM kernels
+  WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end
+  UNION ALL
+  SELECT pid, tid, launch_start_ns FROM memcpy
+  WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end
+  UNION ALL
+  SELECT pid, tid, launch_start_ns FROM memset
+  WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end
+  UNION ALL
+  SELECT pid, tid, start_ns FROM cuda_api WHERE kind = 'graph' AND start_ns >= $start AND start_ns < $end),
+bucket AS (SELECT greatest($min_bucket, avg(end_ns - start_ns))::BIGINT AS ns FROM repeating),
+launched AS (
+  SELECT DISTINCT r.rid
+  FROM (SELECT rid, pid, tid, start_ns, end_ns,
+               unnest(range(start_ns // (SELECT ns FROM bucket), (end_ns - 1) // (SELECT ns FROM bucket) + 1)) AS b
+        FROM repeating WHERE end_ns > start_ns) r
+  JOIN (SELECT pid, tid, at_ns, at_ns // (SELECT ns FROM bucket) AS b FROM launches) l USING (pid, tid, b)
+  WHERE l.at_ns >= r.start_ns AND l.at_ns < r.end_ns),
+flagged AS MATERIALIZED (SELECT *, rid IN (SELECT rid FROM launched) AS gpu FROM repeating),
+threads AS MATERIALIZED (
+  SELECT name, kind, depth, pid, tid, any_value(counter) AS counter, count(*) AS n,
+         count(*) FILTER (WHERE gpu) AS n_gpu, min(start_ns) AS first_ns, median(period_ns) AS period_ns
+  FROM flagged GROUP BY name, kind, depth, pid, tid
+  HAVING $wanted IS NOT NULL OR count(*) FILTER (WHERE gpu) >= $min_gpu_share * count(*)),
+candidates AS (
+  SELECT name, kind, depth, any_value(counter) AS counter, sum(n)::BIGINT AS n, count(*) AS threads,
+         sum(n_gpu)::BIGINT AS n_gpu, median(period_ns) AS period_ns, max(n) AS most, min(first_ns) AS first_ns,
+         CASE WHEN regexp_matches(name, $profiler_step) THEN 0 WHEN regexp_matches(name, $step_names) THEN 1
+              ELSE 2 END AS tier
+  FROM threads GROUP BY name, kind, depth),
+ranked AS (
+  SELECT *, row_number() OVER (ORDER BY name = $wanted DESC NULLS LAST, tier, depth, most, first_ns, name, kind)
+         AS rank
+  FROM candidates),
+best AS (
+  SELECT list([f.pid, f.tid, f.start_ns, f.end_ns] ORDER BY f.pid, f.tid, f.start_ns, f.end_ns) AS ranges
+  FROM flagged f JOIN threads USING (name, kind, depth, pid, tid) JOIN ranked r USING (name, kind, depth)
+  WHERE r.rank = 1)
+SELECT name, kind, depth, counter, n, threads, n_gpu, period_ns, tier, (SELECT ranges FROM best) FROM ranked
+WHERE rank <= $limit ORDER BY rank
+"""
+
+# Kernel pattern: per kernel name on one device, its periods (start to next start) against their median; the
+# second run's period is the first one (warmup), left out of the time share.
+PATTERN_SQL = """
+WITH k AS (
+  SELECT coalesce(short_name, name, '') AS kname, start_ns, end_ns FROM kernels
+  WHERE device_id = $device AND start_ns >= $start AND end_ns <= $end),
+runs AS (
+  SELECT kname, start_ns, start_ns - lag(start_ns) OVER w AS period, row_number() OVER w AS nth,
+         min(start_ns) OVER (PARTITION BY kname) AS first_ns
+  FROM k WINDOW w AS (PARTITION BY kname ORDER BY start_ns) QUALIFY count(*) OVER (PARTITION BY kname) >= $min_repeats),
+periods AS (
+  SELECT *, abs(period - median(period) OVER (PARTITION BY kname)) <= $tolerance * median(period) OVER (
+         PARTITION BY kname) AS steady FROM runs WHERE period IS NOT NULL),
+rated AS (
+  SELECT kname, count(*) + 1 AS n, any_value(first_ns) AS first_ns, median(period) AS med,
+         avg(steady::INTEGER) AS stable,
+         coalesce(sum(period) FILTER (WHERE steady AND nth > 2) / nullif(sum(period) FILTER (WHERE nth > 2), 0), 0)
+           AS stable_time,
+         max(start_ns) - any_value(first_ns) >= $min_span_share * (SELECT max(end_ns) - min(start_ns) FROM k) AS recurs
+  FROM periods GROUP BY kname)
+SELECT kname, n, med, stable, stable_time, recurs,
+       stable >= $stable_share AND stable_time >= $stable_time_share AND recurs AS marks
+FROM rated
+ORDER BY marks DESC, CASE WHEN marks THEN n END, CASE WHEN marks THEN first_ns END, recurs DESC, stable DESC, kname
+LIMIT 1
+"""
+MARKER_SQL = """
+SELECT start_ns FROM kernels WHERE device_id = $device AND coalesce(short_name, name, '') = $kname
+  AND start_ns >= $start AND end_ns <= $end ORDER BY start_ns
+"""
+
+Spans = list[tuple[int, int]]
+
+
+def _candidates(con: duckdb.DuckDBPyConnection, scope: Scope, wanted: str | None
+                ) -> tuple[list[Candidate], int | None, list[list]]:
+    """(qualifying NVTX ranges best first, the best's tier, its [pid, tid, start_ns, end_ns] ranges)."""
+    rows = con.execute(NVTX_SQL, {
+        "start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "wanted": wanted,
+        "metadata": METADATA, "autograd": AUTOGRAD, "per_op": PER_OP, "min_repeats": 1 if wanted else MIN_REPEATS,
+        "min_gpu_share": MIN_GPU_SHARE, "profiler_step": PROFILER_STEP, "step_names": STEP_NAMES,
+        "min_bucket": MIN_LAUNCH_BUCKET_NS,
+        "limit": MAX_CANDIDATES}).fetchall()
+    found = [Candidate(name=name, kind=kind, depth=depth, counter=counter, ranges=n, threads=threads,
+                       gpu_ranges_pct=pct(n_gpu, n), median_period_ns=period)
+             for name, kind, depth, counter, n, threads, n_gpu, period, _, _ in rows]
+    return found, rows[0][8] if rows else None, rows[0][9] if rows else []
+
+
+def _thread_spans(ranges: Spans) -> Spans:
+    """Start to next start; the last range to its own end when it covers a step."""
+    starts = [s for s, _ in ranges]
+    spans = list(zip(starts, starts[1:], strict=False))
+    last_start, last_end = ranges[-1]
+    periods = [e - s for s, e in spans]
+    if not periods or last_end - last_start >= LAST_RANGE_MIN_SHARE * statistics.median(periods):
+        spans.append((last_start, last_end))
+    return spans
+
+
+def _combine(per_thread: list[Spans]) -> Spans:
+    """Iteration k starts at the median k-th start of the threads that have one and ends where k+1 starts."""
+    count = max(map(len, per_thread))
+    starts = [int(statistics.median(t[k][0] for t in per_thread if len(t) > k)) for k in range(count)]
+    last_end = int(statistics.median(t[-1][1] for t in per_thread if len(t) == count))
+    return [(s, e) for s, e in zip(starts, [*starts[1:], last_end], strict=True) if e > s]
+
+
+def _nvtx(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None
+          ) -> tuple[list[Candidate], str | None, Spans]:
+    """(qualifying candidates, reason, spans) from the best NVTX range; no candidates when none qualifies."""
+    found, tier, ranges = _candidates(con, scope, range_name)
+    if not found:
+        return [], None, []
+    per_thread: dict[tuple[int, int], Spans] = {}
+    for pid, tid, start, end in ranges:
+        per_thread.setdefault((pid, tid), []).append((start, end))
+    best = found[0]
+    why = ("requested by range_name" if range_name else
+           ("torch.profiler's step range", "named like a step", "the outermost repeating range with GPU work")[tier])
+    reason = (f"'{best.name}' ({why}): {best.ranges} ranges on {best.threads} thread(s), {best.gpu_ranges_pct}% "
+              f"launching GPU work, median period {ms(best.median_period_ns)}"
+              + (f"; {len(found) - 1} other range(s) qualified, see candidates" if len(found) > 1 else ""))
+    return found, reason, _combine([_thread_spans(r) for r in per_thread.values()])
+
+
+def _kernel_pattern(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str | None, str, Spans]:
+    """(marker kernel, reason or why none, spans) on the first device in scope with kernels."""
+    window = {"start": scope.start_ns, "end": scope.end_ns}
+    device = con.execute("SELECT min(device_id) FROM kernels WHERE device_id IN (SELECT unnest($devices)) "
+                         "AND start_ns >= $start AND end_ns <= $end", {**window, "devices": scope.devices}
+                         ).fetchone()[0]
+    if device is None:
+        return None, "no kernels on the devices in scope in this window", []
+    best = con.execute(PATTERN_SQL, {**window, "device": device, "min_repeats": MIN_REPEATS,
+                                     "tolerance": PERIOD_TOLERANCE, "min_span_share": MIN_SPAN_SHARE,
+                                     "stable_share": STABLE_SHARE, "stable_time_share": STABLE_TIME_SHARE}
+                       ).fetchone()
+    if best is None:
+        return None, f"no kernel runs {MIN_REPEATS}+ times on device {device}", []
+    kname, n, period, stable, stable_time, recurs, marks = best
+    rhythm = (f"{n} runs, median period {ms(period)}, {100 * stable:.0f}% of periods within {PERIOD_TOLERANCE:.0%} "
+              f"of it, filling {100 * stable_time:.0f}% of the time after the first")
+    if not marks:
+        return None, (f"no kernel on device {device} recurs with a stable period over half its kernel span (needs "
+                      f"{STABLE_SHARE:.0%} of periods within {PERIOD_TOLERANCE:.0%} of the median, filling "
+                      f"{STABLE_TIME_SHARE:.0%} of the time; closest: '{kname}', {rhythm}"
+                      f"{'' if recurs else ', over less than half the span'})"), []
+    starts = [s for (s,) in con.execute(MARKER_SQL, {**window, "device": device, "kname": kname}).fetchall()]
+    reason = f"kernel '{kname}' on device {device}: {rhythm}; the coarsest stable rhythm"
+    return kname, reason, list(zip(starts, starts[1:], strict=False))
+
+
+def boundaries(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, method: str
+               ) -> tuple[str | None, str | None, list[Candidate], Spans]:
+    """(method, reason or why none, NVTX candidates, spans): NVTX when a range qualifies, else the kernels. Found
+    once per model, window, devices and choice: the callers asking for different `limit`s (iterations, triage,
+    show_timeline) share the costly part; each gets its own copy."""
+    key = ("step_boundaries", scope.start_ns, scope.end_ns, tuple(scope.devices), range_name, method)
+    return copy.deepcopy(per_model(con, key, lambda: _find(con, scope, range_name, method)))
+
+
+def _find(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, method: str
+          ) -> tuple[str | None, str | None, list[Candidate], Spans]:
+    nvtx = "" if method == "kernel_pattern" else (
+        f"no NVTX range occurs {MIN_REPEATS}+ times on a thread with GPU work; ")
+    if method != "kernel_pattern":
+        candidates, reason, spans = _nvtx(con, scope, range_name)
+        if candidates:
+            return f"nvtx:{candidates[0].name}", reason, candidates, spans
+        if range_name is not None or method == "nvtx":
+            what = f"range '{range_name}'" if range_name else (
+                f"range that occurs {MIN_REPEATS}+ times on a thread with GPU work, outside per-op ranges,")
+            raise InvalidRequest(f"no NVTX {what} in this window; omit range_name and method to auto-detect (the "
+                                 "result's candidates then lists the ranges that qualify), or use "
+                                 "method='kernel_pattern'")
+    kname, reason, spans = _kernel_pattern(con, scope)
+    return (f"kernel_pattern:{kname}" if kname else None), nvtx + reason, [], spans

@@ -1,0 +1,144 @@
+"""Can a profile's trace be trusted? One sentence per problem of the trace itself, most severe first, each with its
+next action (profile_summary's trace_quality, which triage shows first): what loading left out, launch calls
+without kernels, whole-graph records, CUDA calls or copies without any kernel, nsys errors, exports cut by another
+tool, devices without hardware records, GPU work covering a small part of the capture.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import duckdb
+
+from stallhound.analysis.common import ms, pct
+from stallhound.formats.nsys.build import API_KIND_SQL
+from stallhound.formats.nsys.checks import LOAD_SOURCE
+
+if TYPE_CHECKING:  # profile_summary's result types; it imports this module
+    from stallhound.tools.profile_summary import Window
+
+MISSING_KERNEL_PCT = 10.0  # a few launches at the capture's end always lack their kernel; past this share the
+#                            per-kernel figures miss a real part of the work
+GPU_ACTIVE_MIN_PCT = 50.0  # below half, the capture is mostly host-only time: capture-wide averages understate
+#                            the GPU phase
+
+# What the trace-quality notes are decided on. Kernels launched by a plain launch call (not a graph launch)
+# are counted per distinct launch API name, so the kind rule runs on a handful of names, not on every kernel.
+TRACE_SQL = """
+WITH api AS (SELECT count(*) AS calls, count(*) FILTER (WHERE kind = 'launch') AS launches,
+                    count(*) FILTER (WHERE kind = 'graph') AS graphs FROM cuda_api),
+launched AS (SELECT coalesce(sum(n), 0) AS kernels FROM (
+               SELECT launch_api AS name, count(*) AS n FROM kernels WHERE launch_api IS NOT NULL GROUP BY 1)
+             WHERE """ + API_KIND_SQL + """ = 'launch')
+SELECT api.calls, api.launches, api.graphs, (SELECT count(*) FROM kernels), launched.kernels,
+       (SELECT count(*) FROM graph_exec), (SELECT count(*) FROM memcpy), (SELECT count(*) FROM memset),
+       (SELECT count(*) FROM diagnostics WHERE severity = 'error')
+FROM api, launched
+"""
+# Launch calls that should each have run a kernel: one per (pid, correlation id), since older exports record
+# the runtime and the driver call of one launch under one id; those between a thread's cudaStreamBeginCapture
+# and its next cudaStreamEndCapture only record graph nodes, so no kernel runs for them.
+LAUNCHES_SQL = """
+WITH marks AS (SELECT pid, tid, start_ns, end_ns, name LIKE '%BeginCapture%' AS opens FROM cuda_api
+               WHERE kind = 'other' AND (name LIKE 'cu%StreamBeginCapture%' OR name LIKE 'cu%StreamEndCapture%')),
+spans AS (SELECT pid, tid, opens, start_ns, lead(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) AS end_ns
+          FROM marks)
+SELECT (SELECT count(*) FROM (SELECT DISTINCT pid, correlation_id FROM cuda_api WHERE kind = 'launch')),
+       (SELECT count(*) FROM (SELECT DISTINCT a.pid, a.correlation_id FROM cuda_api a JOIN spans s ON a.pid = s.pid
+        AND a.tid = s.tid WHERE s.opens AND a.kind = 'launch' AND a.start_ns BETWEEN s.start_ns AND s.end_ns))
+"""
+LOAD_NOTES_SQL = f"SELECT text FROM diagnostics WHERE source = '{LOAD_SOURCE}' ORDER BY rowid"
+LAST_API_SQL = "SELECT name, end_ns FROM cuda_api ORDER BY end_ns DESC LIMIT 1"
+GPU_INFO_SQL = "SELECT capture_flag FROM capabilities WHERE data = 'gpu_info' AND NOT present"
+
+
+class _Trace(NamedTuple):
+    """The counts TRACE_SQL returns."""
+    api_calls: int
+    launch_calls: int
+    graph_calls: int
+    kernels: int
+    plain_launched_kernels: int
+    graph_execs: int
+    memcpy: int
+    memset: int
+    errors: int
+
+
+def _last_call(con: duckdb.DuckDBPyConnection, capture_end: int) -> str:
+    """How long before the capture's end the last CUDA call ended: right before it points at a crash."""
+    last = con.execute(LAST_API_SQL).fetchone()
+    return f" (the last CUDA call, {last[0]}, ended {ms(capture_end - last[1])} before the capture did)" if last else ""
+
+
+def _launches(con: duckdb.DuckDBPyConnection, t: _Trace) -> int:
+    """Launch calls that should have run a kernel (LAUNCHES_SQL, a scan of every launch call), counted only when
+    a note can depend on it: without kernels, or when the raw shortfall reaches MISSING_KERNEL_PCT of the raw
+    calls (the exact share, missing / (recorded + missing), can only be lower). Otherwise the raw count."""
+    shortfall = t.launch_calls - t.plain_launched_kernels
+    if t.kernels and pct(shortfall, t.launch_calls) < MISSING_KERNEL_PCT:
+        return t.launch_calls
+    launches, captured = con.execute(LAUNCHES_SQL).fetchone()
+    return launches - captured
+
+
+def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture_end: int, derived: str | None) -> list[str]:
+    """Launches without kernels, whole-graph records, CUDA calls or copies without any kernel."""
+    launches = _launches(con, t)
+    if not (t.kernels or t.graph_execs):
+        if launches + t.graph_calls:
+            return [f"{launches + t.graph_calls:,} kernel launch calls were traced but the export holds no kernel "
+                    "records: the program most likely stopped or crashed before its kernels ran or before nsys "
+                    f"flushed its CUDA trace buffers{_last_call(con, capture_end)}, unless kernels were filtered "
+                    "out of the trace; check the program's exit status and re-capture with --trace=cuda, letting it "
+                    "exit normally (or calling cudaProfilerStop() first)"]
+        if t.memcpy or t.memset:
+            return [f"the GPU ran {t.memcpy:,} copies and {t.memset:,} memsets but no kernel was launched in the "
+                    f"capture{_last_call(con, capture_end)}: if the program should compute on the GPU it stopped "
+                    "before its first launch or launched outside the capture; check its output and exit status"]
+        if t.api_calls:
+            return [f"{t.api_calls:,} CUDA API calls were traced but the GPU recorded no work"
+                    f"{_last_call(con, capture_end)}: the program stopped before its GPU phase or ran it outside the "
+                    "capture; check its exit status and the capture range (--capture-range, --delay, --duration)"]
+        return []
+    notes = []
+    missing = max(0, launches - t.plain_launched_kernels)
+    if launches and pct(missing, launches) >= MISSING_KERNEL_PCT:
+        where = "fall outside this derived export's window, " if derived else ""
+        notes.append(f"{missing:,} of {launches:,} kernel launch calls ({pct(missing, launches)}%) have no kernel "
+                     f"record: their kernels {where}ran after the capture stopped (the GPU was behind the CPU) or "
+                     f"were lost, so per-kernel figures cover only the {t.kernels:,} recorded kernels; capture until "
+                     "the GPU drains (e.g. synchronize before cudaProfilerStop)")
+    if t.graph_execs:
+        notes.append(f"{t.graph_execs:,} CUDA graph launches were recorded as whole graphs (--cuda-graph-trace=graph, "
+                     "nsys' default), so the kernels inside them have no records: GPU time counts each graph as "
+                     "one piece of work; re-capture with --cuda-graph-trace=node for per-kernel figures")
+    return notes
+
+
+def notes(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Window | None,
+          gpu_active_pct: float | None, has_devices: bool, machine_gpus: str | None, derived: str | None) -> list[str]:
+    loading = [text for (text,) in con.execute(LOAD_NOTES_SQL).fetchall()]
+    if capture is None:
+        return loading + ([f"the export lists {machine_gpus} for the machine but recorded no event at all"]
+                          if machine_gpus else [])
+    t = _Trace(*con.execute(TRACE_SQL).fetchone())
+    notes = loading + ([f"nsys recorded {t.errors:,} error message(s) about this capture (see diagnostics): data "
+                        "may be missing from it; read them before trusting absences"] if t.errors else [])
+    notes += _launch_notes(con, t, capture.end_ns, derived)
+    if derived:
+        notes.append(f"this export was cut or rewritten by another tool ({derived}), so work crossing its edges is "
+                     "partial (e.g. launches whose kernels fall outside it); analyse the original export when you can")
+    gpu_info = con.execute(GPU_INFO_SQL).fetchone()
+    if has_devices and gpu_info:
+        notes.append(gpu_info[0])
+    if gpu_active and gpu_active_pct < GPU_ACTIVE_MIN_PCT:
+        lead, tail = gpu_active.start_ns - capture.start_ns, capture.end_ns - gpu_active.end_ns
+        notes.append(f"GPU work spans only {gpu_active_pct}% of the capture: it starts {ms(lead)} in and ends "
+                     f"{ms(tail)} before the capture does, so capture-wide figures are diluted by host-only time; "
+                     "gpu_utilization and gpu_idle_gaps measure over the GPU-active window by default, and `nsys "
+                     "profile --capture-range=cudaProfilerApi` (or --delay/--duration) keeps the capture to the GPU "
+                     "phase")
+    if not has_devices and machine_gpus:
+        notes.append(f"the export lists {machine_gpus} for the machine but no work on it was traced")
+    return notes

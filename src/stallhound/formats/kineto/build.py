@@ -1,0 +1,100 @@
+"""Build the profile model (see profiles.model) from a PyTorch profiler (Kineto) trace into a DuckDB file.
+
+Events are staged in batches (profiles.kineto_stage) into three tables (GPU activity, host events, NCCL
+record_param_comms ops), then mapped with SQL into the same model tables an nsys export fills. Kineto writes no
+OS runtime calls, CPU samples, scheduling, synchronization records, CUDA graph executions, device-memory events
+or UVM faults: those tables stay empty and `capabilities` says so. CPU ops and user annotations
+(record_function, ProfilerStep#N) become push/pop NVTX ranges with domain 'cpu_op' or 'user_annotation';
+Kineto's GPU copies of the annotations (gpu_user_annotation) are left out, so a step is counted once, on the
+thread that ran it.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from stallhound.formats.build_steps import BuildSteps, Progress
+from stallhound.formats.kineto import read as kineto_read
+from stallhound.formats.kineto.meta import capability_rows, diagnostic_rows, distributed, gpu_rows, meta_row
+from stallhound.formats.kineto.sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
+from stallhound.formats.kineto.stage import Stage, Writer
+from stallhound.formats.nsys.build import WINDOW_SQL
+from stallhound.model.schema import ddl
+
+# DuckDB's share of a build, past which it spills to disk: staging only appends (128MB suffices), the mapping
+# joins and sorts need more (at 128MB DuckDB fails to allocate). With these a ~1 GB trace peaks near 460 MB RSS;
+# ingest's 1200MB suits exports, whose tables DuckDB scans in place rather than holding a copy.
+STAGE_MEMORY_LIMIT = "128MB"
+MAP_MEMORY_LIMIT = "256MB"
+STEPS = ("reading trace events", "kernels, copies, CUDA API calls, CPU ops", "devices, metadata, capabilities",
+         "writing the model")  # as progress reports them
+
+
+class KinetoBuilder(BuildSteps):
+    """One build of one trace."""
+
+    steps = STEPS
+
+    def __init__(self, path: Path, out: Path, progress: Progress | None = None,
+                 cancelled: threading.Event | None = None):
+        super().__init__(path, out, progress, STAGE_MEMORY_LIMIT, cancelled)
+        self.path = path
+        self.names: dict[tuple[str, int | None, int | None], str] = {}
+
+    def on_name(self, kind: str, pid: int | None, tid: int | None, name: str) -> None:
+        self.names[(kind, pid, tid if kind == "thread_name" else None)] = name  # the last name given wins
+
+    def stage(self) -> dict:
+        """Stream the events into _k_gpu, _k_host and _k_comms; return the top-level values after the events."""
+        writer, failed = Writer(self), True
+        try:
+            stages = [Stage(writer, "_k_gpu", GPU_COLUMNS), Stage(writer, "_k_host", HOST_COLUMNS),
+                      Stage(writer, "_k_comms", COMMS_COLUMNS)]
+            after = kineto_read.events(self.path, *(s.add for s in stages), self.on_name)
+            for s in stages:
+                s.flush()
+            failed = False
+        finally:
+            writer.close(failed)
+        return after
+
+    def names_tables(self) -> None:
+        """Processes and threads that ran host events (Kineto also names each GPU and stream as a 'process')."""
+        hosts = {pid for (pid,) in self.con.execute("SELECT DISTINCT pid FROM _k_host").fetchall()}
+        self.load_list("processes", sorted((pid, name) for (kind, pid, _), name in self.names.items()
+                                           if kind == "process_name" and pid in hosts))
+        self.load_list("threads", sorted((pid, tid, kineto_read.thread_name(name))
+                                         for (kind, pid, tid), name in self.names.items()
+                                         if kind == "thread_name" and pid in hosts))
+
+    def model(self, rank: int | None) -> None:
+        """The model tables from the staged events; `rank` (meta.rank) places NCCL kernels in their groups."""
+        self.sql(f"SET memory_limit = '{MAP_MEMORY_LIMIT}'")
+        for table, query in MAPPING:
+            self.sql(ddl(table))
+            if query:
+                self.sql(query, params={"rank": rank} if "$rank" in query else None)
+
+
+def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = None,
+          cancelled: threading.Event | None = None) -> None:
+    """Write the model of the Kineto trace at `path` into the DuckDB file `out` (which must not exist); setting
+    `cancelled` stops it with LoadCancelled."""
+    head = kineto_read.header(path)
+    b = KinetoBuilder(path, out, progress, cancelled)
+    with b.running():
+        b.step("reading trace events")
+        head = {**b.stage(), **head}  # values some Kineto versions write after the events
+        b.step("kernels, copies, CUDA API calls, CPU ops")
+        b.names_tables()
+        b.model(distributed(head)[0])
+        b.step("devices, metadata, capabilities")
+        b.load_list("gpus", gpu_rows(b.con, head))
+        b.load_list("diagnostics", diagnostic_rows(head))
+        b.load_list("meta", [meta_row(path, fingerprint, head, b.con.execute(WINDOW_SQL).fetchone())])
+        b.load_list("capabilities", capability_rows(b.con))
+        for helper in ("_k_gpu", "_k_host", "_k_comms"):
+            b.sql(f"DROP TABLE {helper}")
+        b.step("writing the model")
+        b.sql("CHECKPOINT")

@@ -1,0 +1,111 @@
+"""The small records of a Kineto trace's model: devices (deviceProperties), distributed info, meta, capabilities."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+
+from stallhound.formats.kineto.nccl import as_int
+from stallhound.formats.nsys import build as ingest
+from stallhound.model.schema import MODEL_VERSION
+
+PLATFORM = "torch.profiler (Kineto)"  # meta.platform of every Kineto trace: what wrote it
+RANK_SOURCE = "distributedInfo"  # meta.rank_source: the trace's own distributedInfo block
+EPOCH_FLOOR_NS = 946_684_800 * 10**9  # 2000-01-01: an earlier start is a clock that does not count from the epoch
+DIAGNOSTIC_SOURCE = "kineto"  # diagnostics.source of what the trace says about its capture
+NOT_IN_KINETO = "not recorded by torch.profiler; capture the run with nsys {flag} to get it"
+CUDA_ACTIVITY = "torch.profiler with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
+# data -> what records it, for a Kineto trace (profiles.hardware.CAPTURE_FLAGS says it for nsys).
+KINETO_FLAGS: dict[str, str] = {
+    "kernels": CUDA_ACTIVITY, "memcpy": CUDA_ACTIVITY, "memset": CUDA_ACTIVITY, "cuda_api": CUDA_ACTIVITY,
+    "nvtx": "torch.profiler with ProfilerActivity.CPU (CPU ops) and record_function ranges; prof.step() in the "
+            "loop records ProfilerStep#N",
+    "sync": NOT_IN_KINETO.format(flag="--trace=cuda"),
+    "os_runtime": NOT_IN_KINETO.format(flag="--trace=osrt"),
+    "cpu_samples": NOT_IN_KINETO.format(flag="--sample=process-tree"),
+    "sched": NOT_IN_KINETO.format(flag="--cpuctxsw=process-tree"),
+    "graph_exec": NOT_IN_KINETO.format(flag="--trace=cuda --cuda-graph-trace=graph"),
+    "memory_usage": NOT_IN_KINETO.format(flag="--cuda-memory-usage=true"),
+    "uvm_faults": NOT_IN_KINETO.format(flag="--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true"),
+}
+DEVICES_SQL = """SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL SELECT device_id FROM memcpy
+    UNION ALL SELECT device_id FROM memset) WHERE device_id IS NOT NULL ORDER BY 1"""
+
+
+def _properties(head: dict) -> dict[int, dict]:
+    props = head.get("deviceProperties")
+    return {int(p["id"]): p for p in props if isinstance(p, dict) and "id" in p} if isinstance(props, list) else {}
+
+
+def gpu_rows(con: duckdb.DuckDBPyConnection, head: dict) -> list[tuple]:
+    """A gpus row per device that ran work; Kineto records no chip, bandwidth, clock or bus."""
+    props = _properties(head)
+    rows = []
+    for (device,) in con.execute(DEVICES_SQL).fetchall():
+        p = props.get(device, {})
+        cc = f"{p['computeMajor']}.{p['computeMinor']}" if "computeMajor" in p and "computeMinor" in p else None
+        rows.append((device, p.get("name"), None, p.get("numSms"), p.get("totalGlobalMem"), None, None, cc, None))
+    return rows
+
+
+def diagnostic_rows(head: dict) -> list[tuple]:
+    """The rank and world size (distributedInfo) of the process that wrote the trace, as one info row."""
+    info = head.get("distributedInfo")
+    if not isinstance(info, dict) or "rank" not in info:
+        return []
+    extra = ", ".join(f"{k} {info[k]}" for k in ("backend", "nccl_version") if k in info)
+    return [(None, "info", DIAGNOSTIC_SOURCE, None,
+             f"torch.profiler trace of rank {info['rank']} of world size {info.get('world_size', '?')}"
+             + (f" ({extra})" if extra else ""))]
+
+
+def distributed(head: dict) -> tuple[int | None, int | None, str | None]:
+    """(rank, world size, rank source) from the trace's distributedInfo; Nones without one."""
+    info = head.get("distributedInfo")
+    if not isinstance(info, dict):
+        return None, None, None
+    rank, world = as_int(info.get("rank")), as_int(info.get("world_size"))
+    return rank, world, RANK_SOURCE if rank is not None else None
+
+
+def started_utc(head: dict, capture_start_ns: int | None) -> str | None:
+    """The capture's wall-clock start as nsys writes utcTime (UTC, to the second): Kineto's times count from
+    baseTimeNanoseconds (Unix epoch ns; traces without it count from the epoch itself). None before
+    EPOCH_FLOOR_NS, a clock that is not the epoch's."""
+    base = as_int(head.get("baseTimeNanoseconds")) or 0
+    if capture_start_ns is None or base + capture_start_ns < EPOCH_FLOOR_NS:
+        return None
+    return datetime.fromtimestamp((base + capture_start_ns) // 10**9, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def meta_row(path: Path, fingerprint: str, head: dict, windows: tuple) -> tuple:
+    cap_start, cap_end, gpu_start, gpu_end = windows
+    duration = cap_end - cap_start if cap_start is not None and cap_end is not None else None
+    schema = head.get("schemaVersion")
+    machine = ", ".join(str(p["name"]) for _, p in sorted(_properties(head).items()) if p.get("name")) or None
+    return (str(path), path.stat().st_size, fingerprint, MODEL_VERSION, None, None if schema is None else str(schema),
+            None, "profile", PLATFORM, None, None, started_utc(head, cap_start), cap_start,
+            cap_end, duration, gpu_start, gpu_end, machine,
+            None, *distributed(head))
+
+
+def _gpu_info_flag(devices: int, named: int) -> str:
+    if devices == 0:
+        return "no device ran GPU work in the capture, so there is no device to describe"
+    if named == devices:
+        return "recorded (the trace's deviceProperties)"
+    return (f"{devices - named} of {devices} devices have no entry in the trace's deviceProperties (PyTorch writes "
+            "them since 1.13), so their GPU model is unknown")
+
+
+def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    """ingest's capability rows, with what records each kind of data said for torch.profiler."""
+    rows = []
+    for data, present, count, flag in ingest.capability_rows(con):
+        if data == "gpu_info":
+            devices = con.execute("SELECT count(*) FROM gpus").fetchone()[0]
+            flag = _gpu_info_flag(devices, count)
+        rows.append((data, present, count, KINETO_FLAGS.get(data, flag)))
+    return rows

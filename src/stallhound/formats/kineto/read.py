@@ -1,0 +1,218 @@
+"""Stream a PyTorch profiler (Kineto) Chrome trace, plain or gzipped, into rows for the profile model.
+
+The file is read twice, never whole: once up to its `traceEvents` key for the header (deviceProperties,
+distributedInfo, schemaVersion, which most Kineto versions write before the events), then event by event with
+ijson's C backend, keeping the last TAIL_BYTES read: the values some versions write after the events
+(baseTimeNanoseconds, and deviceProperties or distributedInfo) are parsed from those bytes, not by a third pass.
+Times are converted from Kineto's microseconds (decimal fractions, read exactly as Decimal) to integer
+nanoseconds once, here: ns = round(us * 1000), halves to even; an end is round((ts + dur) * 1000),
+so it is never rounded twice. Kineto writes at most 3 decimals, so no rounding happens in practice.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import gzip
+import json
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+import ijson
+
+from stallhound.formats.kineto import nccl as kineto_nccl
+from stallhound.formats.kineto.nccl import as_int as _int
+from stallhound.formats.nsys.build import NCCL_COLLECTIVES
+from stallhound.model.errors import NotAProfile
+
+GZIP_MAGIC = b"\x1f\x8b"
+HEAD_BYTES = 64  # enough to see past leading whitespace to the opening brace
+TRACE_EVENTS = "traceEvents"
+# Kineto's event categories (current lower-case names and the capitalised ones of 2021-era traces) -> staging kind.
+CATEGORIES = {
+    "kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy", "gpu_memset": "memset", "memset": "memset",
+    "cuda_runtime": "api", "cuda_driver": "api", "runtime": "api", "driver": "api",
+    "cpu_op": "cpu_op", "operator": "cpu_op", "user_annotation": "user_annotation",
+}
+THREAD_NAME = re.compile(r"^thread \d+ \((.*)\)$")  # Kineto's 'thread <tid> (<OS thread name>)'
+# Kineto's collective names (allreduce, _allgather_base, reduce_scatter_tensor_coalesced, ...) are matched, letters
+# only, by their longest leading model name: the model's nccl_collective labels, longest first.
+COLLECTIVES = sorted(NCCL_COLLECTIVES, key=len, reverse=True)
+# Bytes kept from the end of the file for the values after traceEvents: Kineto's own trailing block (device
+# properties of 8 GPUs, distributedInfo with its process groups, its log lines) is tens of KB.
+TAIL_BYTES = 1 << 20
+STRUCTURE = re.compile(rb'["{}\[\],]')  # the bytes that decide JSON nesting, and quotes, which hide them
+BACKSLASHES = re.compile(rb"\\*")  # before a quote: an odd count escapes it
+EVENTS_KEY = re.compile(rb'\s*"traceEvents"\s*:')
+# What a damaged file raises while it is decompressed or parsed.
+READ_ERRORS = (ijson.JSONError, gzip.BadGzipFile, EOFError, zlib.error, UnicodeDecodeError, OSError)
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[IO[bytes]]:
+    with path.open("rb") as raw:
+        gzipped = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+        raw.seek(0)
+        if not gzipped:
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+            yield unzipped
+
+
+def is_trace(path: Path) -> bool:
+    """Whether the file's content (decompressed when gzipped) starts like a JSON object: a candidate Kineto trace.
+    Whether it holds traceEvents is decided when it is read."""
+    try:
+        with _open(path) as fh:
+            head = fh.read(HEAD_BYTES)
+    except READ_ERRORS:
+        return False
+    return head.lstrip()[:1] == b"{"
+
+
+def _broken(path: Path, exc: Exception) -> NotAProfile:
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return NotAProfile(f"{path} is not a complete torch.profiler (Kineto) trace ({detail}); check that the file was "
+                       "fully written (export_chrome_trace or tensorboard_trace_handler) and load it again")
+
+
+def header(path: Path) -> dict:
+    """The top-level values Kineto writes before traceEvents; NotAProfile when there is no traceEvents array."""
+    values: dict = {}
+    key, builder = None, None
+    try:
+        with _open(path) as fh:
+            for prefix, event, value in ijson.parse(fh):
+                if prefix == "" and event == "map_key":
+                    if builder is not None:
+                        values[key] = builder.value
+                    if value == TRACE_EVENTS:
+                        return values
+                    key, builder = value, ijson.ObjectBuilder()
+                elif prefix != "" and builder is not None:
+                    builder.event(event, value)
+                elif prefix == "" and event != "start_map":
+                    break
+    except READ_ERRORS as exc:
+        raise _broken(path, exc) from exc
+    raise NotAProfile(f"{path} is JSON but has no top-level traceEvents array, so it is not a torch.profiler (Kineto) "
+                      "trace; pass a trace written by torch.profiler (export_chrome_trace) or an nsys .sqlite export")
+
+
+def ns(us) -> int:
+    """Kineto microseconds (int or exact Decimal) as integer nanoseconds, halves to even."""
+    return round(us * 1000)
+
+
+def _dims(args: dict, key: str) -> tuple:
+    dims = args.get(key)
+    return tuple(_int(d) for d in dims[:3]) if isinstance(dims, list) and len(dims) >= 3 else (None, None, None)
+
+
+def thread_name(name: str) -> str:
+    match = THREAD_NAME.match(name)
+    return match.group(1) if match else name
+
+
+@functools.cache
+def collective(name: str) -> str | None:
+    """A Kineto collective name as the model's nccl_collective label (AllReduce, ...), None when none matches."""
+    letters = re.sub("[^a-z]", "", name.lower())
+    return next((c for c in COLLECTIVES if letters and letters.startswith(c.lower())), None)
+
+
+def gpu_row(kind: str, ev: dict, args: dict) -> tuple:
+    """(kind, device, context, stream, correlation, start, end, name, grid xyz, block xyz, registers, bytes,
+    Kineto's collective name, External id, kineto_nccl.fields)."""
+    start = ev["ts"]
+    return (kind, _int(args.get("device")), _int(args.get("context")), _int(args.get("stream")),
+            _int(args.get("correlation")), ns(start), ns(start + ev.get("dur", 0)), ev.get("name"),
+            *_dims(args, "grid"), *_dims(args, "block"), _int(args.get("registers per thread")),
+            _int(args.get("bytes")), collective(str(args.get("Collective name") or "")),
+            _int(args.get("External id")), *kineto_nccl.fields(args))
+
+
+def comms_row(ev: dict, args: dict) -> tuple:
+    """(External id, start, Kineto's collective name, kineto_nccl.fields) of a record_param_comms op."""
+    return (_int(args.get("External id")), ns(ev["ts"]), collective(str(args.get("Collective name") or "")),
+            *kineto_nccl.fields(args))
+
+
+def host_row(kind: str, ev: dict, args: dict) -> tuple:
+    """(kind, pid, tid, correlation, name, start, end) of a CPU-side event."""
+    start = ev["ts"]
+    return (kind, _int(ev.get("pid")), _int(ev.get("tid")), _int(args.get("correlation")), ev.get("name"),
+            ns(start), ns(start + ev.get("dur", 0)))
+
+
+class _Tail:
+    """A binary reader that keeps the last TAIL_BYTES it read (and a chunk more at most)."""
+
+    def __init__(self, fh: IO[bytes]):
+        self.fh, self.chunks, self.kept = fh, collections.deque(), 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.fh.read(size)
+        self.chunks.append(data)
+        self.kept += len(data)
+        while self.kept - len(self.chunks[0]) >= TAIL_BYTES:
+            self.kept -= len(self.chunks.popleft())
+        return data
+
+    def bytes(self) -> bytes:
+        return b"".join(self.chunks)[-TAIL_BYTES:]
+
+
+def trailing(tail: bytes) -> dict:
+    """The top-level values after traceEvents in `tail`, the last bytes of a well-formed trace. Scanned backwards
+    from the closing brace: each comma at depth 1 outside strings starts a key; the values after the key
+    traceEvents are parsed as one object. Values that start before the tail (past TAIL_BYTES) are left out."""
+    end = tail.rfind(b"}")
+    reverse = tail[:end][::-1]
+    depth, quoted, start = 1, False, None
+    for match in STRUCTURE.finditer(reverse):
+        char, at = match.group(), end - 1 - match.start()
+        if char == b'"':
+            quoted ^= len(BACKSLASHES.match(reverse, match.end()).group()) % 2 == 0
+        elif quoted:
+            continue
+        elif char in b"}]":
+            depth += 1
+        elif char in b"{[":
+            depth -= 1
+            if depth == 0:
+                break
+        elif depth == 1:
+            if EVENTS_KEY.match(tail, at + 1):
+                break
+            start = at
+    return {} if start is None else json.loads(b"{" + tail[start + 1:end + 1])
+
+
+def events(path: Path, on_gpu: Callable[[tuple], None], on_host: Callable[[tuple], None],
+           on_comms: Callable[[tuple], None], on_name: Callable[[str, int | None, int | None, str], None]) -> dict:
+    """Feed every complete ('X') event of a known category, every record_param_comms op, and every process/thread
+    name to the callbacks; return the top-level values written after traceEvents."""
+    try:
+        with _open(path) as fh:
+            tail = _Tail(fh)
+            for ev in ijson.items(tail, f"{TRACE_EVENTS}.item"):
+                ph, args = ev.get("ph"), ev.get("args") or {}
+                if ph == "X" and "ts" in ev:
+                    kind = CATEGORIES.get(str(ev.get("cat", "")).lower())
+                    if kind in ("kernel", "memcpy", "memset"):
+                        on_gpu(gpu_row(kind, ev, args))
+                    elif kind is not None:
+                        on_host(host_row(kind, ev, args))
+                        if ev.get("name") == kineto_nccl.COMMS_OP:
+                            on_comms(comms_row(ev, args))
+                elif ph == "M" and ev.get("name") in ("process_name", "thread_name") and "name" in args:
+                    on_name(ev["name"], _int(ev.get("pid")), _int(ev.get("tid")), str(args["name"]))
+        return trailing(tail.bytes())
+    except (*READ_ERRORS, TypeError, json.JSONDecodeError) as exc:  # TypeError: a time that is not a number
+        raise _broken(path, exc) from exc

@@ -1,0 +1,149 @@
+"""Devices, metadata and capabilities: the small records derived from an export's TARGET_INFO/META tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stallhound.formats.nsys.raw import RawExport
+
+# data -> (model table, the nsys option that records it); gpu_info's text comes from gpu_info_flag().
+CAPTURE_FLAGS: dict[str, tuple[str, str]] = {
+    "kernels": ("kernels", "--trace=cuda"),
+    "memcpy": ("memcpy", "--trace=cuda"),
+    "memset": ("memset", "--trace=cuda"),
+    "cuda_api": ("cuda_api", "--trace=cuda"),
+    "sync": ("sync", "--trace=cuda"),
+    "nvtx": ("nvtx", "--trace=nvtx (and mark each step of the program with an NVTX range)"),
+    "os_runtime": ("os_runtime", "--trace=osrt"),
+    "cpu_samples": ("cpu_samples", "--sample=process-tree"),
+    "sched": ("sched", "--cpuctxsw=process-tree"),
+    "graph_exec": ("graph_exec", "--trace=cuda --cuda-graph-trace=graph (the default), when the program launches "
+                                 "CUDA graphs"),
+    "memory_usage": ("memory_usage", "--cuda-memory-usage=true"),
+    "uvm_faults": ("uvm_faults", "--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true"),
+    "gpu_info": ("gpus", ""),
+}
+# TARGET_INFO_GPU replaced TARGET_INFO_CUDA_GPU in nsys 2021.2: an older export without either can be
+# re-captured with a newer nsys; a newer one lacks it for a reason no capture option fixes.
+GPU_TABLE_SINCE = (2021, 2)
+
+GPU_FIELDS = ("name", "chipName", "smCount", "totalMemory", "memoryBandwidth", "clockRate", "computeMajor",
+              "computeMinor", "busLocation")
+# TARGET_INFO_CUDA_GPU (older exports) mirrors CUPTI's device record: column -> the TARGET_INFO_GPU field it
+# fills. Its bandwidth and clock columns are left out: CUPTI gives them in KB/s and kHz, and no export at hand
+# confirms that nsys kept those units.
+CUDA_GPU_FIELDS = {"name": "name", "numMultiprocessors": "smCount", "globalMemorySize": "totalMemory",
+                   "computeCapabilityMajor": "computeMajor", "computeCapabilityMinor": "computeMinor"}
+
+
+def _target_info_gpu(raw: RawExport) -> dict[int, dict[str, object]]:
+    """TARGET_INFO_GPU rows that describe CUDA devices, keyed by their `id`."""
+    cols = raw.columns("TARGET_INFO_GPU")
+    if "id" not in cols:
+        return {}
+    wanted = [c for c in ("id", "cuDevice", *GPU_FIELDS) if c in cols]
+    rows = [dict(zip(wanted, r, strict=True)) for r in raw.rows("TARGET_INFO_GPU", ", ".join(f'"{c}"' for c in wanted))]
+    # Windows exports list every adapter; a CUDA device has SMs.
+    return {int(r["id"]): r for r in rows if (r.get("smCount") or 0) > 0}
+
+
+def _target_info_cuda_gpu(raw: RawExport) -> dict[int, dict[str, object]]:
+    """TARGET_INFO_CUDA_GPU rows keyed by CUDA device id (its deviceId, the kernels' deviceId)."""
+    cols = raw.columns("TARGET_INFO_CUDA_GPU")
+    key = next((c for c in ("deviceId", "id") if c in cols), None)
+    if key is None:
+        return {}
+    wanted = [c for c in CUDA_GPU_FIELDS if c in cols]
+    rows = raw.rows("TARGET_INFO_CUDA_GPU", ", ".join(f'"{c}"' for c in (key, *wanted)))
+    return {int(r[0]): {CUDA_GPU_FIELDS[c]: v for c, v in zip(wanted, r[1:], strict=True)} for r in rows}
+
+
+def _device_map(raw: RawExport) -> dict[int, dict[str, object]]:
+    """CUDA device id -> hardware row: TARGET_INFO_GPU through TARGET_INFO_CUDA_DEVICE (nsys 2025.1+), else
+    through its cuDevice column; exports without TARGET_INFO_GPU through TARGET_INFO_CUDA_GPU."""
+    gpus = _target_info_gpu(raw)
+    if not gpus:
+        return _target_info_cuda_gpu(raw)
+    if {"gpuId", "cudaId"} <= set(raw.columns("TARGET_INFO_CUDA_DEVICE")):
+        pairs = raw.rows("TARGET_INFO_CUDA_DEVICE", "gpuId, cudaId")
+        return {int(cuda): gpus[int(gpu)] for gpu, cuda in pairs if gpu is not None and int(gpu) in gpus}
+    by_cuda: dict[int, dict[str, object]] = {}
+    for row in gpus.values():
+        if row.get("cuDevice") is not None:
+            by_cuda.setdefault(int(row["cuDevice"]), row)
+    return by_cuda
+
+
+def gpu_rows(raw: RawExport, devices: list[int]) -> list[tuple]:
+    mapping = _device_map(raw)
+    out = []
+    for device in devices:
+        g = mapping.get(device, {})
+        cc = f"{g['computeMajor']}.{g['computeMinor']}" if g.get("computeMajor") else None
+        out.append((device, g.get("name") or None, g.get("chipName") or None, g.get("smCount"), g.get("totalMemory"),
+                    g.get("memoryBandwidth") or None, g.get("clockRate") or None, cc, g.get("busLocation") or None))
+    return out
+
+
+def machine_gpus(raw: RawExport) -> str | None:
+    """Names of the CUDA GPUs the export lists for the machine, in its order, whether or not they ran work."""
+    listed = _target_info_gpu(raw) or _target_info_cuda_gpu(raw)
+    return ", ".join(str(r["name"]) for _, r in sorted(listed.items()) if r.get("name")) or None
+
+
+def _version(nsys_version: str | None) -> tuple[int, int] | None:
+    parts = (nsys_version or "").split(".")
+    return (int(parts[0]), int(parts[1])) if len(parts) > 1 and parts[0].isdigit() and parts[1].isdigit() else None
+
+
+def gpu_info_flag(nsys_version: str | None, derived_from: str | None, devices: int, named: int) -> str:
+    """What the gpu_info capability says: which devices lack hardware details and what (if anything) helps."""
+    if devices == 0:
+        return "no device ran GPU work in the capture, so there is no device to describe"
+    if named == devices:
+        return "recorded (TARGET_INFO_GPU or TARGET_INFO_CUDA_GPU)"
+    missing = (f"{devices - named} of {devices} devices have no hardware record in the export, so their GPU model "
+               "is unknown")
+    version = _version(nsys_version)
+    if derived_from:
+        return f"{missing}; this export is a derived copy ({derived_from}): the original export may hold it"
+    if version is None:
+        return (f"{missing}; the export does not record its nsys version either (nsys 2021.2 and later keep GPU "
+                "hardware in TARGET_INFO_GPU)")
+    if version < GPU_TABLE_SINCE:
+        return f"{missing}; nsys {nsys_version} predates TARGET_INFO_GPU: a newer nsys (2021.2+) records it"
+    return f"{missing}; nsys {nsys_version} writes TARGET_INFO_GPU when it can query the GPUs, and no option adds it"
+
+
+def derived_from(raw: RawExport) -> str | None:
+    """'<source> by <tool>, window <a>-<b> ns' when another tool cut or rewrote this export and said so in its
+    metadata (DERIVED_FROM, DERIVED_BY, DERIVED_WINDOW_NS); None for an export as nsys wrote it."""
+    _, meta = raw.metadata
+    if not meta.get("DERIVED_FROM"):
+        return None
+    return (meta["DERIVED_FROM"] + (f" by {meta['DERIVED_BY']}" if meta.get("DERIVED_BY") else "")
+            + (f", window {meta['DERIVED_WINDOW_NS']} ns" if meta.get("DERIVED_WINDOW_NS") else ""))
+
+
+def _command_line(raw: RawExport) -> str | None:
+    meta = raw.capture_metadata
+    command = next((v for k, v in meta if k == "PROCESS_0:COMMAND"), None)
+    if command is None:
+        return None
+    args = [v for k, v in meta if k.startswith("PROCESS_0:ARGUMENT_")]
+    return " ".join([command, *args])
+
+
+def meta_row(raw: RawExport, path: Path, size: int, fingerprint: str, model_version: int, enum_source: str,
+             windows: tuple) -> tuple:
+    table, meta = raw.metadata
+    cap_start, cap_end, gpu_start, gpu_end = windows
+    session = None
+    if {"utcTime"} <= set(raw.columns("TARGET_INFO_SESSION_START_TIME")):
+        first = raw.rows("TARGET_INFO_SESSION_START_TIME", "utcTime")
+        session = first[0][0] if first else None
+    duration = cap_end - cap_start if cap_start is not None and cap_end is not None else None
+    return (str(path), size, fingerprint, model_version, raw.nsys_version, meta.get("EXPORT_SCHEMA_VERSION"), table,
+            enum_source, meta.get("EXPORT_PLATFORM"), meta.get("EXPORT_HOST"), _command_line(raw), session,
+            cap_start, cap_end, duration, gpu_start, gpu_end, machine_gpus(raw), derived_from(raw),
+            None, None, None)  # nsys records no distributed rank

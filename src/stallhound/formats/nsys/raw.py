@@ -1,0 +1,186 @@
+"""Read-only look at a raw nsys SQLite export: its tables, metadata and ENUM tables."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from functools import cached_property
+from pathlib import Path
+from urllib.parse import quote
+
+from stallhound.formats.nsys.checks import ESSENTIAL_TABLES, left_out_note, missing_columns
+from stallhound.model.errors import NotAProfile
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# Header bytes 18 and 19 (file format write and read versions): 2 means WAL journal mode, 1 the rollback journal.
+WAL_VERSION_OFFSET = 18
+WAL_MODE = b"\x02\x02"
+ROLLBACK_MODE = b"\x01\x01"
+# Tables whose presence marks a file as an nsys export (every version has at least one).
+NSYS_MARKERS = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "ThreadNames", "CUPTI_ACTIVITY_KIND_KERNEL")
+# Misspellings seen in real exports, mapped to the name we look up.
+TABLE_ALIASES = {"ENUM_CUDA_KRENEL_LAUNCH_TYPE": "ENUM_CUDA_KERNEL_LAUNCH_TYPE"}
+
+# nsys' own codes, used only when an export lacks the ENUM table (older exports).
+BUILTIN_ENUMS: dict[str, dict[int, str]] = {
+    "ENUM_CUDA_MEMCPY_OPER": {0: "CUDA_MEMCPY_KIND_UNKNOWN", 1: "CUDA_MEMCPY_KIND_HTOD", 2: "CUDA_MEMCPY_KIND_DTOH",
+                              3: "CUDA_MEMCPY_KIND_HTOA", 4: "CUDA_MEMCPY_KIND_ATOH", 5: "CUDA_MEMCPY_KIND_ATOA",
+                              6: "CUDA_MEMCPY_KIND_ATOD", 7: "CUDA_MEMCPY_KIND_DTOA", 8: "CUDA_MEMCPY_KIND_DTOD",
+                              9: "CUDA_MEMCPY_KIND_HTOH", 10: "CUDA_MEMCPY_KIND_PTOP",
+                              11: "CUDA_MEMCPY_KIND_UVM_HTOD", 12: "CUDA_MEMCPY_KIND_UVM_DTOH",
+                              13: "CUDA_MEMCPY_KIND_UVM_DTOD"},
+    "ENUM_CUDA_MEM_KIND": {0: "CUDA_MEMOPR_MEMORY_KIND_PAGEABLE", 1: "CUDA_MEMOPR_MEMORY_KIND_PINNED",
+                           2: "CUDA_MEMOPR_MEMORY_KIND_DEVICE", 3: "CUDA_MEMOPR_MEMORY_KIND_ARRAY",
+                           4: "CUDA_MEMOPR_MEMORY_KIND_MANAGED", 5: "CUDA_MEMOPR_MEMORY_KIND_DEVICE_STATIC",
+                           6: "CUDA_MEMOPR_MEMORY_KIND_MANAGED_STATIC", 7: "CUDA_MEMOPR_MEMORY_KIND_UNKNOWN"},
+    "ENUM_CUPTI_SYNC_TYPE": {0: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_UNKNOWN",
+                             1: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE",
+                             2: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT",
+                             3: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE",
+                             4: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE"},
+    "ENUM_CUDA_DEV_MEM_EVENT_OPER": {0: "CUDA_DEV_MEM_EVENT_OPR_ALLOCATION", 1: "CUDA_DEV_MEM_EVENT_OPR_DEALLOCATION"},
+    "ENUM_DIAGNOSTIC_SEVERITY_LEVEL": {0: "UnknownLevel", 1: "Info", 2: "Warning", 3: "Error", 4: "Verbose"},
+    "ENUM_DIAGNOSTIC_SOURCE_TYPE": {0: "UnknownSource", 1: "Injection", 2: "Daemon", 3: "Analysis"},
+    "ENUM_NSYS_EVENT_TYPE": {34: "NvtxMark", 59: "NvtxPushPopRange", 60: "NvtxStartEndRange",
+                             65: "NvtxtMark", 70: "NvtxtPushPopRange", 71: "NvtxtStartEndRange",
+                             75: "NvtxDomainCreate"},
+}
+
+
+def decode_text(value: object) -> object:
+    """Bytes from SQLite as str: UTF-8 when valid, else Latin-1 (every byte kept)."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value.decode("latin-1")
+    return value
+
+
+def damaged(path: Path, exc: Exception) -> NotAProfile:
+    """The one-sentence error for an export SQLite or DuckDB failed to read part of."""
+    lines = str(exc).strip().splitlines()
+    return NotAProfile(f"{path} is not a readable SQLite database ({lines[0] if lines else type(exc).__name__}): "
+                       "it may be truncated, damaged or still being written; re-export it with "
+                       "`nsys export --type sqlite`")
+
+
+def is_wal_mode(path: Path) -> bool:
+    """Whether the export is in WAL journal mode: SQLite (and DuckDB's scanner) opening it without
+    `immutable` would create -wal/-shm files beside it."""
+    with path.open("rb") as fh:
+        fh.seek(WAL_VERSION_OFFSET)
+        return fh.read(len(WAL_MODE)) == WAL_MODE
+
+
+class RawExport:
+    """The raw export, opened read-only (immutable: nothing, not even a lock, is written).
+
+    Tables lacking a column ingest reads are hidden (see profiles.checks) and named in `notes`;
+    `scan_path` is the file DuckDB's scanner reads (a private copy when the export is in WAL mode).
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.scan_path = path
+        self.notes: list[str] = []
+        uri = f"file:{quote(str(path))}?mode=ro&immutable=1"
+        try:
+            self.con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise damaged(path, exc) from exc
+        try:
+            self.con.text_factory = bytes
+            names = [decode_text(r[0]) for r in
+                     self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
+            self.table_names = {TABLE_ALIASES.get(n, n): n for n in names}
+            if not any(m in self.table_names for m in NSYS_MARKERS):
+                raise NotAProfile(f"{path} is an SQLite database but not an Nsight Systems export "
+                                  "(no StringIds/CUPTI/TARGET_INFO tables); export one with "
+                                  "`nsys export --type sqlite report.nsys-rep`")
+            self._hide_unreadable_tables()
+        except sqlite3.DatabaseError as exc:
+            self.con.close()
+            raise damaged(path, exc) from exc
+        except NotAProfile:
+            self.con.close()
+            raise
+
+    def _hide_unreadable_tables(self) -> None:
+        for table in ESSENTIAL_TABLES:
+            if not self.has(table) or missing_columns(table, self.columns(table)):
+                raise NotAProfile(f"{self.path} has no readable {table} table, which every nsys export uses to "
+                                  "name kernels, API calls and threads: the file is incomplete or was altered; "
+                                  "re-export the report with `nsys export --type sqlite`")
+        for table in sorted(self.table_names):
+            missing = missing_columns(table, self.columns(table))
+            if missing:
+                self.notes.append(left_out_note(table, missing, self.count(table)))
+                del self.table_names[table]
+
+    def close(self) -> None:
+        self.con.close()
+
+    def has(self, table: str) -> bool:
+        return table in self.table_names
+
+    def real_name(self, table: str) -> str:
+        return self.table_names[table]
+
+    def columns(self, table: str) -> list[str]:
+        if not self.has(table):
+            return []
+        return [decode_text(r[1]) for r in self.con.execute(f'PRAGMA table_info("{self.real_name(table)}")')]
+
+    def count(self, table: str) -> int:
+        if not self.has(table):
+            return 0
+        return self.con.execute(f'SELECT count(*) FROM "{self.real_name(table)}"').fetchone()[0]
+
+    def nonempty(self, table: str) -> bool:
+        """True when the table exists and has a row (without counting them all)."""
+        return self.has(table) and self.con.execute(
+            f'SELECT 1 FROM "{self.real_name(table)}" LIMIT 1').fetchone() is not None
+
+    def rows(self, table: str, columns: str = "*") -> list[tuple]:
+        if not self.has(table):
+            return []
+        cur = self.con.execute(f'SELECT {columns} FROM "{self.real_name(table)}"')
+        return [tuple(decode_text(v) for v in row) for row in cur]
+
+    @cached_property
+    def metadata(self) -> tuple[str | None, dict[str, str]]:
+        """(table name, name -> first value) from META_DATA_EXPORT or its older name."""
+        for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+            if self.has(table):
+                out: dict[str, str] = {}
+                for name, value in self.rows(table, "name, value"):
+                    out.setdefault(name, value)
+                return table, out
+        return None, {}
+
+    @cached_property
+    def capture_metadata(self) -> list[tuple[str, str]]:
+        return self.rows("META_DATA_CAPTURE", "name, value") if self.has("META_DATA_CAPTURE") else []
+
+    def enum(self, table: str) -> tuple[dict[int, str], bool]:
+        """code -> name from the profile's own ENUM table; (builtin values, False) when it lacks one."""
+        if self.has(table):
+            cols = self.columns(table)
+            if "id" in cols and "name" in cols:
+                return {int(i): str(n) for i, n in self.rows(table, "id, name")}, True
+        return dict(BUILTIN_ENUMS.get(table, {})), False
+
+    @cached_property
+    def nsys_version(self) -> str | None:
+        _, meta = self.metadata
+        if meta.get("EXPORT_PRODUCT_VERSION"):
+            return meta["EXPORT_PRODUCT_VERSION"]
+        # The oldest exports have no metadata; the install path in the system env often holds the version.
+        for row in self.rows("TARGET_INFO_SYSTEM_ENV") if self.has("TARGET_INFO_SYSTEM_ENV") else []:
+            for value in row:
+                if isinstance(value, str):
+                    found = re.search(r"(20\d\d\.\d+\.\d+(?:\.\d+)?)", value)
+                    if found and "nsight" in value.lower():
+                        return found.group(1)
+        return None

@@ -1,0 +1,107 @@
+"""DuckDB connections: the bundled SQLite scanner, no downloads, read-only model files."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import duckdb
+
+from stallhound.model.errors import NotAProfile
+from stallhound.model.limits import model_memory_mb
+
+OFFLINE = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+# DuckDB hands freed memory back to the OS after a bulk free larger than this (default 512 MB); until then it stays
+# in RSS beyond the model memory limit. The 10 GB benchmark export's first triage peaked at 1,832 MB at the default
+# and 1,358 MB at 16 MB (1,330 MB at 1 MB), within noise in time; the 1 GB export's is unchanged.
+RETURN_FREED_MEMORY = {"allocator_bulk_deallocation_flush_threshold": "16MB"}
+
+
+def _scanner_path() -> Path:
+    import duckdb_extension_sqlite_scanner as pkg
+    version = duckdb.__version__
+    path = Path(pkg.__file__).parent / "extensions" / f"v{version}" / "sqlite_scanner.duckdb_extension"
+    if not path.exists():
+        found = sorted((Path(pkg.__file__).parent / "extensions").glob("*/sqlite_scanner.duckdb_extension"))
+        raise NotAProfile(f"the bundled DuckDB SQLite scanner does not match duckdb {version} "
+                          f"(found {', '.join(p.parent.name for p in found) or 'none'}); "
+                          f"reinstall with `pip install duckdb-extension-sqlite-scanner=={version}`")
+    return path
+
+
+def load_sqlite_scanner(con: duckdb.DuckDBPyConnection) -> None:
+    """Load the scanner from the PyPI package: never from the network."""
+    con.execute(f"LOAD '{_scanner_path()}'")
+
+
+_shared: dict[Path, tuple[duckdb.DuckDBPyConnection, int]] = {}
+_shared_lock = threading.Lock()
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
+
+
+def spill_folder(model: Path) -> Path:
+    """Where DuckDB spills for this process's connection to `model`: beside the model (in the cache folder, never
+    the profile's), one per host and process so that two processes never share spill files. DuckDB makes it on the
+    first spill and removes it when the connection closes; a process that is killed leaves it (remove_dead_spills)."""
+    return model.with_name(f"{model.name}.spill-{_host()}-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_dead_spills(model: Path) -> list[Path]:
+    """Remove the spill folders that processes of this host left beside `model` when they were killed (a client
+    stopping its stdio server does that), and return them. Folders of other hosts sharing the cache folder (a
+    network home) are left: their processes cannot be checked from here."""
+    pattern = re.compile(re.escape(f"{model.name}.spill-{_host()}-") + r"(\d+)")
+    removed = []
+    for folder in model.parent.glob(f"{model.name}.spill-*"):
+        found = pattern.fullmatch(folder.name)
+        if found and int(found[1]) != os.getpid() and not _alive(int(found[1])):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def open_model(path: Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to a built model, with file and network access from SQL switched off, within the
+    model memory limit (profiles.limits).
+
+    DuckDB allows one configuration per database file in a process, so every open of the same
+    model shares one base connection and gets its own cursor; `close_model` releases it.
+    """
+    with _shared_lock:
+        base, users = _shared.get(path, (None, 0))
+        if base is None:
+            remove_dead_spills(path)
+            base = duckdb.connect(str(path), read_only=True, config={
+                **OFFLINE, **RETURN_FREED_MEMORY, "enable_external_access": False,
+                "memory_limit": f"{model_memory_mb()}MB", "temp_directory": str(spill_folder(path))})
+            base.execute("SET enable_progress_bar = false")
+            base.execute("SET lock_configuration = true")
+        _shared[path] = (base, users + 1)
+        return base.cursor()
+
+
+def close_model(path: Path, con: duckdb.DuckDBPyConnection) -> None:
+    con.close()
+    with _shared_lock:
+        base, users = _shared.pop(path, (None, 0))
+        if base is not None and users > 1:
+            _shared[path] = (base, users - 1)
+        elif base is not None:
+            base.close()

@@ -1,0 +1,114 @@
+"""Every named error, in one place. Each message is one sentence: what was wrong and what to do next.
+
+The server turns any StallhoundError into an MCP error (or the CLI into one line on stderr) in one place;
+the classes tell callers and tests what went wrong, by layer.
+"""
+
+
+class StallhoundError(Exception):
+    """Base of every error the server turns into a clean MCP/CLI error."""
+
+
+class InvalidRequest(StallhoundError):
+    """A parameter is valid by type but not for this profile (device, window, name)."""
+
+
+# --- loading a profile (profiles/) ----------------------------------------------------------------
+class ProfileNotFound(StallhoundError):
+    pass
+
+
+class NotAProfile(StallhoundError):
+    """The file exists but is not a usable Nsight Systems export."""
+
+
+class ConversionNeeded(StallhoundError):
+    """A .nsys-rep/.qdrep that cannot be converted here."""
+
+
+class ConversionFailed(StallhoundError):
+    pass
+
+
+class ProfileChanged(StallhoundError):
+    """The export's file changed while it was being read: the model would mix two contents."""
+
+
+class CacheUnwritable(StallhoundError):
+    """The cache folder cannot be written (open_profile then builds in a temporary folder)."""
+
+
+class LoadCancelled(StallhoundError):
+    pass
+
+
+class MemorySettingInvalid(StallhoundError):
+    """STALLHOUND_BUILD_MEMORY_MB or STALLHOUND_MODEL_MEMORY_MB is not a whole number of MB."""
+
+
+class BuildOutOfMemory(StallhoundError):
+    """The build needed more memory than its limit, or more disk than the cache folder has for spilling."""
+
+
+class ModelOutOfMemory(StallhoundError):
+    """A tool call on an open model needed more memory than the model's limit, and could not spill."""
+
+
+# --- the book and the questions (resources/) ------------------------------------------------------
+class BookError(StallhoundError):
+    """A packaged book or question file is malformed."""
+
+
+class UnknownEntry(StallhoundError):
+    pass
+
+
+class UnknownPhase(StallhoundError):
+    pass
+
+
+# --- tools/ ---------------------------------------------------------------------------------------
+class QueryRefused(InvalidRequest):
+    """query_sql was given something other than one read-only SELECT."""
+
+
+# --- serving (server/) ----------------------------------------------------------------------------
+class OutsideRoots(InvalidRequest):
+    """A path outside the folders given with --root."""
+
+
+class UnknownProfile(InvalidRequest):
+    """No profile is loaded with that id in this session."""
+
+
+class BudgetSettingInvalid(StallhoundError):
+    """STALLHOUND_MAX_RESULT_CHARS / --max-result-chars is not a usable value."""
+
+
+class ResultTooLarge(InvalidRequest):
+    """A result does not fit the character budget even cut to one row."""
+
+
+class InsecureBind(StallhoundError):
+    """HTTP on a non-loopback address without a bearer token."""
+
+
+class ClientGone(StallhoundError):
+    """The HTTP client left before the answer was ready (said to nobody; it ends the call)."""
+
+
+# --- jobs: every rank of a run (profiles/job*, server/jobs) ---------------------------------------
+class DaskUnavailable(StallhoundError):
+    """A scheduler was asked for but Dask is not installed, or it cannot be reached."""
+
+
+class NoJobFiles(InvalidRequest):
+    """load_job was given paths, a folder or a glob that name no profile."""
+
+
+class RanksInvalid(InvalidRequest):
+    """Two files claim one rank, or ranks are missing between the lowest and the highest."""
+
+
+class UnknownJob(InvalidRequest):
+    """No job is loaded with that id in this session."""

@@ -1,0 +1,159 @@
+"""The MCP tools of jobs: load_job, list_jobs, close_job, and every tool in JOB_TOOL_NAMES, run on the job
+connection through the same validation, cancellation, budget and lease machinery as the profile tools."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections import Counter
+from collections.abc import Callable
+from types import ModuleType
+from typing import Annotated, Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from mcp.server.mcpserver import Context
+from pydantic import BaseModel, Field
+
+from stallhound import tools
+from stallhound.analysis.contracts import run_skill
+from stallhound.jobs.job import Job
+from stallhound.model.errors import StallhoundError
+from stallhound.server import budget
+from stallhound.server.app import CLOSES, READ_ONLY, _as_tool_error, _signed, _text_result
+from stallhound.server.cancel import run_on_cursor, run_stoppable
+from stallhound.server.jobs import JobStore, OpenJob
+from stallhound.server.sessions import session_of
+from stallhound.server.validation import StallhoundMCP
+
+MAX_LISTED_RANKS = 64  # ranks listed in load_job's answer; the job's `ranks` table has them all
+# Most build processes a client may ask for: each build holds up to its memory limit (about 1 GB at peak), so more
+# than this exhausts a server's memory long before it speeds anything up.
+MAX_WORKERS = 64
+
+
+class RankEntry(BaseModel):
+    rank: int
+    rank_source: str = Field(description="how the rank was found: distributedInfo, nccl, file name, process, "
+                                         "device or order")
+    path: str
+    part: str | None = Field(None, description="'process <pid>' or 'device <id>' when the rank is part of a profile")
+
+
+class JobLoaded(BaseModel):
+    job: str = Field(description="id to pass as `job` to the job tools")
+    ranks_total: int
+    rank_sources: dict[str, int] = Field(description="how many ranks each way of finding a rank gave")
+    ranks: list[RankEntry] = Field(description=f"the first {MAX_LISTED_RANKS} ranks")
+    build_s: float = Field(description="seconds of building (or reopening) the ranks' models, summed over workers")
+    parquet_write_s: float = Field(description="seconds of writing the ranks' Parquet, summed; 0 when reused")
+    wall_s: float
+    reused: bool = Field(description="true when the job's Parquet was in the cache already")
+
+
+class JobEntry(BaseModel):
+    job: str
+    ranks: int
+    folder: str
+
+
+class JobList(BaseModel):
+    jobs: list[JobEntry]
+
+
+class JobClosed(BaseModel):
+    closed: str
+
+
+def describe(job_id: str, job: Job) -> tuple[str, JobLoaded]:
+    """(text, result) of a loaded job: its ranks, how each was found, and where the time went."""
+    t = job.timings
+    entries = [RankEntry(rank=s.rank, rank_source=s.rank_source, path=str(s.path),
+                         part=f"{s.unit.kind} {s.unit.value}" if s.unit.kind else None) for s in job.ranks]
+    sources = dict(Counter(s.rank_source for s in job.ranks))
+    result = JobLoaded(job=job_id, ranks_total=len(entries), rank_sources=sources,
+                       ranks=entries[:MAX_LISTED_RANKS], build_s=round(t.build_s, 3),
+                       parquet_write_s=round(t.write_s, 3), wall_s=round(t.wall_s, 3), reused=t.reused)
+    lines = [f"loaded a job of {len(entries)} ranks as '{job_id}' ("
+             + ", ".join(f"{n} by {source}" for source, n in sources.items()) + ")"]
+    lines += [f"  rank {e.rank}: {e.path}" + (f" ({e.part})" if e.part else "") + f" [{e.rank_source}]"
+              for e in result.ranks]
+    if len(entries) > MAX_LISTED_RANKS:
+        lines.append(f"  ... {len(entries) - MAX_LISTED_RANKS} more ranks: query the job's `ranks` table")
+    lines.append(f"built in {t.build_s:.1f} s, Parquet written in {t.write_s:.1f} s (summed over workers), "
+                 f"{t.wall_s:.1f} s in all" + (" (Parquet reused from the cache)" if t.reused else ""))
+    return "\n".join(lines), result
+
+
+def job_tool(jobs: JobStore, module: ModuleType) -> Callable[..., Any]:
+    """Like app.skill_tool, for a tool on every rank of a job: run_skill on a cursor of the job connection."""
+
+    async def call(ctx: Context, **kwargs: Any) -> Any:
+        try:
+            with jobs.leased(session_of(jobs.profiles, ctx), kwargs["job"]) as opened:
+                params = module.Params(**kwargs)
+                text, result = await run_on_cursor(
+                    opened.job.con,
+                    lambda cur: budget.fit(run_skill(cur, module, params), module, params, budget.server_budget()), ctx)
+        except StallhoundError as exc:
+            raise _as_tool_error(exc) from exc
+        return _text_result(text, result)
+
+    return _signed(call, module)
+
+
+async def _load(jobs: JobStore, ctx: Context, paths: list[str], workers: int | None) -> OpenJob:
+    """Load a job off the event loop, reporting each file built and each rank written; a cancelled call stops it."""
+    token = anyio.lowlevel.current_token()  # progress comes from a worker thread anyio did not start
+    cancelled = threading.Event()
+
+    def progress(done: int, total: int, label: str) -> None:
+        anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
+
+    session = session_of(jobs.profiles, ctx)
+    return await run_stoppable(lambda: jobs.load(session, paths, workers, progress, cancelled), cancelled.set, ctx)
+
+
+def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
+    for name, module in tools.job_tools().items():
+        mcp.add_tool(job_tool(jobs, module), name=name, description=inspect.cleandoc(module.__doc__),
+                     annotations=READ_ONLY, structured_output=True)
+
+    @mcp.tool(annotations=READ_ONLY, structured_output=True)
+    async def load_job(
+        paths: Annotated[list[str], Field(min_length=1, description=(
+            "The job's profiles, one per rank (nsys exports or torch.profiler traces), inside the server's allowed "
+            "roots: their paths, their folder, or a glob such as '/runs/42/rank_*.sqlite'; one profile of several "
+            "processes or devices is a rank per process or device"))],
+        ctx: Context,
+        workers: Annotated[int | None, Field(strict=True, ge=1, le=MAX_WORKERS, description=(
+            "processes building the ranks' models at once; omit for this machine's cores"))] = None,
+    ) -> JobLoaded:
+        """Load every rank of a distributed job (built in parallel, cached); returns the job id, its ranks and how
+        each rank was found (distributedInfo, NCCL, file name, process, device or the order given)."""
+        try:
+            opened = await _load(jobs, ctx, paths, workers)
+        except StallhoundError as exc:
+            raise _as_tool_error(exc) from exc
+        return _text_result(*describe(opened.id, opened.job))
+
+    @mcp.tool(annotations=READ_ONLY, structured_output=True)
+    async def list_jobs(ctx: Context) -> JobList:
+        """List the jobs loaded in this session with their ids and rank counts."""
+        entries = [JobEntry(job=j.id, ranks=len(j.job.ranks), folder=str(j.job.folder))
+                   for j in jobs.listing(session_of(jobs.profiles, ctx))]
+        text = "\n".join(f"{e.job}: {e.ranks} ranks" for e in entries) or "no jobs loaded"
+        return _text_result(text, JobList(jobs=entries))
+
+    @mcp.tool(annotations=CLOSES, structured_output=True)
+    async def close_job(
+        job: Annotated[str, Field(description="Id of a job loaded in this session")],
+        ctx: Context,
+    ) -> JobClosed:
+        """Close a job loaded in this session (its cached models and Parquet stay on disk)."""
+        try:
+            closed = jobs.close(session_of(jobs.profiles, ctx), job)
+        except StallhoundError as exc:
+            raise _as_tool_error(exc) from exc
+        return _text_result(f"closed {closed}", JobClosed(closed=closed))

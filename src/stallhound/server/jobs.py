@@ -1,0 +1,108 @@
+"""Jobs open in this server: each MCP session names its own (like its profiles), and a tool call leases its job,
+so a job closed by its session or its session's end closes its connection once the calls on it have finished."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from stallhound.formats.nsys.build import Progress
+from stallhound.jobs.job import Job, load_job
+from stallhound.model.errors import UnknownJob
+from stallhound.server.sessions import MAX_ID_CHARS, Session
+from stallhound.server.store import ProfileStore
+
+ID_CHARS = re.compile(r"[^a-z0-9_-]+")
+
+
+@dataclass
+class OpenJob:
+    id: str
+    job: Job
+    leases: int = 0  # tool calls running on it now
+    closed: bool = False  # dropped by its session: its connection closes with the last lease
+
+
+@dataclass
+class JobStore:
+    profiles: ProfileStore  # for the allowed roots and the cache folder
+    sessions: dict[int, dict[str, OpenJob]] = field(default_factory=dict)  # id(Session) -> job id -> job
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.profiles.ended.append(self.end_session)
+
+    def load(self, session: Session, paths: Sequence[str], workers: int | None, progress: Progress | None,
+             cancelled: threading.Event) -> OpenJob:
+        """Load (build or reuse) the job `paths` name, as a job of this session: the same job loaded again keeps
+        its id."""
+        job = load_job(paths, cache_dir=self.profiles.cache_dir, workers=workers, progress=progress,
+                       check=self.profiles.check_allowed, cancelled=cancelled)
+        with self.lock:
+            jobs = self.sessions.setdefault(id(session), {})
+            same = next((j for j in jobs.values() if j.job.key == job.key), None)
+            opened = OpenJob(same.id if same else _new_id(jobs, job), job)
+            jobs[opened.id] = opened
+        if same:
+            self._drop(same)
+        return opened
+
+    @contextmanager
+    def leased(self, session: Session, ref: str) -> Iterator[OpenJob]:
+        with self.lock:
+            found = self._find(session, ref)
+            found.leases += 1
+        try:
+            yield found
+        finally:
+            with self.lock:
+                found.leases -= 1
+                last = found.closed and found.leases == 0
+            if last:
+                found.job.close()
+
+    def close(self, session: Session, ref: str) -> str:
+        with self.lock:
+            found = self._find(session, ref)
+            del self.sessions[id(session)][found.id]
+        self._drop(found)
+        return found.id
+
+    def listing(self, session: Session) -> list[OpenJob]:
+        with self.lock:
+            return list(self.sessions.get(id(session), {}).values())
+
+    def end_session(self, session: Session) -> None:
+        with self.lock:
+            ended = list(self.sessions.pop(id(session), {}).values())
+        for found in ended:
+            self._drop(found)
+
+    def _find(self, session: Session, ref: str) -> OpenJob:
+        jobs = self.sessions.get(id(session), {})
+        if ref not in jobs:
+            loaded = ", ".join(jobs) or "none yet"
+            raise UnknownJob(f"no job is loaded with id '{ref}' in this session (loaded: {loaded}); call load_job "
+                             "with the ranks' profiles (paths, their folder or a glob)")
+        return jobs[ref]
+
+    def _drop(self, found: OpenJob) -> None:
+        with self.lock:
+            found.closed = True
+            idle = found.leases == 0
+        if idle:
+            found.job.close()
+
+
+def _new_id(jobs: dict[str, OpenJob], job: Job) -> str:
+    """'job-<folder of the first rank's profile>', numbered when this session has one of that name."""
+    folder = ID_CHARS.sub("-", job.ranks[0].path.parent.name.lower()).strip("-")[:MAX_ID_CHARS]
+    base = f"job-{folder}" if folder else "job"
+    pid, n = base, 1
+    while pid in jobs:
+        n += 1
+        pid = f"{base}-{n}"
+    return pid

@@ -1,0 +1,214 @@
+"""Profiles open in this server: ids per MCP session over one shared, memory-bounded LRU of open models."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stallhound.formats import Profile, open_profile
+from stallhound.formats.nsys.build import Progress
+from stallhound.model.errors import InvalidRequest, OutsideRoots, ProfileNotFound, UnknownProfile
+from stallhound.server.sessions import Session
+
+log = logging.getLogger("stallhound")
+
+MB = 1 << 20
+# Open models are charged their file size: DuckDB caches at most the model's pages, while a query's own
+# intermediates come and go with the call. Past this budget the least recently used idle model is closed
+# and reopens from the cache on its next use.
+DEFAULT_MEMORY_BUDGET_MB = 4096
+URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # file://, http://, s3:// (a Path keeps one slash)
+
+
+@dataclass
+class _Model:
+    profile: Profile
+    cost_bytes: int
+    leases: int = 0  # tool calls running on it now: never closed under them
+
+
+@dataclass
+class Lease:
+    """A session's id for a profile, and the open profile, held until `ProfileStore.release`."""
+
+    id: str
+    profile: Profile
+    key: Path
+
+
+@dataclass
+class ProfileStore:
+    roots: list[Path]
+    cache_dir: Path | None = None
+    use_cache: bool = True
+    memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB
+    sessions: list[Session] = field(default_factory=list)
+    models: OrderedDict[Path, _Model] = field(default_factory=OrderedDict)  # least recently used first
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # requests outside any session (the 2026-07-28 protocol over HTTP has none) share these ids
+    sessionless: Session = field(default_factory=lambda: Session("sessionless"))
+    ended: list[Callable[[Session], None]] = field(default_factory=list)  # told when a session ends (its jobs)
+
+    def __post_init__(self) -> None:
+        self.sessions.append(self.sessionless)
+
+    def check_allowed(self, path: Path) -> Path:
+        """The absolute, symlink-free path of `path` (relative ones are taken from the first root) when it lies
+        inside one of the roots; a one-sentence error for URLs, NUL bytes, unresolvable paths and the rest."""
+        given, listed = str(path), ", ".join(str(r) for r in self.roots)
+        if URL_SCHEME.match(given):
+            raise OutsideRoots(f"{given} is a URL; stallhound reads local files only: pass the path of the file "
+                               f"inside the allowed roots ({listed})")
+        if "\0" in given:
+            raise InvalidRequest(f"the path {given!r} contains a NUL byte; pass a plain file path")
+        full = path.expanduser()
+        try:
+            full = (full if full.is_absolute() else self.roots[0] / full).resolve()
+            full.exists()  # raises for a name too long, which resolve() lets through
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+            raise ProfileNotFound(f"{given} cannot be resolved ({getattr(exc, 'strerror', None) or exc}); "
+                                  "pass the path of an existing file") from exc
+        if not any(full.is_relative_to(root) for root in self.roots):
+            resolved = "" if str(full) == given else f" (it resolves to {full})"
+            raise OutsideRoots(f"{given}{resolved} is outside the allowed roots ({listed}); move the "
+                               "profile there or start the server with --root pointing at its folder")
+        return full
+
+    def open_session(self, name: str) -> Session:
+        session = Session(name)
+        with self.lock:
+            self.sessions.append(session)
+        return session
+
+    def end_session(self, session: Session) -> None:
+        """Forget a finished session's ids; models no other session names are closed."""
+        with self.lock:
+            self.sessions = [s for s in self.sessions if s is not session]
+            session.ids.clear()
+            closing = self._take_unreferenced()
+        self._close(closing)
+        for hook in self.ended:
+            hook(session)
+
+    def _path_of(self, session: Session, ref: str) -> tuple[str | None, Path]:
+        if ref in session.ids:
+            return ref, session.ids[ref]
+        if "/" not in ref and "\\" not in ref and not Path(ref).suffix:
+            raise UnknownProfile(f"no profile is loaded with id '{ref}' in this session (loaded: "
+                                 f"{session.listed()}); call load_profile with the file's path")
+        full = self.check_allowed(Path(ref))
+        return session.id_of(full), full
+
+    def lease_open(self, session: Session, ref: str) -> Lease | None:
+        """A lease on `ref` if its model is open now (no file access), else None."""
+        try:
+            with self.lock:
+                _, key = self._path_of(session, ref)
+                model = self.models.get(key)
+                return None if model is None else self._lease(session, key, model)
+        except (OSError, ValueError):
+            return None
+
+    def acquire(self, session: Session, ref: str, progress: Progress | None = None,
+                cancelled: threading.Event | None = None) -> Lease:
+        """Lease the profile `ref` (an id of this session or a path), opening or building it if needed; setting
+        `cancelled` stops a build under way."""
+        with self.lock:
+            _, key = self._path_of(session, ref)
+            model = self.models.get(key)
+            if model is not None:
+                return self._lease(session, key, model)
+        if not key.exists():
+            raise ProfileNotFound(f"{key} does not exist; pass the path of an nsys .sqlite or .nsys-rep file")
+        profile = open_profile(key, cache_dir=self.cache_dir, use_cache=self.use_cache, progress=progress,
+                               cancelled=cancelled)
+        with self.lock:
+            model = self.models.get(key)
+            if model is None:
+                model = self.models[key] = _Model(profile, profile.model_path.stat().st_size)
+            else:  # opened by another call meanwhile
+                self._close([profile])
+            lease = self._lease(session, key, model)
+            closing = self._take_over_budget()
+        self._close(closing)
+        return lease
+
+    def _lease(self, session: Session, key: Path, model: _Model) -> Lease:
+        model.leases += 1
+        self.models.move_to_end(key)
+        pid = session.add(key, model.profile.fingerprint)
+        return Lease(pid, model.profile, key)
+
+    def release(self, lease: Lease) -> None:
+        with self.lock:
+            model = self.models.get(lease.key)
+            if model is not None and model.profile is lease.profile:
+                model.leases -= 1
+            closing = self._take_unreferenced() + self._take_over_budget()
+        self._close(closing)
+
+    @contextmanager
+    def leased(self, session: Session, ref: str) -> Iterator[Lease]:
+        lease = self.acquire(session, ref)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+    def close(self, session: Session, ref: str) -> str:
+        """Drop `ref` from this session; its model closes once no other session names it."""
+        with self.lock:
+            try:
+                pid, _ = self._path_of(session, ref)
+            except UnknownProfile:
+                pid = None
+            if pid is None:
+                raise UnknownProfile(f"no profile '{ref}' is loaded in this session (loaded: {session.listed()})")
+            del session.ids[pid]
+            session.fingerprints.pop(pid, None)
+            closing = self._take_unreferenced()
+        self._close(closing)
+        return pid
+
+    def _take_unreferenced(self) -> list[Profile]:
+        named = {path for s in self.sessions for path in s.ids.values()}
+        idle = [key for key, m in self.models.items() if m.leases == 0 and key not in named]
+        return [self.models.pop(key).profile for key in idle]
+
+    def _take_over_budget(self) -> list[Profile]:
+        budget = self.memory_budget_mb * MB
+        total = sum(m.cost_bytes for m in self.models.values())
+        taken = []
+        for key in [k for k, m in self.models.items() if m.leases == 0]:
+            if total <= budget:
+                break
+            model = self.models.pop(key)
+            total -= model.cost_bytes
+            taken.append(model.profile)
+            log.info("closed %s to stay within the %d MB budget of open profiles", key, self.memory_budget_mb)
+        return taken
+
+    def _close(self, profiles: list[Profile]) -> None:
+        for profile in profiles:
+            profile.close()
+
+    def listing(self, session: Session) -> list[tuple[str, Path, str]]:
+        """(id, path, fingerprint) of each profile this session loaded."""
+        with self.lock:
+            return [(pid, path, session.fingerprints[pid]) for pid, path in session.ids.items()]
+
+    def all_ids(self) -> list[str]:
+        """Every session's ids, for completions (the SDK gives completion handlers no session)."""
+        with self.lock:
+            return sorted({pid for s in self.sessions for pid in s.ids})
+
+    def open_bytes(self) -> int:
+        with self.lock:
+            return sum(m.cost_bytes for m in self.models.values())
+

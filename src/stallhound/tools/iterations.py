@@ -1,0 +1,270 @@
+"""How long is each training step, is the first one (warmup) much slower, and how busy are the GPUs in each?
+
+Window: the capture unless start_ns/end_ns are given; only ranges and kernels lying inside it count.
+
+Boundaries ('method'):
+* 'nvtx:<name>'. Candidates are NVTX push/pop and start/end ranges. A text first loses PyTorch's
+  record_function metadata (from ', seq = N', ', op_id = N', ', sizes = ...' to the end). Per-op ranges never
+  mark a step: autograd functions (the raw text has 'seq = N'), operator namespaces (aten::, prim::, c10d::,
+  flash_attn::, ...), library calls (cuBLAS, cuDNN, NCCL, ...), MPI calls, XLA thunks and source-line markers
+  (PER_OP). A family is the texts equal apart from their digit runs (same kind and depth). When, on every
+  thread in time order, the numbers of a family strictly increase (compared as a tuple), they count instances
+  and the family is one range, named with N for each number ('iteration N'); otherwise each distinct text is
+  a range of its own. A range qualifies on a thread where it occurs >= 3 times, at least half of them with
+  GPU work: a kernel, memcpy or memset of a device in scope whose launch call starts inside it on that thread,
+  or a CUDA graph launch (nsys may trace graphs whole, without kernel rows). Chosen: 'ProfilerStep#N' first,
+  then names with step/iter/train/batch/forward, then the outermost (push/pop depth; start/end ranges count as
+  depth 0), then the longest period (fewest ranges on a thread), then the earliest. `range_name` picks a range
+  instead (per-op and GPU rules waived; letters compared, case and numbers ignored, an exact name first).
+  On each qualifying thread iteration k runs from the start of its k-th range to the start of its (k+1)-th, so
+  the time between ranges counts in the step; the last range counts, to its own end, only when it lasts at
+  least half the thread's median period (else it is the start of a step cut off) or is the only one.
+  Threads combine by index: iteration k starts at the median over the threads that have a k-th iteration of
+  their k-th starts (a straggling rank does not move it) and ends where iteration k+1 starts, the last at the
+  median of those threads' ends; so the iterations tile [span_start_ns, span_end_ns).
+* 'kernel_pattern:<kernel>' (no qualifying NVTX range): on the first device in scope with kernels, a kernel
+  name marks steps when it runs >= 3 times, its first to last start covers at least half the device's first to
+  last kernel, at least 75% of its periods (start to next start) lie within 25% of their median, and those
+  fill at least a quarter of the time after its first period. The coarsest such rhythm wins (fewest runs, then
+  the one that runs first, so boundaries fall on a step's first kernel); iteration k runs from its k-th start
+  to its (k+1)-th.
+gpu_busy_pct: per device in scope, the union of its kernel, memcpy and memset intervals inside the iteration
+(busy as gpu_utilization counts it), summed over the devices / (duration x devices). steady_median_ns = median
+duration of iterations 1..n-1; first_vs_steady = first / steady median; spread_ratio = p90 / p10 of all
+durations; outliers: later iterations above 2x the steady median (data only: their cause is not decided here).
+Times in ns.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Annotated, Literal
+
+import duckdb
+from pydantic import BaseModel, Field
+
+from stallhound.analysis.common import (
+    DEFAULT_LIMIT,
+    Finding,
+    LimitParam,
+    OffsetParam,
+    Paged,
+    Scope,
+    ScopedParams,
+    more_rows,
+    ms,
+    next_page,
+    packed,
+    pct,
+    resolve_scope,
+    unpacked,
+)
+from stallhound.analysis.intervals import GPU_WORK, covered, overlaps
+from stallhound.analysis.step_boundaries import (
+    MAX_CANDIDATES,
+    PROFILER_STEP,
+    STEP_NAMES,
+    Candidate,
+    Spans,
+    boundaries,
+)
+
+MIN_ITERATIONS = 3  # a first iteration plus two to take a steady median from
+WARMUP_RATIO = 1.5  # first iteration this much slower than steady state: the window includes warmup
+WARMUP_HIGH_RATIO = 10.0  # book profiler-window-on-warmup: 10-100x is typical of a capture from launch
+MIN_WARMUP_SHARE = 0.01  # warmup excess below 1% of the iterations' span skews no window-wide figure by more
+IRREGULAR_SPREAD = 3.0  # p90/p10 of durations above this: the boundaries do not time one repeating step
+OUTLIER_RATIO = 2.0  # a later iteration twice the steady median is an isolated slow step
+MAX_OUTLIERS = 3  # outliers listed, slowest first
+BUSY_BUCKETS = 16  # overlap-join buckets per typical iteration
+
+
+class Params(ScopedParams):
+    range_name: Annotated[str | None, Field(
+        description="NVTX range marking one iteration, e.g. 'iteration N' or 'train_step' (letters compared, "
+                    "case and numbers ignored); omit to auto-detect")] = None
+    method: Annotated[Literal["auto", "nvtx", "kernel_pattern"], Field(
+        description="auto: NVTX when a range qualifies, else the kernel pattern")] = "auto"
+    limit: LimitParam = DEFAULT_LIMIT
+    offset: OffsetParam = 0
+
+
+class IterationRow(BaseModel):
+    index: int = Field(description="0-based, in time order")
+    start_ns: int
+    end_ns: int
+    duration_ns: int
+    gpu_busy_pct: float
+
+
+class Outlier(BaseModel):
+    index: int
+    duration_ns: int
+    vs_steady: float = Field(description="duration / steady_median_ns")
+
+
+class Result(Paged):
+    scope: Scope
+    method: str | None = Field(description="'nvtx:<name>' or 'kernel_pattern:<kernel>'; null when none found")
+    reason: str | None = Field(description="why these boundaries: the range or kernel, its counts and the rule")
+    candidates: list[Candidate] = Field(description=f"qualifying NVTX ranges, the chosen first, at most "
+                                                    f"{MAX_CANDIDATES}; pass another's name as range_name")
+    note: str | None = Field(description="set when there are no or too few iterations, and why")
+    iteration_count: int
+    span_start_ns: int | None = Field(None, description="start of the first iteration")
+    span_end_ns: int | None = Field(None, description="end of the last iteration")
+    first_ns: int | None = None
+    steady_median_ns: float | None = Field(None, description="median duration of iterations 1..n-1")
+    first_vs_steady: float | None = None
+    mean_ns: float | None = None
+    std_ns: float | None = None
+    p10_ns: float | None = None
+    p90_ns: float | None = None
+    spread_ratio: float | None = Field(None, description="p90 / p10 of all iteration durations")
+    slowest_index: int | None = None
+    slowest_ns: int | None = None
+    outliers: list[Outlier] = Field([], description=f"later iterations above {OUTLIER_RATIO}x the steady median")
+    rows: list[IterationRow] = Field(description="`limit` iterations from `offset`, in time order")
+    truncated: bool
+    total_rows: int
+    findings: list[Finding] = []
+
+
+BUSY_SQL = "WITH " + GPU_WORK + """,
+its AS (SELECT unnest(""" + unpacked("$starts") + """) AS start_ns, unnest(""" + unpacked("$ends") + """) AS end_ns,
+               generate_subscripts(""" + unpacked("$starts") + """, 1) - 1 AS idx),
+probes AS (SELECT row_number() OVER () AS probe_id, i.*, d.device_id
+           FROM its i, (SELECT unnest($devices) AS device_id) d),
+""" + overlaps("pieces", "probes", "gpu_work", "device_id") + ",\n" + covered("cov", "pieces") + """
+SELECT p.idx, sum(coalesce(c.ns, 0)) FROM probes p LEFT JOIN cov c USING (probe_id) GROUP BY p.idx
+"""
+
+
+
+def _deciles(values: list[int]) -> tuple[float, float, float]:
+    """p10, median, p90 (linear interpolation, as numpy's default)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    cuts = statistics.quantiles(values, n=10, method="inclusive")
+    return cuts[0], cuts[4], cuts[8]
+
+
+def _busy(con: duckdb.DuckDBPyConnection, scope: Scope, spans: Spans) -> list[float]:
+    if not spans or not scope.devices:
+        return [0.0] * len(spans)
+    bucket = int(max(1000, statistics.median(e - s for s, e in spans) // BUSY_BUCKETS))
+    args = {"devices": scope.devices, "starts": packed(s for s, _ in spans), "ends": packed(e for _, e in spans),
+            "start": spans[0][0], "end": max(e for _, e in spans), "bucket_ns": bucket}
+    busy = dict(con.execute(BUSY_SQL, args).fetchall())
+    return [pct(busy.get(i, 0), (e - s) * len(scope.devices)) for i, (s, e) in enumerate(spans)]
+
+
+def _summary(durations: list[int]) -> dict:
+    if not durations:
+        return {}
+    steady = statistics.median(durations[1:]) if len(durations) > 1 else None
+    p10, _, p90 = _deciles(durations)
+    slowest = max(range(len(durations)), key=lambda i: (durations[i], -i))
+    slow = sorted((i for i in range(1, len(durations)) if steady and durations[i] > OUTLIER_RATIO * steady),
+                  key=lambda i: (-durations[i], i))
+    return {"outliers": [Outlier(index=i, duration_ns=durations[i], vs_steady=round(durations[i] / steady, 3))
+                         for i in slow[:MAX_OUTLIERS]],
+            "first_ns": durations[0], "steady_median_ns": steady,
+            "first_vs_steady": round(durations[0] / steady, 3) if steady else None,
+            "mean_ns": round(statistics.fmean(durations), 1), "std_ns": round(statistics.pstdev(durations), 1),
+            "p10_ns": p10, "p90_ns": p90, "spread_ratio": round(p90 / p10, 3) if p10 else None,
+            "slowest_index": slowest, "slowest_ns": durations[slowest]}
+
+
+def _note(method: str | None, reason: str | None, count: int, spread: float | None) -> str | None:
+    if method is None:
+        return f"{reason}; annotate each step with an NVTX range (capture with --trace=nvtx)"
+    if count < MIN_ITERATIONS:
+        return (f"only {count} iteration(s) by {method}: too few to tell warmup from steady state (needs "
+                f"{MIN_ITERATIONS}); capture more steps")
+    if spread is not None and spread > IRREGULAR_SPREAD:
+        return (f"durations vary widely (p90/p10 = {spread}): these boundaries may not time one repeating step; "
+                "check the candidates or pass range_name")
+    return None
+
+
+def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
+    scope = resolve_scope(con, params)
+    method, reason, candidates, spans = boundaries(con, scope, params.range_name, params.method)
+    shown = spans[params.offset:params.offset + params.limit]
+    busy = _busy(con, scope, shown)
+    rows = [IterationRow(index=i, start_ns=s, end_ns=e, duration_ns=e - s, gpu_busy_pct=b)
+            for i, ((s, e), b) in enumerate(zip(shown, busy, strict=True), start=params.offset)]
+    more = len(spans) > params.offset + params.limit
+    summary = _summary([e - s for s, e in spans])
+    return Result(scope=scope, method=method, reason=reason if method else None, candidates=candidates,
+                  note=_note(method, reason, len(spans), summary.get("spread_ratio")), iteration_count=len(spans),
+                  span_start_ns=spans[0][0] if spans else None, span_end_ns=spans[-1][1] if spans else None,
+                  rows=rows, truncated=more, total_rows=len(spans), offset=params.offset,
+                  next_offset=next_page(params.offset, len(rows), more), **summary)
+
+
+def first_is_warmup(result: Result) -> bool:
+    """The first iteration is a warmup outlier: slower than WARMUP_RATIO x steady, with enough iterations."""
+    return (result.iteration_count >= MIN_ITERATIONS and result.first_vs_steady is not None
+            and result.first_vs_steady > WARMUP_RATIO)
+
+
+def steady_window(result: Result, irregular_ok: bool = False) -> tuple[int, int] | None:
+    """(start_ns, end_ns) of steady state: from the first steady iteration (the second when the first is the
+    warmup outlier) to the end of the last; None with fewer than MIN_ITERATIONS iterations or irregular ones
+    (the boundaries may not time a step) unless irregular_ok. Iterations tile: the second starts where the
+    first ends."""
+    irregular = result.spread_ratio is not None and result.spread_ratio > IRREGULAR_SPREAD
+    if result.iteration_count < MIN_ITERATIONS or (irregular and not irregular_ok):
+        return None
+    return result.span_start_ns + (result.first_ns if first_is_warmup(result) else 0), result.span_end_ns
+
+
+def step_named(result: Result) -> bool:
+    """The boundaries come from a stable kernel rhythm, torch.profiler's step range or a range named like a step:
+    the program's own loop, even where single durations vary."""
+    method = result.method or ""
+    if method.startswith("kernel_pattern:"):
+        return True
+    return method.startswith("nvtx:") and any(re.search(p, method[5:]) for p in (PROFILER_STEP, STEP_NAMES))
+
+
+def findings(result: Result) -> list[Finding]:
+    if not first_is_warmup(result):
+        return []
+    steady = result.steady_median_ns
+    if result.first_ns - steady < MIN_WARMUP_SHARE * (result.span_end_ns - result.span_start_ns):
+        return []
+    return [Finding(
+        root_cause="profiler-window-on-warmup",
+        severity="high" if result.first_vs_steady >= WARMUP_HIGH_RATIO else "medium",
+        title=f"the first iteration takes {result.first_vs_steady:.1f}x the steady-state median "
+              f"({ms(result.first_ns)} vs {ms(steady)})",
+        evidence={"first_vs_steady": result.first_vs_steady, "first_ns": result.first_ns,
+                  "steady_median_ns": steady, "iteration_count": result.iteration_count,
+                  "method": result.method},
+        time_at_stake_ns=int(result.first_ns - steady), device=device,
+        tags=["nvtx-steps" if result.method.startswith("nvtx:") else "kernel-pattern-steps"])
+        for device in result.scope.devices]
+
+
+def render(result: Result) -> str:
+    if not result.iteration_count:
+        return f"No iterations found: {result.note}"
+    r = result
+    lines = [f"{r.iteration_count} iterations by {r.method}; first {ms(r.first_ns)}, steady median "
+             f"{ms(r.steady_median_ns)} (first/steady {r.first_vs_steady}), p10 {ms(r.p10_ns)}, p90 {ms(r.p90_ns)} "
+             f"(spread {r.spread_ratio}), slowest #{r.slowest_index} {ms(r.slowest_ns)}", f"why: {r.reason}"]
+    if r.note:
+        lines.append(f"note: {r.note}")
+    lines.extend(f"#{row.index:<4} {ms(row.duration_ns):>14}  GPU busy {row.gpu_busy_pct:5.1f}%  start {row.start_ns}"
+                 for row in r.rows)
+    if r.truncated:
+        lines.extend(more_rows(r, r.rows_after(r.total_rows), "iterations"))
+    lines.extend(f"outlier #{o.index} {ms(o.duration_ns)} ({o.vs_steady}x steady)" for o in r.outliers)
+    lines.extend(f"other range: '{c.name}' depth {c.depth}, {c.ranges} ranges, period {ms(c.median_period_ns)}"
+                 for c in r.candidates[1:])
+    lines.extend(f"finding [{f.severity}] device {f.device}: {f.title}" for f in r.findings)
+    return "\n".join(lines)

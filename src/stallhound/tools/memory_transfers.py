@@ -1,0 +1,337 @@
+"""How much data moves between host and devices, how fast, from which memory, and does it stall the GPU?
+
+Copies (memcpy rows) of the devices in scope whose start lies in the window, per direction (H2D, D2H,
+D2D, P2P, ...; per device too with per_device). time_ns sums copy durations; bandwidth_gb_per_s = bytes /
+time_ns; window_pct = time_ns / (window x devices). Host memory kind: pageable when either side is
+pageable, else pinned when either side is pinned. exposed_time_ns = copy time during which the copying
+device ran no kernel (copy interval minus the union of that device's kernels). Synchronous copy APIs:
+traced copy calls whose name lacks 'Async' (cudaMemcpy, ...): distinct calls and their host duration.
+Small D2H: D2H copies of <= 1 KiB; blocking when the call blocks the host (synchronous, or from pageable
+memory: analysis/rules.py), or is followed by a sync call on the same thread starting within 100 us after it
+returns (the .item() pattern; the idle attribution uses the same two rules);
+blocked_ns = the copy call's duration, plus that sync's for an asynchronous copy (the idle time such reads
+cost the devices is blocking-d2h-sync in gpu_idle_gaps).
+Findings, per device and disjoint: pageable-host-memory claims the exposed pageable copy time that pinned
+memory would save (at the pinned bandwidth measured for that direction on the device, or half of it when
+none is measured) plus the idle time of gaps the host spent in pageable copies (analysis/attribution.py);
+excessive-h2d-transfers claims the rest of the exposed H2D time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import duckdb
+import numpy as np
+from pydantic import BaseModel, Field
+
+from stallhound.analysis import attribution, cover, device_pass, rules
+from stallhound.analysis.common import (
+    DEFAULT_LIMIT,
+    Finding,
+    LimitParam,
+    Output,
+    Scope,
+    ScopedParams,
+    more_rows,
+    ms,
+    pct,
+    resolve_scope,
+    scope_args,
+)
+
+SMALL_D2H_BYTES = 1024  # a scalar or a handful of values read back: .item(), .cpu() of a metric
+PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
+PAGEABLE_MIN_BYTES = 1 << 20  # ... moving enough data for staging to matter
+LARGE_COPY_PCT = 5.0  # one pageable copy this long (share of the window) matters however few there are
+PINNED_SPEEDUP = 2.0  # without a pinned copy to compare: pinned copies run at least 2x pageable (no staging)
+H2D_WINDOW_PCT = 5.0  # book excessive-h2d-transfers: H2D time above ~5% of the time
+EXPOSED_SHARE = 0.5  # most of the H2D time with no kernel running: the copy is on the critical path
+IDLE_HIGH_SHARE = 0.5  # pageable-host-memory is high when the devices sat idle in the copies for half the saving
+HOST_SIDE = ("H2D", "D2H", "H2H", "H2A", "A2H", "UVM_H2D", "UVM_D2H")
+
+
+class Params(ScopedParams):
+    per_device: Annotated[bool, Field(description="One row per (direction, device) instead of per direction")] = False
+    limit: LimitParam = DEFAULT_LIMIT
+
+
+class DirectionRow(BaseModel):
+    direction: str
+    device: int | None = Field(description="device, when per_device; else null (all devices in scope)")
+    count: int
+    bytes: int
+    time_ns: int
+    bandwidth_gb_per_s: float | None
+    window_pct: float
+    pageable_count: int
+    pageable_bytes: int
+    pageable_time_ns: int
+    pageable_bandwidth_gb_per_s: float | None
+    pinned_count: int
+    pinned_bytes: int
+    pinned_time_ns: int
+    pinned_bandwidth_gb_per_s: float | None
+    exposed_time_ns: int = Field(description="copy time with no kernel running on the copying device")
+    exposed_pct: float
+    pageable_exposed_ns: int = Field(description="the part of exposed_time_ns in pageable copies")
+
+
+class Result(Output):
+    scope: Scope
+    copy_count: int
+    copy_bytes: int
+    copy_time_ns: int
+    rows: list[DirectionRow]
+    truncated: bool
+    total_rows: int
+    sync_copy_calls: int = Field(description="traced copy calls without 'Async' in the name")
+    sync_copy_api_ns: int
+    small_d2h_count: int = Field(description=f"D2H copies of <= {SMALL_D2H_BYTES} bytes")
+    small_d2h_blocking: int = Field(description="those whose call blocked the host (synchronous or followed by a sync)")
+    small_d2h_blocked_ns: int = Field(description="host time in those copy calls and their syncs")
+    findings: list[Finding] = []
+
+
+class _Pageable(BaseModel):
+    """Per (device, direction) figures the findings need beyond a DirectionRow."""
+    largest_ns: int
+    async_count: int = Field(description="pageable copies issued with an *Async call: they block the host anyway")
+
+
+COPIES = """
+WITH c AS (
+  SELECT device_id, pid, correlation_id, direction, bytes, start_ns, end_ns, duration_ns, api_name,
+         CASE WHEN 'pageable' IN (src_kind, dst_kind) THEN 'pageable'
+              WHEN 'pinned' IN (src_kind, dst_kind) THEN 'pinned' END AS host_kind
+  FROM memcpy WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end)"""
+
+# Per (direction, device), for the copies starting in [$start, $end); exposed time comes from _exposed.
+DIRECTIONS_SQL = COPIES + """
+SELECT direction, device_id, count(*), sum(bytes), sum(duration_ns),
+       count(*) FILTER (WHERE host_kind = 'pageable'), coalesce(sum(bytes) FILTER (WHERE host_kind = 'pageable'), 0),
+       coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pageable'), 0),
+       count(*) FILTER (WHERE host_kind = 'pinned'), coalesce(sum(bytes) FILTER (WHERE host_kind = 'pinned'), 0),
+       coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pinned'), 0)
+FROM c GROUP BY ALL
+"""
+# A copy's exposed time is its length less the union of its device's kernels inside it (analysis/cover.py), one device
+# and one time chunk of copies at a time: the copies (first, last start) and the kernels starting among them.
+CHUNKS_SQL = """
+SELECT device_id, count(*), min(start_ns), max(start_ns) FROM memcpy
+WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end GROUP BY ALL
+"""
+KERNELS_AMONG_SQL = "SELECT count(*) FROM kernels WHERE device_id = $device AND start_ns BETWEEN $lo AND $hi"
+CHUNK_COPIES_SQL = """
+SELECT start_ns AS s, end_ns AS e, (list_position($directions, direction) - 1) * 2
+       + coalesce('pageable' IN (src_kind, dst_kind), false)::INTEGER AS g
+FROM memcpy WHERE device_id = $device AND start_ns >= $start AND start_ns < $end AND start_ns BETWEEN $lo AND $hi
+"""
+CHUNK_KERNELS_SQL = """
+SELECT start_ns AS s, end_ns AS e FROM kernels
+WHERE device_id = $device AND end_ns > $lo AND start_ns < $until AND end_ns > start_ns
+"""
+ROWS_PER_CHUNK = 1_000_000  # copies and kernels read at a time: memory stays flat on the largest exports
+
+PAGEABLE_SQL = COPIES + """
+SELECT device_id, direction, max(duration_ns), count(*) FILTER (WHERE api_name LIKE '%Async%') FROM c
+WHERE host_kind = 'pageable' GROUP BY ALL
+"""
+
+SYNC_COPY_SQL = COPIES + """
+SELECT count(*), coalesce(sum(duration_ns), 0) FROM (
+  SELECT DISTINCT a.pid, a.correlation_id, a.duration_ns FROM c
+  JOIN cuda_api a ON a.pid = c.pid AND a.correlation_id = c.correlation_id AND a.kind = 'memcpy'
+  WHERE c.api_name NOT LIKE '%Async%')
+"""
+
+SMALL_D2H_SQL = COPIES + """,
+small AS (
+  SELECT c.host_kind = 'pageable' AS pageable, a.pid, a.tid, a.name, a.end_ns, a.duration_ns FROM c
+  LEFT JOIN cuda_api a ON a.pid = c.pid AND a.correlation_id = c.correlation_id AND a.kind = 'memcpy'
+  WHERE c.direction = 'D2H' AND c.bytes <= $small_bytes),
+syncs AS (
+  SELECT a.pid, a.tid, a.start_ns, a.duration_ns FROM cuda_api a
+  JOIN (SELECT DISTINCT pid, tid FROM small) t ON a.pid = t.pid AND a.tid = t.tid WHERE a.kind = 'sync'),
+followed AS (
+  SELECT s.*, coalesce(y.start_ns - s.end_ns <= $follow, false) AS synced, y.duration_ns AS sync_ns
+  FROM small s ASOF LEFT JOIN syncs y ON y.pid = s.pid AND y.tid = s.tid AND y.start_ns >= s.end_ns)
+SELECT count(*), count(*) FILTER (WHERE blocking),
+       coalesce(sum(duration_ns + CASE WHEN synced AND is_async THEN sync_ns ELSE 0 END) FILTER (WHERE blocking), 0)
+FROM (SELECT *, name LIKE '%Async%' AS is_async,
+             name IS NOT NULL AND (""" + rules.blocking_copy_sql("name", "coalesce(pageable, false)") + """ OR synced)
+               AS blocking
+      FROM followed)
+"""
+
+
+def _bandwidth(nbytes: int, ns: int) -> float | None:
+    return round(nbytes / ns, 3) if ns else None
+
+
+def _row(direction: str, device: int | None, sums: tuple, capacity: int) -> DirectionRow:
+    """A row from DIRECTIONS_SQL's sums (count, bytes, ns, pageable count/bytes/ns, pinned count/bytes/ns) and
+    _exposed's (exposed, pageable exposed)."""
+    n, nbytes, ns, pg_n, pg_b, pg_ns, pin_n, pin_b, pin_ns, exposed, pg_exposed = (int(v) for v in sums)
+    return DirectionRow(
+        direction=direction, device=device, count=n, bytes=nbytes, time_ns=ns,
+        bandwidth_gb_per_s=_bandwidth(nbytes, ns), window_pct=pct(ns, capacity), pageable_count=pg_n,
+        pageable_bytes=pg_b, pageable_time_ns=pg_ns, pageable_bandwidth_gb_per_s=_bandwidth(pg_b, pg_ns),
+        pinned_count=pin_n, pinned_bytes=pin_b, pinned_time_ns=pin_ns,
+        pinned_bandwidth_gb_per_s=_bandwidth(pin_b, pin_ns), exposed_time_ns=exposed,
+        exposed_pct=pct(exposed, ns), pageable_exposed_ns=pg_exposed)
+
+
+def _costliest_first(row: DirectionRow) -> tuple:
+    return -row.time_ns, row.direction, -1 if row.device is None else row.device
+
+
+def _added(total: tuple[int, ...] | None, figures: tuple) -> tuple[int, ...]:
+    """Figures summed position by position (None: nothing yet)."""
+    return tuple(int(b) for b in figures) if total is None else tuple(
+        a + int(b) for a, b in zip(total, figures, strict=True))
+
+
+def _by_direction(sums: dict[tuple[str, int], tuple], capacity: int) -> list[DirectionRow]:
+    """One row per direction over the devices, from the (direction, device) sums."""
+    merged: dict[str, tuple[int, ...]] = {}
+    for (direction, _), figures in sums.items():
+        merged[direction] = _added(merged.get(direction), figures)
+    return [_row(direction, None, figures, capacity) for direction, figures in merged.items()]
+
+
+def _directions(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[str, int], tuple[int, ...]]:
+    """DIRECTIONS_SQL's figures per (direction, device), then the exposed time and its pageable part."""
+    sums = {(direction, device): tuple(int(v) for v in figures)
+            for direction, device, *figures in con.execute(DIRECTIONS_SQL, args).fetchall()}
+    directions = sorted({direction for direction, _ in sums})
+    for device, n, first, last in con.execute(CHUNKS_SQL, args).fetchall():
+        kernels = con.execute(KERNELS_AMONG_SQL, {"device": device, "lo": first, "hi": last}).fetchone()[0]
+        exposed = _exposed(con, {"start": args["start"], "end": args["end"], "device": device,
+                                 "directions": directions}, n + kernels, first, last)
+        for i, direction in enumerate(directions):
+            if (direction, device) in sums:
+                pair = exposed[2 * i:2 * i + 2]
+                sums[direction, device] += (int(pair.sum()), int(pair[1]))
+    return sums
+
+
+def _exposed(con: duckdb.DuckDBPyConnection, args: dict, rows: int, first: int, last: int) -> np.ndarray:
+    """One device's exposed copy time per group (direction index x 2 + pageable), over chunks of copies."""
+    total = np.zeros(2 * len(args["directions"]), dtype=np.int64)
+    for lo, hi in device_pass.chunk_edges(rows, first, last, ROWS_PER_CHUNK):
+        c = con.execute(CHUNK_COPIES_SQL, {**args, "lo": lo, "hi": hi}).fetchnumpy()
+        if not len(c["s"]):
+            continue
+        k = con.execute(CHUNK_KERNELS_SQL, {"device": args["device"], "lo": lo, "until": int(c["e"].max())}
+                        ).fetchnumpy()
+        exposed = c["e"] - c["s"] - cover.covered(c["s"], c["e"], k["s"], k["e"])
+        for g in np.unique(c["g"]).tolist():  # a few groups: integer sums, exact
+            total[g] += int(exposed[c["g"] == g].sum())
+    return total
+
+
+def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
+    """(small D2H copies, blocking ones, host ns blocked) in scope."""
+    args = {**scope_args(scope), "small_bytes": SMALL_D2H_BYTES, "follow": rules.READBACK_FOLLOW_NS}
+    count, blocking, blocked = con.execute(SMALL_D2H_SQL, args).fetchone()
+    return count, blocking, int(blocked)
+
+
+def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
+    scope = resolve_scope(con, params)
+    args = scope_args(scope)
+    sums = _directions(con, args)
+    per_device = sorted((_row(direction, device, figures, scope.duration_ns)
+                         for (direction, device), figures in sums.items()), key=_costliest_first)
+    shown = per_device if params.per_device else sorted(
+        _by_direction(sums, scope.duration_ns * max(len(scope.devices), 1)), key=_costliest_first)
+    count, nbytes, ns = (sum(f[i] for f in sums.values()) for i in range(3))  # every copy is in one row of sums
+    sync_calls, sync_ns = con.execute(SYNC_COPY_SQL, args).fetchone()
+    small, blocking, blocked = small_d2h(con, scope)
+    result = Result(
+        scope=scope, copy_count=count, copy_bytes=int(nbytes), copy_time_ns=int(ns), rows=shown[:params.limit],
+        truncated=len(shown) > params.limit, total_rows=len(shown), sync_copy_calls=sync_calls,
+        sync_copy_api_ns=int(sync_ns), small_d2h_count=small, small_d2h_blocking=blocking,
+        small_d2h_blocked_ns=blocked)
+    pageable = {(d, dr): _Pageable(largest_ns=n, async_count=a)
+                for d, dr, n, a in con.execute(PAGEABLE_SQL, args).fetchall()}
+    idle = attribution.attribute(con, scope).devices if count else {}
+    result.findings = _findings(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()},
+                               scope.duration_ns)
+    return result
+
+
+def _pageable_saving(row: DirectionRow) -> int:
+    """Exposed pageable copy time that pinned copies would not take (PINNED_SPEEDUP when none to compare)."""
+    exposed = row.pageable_exposed_ns
+    pinned, pageable = row.pinned_bandwidth_gb_per_s, row.pageable_bandwidth_gb_per_s
+    speedup = pinned / pageable if pinned and pageable and pinned > pageable else PINNED_SPEEDUP
+    return int(exposed * (1 - 1 / speedup))
+
+
+def _findings(rows: list[DirectionRow], pageable: dict[tuple[int, str], _Pageable], idle_ns: dict[int, int],
+             window_ns: int) -> list[Finding]:
+    """Per device: pageable-host-memory (recurring pageable copies, or one long one, or idle spent in them),
+    then excessive-h2d-transfers (H2D time above 5% of the window) for the exposed H2D time left."""
+    out = []
+    for device in sorted({r.device for r in rows}):
+        mine = [r for r in rows if r.device == device]
+        host = [r for r in mine if r.direction in HOST_SIDE and r.pageable_count]
+        saving = {r.direction: _pageable_saving(r) for r in host}
+        stake = sum(saving.values()) + idle_ns.get(device, 0)
+        extra = [pageable.get((device, r.direction)) for r in host]
+        largest = max((x.largest_ns for x in extra if x), default=0)
+        recurring = any(r.pageable_count >= PAGEABLE_MIN_COUNT and r.pageable_bytes >= PAGEABLE_MIN_BYTES for r in host)
+        large = pct(largest, window_ns) >= LARGE_COPY_PCT
+        if (recurring or large or idle_ns.get(device, 0)) and rules.worth_reporting(stake, window_ns):
+            tags = (["large-single"] if large and not recurring else []) + (
+                ["async-blocking"] if any(x and x.async_count for x in extra) else [])
+            out.append(_pageable_finding(device, host, stake, idle_ns.get(device, 0), largest, tags))
+        out += [_h2d_finding(device, r, saving.get("H2D", 0), window_ns) for r in mine
+                if r.direction == "H2D" and r.window_pct >= H2D_WINDOW_PCT
+                and rules.worth_reporting(r.exposed_time_ns - saving.get("H2D", 0), window_ns)]
+    return out
+
+
+def _pageable_finding(device: int, host: list[DirectionRow], stake: int, idle: int, largest: int,
+                      tags: list[str]) -> Finding:
+    count, nbytes = sum(r.pageable_count for r in host), sum(r.pageable_bytes for r in host)
+    return Finding(
+        root_cause="pageable-host-memory", severity="high" if stake and idle >= IDLE_HIGH_SHARE * stake else "medium",
+        title=f"device {device}: {count} copies ({nbytes / 2**20:,.1f} MiB) from pageable memory at "
+              f"{', '.join(f'{r.direction} {r.pageable_bandwidth_gb_per_s} GB/s' for r in host)}; pinned memory "
+              f"would save ~{ms(stake)}",
+        evidence={"pageable_count": count, "pageable_bytes": nbytes, "largest_copy_ns": largest,
+                  "idle_in_pageable_copies_ns": idle,
+                  "pinned_bandwidth_gb_per_s": max((r.pinned_bandwidth_gb_per_s or 0 for r in host), default=0)},
+        time_at_stake_ns=stake, device=device, tags=tags)
+
+
+def _h2d_finding(device: int, r: DirectionRow, pageable_saving: int, window_ns: int) -> Finding:
+    stake = r.exposed_time_ns - pageable_saving
+    return Finding(
+        root_cause="excessive-h2d-transfers", severity="high" if r.exposed_pct >= 100 * EXPOSED_SHARE else "medium",
+        title=f"device {device}: H2D copies take {r.window_pct:.1f}% of the window ({r.bytes / 2**30:,.2f} GiB at "
+              f"{r.bandwidth_gb_per_s} GB/s), {r.exposed_pct:.0f}% of it with no kernel running",
+        evidence={"count": r.count, "bytes": r.bytes, "time_ns": r.time_ns, "window_pct": r.window_pct,
+                  "exposed_time_ns": r.exposed_time_ns, "pinned_bytes": r.pinned_bytes,
+                  "pageable_bytes": r.pageable_bytes},
+        time_at_stake_ns=stake, device=device, tags=["pinned" if r.pinned_bytes >= r.pageable_bytes else "pageable"])
+
+
+def render(result: Result) -> str:
+    lines = [f"{result.copy_count:,} copies, {result.copy_bytes / 2**20:,.1f} MiB, {ms(result.copy_time_ns)} on "
+             f"device(s) {result.scope.devices}"]
+    for r in result.rows:
+        where = f" [dev {r.device}]" if r.device is not None else ""
+        bw = "-" if r.bandwidth_gb_per_s is None else f"{r.bandwidth_gb_per_s:.2f}"
+        lines.append(f"{r.direction:>8}{where}: x{r.count:<7,} {r.bytes / 2**20:12,.1f} MiB {ms(r.time_ns):>14} "
+                     f"{bw} GB/s, {r.window_pct:.2f}% of window; pageable {r.pageable_count} / pinned "
+                     f"{r.pinned_count}; no kernel running {r.exposed_pct:.0f}%")
+    if result.truncated:
+        lines.extend(more_rows(result, result.total_rows - len(result.rows), "rows"))
+    lines.append(f"synchronous copy calls: {result.sync_copy_calls} ({ms(result.sync_copy_api_ns)}); small D2H: "
+                 f"{result.small_d2h_count}, {result.small_d2h_blocking} blocking ({ms(result.small_d2h_blocked_ns)})")
+    lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
+    return "\n".join(lines)

@@ -1,0 +1,241 @@
+"""Why is this GPU job slow? Every detector on one window, findings ranked by the device time they cost, with
+the fix that fits the program.
+
+Window: with window='auto', the steady state when iterations are found (from the first steady iteration to
+the end of the last; the warmup iteration and the setup before it are left out and said so; irregular steps
+only when named like steps and more GPU-active time precedes them than they span), else the GPU-active
+window; start_ns/end_ns override it. Every detector runs on that window and devices. time at stake is device
+time in the window that the fix could recover, per device; causes never share nanoseconds, so a device's
+findings add up to at most the window (the warmup findings count time outside it: the first iteration's
+excess, and compilation before the first iteration when it outlasts the window).
+The fix shown is the book's first fix for the detected program's family (analysis/program.py), or generic.
+The run is classified by analysis/shares.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import duckdb
+from pydantic import Field
+
+from stallhound import book
+from stallhound.analysis import attribution, idle_causes, program, rules, shares
+from stallhound.analysis.common import (
+    Finding,
+    Output,
+    Scope,
+    ScopedParams,
+    leads_first,
+    more_rows,
+    ms,
+    resolve_scope,
+    run_once,
+)
+from stallhound.analysis.program import Program
+from stallhound.analysis.shares import Classification
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import iterations
+
+WINDOW_DETECTORS = ("memory_transfers", "top_kernels", "nccl_breakdown")  # besides the idle causes
+DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
+# the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
+MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
+SETUP_OVER_LOOP = 1.0  # irregular steps still bound the loop when more GPU-active time precedes them than they
+# span: a window over both would describe the setup (compilation, loading), not the loop; and compiling before
+# the loop for longer than the window lasts makes the capture mostly one-time warmup
+
+
+class Params(ScopedParams):
+    window: Annotated[Literal["auto", "gpu_active", "capture"], Field(
+        description="auto: steady-state iterations when found, else GPU-active; ignored with start_ns/end_ns")] = "auto"
+    limit: Annotated[int, Field(description="Most findings returned, costliest first; the rest are counted in "
+                                            "total_findings", ge=1, le=MAX_FINDINGS)] = 10
+
+
+class CitedFinding(Finding):
+    source_tool: str = Field(description="the tool whose detector raised it")
+    book_uri: str
+    book_title: str
+    fix: str = Field(description="the book's first fix for this program's family (fix_for), else the generic one")
+    fix_for: str = Field(description="the fix family used: pytorch, python, cuda, offload or generic")
+    verify: str = Field(description="how to confirm the fix, from the book entry")
+
+
+class RankedFinding(CitedFinding):
+    rank: int
+
+
+class Result(Output):
+    profile: str
+    program: Program
+    quality: list[str] = Field(description="problems of the trace itself (profile_summary), read these first")
+    window: Scope | None = Field(description="the analysed window; null when the export has no timed events")
+    window_note: str = Field(description="how the window was chosen and what it leaves out")
+    classification: Classification
+    findings: list[RankedFinding] = Field(description="at most `limit`, ranked by time at stake")
+    total_findings: int = Field(description="findings before the limit")
+    truncated: bool
+    time_at_stake_ns: int = Field(description="sum over all findings (each device's share <= its window)")
+    missing: list[rules.Missing] = Field(description="what the profile cannot tell, and the nsys flag that captures it")
+    skipped: list[str] = Field(description="detectors that could not run on this profile, with why")
+
+
+def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str, list[Finding]]:
+    """The analysis window, how it was chosen, and the warmup findings found on the way."""
+    if params.start_ns is not None or params.end_ns is not None or params.window != "auto":
+        default = "capture" if params.window == "capture" else "gpu_active"
+        scope = resolve_scope(con, params, default=default)
+        return scope, f"{scope.window_basis} window, as asked", []
+    gpu = resolve_scope(con, params, default="gpu_active")
+    found = run_once(con, iterations, iterations.Params(profile=params.profile, device=params.device))
+    steady, how = iterations.steady_window(found), "steady state"
+    if steady is None and found.span_start_ns is not None and iterations.step_named(found) and (
+            found.span_start_ns - gpu.start_ns > SETUP_OVER_LOOP * (found.span_end_ns - found.span_start_ns)):
+        steady = iterations.steady_window(found, irregular_ok=True)
+        how = (f"the loop (steps irregular, p90/p10 = {found.spread_ratio}, but more GPU-active time precedes "
+               "them than they span)")
+    if steady is None:
+        why = found.note or "no steady iterations"
+        return gpu, f"GPU-active window ({why})", []
+    scope = gpu.model_copy(update={"start_ns": steady[0], "end_ns": steady[1], "duration_ns": steady[1] - steady[0],
+                                   "window_basis": "steady_state"})
+    left = steady[0] - gpu.start_ns
+    note = (f"{how}: {found.iteration_count} iterations by {found.method}; left out {ms(left)} before "
+            f"the first steady iteration (setup and warmup)")
+    return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns)
+
+
+def _setup_compile(con: duckdb.DuckDBPyConnection, gpu: Scope, scope: Scope, loop_start_ns: int) -> list[Finding]:
+    """profiler-window-on-warmup per device that idles, before the first iteration, longer waiting on code
+    compilation or module loading than the window lasts: the capture is mostly one-time warmup."""
+    if loop_start_ns - gpu.start_ns < SETUP_OVER_LOOP * scope.duration_ns:
+        return []
+    setup = gpu.model_copy(update={"end_ns": loop_start_ns, "duration_ns": loop_start_ns - gpu.start_ns})
+    return [Finding(
+        root_cause="profiler-window-on-warmup", severity="high",
+        title=f"before its first iteration, device {d.device} idles {ms(d.ns('jit'))} while the host compiles or loads "
+              f"GPU code ({d.causes['jit'].gaps} gaps), longer than the {ms(scope.duration_ns)} window: the capture "
+              "is mostly one-time warmup",
+        evidence={"setup_ns": setup.duration_ns, "setup_jit_ns": d.ns("jit"), "window_ns": scope.duration_ns},
+        time_at_stake_ns=d.ns("jit"), device=d.device, tags=["setup-compile"])
+        for d in attribution.attribute(con, setup).devices.values()
+        if d.ns("jit") >= SETUP_OVER_LOOP * scope.duration_ns]
+
+
+def citation(finding: Finding, tool: str, chain: tuple[str, ...]) -> dict:
+    """The book's fields of a CitedFinding: its entry, and the fix for the first family of `chain` it has."""
+    entry = book.get_entry(finding.root_cause)
+    fix = entry.fix_for(chain, finding.tags)
+    return {**finding.model_dump(include=set(Finding.model_fields)), "source_tool": tool,
+            "book_uri": book.entry_uri(entry.id), "book_title": entry.title, "fix": fix.text, "fix_for": fix.family,
+            "verify": entry.verify}
+
+
+def cited_lines(finding: CitedFinding, explained: set[str]) -> list[str]:
+    """A finding's cause, fix and verify lines; a cause already explained above (in `explained`) only named."""
+    if finding.root_cause in explained:
+        return [f"   cause: {finding.root_cause} (see above)"]
+    explained.add(finding.root_cause)
+    return [f"   cause: {finding.book_title} <{finding.book_uri}>", f"   fix ({finding.fix_for}): {finding.fix}",
+            f"   verify: {finding.verify}"]
+
+
+def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) -> list[RankedFinding]:
+    return [RankedFinding(**citation(f, tool, chain), rank=i)
+            for i, (tool, f) in enumerate(leads_first(found, lambda tf: tf[1], limit), start=1)]
+
+
+def _nothing(params: Params, prog: Program, quality: list[str], missing: list[rules.Missing]) -> Result:
+    """The result for an export without a single timed event: nothing to analyse, said plainly."""
+    why = ("the export holds no timed events at all (no GPU activity, no CPU or API trace): re-capture with "
+           "`nsys profile --trace=cuda,nvtx` around the workload")
+    empty = Classification(bound="no GPU activity", compute_pct=0, copy_kernel_pct=0, transfer_pct=0,
+                           communication_pct=0, busy_pct=0, idle_pct=0, overlap_pct=0, gpu_ops=0, reason=why)
+    return Result(profile=params.profile, program=prog, quality=quality, window=None, window_note="none",
+                  classification=empty, findings=[], total_findings=0, truncated=False, time_at_stake_ns=0,
+                  missing=missing, skipped=[])
+
+
+def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
+    from stallhound.tools import skills
+    modules = skills()
+    prog = program.detect(con)
+    chain = tuple(prog.fix_chain)
+    summary = modules["profile_summary"]
+    quality = run_once(con, summary, summary.Params(profile=params.profile)).trace_quality
+    if con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()[0]:
+        return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA))
+    scope, note, warmup = _window(con, params)
+    found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
+    idle = attribution.attribute(con, scope).devices
+    step = idle_causes.step_ns(con, params.profile, params.device)
+    in_loop = scope.window_basis == "steady_state"
+    found += [("gpu_idle_gaps", f) for f in idle_causes.findings(idle, prog, in_loop, step)]
+    skipped: list[str] = []
+    for name in WINDOW_DETECTORS:
+        module = modules[name]
+        try:
+            result = run_once(con, module, module.Params(profile=params.profile, device=params.device,
+                                                         start_ns=scope.start_ns, end_ns=scope.end_ns))
+        except InvalidRequest as exc:
+            skipped.append(f"{name}: {exc}")
+            continue
+        found.extend((name, f) for f in result.findings)
+    classification = shares.classify(con, scope, {f.root_cause for _, f in found})
+    if classification.bound in ("no GPU activity", "too little GPU activity"):
+        found = []
+    foreign = [(t, f) for t, f in found if not book.get_entry(f.root_cause).applies(chain)]
+    skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
+    found = [tf for tf in found if tf not in foreign]
+    missing = rules.missing(con, DIAGNOSIS_DATA)
+    ranked = _rank(found, chain, params.limit)
+    return Result(profile=params.profile, program=prog, quality=quality, window=scope, window_note=note,
+                  classification=classification, findings=ranked, total_findings=len(found),
+                  truncated=len(found) > len(ranked), time_at_stake_ns=sum(f.time_at_stake_ns for _, f in found),
+                  missing=missing, skipped=skipped)
+
+
+def render(result: Result) -> str:
+    c = result.classification
+    p = result.program
+    lines = [f"trace: {q}" for q in result.quality]
+    lines += [f"{c.bound}: {c.reason}",
+             f"  compute {c.compute_pct:.1f}%  transfer {c.transfer_pct:.1f}%  communication {c.communication_pct:.1f}%"
+             f"  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
+             (f"window: {ms(result.window.duration_ns)} on device(s) {result.window.devices}, {result.window_note}"
+              if result.window else f"window: none ({result.window_note})"),
+             f"program: {p.kind} ({p.decided_by}); fixes for {p.fix_chain[0]}", ""]
+    if not result.findings:
+        lines.append("Nothing to diagnose." if c.bound in ("no GPU activity", "too little GPU activity")
+                     else "No detector fired: nothing above its threshold.")
+    explained: set[str] = set()
+    for f in result.findings:
+        lines.append(f"{f.rank}. [{f.severity}] {f.title}: ~{ms(f.time_at_stake_ns)} at stake")
+        lines += cited_lines(f, explained)
+    if result.truncated:
+        lines.extend(more_rows(result, result.total_findings - len(result.findings), "findings"))
+    if result.missing:
+        lines += ["", "Not in this profile: " + "; ".join(f"{m.data} ({m.capture_flag})" for m in result.missing)]
+    return "\n".join(lines)
+
+
+def render_markdown(result: Result) -> str:
+    c = result.classification
+    quality = [f"> trace: {q}" for q in result.quality] + ([""] if result.quality else [])
+    lines = ["## stallhound triage", "", *quality, f"**{c.bound}**: {c.reason}", "",
+             f"Program: {result.program.kind}. Window: "
+             f"{ms(result.window.duration_ns) + ', ' if result.window else ''}{result.window_note}.", "",
+             "| share | % |", "|---|---|", f"| compute | {c.compute_pct:.1f} |", f"| transfer | {c.transfer_pct:.1f} |",
+             f"| communication | {c.communication_pct:.1f} |", f"| idle | {c.idle_pct:.1f} |", ""]
+    if result.findings:
+        lines += ["| # | severity | finding | at stake | root cause | fix |", "|---|---|---|---|---|---|"]
+        for f in result.findings:
+            fix = f.fix.replace("|", "\\|")
+            lines.append(f"| {f.rank} | {f.severity} | {f.title.replace('|', '/')} | {ms(f.time_at_stake_ns)} | "
+                         f"[{f.root_cause}]({f.book_uri}) | {fix} |")
+    if result.truncated:
+        lines += ["", f"{result.total_findings - len(result.findings)} smaller findings not shown."]
+    if result.missing:
+        lines += ["", "**Not in this profile:** " + "; ".join(f"{m.data} (`{m.capture_flag}`)" for m in result.missing)]
+    return "\n".join(lines)
