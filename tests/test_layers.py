@@ -1,0 +1,99 @@
+"""The architecture is the folders: each package of src/stallhound imports only from the packages below it, so data
+flows one way (a file's format -> the model -> analysis -> tools -> server, CLI and report) and a module can be read
+knowing only what lies under it. The layers, lowest first, and what each may import besides itself:"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "stallhound"
+
+# package -> the packages it may import from (its own is always allowed); `stallhound` alone is the version.
+MAY_IMPORT = {
+    "model": set(),  # the schema, errors, limits, cache: knows no format and no analysis
+    "book": {"model"},  # root causes and questions
+    "formats": {"model"},  # each input format builds the model; the registry picks one
+    "synth": {"model", "formats"},  # sample nsys exports with planted problems
+    "jobs": {"model", "formats"},  # every rank of a run: ranks, Parquet, Dask
+    "analysis": {"model", "formats", "jobs", "book"},  # engines shared by tools
+    "tools": {"model", "formats", "jobs", "analysis", "book"},  # one module per MCP tool
+    "report": {"model", "formats", "jobs", "analysis", "book", "tools"},  # the HTML report and the timeline view
+    "server": {"model", "formats", "jobs", "analysis", "book", "tools", "report"},  # MCP wiring and transports
+    "cli": {"model", "formats", "jobs", "analysis", "book", "tools", "report", "server", "synth"},  # the command
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """The stallhound modules a source file imports (absolute and relative imports, at any depth in the file)."""
+    module = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
+    package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("stallhound")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.add(".".join(base + ([node.module] if node.module else [])))
+            elif node.module and node.module.startswith("stallhound"):
+                found.add(node.module)
+    return found
+
+
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def violations() -> list[str]:
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        here = _package(".".join(path.relative_to(SRC.parent).with_suffix("").parts))
+        if here not in MAY_IMPORT:
+            continue  # stallhound/__init__.py (the version) and __main__.py (the command)
+        for target in sorted(_imports(path)):
+            there = _package(target)
+            if there is not None and there != here and there not in MAY_IMPORT[here]:
+                out.append(f"{path.relative_to(SRC)} imports {target}")
+    return out
+
+
+def test_layers_every_package_is_listed():
+    packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages == set(MAY_IMPORT)
+
+
+# Being mended (issue 29); each line goes when its import does, and the list with the last of them.
+KNOWN_UPWARD = [
+    "analysis/answer_figures.py imports stallhound.tools",
+    "analysis/answerers.py imports stallhound.tools",
+    "analysis/answerers.py imports stallhound.tools.triage",
+    "analysis/attribution.py imports stallhound.tools",
+    "analysis/diff_side.py imports stallhound.tools",
+    "analysis/idle_causes.py imports stallhound.tools",
+    "analysis/rank_figures.py imports stallhound.tools",
+    "analysis/trace_quality.py imports stallhound.tools.profile_summary",
+    "model/cache.py imports stallhound.formats",
+    "model/cache.py imports stallhound.formats.nsys.build",
+    "model/cache.py imports stallhound.formats.nsys.raw",
+    "report/page.py imports stallhound.server",
+]
+
+
+def test_layers_nothing_imports_upward():
+    assert violations() == KNOWN_UPWARD
+
+
+def test_layers_the_check_sees_an_upward_import(tmp_path, monkeypatch):
+    """The check itself: an analysis module importing a tool is caught, a relative import resolved."""
+    root = tmp_path / "stallhound"
+    (root / "analysis").mkdir(parents=True)
+    (root / "tools").mkdir()
+    for package in ("", "analysis", "tools"):
+        (root / package / "__init__.py").write_text("")
+    (root / "analysis" / "engine.py").write_text("from stallhound.tools import triage\nfrom . import sibling\n")
+    (root / "tools" / "tool.py").write_text("from ..analysis import engine\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", root)
+    assert violations() == ["analysis/engine.py imports stallhound.tools"]
