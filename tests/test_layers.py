@@ -78,7 +78,6 @@ KNOWN_UPWARD = [
     "model/cache.py imports stallhound.formats",
     "model/cache.py imports stallhound.formats.nsys.build",
     "model/cache.py imports stallhound.formats.nsys.raw",
-    "report/page.py imports stallhound.server",
 ]
 
 

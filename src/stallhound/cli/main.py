@@ -10,12 +10,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from stallhound import __version__
 from stallhound.analysis.contracts import run_skill
 from stallhound.formats import open_profile
 from stallhound.model import allocator
 from stallhound.model.errors import StallhoundError
 from stallhound.model.limits import model_memory
-from stallhound.server import __version__, budget
+from stallhound.server import budget
 from stallhound.server.http import TOKEN_ENV
 from stallhound.server.store import DEFAULT_MEMORY_BUDGET_MB
 from stallhound.server.validation import explain, unknown_arguments

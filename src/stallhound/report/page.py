@@ -7,10 +7,10 @@ import re
 from html import escape
 from importlib.resources import files
 
+from stallhound import __version__
 from stallhound.analysis.common import ms
 from stallhound.report import svg
 from stallhound.report.gather import REPORT_SPANS, Side
-from stallhound.server import __version__
 from stallhound.tools import diff_profiles
 
 ERRORS = """<pre id="errors"></pre><script>window.addEventListener("error", e =>

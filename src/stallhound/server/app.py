@@ -19,9 +19,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
+from stallhound import __version__
 from stallhound.analysis.contracts import run_skill
 from stallhound.model.errors import StallhoundError
-from stallhound.server import __version__, budget, ui
+from stallhound.server import budget, ui
 from stallhound.server.cancel import run_on_cursor, run_stoppable
 from stallhound.server.http import bearer_auth
 from stallhound.server.sessions import session_of
