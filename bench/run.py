@@ -1,4 +1,4 @@
-"""`make bench`: load and tool timings on a ~1 GB profile, written to BENCHMARKS.md.
+"""`make bench`: load and tool timings on a ~1 GB profile, written to BENCHMARKS-HISTORY.md and BENCHMARKS.md.
 
 Makes the profile with ../shared/tools/scale_profile.py (500 copies of nsysai_h100_2gpu_1s), then
 measures, each in a fresh subprocess so peak RSS is the load's own: a cold load (empty cache), a
@@ -131,7 +131,7 @@ def machine() -> str:
 
 def report(cold: dict, warm: dict, first: dict, floor: dict, size: int, big10: dict | None) -> str:
     tools = warm["tools"]
-    lines = [f"## {datetime.date.today().isoformat()}: {machine()}", "",
+    lines = [f"## {datetime.date.today().isoformat()}: 1 GB export and the 10 GB first answer, {machine()}", "",
              f"Profile: {BIG.name}, {size / 1e9:.2f} GB ({COPIES} copies of {SOURCE.name}).", "",
              "| measure | wall | CPU | goal |", "|---|---|---|---|",
              f"| sqlite3 scan floor (one thread) | {floor['seconds']:.2f} s | {floor['cpu_seconds']:.2f} s | |",
@@ -172,12 +172,42 @@ def case_10gb() -> dict:
     return {"gb": gb, "floor": floor, "first": first}
 
 
+HISTORY_HEAD = ("# Benchmark history\n\nEvery run of `make bench`, newest first, with the session's notes on what "
+                "changed. The current figures are in BENCHMARKS.md. Runs before 2026-11-27's house move were made "
+                "under the project's former name, nsightful (its commands and environment variables then began with "
+                "it).\n\n")
+CURRENT_HEAD = ("# Benchmarks\n\nThe newest run of each benchmark `make bench` runs; machine, date and commit in each "
+                "heading. Every earlier run, with what changed between them, is in "
+                "[BENCHMARKS-HISTORY.md](BENCHMARKS-HISTORY.md).\n\n")
+# A section's kind is read from its heading; the last kind takes every heading the others do not.
+KINDS = ("Kineto trace load", "load test", "1 GB export")
+
+
+def kind_of(heading: str) -> str:
+    return next((k for k in KINDS[:-1] if k in heading), KINDS[-1])
+
+
+def sections(text: str) -> list[str]:
+    """The `## ` sections of a benchmarks file, each with its trailing blank line."""
+    body = text[text.find("\n## ") + 1:] if "\n## " in text else ""
+    return [s if s.startswith("## ") else "## " + s for s in body.split("\n## ") if s.strip()]
+
+
+def current(history: str) -> str:
+    """BENCHMARKS.md: the newest section of each kind, in KINDS' order."""
+    newest: dict[str, str] = {}
+    for section in sections(history):
+        newest.setdefault(kind_of(section.splitlines()[0]), section.rstrip("\n") + "\n")
+    return CURRENT_HEAD + "\n".join(newest[k] for k in KINDS if k in newest)
+
+
 def record(text: str) -> None:
-    """Put a section at the top of BENCHMARKS.md (newest first)."""
-    bench_md = ROOT / "BENCHMARKS.md"
-    head = "# Benchmarks\n\nWritten by `make bench` (newest first). Machine and date in each heading.\n\n"
-    old = bench_md.read_text().removeprefix(head) if bench_md.exists() else ""
-    bench_md.write_text(head + text + "\n" + old)
+    """Put a section at the top of BENCHMARKS-HISTORY.md and write BENCHMARKS.md's current figures from it."""
+    history_md = ROOT / "BENCHMARKS-HISTORY.md"
+    old = history_md.read_text().removeprefix(HISTORY_HEAD) if history_md.exists() else ""
+    history = HISTORY_HEAD + text + "\n" + old
+    history_md.write_text(history)
+    (ROOT / "BENCHMARKS.md").write_text(current(history))
 
 
 def main() -> int:
