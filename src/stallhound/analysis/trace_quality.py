@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import duckdb
 
 from stallhound.analysis.common import ms, pct
-from stallhound.formats.nsys.build import API_KIND_SQL
+from stallhound.formats.derive import API_KIND_SQL
 from stallhound.formats.nsys.checks import LOAD_SOURCE
 
 if TYPE_CHECKING:  # profile_summary's result types; it imports this module

@@ -4,12 +4,13 @@ declared progress steps, and cancellation by an event."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
 
+from stallhound.model.cache import Progress
 from stallhound.model.duck import OFFLINE
 from stallhound.model.errors import LoadCancelled
 from stallhound.model.schema import ddl
@@ -29,8 +30,6 @@ CANCEL_POLL_S = 0.02
 # Rows bound into one INSERT ... VALUES: executemany runs one statement per row, about 1.5 ms each (the 1 GB export's
 # 430 enum and process rows took 0.45 s of CPU); 500 rows of a few columns keep one statement's parameters small.
 ROWS_PER_INSERT = 500
-
-Progress = Callable[[int, int, str], None]
 
 
 class BuildSteps:

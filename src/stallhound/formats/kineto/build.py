@@ -15,11 +15,11 @@ import threading
 from pathlib import Path
 
 from stallhound.formats.build_steps import BuildSteps, Progress
+from stallhound.formats.derive import WINDOW_SQL
 from stallhound.formats.kineto import read as kineto_read
 from stallhound.formats.kineto.meta import capability_rows, diagnostic_rows, distributed, gpu_rows, meta_row
 from stallhound.formats.kineto.sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from stallhound.formats.kineto.stage import Stage, Writer
-from stallhound.formats.nsys.build import WINDOW_SQL
 from stallhound.model.schema import ddl
 
 # DuckDB's share of a build, past which it spills to disk: staging only appends (128MB suffices), the mapping
