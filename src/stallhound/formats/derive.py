@@ -47,9 +47,11 @@ DATA_TABLES: dict[str, str] = {
     "nvtx": "nvtx", "os_runtime": "os_runtime", "cpu_samples": "cpu_samples", "sched": "sched",
     "graph_exec": "graph_exec", "memory_usage": "memory_usage", "uvm_faults": "uvm_faults", "gpu_info": "gpus",
 }
-# What a remedy may ask a capture for besides the capabilities' data: each kernel inside a CUDA graph on its own.
+# What a remedy may ask a capture for besides the capabilities' data: each kernel inside a CUDA graph on its own,
+# and a capture kept to the program's GPU phase.
 KERNELS_IN_GRAPHS = "kernels_in_graphs"
-NEEDS = (*(d for d in DATA_TABLES if d != "gpu_info"), KERNELS_IN_GRAPHS)
+GPU_PHASE = "gpu_phase"
+NEEDS = (*(d for d in DATA_TABLES if d != "gpu_info"), KERNELS_IN_GRAPHS, GPU_PHASE)
 GPU_INFO_SQL = "SELECT count(*), count(name) FROM gpus"
 
 

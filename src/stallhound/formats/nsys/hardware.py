@@ -6,7 +6,7 @@ from pathlib import Path
 
 import duckdb
 
-from stallhound.formats.derive import DATA_TABLES, KERNELS_IN_GRAPHS
+from stallhound.formats.derive import DATA_TABLES, GPU_PHASE, KERNELS_IN_GRAPHS
 from stallhound.formats.derive import capability_rows as derive_capabilities
 from stallhound.formats.nsys.raw import RawExport
 
@@ -25,6 +25,7 @@ OPTIONS: dict[str, str] = {
     "memory_usage": "--cuda-memory-usage=true",
     "uvm_faults": "--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true",
     KERNELS_IN_GRAPHS: "--cuda-graph-trace=node",
+    GPU_PHASE: "--capture-range=cudaProfilerApi",
 }
 # What the capabilities table adds to an option, for data the option alone does not guarantee.
 FLAG_NOTES = {"nvtx": " (and mark each step of the program with an NVTX range)",
