@@ -23,8 +23,8 @@ from stallhound.formats.kineto.stage import Stage, Writer
 from stallhound.model.schema import ddl
 
 # DuckDB's share of a build, past which it spills to disk: staging only appends (128MB suffices), the mapping
-# joins and sorts need more (at 128MB DuckDB fails to allocate). With these a ~1 GB trace peaks near 460 MB RSS;
-# ingest's 1200MB suits exports, whose tables DuckDB scans in place rather than holding a copy.
+# joins and sorts need more (at 128MB DuckDB fails to allocate). A trace is held as a staged copy, so its limits stay
+# below an export's, whose tables DuckDB scans in place.
 STAGE_MEMORY_LIMIT = "128MB"
 MAP_MEMORY_LIMIT = "256MB"
 STEPS = ("reading trace events", "kernels, copies, CUDA API calls, CPU ops", "devices, metadata, capabilities",
