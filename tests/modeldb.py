@@ -4,7 +4,7 @@ make_model(kernels=[{...}], nvtx=[{...}], ...) creates every table of profiles.m
 in-memory DuckDB, inserts the given rows (dicts; missing columns are NULL, duration_ns is filled in
 from start_ns/end_ns when absent), then derives what ingest derives: one `gpus` row per device seen
 in kernels/memcpy/memset/graph_exec (unless `gpus` is given), the `meta` row with capture and GPU windows
-(any field overridable through `meta={...}`) and the `capabilities` rows (ingest.capability_rows); copies and
+(any field overridable through `meta={...}`) and the `capabilities` rows (nsys' capability_rows); copies and
 memsets without launch_start_ns/launch_end_ns get those of their earliest API call of their kind, as ingest joins them.
 
 union_ns(intervals) is the independent reference for interval unions: a plain Python sweep.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import duckdb
 
-from stallhound.formats.nsys.build import capability_rows
+from stallhound.formats.nsys.hardware import capability_rows
 from stallhound.model.schema import MODEL_VERSION, TABLES, ddl
 
 _TABLES = {t.name: t for t in TABLES}

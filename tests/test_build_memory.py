@@ -11,8 +11,8 @@ import pytest
 from conftest import FIXTURES, one_sentence, text_of
 from mcp.client import Client
 
-from stallhound.formats import open_profile, source
-from stallhound.model.cache import SPILL_SUFFIX
+from stallhound.formats import open_profile
+from stallhound.model.cache import SPILL_SUFFIX, fingerprint
 from stallhound.model.limits import BUILD_MEMORY_ENV, BuildOutOfMemory, MemorySettingInvalid, out_of_resources
 from stallhound.server.app import build_server
 
@@ -77,7 +77,7 @@ async def test_build_memory_exhausted_load_is_an_mcp_error_and_the_server_keeps_
 
 def test_build_memory_spill_folder_of_a_killed_build_is_removed_by_the_next(tmp_path):
     """A build killed while spilling leaves its model's temporary file and DuckDB's spill folder beside it."""
-    key = source.fingerprint(EXPORT)
+    key = fingerprint(EXPORT)
     stale = tmp_path / f".{key}-killed.duckdb.tmp"
     (tmp_path / (stale.name + SPILL_SUFFIX)).mkdir(parents=True)
     (tmp_path / (stale.name + SPILL_SUFFIX) / "duckdb_temp_storage-0.tmp").write_bytes(b"\0" * 4096)

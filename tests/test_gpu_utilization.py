@@ -145,7 +145,7 @@ def test_gpu_utilization_streams_capped_by_limit():
 def test_gpu_utilization_without_gpu_activity_says_so():
     con = make_model(cuda_api=[{"pid": 1, "tid": 1, "name": "cudaMalloc", "start_ns": 0, "end_ns": 100}])
     result = run(con)
-    assert (result.devices, result.note) == ([], gu.NO_GPU_NOTE)
+    assert (result.devices, result.note) == ([], gu.NO_GPU_NOTE.format(capture="`nsys profile --trace=cuda`"))
     assert "no GPU activity" in gu.render(result)
 
 

@@ -75,9 +75,6 @@ KNOWN_UPWARD = [
     "analysis/idle_causes.py imports stallhound.tools",
     "analysis/rank_figures.py imports stallhound.tools",
     "analysis/trace_quality.py imports stallhound.tools.profile_summary",
-    "model/cache.py imports stallhound.formats",
-    "model/cache.py imports stallhound.formats.nsys.build",
-    "model/cache.py imports stallhound.formats.nsys.raw",
 ]
 
 

@@ -11,6 +11,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.contracts import run_skill
+from stallhound.formats.remedy import remedy
 from stallhound.model.errors import InvalidRequest
 
 T = TypeVar("T")
@@ -196,7 +197,7 @@ def resolve_scope(con: duckdb.DuckDBPyConnection, params: ScopedParams,
         "SELECT capture_start_ns, capture_end_ns, gpu_start_ns, gpu_end_ns FROM meta").fetchone()
     if cap_start is None:
         raise InvalidRequest("this profile has no timed events at all, so there is no window to analyse; "
-                             "re-capture with `nsys profile --trace=cuda,nvtx`")
+                             f"re-capture with {remedy(con, ('kernels', 'nvtx'))}")
     basis: WindowBasis = default
     lo, hi = (gpu_start, gpu_end) if default == "gpu_active" and gpu_start is not None else (cap_start, cap_end)
     if default == "gpu_active" and gpu_start is None:

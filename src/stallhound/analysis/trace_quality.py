@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import duckdb
 
 from stallhound.analysis.common import ms, pct
-from stallhound.formats.nsys.build import API_KIND_SQL
+from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS
 from stallhound.formats.nsys.checks import LOAD_SOURCE
+from stallhound.formats.remedy import remedy
 
 if TYPE_CHECKING:  # profile_summary's result types; it imports this module
     from stallhound.tools.profile_summary import Window
@@ -90,8 +91,9 @@ def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture_end: int, d
             return [f"{launches + t.graph_calls:,} kernel launch calls were traced but the export holds no kernel "
                     "records: the program most likely stopped or crashed before its kernels ran or before nsys "
                     f"flushed its CUDA trace buffers{_last_call(con, capture_end)}, unless kernels were filtered "
-                    "out of the trace; check the program's exit status and re-capture with --trace=cuda, letting it "
-                    "exit normally (or calling cudaProfilerStop() first)"]
+                    "out of the trace; check the program's exit status and re-capture with "
+                    f"{remedy(con, ('kernels',), bare=True)}, letting it exit normally (or calling "
+                    "cudaProfilerStop() first)"]
         if t.memcpy or t.memset:
             return [f"the GPU ran {t.memcpy:,} copies and {t.memset:,} memsets but no kernel was launched in the "
                     f"capture{_last_call(con, capture_end)}: if the program should compute on the GPU it stopped "
@@ -112,7 +114,8 @@ def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture_end: int, d
     if t.graph_execs:
         notes.append(f"{t.graph_execs:,} CUDA graph launches were recorded as whole graphs (--cuda-graph-trace=graph, "
                      "nsys' default), so the kernels inside them have no records: GPU time counts each graph as "
-                     "one piece of work; re-capture with --cuda-graph-trace=node for per-kernel figures")
+                     f"one piece of work; re-capture with {remedy(con, (KERNELS_IN_GRAPHS,), bare=True)} for "
+                     "per-kernel figures")
     return notes
 
 
@@ -136,9 +139,8 @@ def notes(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Wi
         lead, tail = gpu_active.start_ns - capture.start_ns, capture.end_ns - gpu_active.end_ns
         notes.append(f"GPU work spans only {gpu_active_pct}% of the capture: it starts {ms(lead)} in and ends "
                      f"{ms(tail)} before the capture does, so capture-wide figures are diluted by host-only time; "
-                     "gpu_utilization and gpu_idle_gaps measure over the GPU-active window by default, and `nsys "
-                     "profile --capture-range=cudaProfilerApi` (or --delay/--duration) keeps the capture to the GPU "
-                     "phase")
+                     "gpu_utilization and gpu_idle_gaps measure over the GPU-active window by default, and "
+                     f"{remedy(con, (GPU_PHASE,))} (or --delay/--duration) keeps the capture to the GPU phase")
     if not has_devices and machine_gpus:
         notes.append(f"the export lists {machine_gpus} for the machine but no work on it was traced")
     return notes

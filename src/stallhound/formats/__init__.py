@@ -1,4 +1,5 @@
-"""Profiles: open an Nsight Systems export, or a PyTorch profiler (Kineto) trace, as a cached DuckDB profile model."""
+"""Profiles: open a file of any registered format (an Nsight Systems export, a PyTorch profiler trace...) as a
+cached DuckDB profile model; the format, found by registry.detect, builds it."""
 
 from __future__ import annotations
 
@@ -10,16 +11,15 @@ from pathlib import Path
 
 import duckdb
 
-from stallhound.formats import source
-from stallhound.formats.kineto import build as kineto
-from stallhound.formats.kineto import read as kineto_read
-from stallhound.formats.nsys.build import Progress
+from stallhound.formats import registry, source
 from stallhound.model import cache
+from stallhound.model.cache import Progress
 from stallhound.model.duck import close_model, open_model
 from stallhound.model.errors import CacheUnwritable
 from stallhound.model.limits import model_memory_mb
 
 log = logging.getLogger("stallhound")
+__all__ = ["Profile", "Progress", "open_profile"]
 
 
 @dataclass
@@ -39,22 +39,20 @@ class Profile:
 def open_profile(path: str | Path, *, cache_dir: Path | None = None, use_cache: bool = True,
                  progress: Progress | None = None,
                  cancelled: threading.Event | None = None) -> Profile:
-    """Open an export (.sqlite, or .nsys-rep/.qdrep when nsys is installed) or a torch.profiler trace (.json or
-    .json.gz, known by its content) as a read-only model; setting `cancelled` stops a build under way."""
+    """Open a profile of any registered format (an nsys .sqlite, or .nsys-rep/.qdrep when nsys is installed; a
+    torch.profiler trace, .json or .json.gz, known by its content) as a read-only model; setting `cancelled` stops
+    a build under way."""
     target = source.check_file(Path(path))
+    fmt = registry.detect(target)
     model_memory_mb()  # a wrong setting is said now, not after minutes of building
     directory = cache_dir or cache.cache_dir()
-    sqlite_path, build_fn = target, cache.build_export
-    if target.suffix.lower() in source.REPORT_SUFFIXES:
-        sqlite_path = source.convert_report(target, directory)
-    elif kineto_read.is_trace(target):
-        build_fn = kineto.build
-    key = source.fingerprint(sqlite_path)
+    built_from = fmt.prepare(target, directory)
+    key = cache.fingerprint(built_from)
     if use_cache:
         try:
-            model, con = cache.open_cached(sqlite_path, key, directory, progress, cancelled, build_fn)
+            model, con = cache.open_cached(built_from, key, directory, fmt, progress, cancelled)
             return Profile(path=target, fingerprint=key, model_path=model, con=con)
         except CacheUnwritable as exc:
             log.warning("stallhound: %s; building in a temporary folder instead, for this load only", exc)
-    scratch, model = cache.build_scratch(sqlite_path, key, progress, cancelled, build_fn)
+    scratch, model = cache.build_scratch(built_from, key, fmt, progress, cancelled)
     return Profile(path=target, fingerprint=key, model_path=model, con=open_model(model), _scratch=scratch)

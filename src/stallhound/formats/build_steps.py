@@ -4,12 +4,13 @@ declared progress steps, and cancellation by an event."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
 
+from stallhound.model.cache import Progress
 from stallhound.model.duck import OFFLINE
 from stallhound.model.errors import LoadCancelled
 from stallhound.model.schema import ddl
@@ -17,20 +18,17 @@ from stallhound.model.schema import ddl
 BUILD_SETTINGS = {
     "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
     # The model file in DuckDB 1.5's storage format rather than the default one readable by 0.10.2: its strings are
-    # compressed as DICT_FSST, one analysis instead of Dictionary's and FSST's. On the 10 GB benchmark export the
-    # build took 119-128 s of CPU instead of 138 s, the model came out 3% smaller and the first triage 7-10% faster.
-    # Only this package reads the file, with the DuckDB it was written by (pyproject pins 1.5).
+    # compressed as DICT_FSST, one analysis instead of two, so builds are cheaper, models smaller and first queries
+    # faster (BENCHMARKS.md). Only this package reads the file, with the DuckDB it was written by (pyproject pins 1.5).
     "storage_compatibility_version": "v1.5.0",
 }
 NO_PROGRESS_BAR = "SET enable_progress_bar = false"  # progress goes to MCP notifications, never to stdout
 # How long a finished build's cancel watcher may linger (a cancel itself is seen at once): short, as every
 # build waits for it before closing its connection.
 CANCEL_POLL_S = 0.02
-# Rows bound into one INSERT ... VALUES: executemany runs one statement per row, about 1.5 ms each (the 1 GB export's
-# 430 enum and process rows took 0.45 s of CPU); 500 rows of a few columns keep one statement's parameters small.
+# Rows bound into one INSERT ... VALUES: executemany runs one statement per row, each costing milliseconds; 500 rows
+# of a few columns keep one statement's parameters small.
 ROWS_PER_INSERT = 500
-
-Progress = Callable[[int, int, str], None]
 
 
 class BuildSteps:

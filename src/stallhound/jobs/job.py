@@ -22,13 +22,13 @@ from typing import Any
 
 import duckdb
 
-from stallhound.formats import source
-from stallhound.formats.nsys.build import Progress
+from stallhound.formats.registry import converted_suffixes
 from stallhound.jobs import parquet as job_parquet
 from stallhound.jobs.build import Runner, build_file, cores, runner
 from stallhound.jobs.files import job_files
 from stallhound.jobs.ranks import Probe, RankSpec, assign
 from stallhound.model import cache
+from stallhound.model.cache import Progress
 from stallhound.model.schema import MODEL_VERSION
 
 JOB_FORMAT = 1  # bump when the Parquet layout changes: cached jobs are written anew
@@ -104,8 +104,8 @@ def _write_all(run: Runner, specs: list[RankSpec], folder: Path, threads: int, r
 def _all_cached(files: list[Path], directory: Path) -> bool:
     """Whether every file's model is in the cache already: reopening them here is quicker than starting a pool
     (spawning its processes takes about two seconds)."""
-    return all(f.suffix.lower() not in source.REPORT_SUFFIXES
-               and cache.model_path(directory, source.fingerprint(f)).exists() for f in files)
+    return all(f.suffix.lower() not in converted_suffixes()
+               and cache.model_path(directory, cache.fingerprint(f)).exists() for f in files)
 
 
 def _jobs_dir(directory: Path) -> Path:

@@ -1,4 +1,4 @@
-"""The model cache: one DuckDB file per export content, built once, shared by processes.
+"""The model cache: one DuckDB file per profile content, built once, shared by processes.
 
 A cached file is used only when it opens and its meta row names this content and model version;
 anything else (a corrupt file, one of another layout) is rebuilt. Builds write a temporary file under
@@ -8,14 +8,15 @@ file, which the next build of that content removes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
-import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import duckdb
 
@@ -24,9 +25,6 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from stallhound.formats import source
-from stallhound.formats.nsys.build import Progress, build
-from stallhound.formats.nsys.raw import ROLLBACK_MODE, WAL_VERSION_OFFSET, RawExport, damaged, is_wal_mode
 from stallhound.model import allocator
 from stallhound.model.duck import close_model, open_model
 from stallhound.model.errors import CacheUnwritable, ProfileChanged
@@ -35,10 +33,47 @@ from stallhound.model.schema import MODEL_VERSION
 
 CACHE_ENV = "STALLHOUND_CACHE_DIR"
 SPILL_SUFFIX = ".tmp"  # DuckDB spills into a folder named after its database file plus this
-# What DuckDB or SQLite raise when the export's content cannot be read (truncated pages, invalid text or
-# values of the wrong type); our own SQL errors (binder, catalog) are not among them.
-DAMAGE_ERRORS = (sqlite3.DatabaseError, duckdb.IOException, duckdb.InvalidInputException,
-                 duckdb.TypeMismatchException, duckdb.ConversionException)
+SAMPLE_BLOCK_BYTES = 64 * 1024  # fingerprint reads this much at each sampled offset
+SAMPLE_BLOCKS = 64  # evenly spaced blocks: ~4 MiB read even for a multi-GB export
+
+Progress = Callable[[int, int, str], None]  # (steps done, steps in all, the step's label)
+
+
+class Recipe(Protocol):
+    """How one input format builds a model (stallhound.formats gives each format's): the cache knows no format."""
+
+    writer: str  # what writes the format's files, named when a file changes while it is read
+    read_errors: tuple[type[Exception], ...]  # what reading a file raises besides duckdb.Error
+
+    def build(self, source: Path, out: Path, key: str, progress: Progress | None,
+              cancelled: threading.Event | None) -> None:
+        """Write the model of `source` into the DuckDB file `out` (which does not exist yet)."""
+
+    def damaged(self, source: Path, exc: Exception) -> Exception | None:
+        """The error to raise when `exc` means that part of `source` is unreadable; None when it does not."""
+
+
+def identity(path: Path) -> tuple[int, int, int, int]:
+    """(device, inode, size, modification time): any rewrite of the file while it is read changes it."""
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def fingerprint(path: Path) -> str:
+    """Content key: size plus a hash of the first, last and evenly spaced blocks of the file.
+
+    Reading every byte of a multi-GB profile would cost seconds on each reopen; sampled blocks
+    catch any re-export (SQLite rewrites its header and pages on every write).
+    """
+    size = path.stat().st_size
+    digest = hashlib.blake2b(str(size).encode(), digest_size=16)
+    step = max(size // SAMPLE_BLOCKS, 1)
+    offsets = sorted({*range(0, size, step), max(size - SAMPLE_BLOCK_BYTES, 0)})
+    with path.open("rb") as fh:
+        for offset in offsets:
+            fh.seek(offset)
+            digest.update(fh.read(SAMPLE_BLOCK_BYTES))
+    return digest.hexdigest()
 
 
 def cache_dir() -> Path:
@@ -105,26 +140,8 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def build_export(sqlite_path: Path, out: Path, key: str, progress: Progress | None = None,
-                 cancelled: threading.Event | None = None) -> None:
-    """Build the model of an nsys export into `out`, through a private copy when the export is in WAL mode."""
-    raw = RawExport(sqlite_path)
-    try:
-        if is_wal_mode(sqlite_path):
-            raw.scan_path = _scan_copy(sqlite_path, out.parent)
-        build(raw, out, key, progress, cancelled)
-    finally:
-        raw.close()
-        if raw.scan_path != sqlite_path:
-            raw.scan_path.unlink(missing_ok=True)
-
-
-BuildFn = Callable[..., None]  # (source file, output model, fingerprint, progress, cancelled), as build_export
-
-
-def open_cached(sqlite_path: Path, key: str, directory: Path, progress: Progress | None = None,
-                cancelled: threading.Event | None = None,
-                build_fn: BuildFn = build_export) -> tuple[Path, duckdb.DuckDBPyConnection]:
+def open_cached(source: Path, key: str, directory: Path, recipe: Recipe, progress: Progress | None = None,
+                cancelled: threading.Event | None = None) -> tuple[Path, duckdb.DuckDBPyConnection]:
     """The cached model for this content and a connection to it, building it first if needed.
 
     Raises CacheUnwritable when the model must be built and `directory` cannot be written.
@@ -138,40 +155,29 @@ def open_cached(sqlite_path: Path, key: str, directory: Path, progress: Progress
         if con is not None:
             return final, con
         _remove_leftovers(final, key)
-        build_to(sqlite_path, key, final, progress, cancelled, build_fn)
+        build_to(source, key, final, recipe, progress, cancelled)
     return final, open_model(final)
-
-
-def _scan_copy(sqlite_path: Path, directory: Path) -> Path:
-    """A private copy of a WAL-mode export, marked as a rollback-journal database so that reading it writes
-    nothing beside it (DuckDB's scanner cannot open a file `immutable`)."""
-    fd, name = tempfile.mkstemp(prefix=".wal-copy-", suffix=".sqlite", dir=directory)
-    with os.fdopen(fd, "wb") as out, sqlite_path.open("rb") as src:
-        shutil.copyfileobj(src, out)
-        out.seek(WAL_VERSION_OFFSET)
-        out.write(ROLLBACK_MODE)
-    return Path(name)
 
 
 def _changed(path: Path, before: tuple[int, int, int, int], key: str) -> bool:
     """Whether the file differs from when the build started, or from the content `key` was taken from."""
     try:
-        return source.identity(path) != before or source.fingerprint(path) != key
+        return identity(path) != before or fingerprint(path) != key
     except OSError:  # removed or replaced meanwhile
         return True
 
 
-def _changed_error(path: Path) -> ProfileChanged:
-    return ProfileChanged(f"{path} changed while it was being loaded (is nsys or another program still writing "
+def _changed_error(path: Path, writer: str) -> ProfileChanged:
+    return ProfileChanged(f"{path} changed while it was being loaded (is {writer} or another program still writing "
                           "it?); load it again once the file is complete")
 
 
-def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None = None,
-             cancelled: threading.Event | None = None, build_fn: BuildFn = build_export) -> None:
-    """Build the model of `sqlite_path` (with `build_fn`: an nsys export, or a Kineto trace) into `final`
-    (temporary file, then atomic rename). Raises ProfileChanged when the file changed while it was read,
-    NotAProfile when part of it is unreadable."""
-    before = source.identity(sqlite_path)
+def build_to(source: Path, key: str, final: Path, recipe: Recipe, progress: Progress | None = None,
+             cancelled: threading.Event | None = None) -> None:
+    """Build the model of `source` (with its format's `recipe`) into `final` (temporary file, then atomic rename).
+    Raises ProfileChanged when the file changed while it was read, the recipe's error when part of it is
+    unreadable."""
+    before = identity(source)
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{key}-", suffix=".duckdb.tmp", dir=final.parent)
     except OSError as exc:
@@ -180,17 +186,17 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
     tmp = Path(tmp_name)
     tmp.unlink()  # DuckDB wants to create the file itself
     try:
-        build_fn(sqlite_path, tmp, key, progress, cancelled)
-        if _changed(sqlite_path, before, key):
-            raise _changed_error(sqlite_path)
+        recipe.build(source, tmp, key, progress, cancelled)
+        if _changed(source, before, key):
+            raise _changed_error(source, recipe.writer)
         os.replace(tmp, final)
-    except (duckdb.Error, sqlite3.Error) as exc:  # a file rewritten meanwhile can fail any query, binding included
-        if _changed(sqlite_path, before, key):
-            raise _changed_error(sqlite_path) from exc
-        if isinstance(exc, duckdb.Error) and (exhausted := out_of_resources(exc, sqlite_path, final.parent)):
+    except (duckdb.Error, *recipe.read_errors) as exc:  # a file rewritten meanwhile can fail any query, binding too
+        if _changed(source, before, key):
+            raise _changed_error(source, recipe.writer) from exc
+        if isinstance(exc, duckdb.Error) and (exhausted := out_of_resources(exc, source, final.parent)):
             raise exhausted from exc
-        if isinstance(exc, DAMAGE_ERRORS):
-            raise damaged(sqlite_path, exc) from exc
+        if (damage := recipe.damaged(source, exc)) is not None:
+            raise damage from exc
         raise
     finally:
         for leftover in (tmp, tmp.with_name(tmp.name + ".wal"), tmp.with_name(tmp.name + SPILL_SUFFIX)):
@@ -198,9 +204,8 @@ def build_to(sqlite_path: Path, key: str, final: Path, progress: Progress | None
         allocator.release()  # what the build freed (its arrays, its connection's memory) before the tools run
 
 
-def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,
-                  cancelled: threading.Event | None = None,
-                  build_fn: BuildFn = build_export) -> tuple[Path, Path]:
+def build_scratch(source: Path, key: str, recipe: Recipe, progress: Progress | None = None,
+                  cancelled: threading.Event | None = None) -> tuple[Path, Path]:
     """(folder, model) of a build in a new temporary folder, which the caller removes when done with it."""
     try:
         scratch = Path(tempfile.mkdtemp(prefix="stallhound-"))
@@ -209,7 +214,7 @@ def build_scratch(sqlite_path: Path, key: str, progress: Progress | None = None,
                               f"to build the model in; set {CACHE_ENV} (or --cache-dir) to a writable folder") from exc
     model = model_path(scratch, key)
     try:
-        build_to(sqlite_path, key, model, progress, cancelled, build_fn)
+        build_to(source, key, model, recipe, progress, cancelled)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise

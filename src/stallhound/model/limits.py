@@ -19,20 +19,13 @@ import duckdb
 from stallhound.model.errors import BuildOutOfMemory, MemorySettingInvalid, ModelOutOfMemory
 
 BUILD_MEMORY_ENV = "STALLHOUND_BUILD_MEMORY_MB"
-# MB DuckDB may hold while building; it spills past it. Peak RSS of the 1 GB benchmark export runs about
-# 400 MB above it (880 MB at 500 MB, 1,500 MB at 1,200 MB); spilling costs about 8% more CPU than 700 MB.
+# MB DuckDB may hold while building; it spills past it. A build's peak RSS runs a few hundred MB above it, and
+# spilling at this limit costs only a few percent more CPU than a larger one (BENCHMARKS.md).
 BUILD_MEMORY_MB = 500
 MODEL_MEMORY_ENV = "STALLHOUND_MODEL_MEMORY_MB"
-# MB DuckDB may hold per open model while tools run; it spills past it. Unlimited, DuckDB takes 80% of RAM: the
-# 10 GB export's first triage reached 16.7 GB RSS. On the 1 GB export (bench/model_memory.py, BENCHMARKS.md): first
-# triage peak RSS 710-769 MB at 500, 954-990 MB at 750, 1,203-1,246 MB at 1,000, ~1,560 MB unlimited; warm
-# nvtx_breakdown 3.2-4.0 s at 500, 1.8-1.9 s at 750, 1.5 s unlimited (it spills below ~750). Since then the tools
-# spill less: at 600-750 the 1 GB export's tools take as long (nvtx_breakdown 0.85-0.90 s, all 2.6 s). The 10 GB
-# export's first triage (after a cached reopen) peaked at 855 MB RSS at 600 (20.8 s), 886-905 MB at 650
-# (17.5-19.4 s), 966-971 MB at 700 (16.9-17.3 s), and its first answer, load included, at 956-1,055 MB at 700.
-# Since the build's smaller depth updates the triage sets the first answer's peak: 904-953 MB at 650; after a cached
-# reopen 879 MB at 600 (13.7-14.2 s) against 899-929 MB at 650 (13.4-13.7 s), with the 1 GB tools as fast at 600
-# (all 2.60 s, nvtx_breakdown 0.79-0.80 s) and slower at 550 (2.65-2.75 s, 0.83-0.87 s).
+# MB DuckDB may hold per open model while tools run; it spills past it. Unlimited, DuckDB takes 80% of RAM. The
+# lowest limit at which the tools run as fast as with more: below it they spill and slow down, above it peak memory
+# grows for no time won (bench/model_memory.py, BENCHMARKS.md).
 MODEL_MEMORY_MB = 600
 NO_SPACE = "No space left on device"  # the OS error text DuckDB passes on when a spill file cannot grow
 

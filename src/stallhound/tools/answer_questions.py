@@ -16,9 +16,10 @@ from pydantic import BaseModel, Field
 from stallhound import book
 from stallhound.analysis.answerers import ANSWERERS, Evidence
 from stallhound.analysis.common import Output, ProfileParams
+from stallhound.formats.remedy import remedy
 
 Status = Literal["answered", "not_in_profile", "needs_user"]
-CAPTURE_HINT = "re-capture with `nsys profile --trace=cuda,nvtx,osrt`"
+CAPTURE_NEEDS = ("kernels", "nvtx", "os_runtime")  # what a question the profile cannot answer most often lacks
 
 
 class Params(ProfileParams):
@@ -51,7 +52,8 @@ def answer(q: book.Question, evidence: Evidence) -> Answer:
     if found:
         return Answer(**base, status="answered", value=found[0], evidence=found[1], how=None)
     if q.id in ANSWERERS:
-        return Answer(**base, status="not_in_profile", value=None, how=q.ask_or_capture or CAPTURE_HINT)
+        capture = f"re-capture with {remedy(evidence.con, CAPTURE_NEEDS)}"
+        return Answer(**base, status="not_in_profile", value=None, how=q.ask_or_capture or capture)
     return Answer(**base, status="needs_user", value=None,
                   how=q.ask_or_capture or "run triage: it ranks the findings, each with fix and verification")
 

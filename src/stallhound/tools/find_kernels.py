@@ -31,6 +31,7 @@ from stallhound.analysis.common import (
     scope_args,
 )
 from stallhound.analysis.kernel_kinds import NAME_CHARS
+from stallhound.formats.remedy import remedy
 from stallhound.model.errors import InvalidRequest
 
 NAME_LIMIT = 10  # distinct matched names listed: enough to see whether the pattern was too broad
@@ -151,7 +152,8 @@ def _note(con: duckdb.DuckDBPyConnection, params: Params, count: int) -> str | N
                 "top_kernels lists the names present")
     has_nvtx = con.execute("SELECT present FROM capabilities WHERE data = 'nvtx'").fetchone()
     if not (has_nvtx and has_nvtx[0]):
-        return "the profile has no NVTX ranges, so nvtx_path is empty; capture with --trace=nvtx to get them"
+        return ("the profile has no NVTX ranges, so nvtx_path is empty; capture with "
+                f"{remedy(con, ('nvtx',), bare=True)} to get them")
     return None
 
 

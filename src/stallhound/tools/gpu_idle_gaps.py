@@ -39,6 +39,7 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.formats.remedy import remedy
 
 GAP_ROWS = 10  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
 PERIODIC_ROWS = 5  # a pattern recurs on every rank of a node: the costliest few make the point
@@ -170,7 +171,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     devices = [_device(attr.devices[d], [g for g in found if g.device == d]) for d in scope.devices]
     traced = con.execute(TRACED_SQL, scope_args(scope)).fetchone()[0]
     note = None if traced else ("no kernel in scope has a traced launch call, so causes read 'host_untraced'; "
-                                "capture with `nsys profile --trace=cuda` to see what the host did")
+                                f"capture with {remedy(con, ('cuda_api',))} to see what the host did")
     result = Result(scope=scope, min_gap_ns=params.min_gap_ns, gap_count=len(found),
                     gap_time_ns=sum(d.gap_time_ns for d in devices), devices=devices, histogram=_histogram(found),
                     periodic_groups=[_group(g, by_id) for g in groups[:PERIODIC_ROWS]],

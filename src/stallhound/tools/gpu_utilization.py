@@ -20,9 +20,10 @@ from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import DEFAULT_LIMIT, LimitParam, Output, Scope, ScopedParams, ms, pct, resolve_scope
 from stallhound.analysis.device_pass import DevicePass, device_passes
+from stallhound.formats.remedy import remedy
 
 NO_GPU_NOTE = ("the profile has no GPU activity (no kernel, memcpy or memset), so there is no utilization to "
-               "measure; re-capture with `nsys profile --trace=cuda`")
+               "measure; re-capture with {capture}")
 WORST_SHARE = 0.2  # fraction of slices whose idle time idle_concentration_pct measures
 CONCENTRATED_PCT = 50.0  # half the idle time in the worst fifth of slices: a few long stalls, not jitter
 MIN_BUCKETS_FOR_PATTERN = 5  # with fewer slices "worst 20%" is a single slice and says nothing
@@ -123,7 +124,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     result = Result(scope=scope, busy_pct=busy, idle_pct=round(100 - busy, 2) if devices else 0.0,
                     bucket_count=params.buckets, bucket_ns=scope.duration_ns // params.buckets, devices=devices,
                     truncated=any(d.stream_count > params.limit for d in devices),
-                    note=None if devices else NO_GPU_NOTE)
+                    note=None if devices else NO_GPU_NOTE.format(capture=remedy(con, ('kernels',))))
     return result
 
 

@@ -69,6 +69,7 @@ from stallhound.analysis.step_boundaries import (
     Spans,
     boundaries,
 )
+from stallhound.formats.remedy import remedy
 
 MIN_ITERATIONS = 3  # a first iteration plus two to take a steady median from
 WARMUP_RATIO = 1.5  # first iteration this much slower than steady state: the window includes warmup
@@ -177,9 +178,10 @@ def _summary(durations: list[int]) -> dict:
             "slowest_index": slowest, "slowest_ns": durations[slowest]}
 
 
-def _note(method: str | None, reason: str | None, count: int, spread: float | None) -> str | None:
+def _note(con: duckdb.DuckDBPyConnection, method: str | None, reason: str | None, count: int,
+          spread: float | None) -> str | None:
     if method is None:
-        return f"{reason}; annotate each step with an NVTX range (capture with --trace=nvtx)"
+        return f"{reason}; annotate each step with an NVTX range (capture with {remedy(con, ('nvtx',), bare=True)})"
     if count < MIN_ITERATIONS:
         return (f"only {count} iteration(s) by {method}: too few to tell warmup from steady state (needs "
                 f"{MIN_ITERATIONS}); capture more steps")
@@ -199,7 +201,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     more = len(spans) > params.offset + params.limit
     summary = _summary([e - s for s, e in spans])
     return Result(scope=scope, method=method, reason=reason if method else None, candidates=candidates,
-                  note=_note(method, reason, len(spans), summary.get("spread_ratio")), iteration_count=len(spans),
+                  note=_note(con, method, reason, len(spans), summary.get("spread_ratio")), iteration_count=len(spans),
                   span_start_ns=spans[0][0] if spans else None, span_end_ns=spans[-1][1] if spans else None,
                   rows=rows, truncated=more, total_rows=len(spans), offset=params.offset,
                   next_offset=next_page(params.offset, len(rows), more), **summary)

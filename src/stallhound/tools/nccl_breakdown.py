@@ -64,6 +64,7 @@ from stallhound.analysis.common import (
     scope_args,
 )
 from stallhound.analysis.intervals import covered, overlaps
+from stallhound.formats.remedy import remedy
 
 OVERLAP_MIN_PCT = 50.0  # book nccl-serialization: overlapped_pct well below 50% means collectives take turns
 EXPOSED_MIN_PCT = 10.0  # ... and only when the exposed time is a sizeable share of the window
@@ -73,7 +74,7 @@ BUCKET_NS = 1_000_000  # overlap join buckets: NCCL kernels span a few, most com
 
 
 NO_NCCL = ("no NCCL kernels in this window (a single-GPU run, or communication not captured: trace every rank "
-           "with `nsys profile --trace=cuda,nvtx`)")
+           "with {capture})")
 
 
 class Params(ScopedParams):
@@ -188,7 +189,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     total, covered = sum(d.nccl_ns for d in devices), sum(d.overlapped_ns for d in devices)
     spread, spread_pct = _spread(devices, scope)
     return Result(
-        scope=scope, has_nccl=bool(devices), note=None if devices else NO_NCCL,
+        scope=scope, has_nccl=bool(devices),
+        note=None if devices else NO_NCCL.format(capture=remedy(con, ("kernels", "nvtx"))),
         nccl_count=sum(d.count for d in devices), nccl_ns=total, window_pct=pct(total, capacity),
         overlapped_ns=covered, overlapped_pct=pct(covered, total), exposed_ns=total - covered,
         rows=rows[:params.limit], truncated=len(rows) > params.limit, total_rows=len(rows), devices=devices,

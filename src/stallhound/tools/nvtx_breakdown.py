@@ -31,6 +31,7 @@ from stallhound.analysis.common import (
     pct,
     resolve_scope,
 )
+from stallhound.formats.remedy import remedy
 
 PHASES = (  # checked in this order: "optimizer.zero_grad" is optimizer work, not backward
     ("optimizer", re.compile(r"optim|step|adam|sgd", re.I)),
@@ -168,8 +169,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     note = None
     if not groups:
         flag = con.execute("SELECT capture_flag FROM capabilities WHERE data = 'nvtx'").fetchone()
+        capture = flag[0] if flag else remedy(con, ("nvtx",), bare=True)
         note = ("no NVTX ranges match in this window" if con.execute("SELECT count(*) FROM nvtx").fetchone()[0]
-                else f"the profile has no NVTX ranges; capture them with {flag[0] if flag else '--trace=nvtx'}")
+                else f"the profile has no NVTX ranges; capture them with {capture}")
     result = Result(scope=scope, has_nvtx=bool(groups), note=note, range_count=sum(g.count for g in groups),
                     rows=rows[:params.limit], truncated=len(rows) > params.limit, total_rows=len(rows),
                     phase_depth=phase_depth, phases=phases)

@@ -29,8 +29,9 @@ from stallhound.analysis import program, rules, trace_quality
 from stallhound.analysis.common import Output, ProfileParams, fetch_capped, ms, pct
 from stallhound.analysis.program import KERNEL_FAMILIES, Program
 from stallhound.analysis.rules import Missing
-from stallhound.formats.kineto.meta import PLATFORM as KINETO_PLATFORM
 from stallhound.formats.nsys.checks import LOAD_SOURCE
+from stallhound.formats.registry import by_platform
+from stallhound.formats.remedy import remedy
 from stallhound.model.schema import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
 
 TOP_PROCESSES = 5  # a capture can hold hundreds of idle helper processes: the launching few matter
@@ -204,14 +205,16 @@ def _libraries(con: duckdb.DuckDBPyConnection) -> list[Library]:
             for lib, n, names, example, fa3, fa2 in con.execute(LIBRARIES_SQL, args).fetchall()]
 
 
-def _note(capture: Window | None, gpu_active: Window | None, table_rows: dict[str, int]) -> str | None:
+def _note(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Window | None,
+          table_rows: dict[str, int]) -> str | None:
     if capture is None:
         return ("the export holds no timed events at all (no GPU activity, no CPU/API trace): nothing to "
-                "analyse; re-capture with `nsys profile --trace=cuda,nvtx` around the workload")
+                f"analyse; re-capture with {remedy(con, ('kernels', 'nvtx'))} around the workload")
     if gpu_active is None:
         return ("no GPU activity: the capture has no kernels, memcpy, memset or graph executions"
                 + (" although CUDA API calls were traced" if table_rows.get("cuda_api") else "")
-                + "; check that the workload ran on the GPU inside the capture window (--trace=cuda)")
+                + "; check that the workload ran on the GPU inside the capture window "
+                  f"({remedy(con, ('kernels',), bare=True)})")
     return None
 
 
@@ -236,7 +239,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     processes = [Process(pid=r[0], name=r[1], kernel_launches=r[2], threads_launching=r[3])
                  for r in con.execute(PROCESSES_SQL, {"top": TOP_PROCESSES}).fetchall()]
     return Result(profile=params.profile, program=program.detect(con), has_gpu_activity=gpu_active is not None,
-                  note=_note(capture, gpu_active, table_rows), nsys_version=meta[0], schema_version=meta[1],
+                  note=_note(con, capture, gpu_active, table_rows), nsys_version=meta[0], schema_version=meta[1],
                   host=meta[2], platform=meta[3], command_line=meta[4], machine_gpus=meta[9], derived_from=meta[10],
                   capture=capture, gpu_active=gpu_active, gpu_active_pct=active_pct, devices=devices,
                   process_count=con.execute(PROCESS_COUNT_SQL).fetchone()[0], top_processes=processes,
@@ -250,8 +253,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
 
 def render(result: Result) -> str:
     schema = result.schema_version or "?"
-    written_by = (f"{KINETO_PLATFORM} trace, schema {schema}," if result.platform == KINETO_PLATFORM
-                  else f"nsys {result.nsys_version or '?'} (export schema {schema})")
+    written_by = by_platform(result.platform).written_by(result.nsys_version, schema)
     lines = [f"{written_by} on {result.host or '?'}: {result.command_line or 'command line not recorded'}"
              + (f"; {result.rank}" if result.rank else "")]
     if result.note:

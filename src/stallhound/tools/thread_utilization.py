@@ -35,15 +35,17 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.formats.remedy import remedy
 from stallhound.model.errors import InvalidRequest
 
 Basis = Literal["sched", "cpu_samples", "cuda_api"]
+CPU_SIDE = ("cuda_api", "os_runtime", "cpu_samples", "sched")  # every kind of data a basis is measured from
 BASIS_MEANING = {
     "sched": "time on a CPU from scheduler events (sched-in to next sched-out)",
     "cpu_samples": "CPU samples x sampling period (median sample spacing): an estimate of time on a CPU",
     "cuda_api": "time inside CUDA API calls (syncs excluded) and non-waiting OS-runtime calls: without scheduler "
                 "data or samples, work outside traced calls is invisible and launches blocked on a full queue count "
-                "as busy, so no cpu-bottleneck finding is drawn; capture with --cpuctxsw=process-tree",
+                "as busy, so no cpu-bottleneck finding is drawn; capture with {sched}",
 }
 
 
@@ -139,8 +141,7 @@ def basis(con: duckdb.DuckDBPyConnection, wanted: str = "auto") -> Basis:
                              f"{', '.join(available) or 'none'}); use basis='auto' or one of those")
     if not available:
         raise InvalidRequest("this profile has no CPU-side data (no scheduler events, CPU samples, CUDA API or "
-                             "OS-runtime calls); re-capture with `nsys profile --trace=cuda,osrt --sample=process-tree "
-                             "--cpuctxsw=process-tree`")
+                             f"OS-runtime calls); re-capture with {remedy(con, CPU_SIDE)}")
     return available[0] if wanted == "auto" else wanted  # type: ignore[return-value]
 
 
@@ -161,7 +162,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     out = [ThreadRow(pid=r[0], tid=r[1], name=r[2], busy_ns=int(r[3]), busy_pct=pct(r[3], scope.duration_ns),
                      blocked_ns=int(r[4]), net_busy_pct=pct(max(0, r[3] - r[4]), scope.duration_ns)) for r in rows]
     total = rows[0][5] if rows else 0
-    return Result(scope=scope, basis=measured, basis_meaning=BASIS_MEANING[measured], sample_period_ns=period,
+    meaning = BASIS_MEANING[measured].format(sched=remedy(con, ("sched",), bare=True))
+    return Result(scope=scope, basis=measured, basis_meaning=meaning, sample_period_ns=period,
                   thread_count=total, rows=out, truncated=truncated, total_rows=total,
                   findings=idle_causes.shown_by(con, scope, {"cpu-bottleneck"}))
 

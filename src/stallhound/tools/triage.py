@@ -34,6 +34,7 @@ from stallhound.analysis.common import (
 )
 from stallhound.analysis.program import Program
 from stallhound.analysis.shares import Classification
+from stallhound.formats.remedy import remedy
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import iterations
 
@@ -146,10 +147,12 @@ def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) 
             for i, (tool, f) in enumerate(leads_first(found, lambda tf: tf[1], limit), start=1)]
 
 
-def _nothing(params: Params, prog: Program, quality: list[str], missing: list[rules.Missing]) -> Result:
-    """The result for an export without a single timed event: nothing to analyse, said plainly."""
+def _nothing(params: Params, prog: Program, quality: list[str], missing: list[rules.Missing],
+             capture: str) -> Result:
+    """The result for an export without a single timed event: nothing to analyse, said plainly; `capture` says
+    what to record."""
     why = ("the export holds no timed events at all (no GPU activity, no CPU or API trace): re-capture with "
-           "`nsys profile --trace=cuda,nvtx` around the workload")
+           f"{capture} around the workload")
     empty = Classification(bound="no GPU activity", compute_pct=0, copy_kernel_pct=0, transfer_pct=0,
                            communication_pct=0, busy_pct=0, idle_pct=0, overlap_pct=0, gpu_ops=0, reason=why)
     return Result(profile=params.profile, program=prog, quality=quality, window=None, window_note="none",
@@ -165,7 +168,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     summary = modules["profile_summary"]
     quality = run_once(con, summary, summary.Params(profile=params.profile)).trace_quality
     if con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()[0]:
-        return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA))
+        return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA), remedy(con, ('kernels', 'nvtx')))
     scope, note, warmup = _window(con, params)
     found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
     idle = attribution.attribute(con, scope).devices

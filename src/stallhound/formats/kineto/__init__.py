@@ -1,0 +1,35 @@
+"""PyTorch profiler (Kineto) Chrome traces, plain or gzipped, as the kineto Format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from stallhound.formats.base import Format
+from stallhound.formats.kineto import build as trace_build
+from stallhound.formats.kineto.meta import OPTIONS, PLATFORM
+from stallhound.formats.kineto.read import broken, is_trace
+
+# What DuckDB raises when a trace's values cannot be mapped into the model (text where a number belongs); the
+# reader itself turns a truncated or invalid file into NotAProfile.
+DAMAGE_ERRORS = (duckdb.InvalidInputException, duckdb.TypeMismatchException, duckdb.ConversionException)
+
+
+def _damaged(path: Path, exc: Exception) -> Exception | None:
+    return broken(path, exc) if isinstance(exc, DAMAGE_ERRORS) else None
+
+
+def say(options: list[str], bare: bool) -> str:
+    """What records the data: one profiler setting, or several joined; there are no options to list bare."""
+    return " and ".join(dict.fromkeys(options))
+
+
+def written_by(version: str | None, schema: str) -> str:
+    return f"{PLATFORM} trace, schema {schema},"
+
+
+FORMAT = Format(
+    name="kineto", writer="torch.profiler", detect=is_trace, build=trace_build.build, damaged=_damaged, read_errors=(),
+    options=OPTIONS, say=say, written_by=written_by,
+    expects=("a JSON object", "pass a torch.profiler trace (.json or .json.gz)"), platform=PLATFORM)

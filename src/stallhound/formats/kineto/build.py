@@ -15,16 +15,16 @@ import threading
 from pathlib import Path
 
 from stallhound.formats.build_steps import BuildSteps, Progress
+from stallhound.formats.derive import WINDOW_SQL
 from stallhound.formats.kineto import read as kineto_read
 from stallhound.formats.kineto.meta import capability_rows, diagnostic_rows, distributed, gpu_rows, meta_row
 from stallhound.formats.kineto.sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from stallhound.formats.kineto.stage import Stage, Writer
-from stallhound.formats.nsys.build import WINDOW_SQL
 from stallhound.model.schema import ddl
 
 # DuckDB's share of a build, past which it spills to disk: staging only appends (128MB suffices), the mapping
-# joins and sorts need more (at 128MB DuckDB fails to allocate). With these a ~1 GB trace peaks near 460 MB RSS;
-# ingest's 1200MB suits exports, whose tables DuckDB scans in place rather than holding a copy.
+# joins and sorts need more (at 128MB DuckDB fails to allocate). A trace is held as a staged copy, so its limits stay
+# below an export's, whose tables DuckDB scans in place.
 STAGE_MEMORY_LIMIT = "128MB"
 MAP_MEMORY_LIMIT = "256MB"
 STEPS = ("reading trace events", "kernels, copies, CUDA API calls, CPU ops", "devices, metadata, capabilities",

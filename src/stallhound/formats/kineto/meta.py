@@ -7,8 +7,8 @@ from pathlib import Path
 
 import duckdb
 
+from stallhound.formats.derive import capability_rows as derive_capabilities
 from stallhound.formats.kineto.nccl import as_int
-from stallhound.formats.nsys import build as ingest
 from stallhound.model.schema import MODEL_VERSION
 
 PLATFORM = "torch.profiler (Kineto)"  # meta.platform of every Kineto trace: what wrote it
@@ -17,11 +17,15 @@ EPOCH_FLOOR_NS = 946_684_800 * 10**9  # 2000-01-01: an earlier start is a clock 
 DIAGNOSTIC_SOURCE = "kineto"  # diagnostics.source of what the trace says about its capture
 NOT_IN_KINETO = "not recorded by torch.profiler; capture the run with nsys {flag} to get it"
 CUDA_ACTIVITY = "torch.profiler with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
-# data -> what records it, for a Kineto trace (profiles.hardware.CAPTURE_FLAGS says it for nsys).
-KINETO_FLAGS: dict[str, str] = {
+# need -> what records it in a Kineto trace; what Kineto cannot record is absent (a remedy names nsys for it).
+OPTIONS: dict[str, str] = {
     "kernels": CUDA_ACTIVITY, "memcpy": CUDA_ACTIVITY, "memset": CUDA_ACTIVITY, "cuda_api": CUDA_ACTIVITY,
     "nvtx": "torch.profiler with ProfilerActivity.CPU (CPU ops) and record_function ranges; prof.step() in the "
             "loop records ProfilerStep#N",
+}
+# data -> what the capabilities table says records it, for a Kineto trace.
+KINETO_FLAGS: dict[str, str] = {
+    **OPTIONS,
     "sync": NOT_IN_KINETO.format(flag="--trace=cuda"),
     "os_runtime": NOT_IN_KINETO.format(flag="--trace=osrt"),
     "cpu_samples": NOT_IN_KINETO.format(flag="--sample=process-tree"),
@@ -101,11 +105,6 @@ def _gpu_info_flag(devices: int, named: int) -> str:
 
 
 def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
-    """ingest's capability rows, with what records each kind of data said for torch.profiler."""
-    rows = []
-    for data, present, count, flag in ingest.capability_rows(con):
-        if data == "gpu_info":
-            devices = con.execute("SELECT count(*) FROM gpus").fetchone()[0]
-            flag = _gpu_info_flag(devices, count)
-        rows.append((data, present, count, KINETO_FLAGS.get(data, flag)))
-    return rows
+    """The capability rows of a trace's model in `con`, with what records each kind of data said for
+    torch.profiler."""
+    return derive_capabilities(con, KINETO_FLAGS, _gpu_info_flag)

@@ -24,9 +24,9 @@ from typing import IO
 
 import ijson
 
+from stallhound.formats.derive import NCCL_COLLECTIVES
 from stallhound.formats.kineto import nccl as kineto_nccl
-from stallhound.formats.kineto.nccl import as_int as _int
-from stallhound.formats.nsys.build import NCCL_COLLECTIVES
+from stallhound.formats.kineto.nccl import as_int
 from stallhound.model.errors import NotAProfile
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -75,7 +75,7 @@ def is_trace(path: Path) -> bool:
     return head.lstrip()[:1] == b"{"
 
 
-def _broken(path: Path, exc: Exception) -> NotAProfile:
+def broken(path: Path, exc: Exception) -> NotAProfile:
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return NotAProfile(f"{path} is not a complete torch.profiler (Kineto) trace ({detail}); check that the file was "
                        "fully written (export_chrome_trace or tensorboard_trace_handler) and load it again")
@@ -99,7 +99,7 @@ def header(path: Path) -> dict:
                 elif prefix == "" and event != "start_map":
                     break
     except READ_ERRORS as exc:
-        raise _broken(path, exc) from exc
+        raise broken(path, exc) from exc
     raise NotAProfile(f"{path} is JSON but has no top-level traceEvents array, so it is not a torch.profiler (Kineto) "
                       "trace; pass a trace written by torch.profiler (export_chrome_trace) or an nsys .sqlite export")
 
@@ -111,7 +111,7 @@ def ns(us) -> int:
 
 def _dims(args: dict, key: str) -> tuple:
     dims = args.get(key)
-    return tuple(_int(d) for d in dims[:3]) if isinstance(dims, list) and len(dims) >= 3 else (None, None, None)
+    return tuple(as_int(d) for d in dims[:3]) if isinstance(dims, list) and len(dims) >= 3 else (None, None, None)
 
 
 def thread_name(name: str) -> str:
@@ -130,23 +130,23 @@ def gpu_row(kind: str, ev: dict, args: dict) -> tuple:
     """(kind, device, context, stream, correlation, start, end, name, grid xyz, block xyz, registers, bytes,
     Kineto's collective name, External id, kineto_nccl.fields)."""
     start = ev["ts"]
-    return (kind, _int(args.get("device")), _int(args.get("context")), _int(args.get("stream")),
-            _int(args.get("correlation")), ns(start), ns(start + ev.get("dur", 0)), ev.get("name"),
-            *_dims(args, "grid"), *_dims(args, "block"), _int(args.get("registers per thread")),
-            _int(args.get("bytes")), collective(str(args.get("Collective name") or "")),
-            _int(args.get("External id")), *kineto_nccl.fields(args))
+    return (kind, as_int(args.get("device")), as_int(args.get("context")), as_int(args.get("stream")),
+            as_int(args.get("correlation")), ns(start), ns(start + ev.get("dur", 0)), ev.get("name"),
+            *_dims(args, "grid"), *_dims(args, "block"), as_int(args.get("registers per thread")),
+            as_int(args.get("bytes")), collective(str(args.get("Collective name") or "")),
+            as_int(args.get("External id")), *kineto_nccl.fields(args))
 
 
 def comms_row(ev: dict, args: dict) -> tuple:
     """(External id, start, Kineto's collective name, kineto_nccl.fields) of a record_param_comms op."""
-    return (_int(args.get("External id")), ns(ev["ts"]), collective(str(args.get("Collective name") or "")),
+    return (as_int(args.get("External id")), ns(ev["ts"]), collective(str(args.get("Collective name") or "")),
             *kineto_nccl.fields(args))
 
 
 def host_row(kind: str, ev: dict, args: dict) -> tuple:
     """(kind, pid, tid, correlation, name, start, end) of a CPU-side event."""
     start = ev["ts"]
-    return (kind, _int(ev.get("pid")), _int(ev.get("tid")), _int(args.get("correlation")), ev.get("name"),
+    return (kind, as_int(ev.get("pid")), as_int(ev.get("tid")), as_int(args.get("correlation")), ev.get("name"),
             ns(start), ns(start + ev.get("dur", 0)))
 
 
@@ -212,7 +212,7 @@ def events(path: Path, on_gpu: Callable[[tuple], None], on_host: Callable[[tuple
                         if ev.get("name") == kineto_nccl.COMMS_OP:
                             on_comms(comms_row(ev, args))
                 elif ph == "M" and ev.get("name") in ("process_name", "thread_name") and "name" in args:
-                    on_name(ev["name"], _int(ev.get("pid")), _int(ev.get("tid")), str(args["name"]))
+                    on_name(ev["name"], as_int(ev.get("pid")), as_int(ev.get("tid")), str(args["name"]))
         return trailing(tail.bytes())
     except (*READ_ERRORS, TypeError, json.JSONDecodeError) as exc:  # TypeError: a time that is not a number
-        raise _broken(path, exc) from exc
+        raise broken(path, exc) from exc

@@ -7,8 +7,8 @@ Kineto gives copies and sets: 'Memcpy HtoD (Pageable -> Device)', 'Memset (Devic
 
 from __future__ import annotations
 
+from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL, NCCL_COLLECTIVES
 from stallhound.formats.kineto import nccl as kineto_nccl
-from stallhound.formats.nsys.build import API_KIND_SQL, KERNEL_CATEGORY_SQL, NCCL_COLLECTIVES
 
 # Staging tables, in the column order of kineto_read.gpu_row, host_row and comms_row.
 GPU_COLUMNS = (("kind", "VARCHAR"), ("device_id", "INTEGER"), ("context_id", "INTEGER"), ("stream_id", "INTEGER"),

@@ -16,11 +16,12 @@ from pathlib import Path
 import duckdb
 
 from stallhound.formats.build_steps import NO_PROGRESS_BAR, Progress, insert_rows
+from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL, NCCL_COLLECTIVES, WINDOW_SQL
 from stallhound.formats.nsys import checks
 from stallhound.formats.nsys import nvtx as nvtx_build
 from stallhound.formats.nsys.activity_join import PID_SQL, TID_SQL, ActivityJoins
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range
-from stallhound.formats.nsys.hardware import CAPTURE_FLAGS, gpu_info_flag, gpu_rows, meta_row
+from stallhound.formats.nsys.hardware import capability_rows, gpu_rows, meta_row
 from stallhound.formats.nsys.raw import RawExport
 from stallhound.model.duck import load_sqlite_scanner
 from stallhound.model.limits import build_memory_mb
@@ -28,24 +29,6 @@ from stallhound.model.schema import MODEL_VERSION
 
 NO_ID = 4294967295  # (uint32)-1: nsys' "no device/stream" in sync records
 
-NCCL_COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
-                    "AllToAll", "Send", "Recv")
-# Kernel categories, decided once per distinct name: NCCL by name prefix, copy-like by the
-# memcpy/memset/copy/fill wording PyTorch and CUDA use for data-movement kernels.
-KERNEL_CATEGORY_SQL = """
-CASE WHEN value IS NULL THEN 'other'
-     WHEN value ILIKE '%nccl%' THEN 'nccl'
-     WHEN regexp_matches(lower(value), 'memcpy|memset|copy|fill_kernel') THEN 'copy'
-     ELSE 'compute' END"""
-API_KIND_SQL = """
-CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
-     WHEN regexp_matches(name, '^(cuda|cu)Launch') THEN 'launch'
-     WHEN name ILIKE '%synchronize%' THEN 'sync'
-     WHEN name ILIKE '%memcpy%' OR name ILIKE '%MemPrefetch%' THEN 'memcpy'
-     WHEN name ILIKE '%memset%' THEN 'memset'
-     WHEN regexp_matches(name, '^(cuModuleLoad|cuLibraryLoad|cudaLibraryLoad|cuModuleGetFunction)') THEN 'module'
-     WHEN regexp_matches(lower(name), 'malloc|free|hostalloc|memalloc|memfree') THEN 'alloc'
-     ELSE 'other' END"""
 
 def _label(name: str, prefix: str) -> str:
     short = name[len(prefix):] if name.startswith(prefix) else name
@@ -295,37 +278,6 @@ class Builder(ActivityJoins):
 
     def capabilities(self) -> None:
         self.load_list("capabilities", capability_rows(self.con))
-
-
-WINDOW_SQL = """
-WITH spans AS (
-  SELECT min(start_ns) s, max(end_ns) e FROM kernels UNION ALL SELECT min(start_ns), max(end_ns) FROM memcpy
-  UNION ALL SELECT min(start_ns), max(end_ns) FROM memset UNION ALL SELECT min(start_ns), max(end_ns) FROM graph_exec),
-host AS (
-  SELECT min(start_ns) s, max(end_ns) e FROM cuda_api UNION ALL SELECT min(start_ns), max(coalesce(end_ns, start_ns))
-  FROM nvtx UNION ALL SELECT min(start_ns), max(end_ns) FROM os_runtime UNION ALL SELECT min(start_ns), max(end_ns)
-  FROM sync UNION ALL SELECT min(time_ns), max(time_ns) FROM sched UNION ALL SELECT min(time_ns), max(time_ns)
-  FROM cpu_samples)
-SELECT (SELECT min(s) FROM (SELECT s FROM spans UNION ALL SELECT s FROM host)),
-       (SELECT max(e) FROM (SELECT e FROM spans UNION ALL SELECT e FROM host)),
-       (SELECT min(s) FROM spans), (SELECT max(e) FROM spans)
-"""
-
-def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
-    """(data, present, rows, capture_flag) per CAPTURE_FLAGS entry, from the model tables in `con`;
-    gpu_info counts the devices with a hardware name."""
-    rows = []
-    for data, (table, flag) in CAPTURE_FLAGS.items():
-        if data == "gpu_info":
-            devices, named, version, derived = con.execute(
-                "SELECT count(*), count(name), (SELECT nsys_version FROM meta), (SELECT derived_from FROM meta) "
-                "FROM gpus").fetchone()
-            rows.append((data, devices > 0 and named == devices, named,
-                         gpu_info_flag(version, derived, devices, named)))
-            continue
-        count = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        rows.append((data, count > 0, count, flag))
-    return rows
 
 
 def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None = None,

@@ -13,9 +13,8 @@ import duckdb
 
 from stallhound.model.limits import build_memory_mb
 
-# API calls joined at once per MB of the build's memory limit. On the 1 GB benchmark export (2.9M calls) at a 150 MB
-# limit, ranges of 1M calls built and 3M ran out of memory; at the default 500 MB, one range of 2.9M peaked at
-# 858-962 MB RSS (819-913 MB in ranges of 1M) for 1.3-1.8 s less CPU: each further range rereads a staged copy.
+# API calls joined at once per MB of the build's memory limit: as many as fit, since each further range rereads a
+# staged copy, yet few enough that a low limit still builds (BENCHMARKS.md).
 CALLS_PER_MB = 6_000
 HISTOGRAM_BINS = 4096  # id bins counted to place the cuts: ranges come out within 1/4096 of the id span of full
 

@@ -4,25 +4,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
+
+from stallhound.formats.derive import DATA_TABLES, GPU_PHASE, KERNELS_IN_GRAPHS
+from stallhound.formats.derive import capability_rows as derive_capabilities
 from stallhound.formats.nsys.raw import RawExport
 
-# data -> (model table, the nsys option that records it); gpu_info's text comes from gpu_info_flag().
-CAPTURE_FLAGS: dict[str, tuple[str, str]] = {
-    "kernels": ("kernels", "--trace=cuda"),
-    "memcpy": ("memcpy", "--trace=cuda"),
-    "memset": ("memset", "--trace=cuda"),
-    "cuda_api": ("cuda_api", "--trace=cuda"),
-    "sync": ("sync", "--trace=cuda"),
-    "nvtx": ("nvtx", "--trace=nvtx (and mark each step of the program with an NVTX range)"),
-    "os_runtime": ("os_runtime", "--trace=osrt"),
-    "cpu_samples": ("cpu_samples", "--sample=process-tree"),
-    "sched": ("sched", "--cpuctxsw=process-tree"),
-    "graph_exec": ("graph_exec", "--trace=cuda --cuda-graph-trace=graph (the default), when the program launches "
-                                 "CUDA graphs"),
-    "memory_usage": ("memory_usage", "--cuda-memory-usage=true"),
-    "uvm_faults": ("uvm_faults", "--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true"),
-    "gpu_info": ("gpus", ""),
+# need -> the nsys option that records it (every kind of model data but gpu_info, which no option adds).
+OPTIONS: dict[str, str] = {
+    "kernels": "--trace=cuda",
+    "memcpy": "--trace=cuda",
+    "memset": "--trace=cuda",
+    "cuda_api": "--trace=cuda",
+    "sync": "--trace=cuda",
+    "nvtx": "--trace=nvtx",
+    "os_runtime": "--trace=osrt",
+    "cpu_samples": "--sample=process-tree",
+    "sched": "--cpuctxsw=process-tree",
+    "graph_exec": "--trace=cuda --cuda-graph-trace=graph",
+    "memory_usage": "--cuda-memory-usage=true",
+    "uvm_faults": "--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true",
+    KERNELS_IN_GRAPHS: "--cuda-graph-trace=node",
+    GPU_PHASE: "--capture-range=cudaProfilerApi",
 }
+# What the capabilities table adds to an option, for data the option alone does not guarantee.
+FLAG_NOTES = {"nvtx": " (and mark each step of the program with an NVTX range)",
+              "graph_exec": " (the default), when the program launches CUDA graphs"}
+# data -> what the capabilities table says records it; gpu_info's text comes from gpu_info_flag().
+CAPTURE_FLAGS: dict[str, str] = {data: OPTIONS[data] + FLAG_NOTES.get(data, "")
+                                 for data in DATA_TABLES if data != "gpu_info"}
 # TARGET_INFO_GPU replaced TARGET_INFO_CUDA_GPU in nsys 2021.2: an older export without either can be
 # re-captured with a newer nsys; a newer one lacks it for a reason no capture option fixes.
 GPU_TABLE_SINCE = (2021, 2)
@@ -147,3 +157,12 @@ def meta_row(raw: RawExport, path: Path, size: int, fingerprint: str, model_vers
             enum_source, meta.get("EXPORT_PLATFORM"), meta.get("EXPORT_HOST"), _command_line(raw), session,
             cap_start, cap_end, duration, gpu_start, gpu_end, machine_gpus(raw), derived_from(raw),
             None, None, None)  # nsys records no distributed rank
+
+
+def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    """The capability rows of an export's model in `con` (its meta row written), nsys options as what records each
+    kind of data."""
+    version, derived = con.execute(
+        "SELECT (SELECT nsys_version FROM meta), (SELECT derived_from FROM meta)").fetchone()
+    return derive_capabilities(con, CAPTURE_FLAGS,
+                               lambda devices, named: gpu_info_flag(version, derived, devices, named))

@@ -26,19 +26,17 @@ DOMAIN_ID = "domain_id"  # the raw domain id, a column of nvtx only until the do
 DEPTHS_VIEW = "_nvtx_depths"  # a batch of (row id, depth), a NumPy frame registered on the cursor for its UPDATE
 
 # Closed push/pop ranges read at once. A window's NumPy arrays (about 7 int64 columns of its opens and closes, plus
-# the sorts' temporaries) sit beside DuckDB's own memory, whatever the export's size: on the 1 GB export's 8.4M
-# ranges, depth alone peaked at +68 MB RSS with 250k (+118 MB at 500k, +182 MB at 1M) for 0.1-0.2 s more CPU.
+# the sorts' temporaries) sit beside DuckDB's own memory, whatever the export's size: a bounded window keeps that
+# memory small for a little more CPU.
 WINDOW_RANGES = 250_000
-# Depths written by one UPDATE (an UPDATE holds its old values until it commits). Alone, filling the 1 GB export's
-# 8.4M took 1.4 s in batches of 250k and 1.0 s at 1M; within the build, beside the GPU tables, 250k is as fast on the
-# 1 GB export (cold load 6.2-6.4 s against 6.1-7.0 s) and faster on the 10 GB one (60.8-61.6 s against 64.3-65.6 s),
-# and the build's peak RSS is lower and steadier (10 GB: 771-778 MB against 856-957 MB).
+# Depths written by one UPDATE (an UPDATE holds its old values until it commits): within the build, beside the GPU
+# tables, batches this size are as fast as larger ones and keep the build's peak memory lower and steadier.
 UPDATE_ROWS = 250_000
 HISTOGRAM_BINS = 4096  # start-time bins counted to place the windows' cuts
 CLOSED = "kind = 'push_pop' AND end_ns >= start_ns"  # the ranges that have a depth (end_ns is NULL when unclosed)
 THREAD = "coalesce((pid << 24) | tid, -1)"  # one key per thread; NULL threads share -1
 # A window's opens (start in [lo, hi)) and closes (end in [lo, hi)) in one read: the ranges meeting it, spanning
-# ones left out by the caller (two reads, one per kind, took 7 s of the 10 GB export's 22 s of depths).
+# ones left out by the caller (one read rather than one per kind: the reads dominate the depths' time).
 WINDOW_SQL = f"""SELECT rowid AS rid, {THREAD} AS thread, start_ns, end_ns FROM nvtx
                  WHERE {CLOSED} AND start_ns < $hi AND end_ns >= $lo"""
 UPDATE_SQL = f"""UPDATE nvtx SET depth = x.depth FROM {DEPTHS_VIEW} x
@@ -127,8 +125,8 @@ def depths(cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[int, int, np.ndarra
 def _windows(cur: duckdb.DuckDBPyConnection) -> list[tuple[int, int]]:
     """[lo, hi) start times covering every closed range, each window opening about WINDOW_RANGES of them; the last
     reaches past the last end, so that every close falls in a window."""
-    # bounds of every event, not only the closed ranges': DuckDB answers them from its column statistics (13 ms on
-    # the 10 GB export, where a scan for the closed ranges' took 0.9-1.8 s)
+    # bounds of every event, not only the closed ranges': DuckDB answers them from its column statistics, where the
+    # closed ranges' would need a scan
     lo, last_start, last_end = cur.execute("SELECT min(start_ns), max(start_ns), max(end_ns) FROM nvtx").fetchone()
     if lo is None:
         return []

@@ -1,0 +1,71 @@
+"""What every format's build derives the same way from the model tables it wrote: API call kinds, kernel
+categories and NCCL collectives, the capture and GPU windows, and the capability rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import duckdb
+
+NCCL_COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
+                    "AllToAll", "Send", "Recv")
+# Kernel categories, decided once per distinct name: NCCL by name prefix, copy-like by the
+# memcpy/memset/copy/fill wording PyTorch and CUDA use for data-movement kernels.
+KERNEL_CATEGORY_SQL = """
+CASE WHEN value IS NULL THEN 'other'
+     WHEN value ILIKE '%nccl%' THEN 'nccl'
+     WHEN regexp_matches(lower(value), 'memcpy|memset|copy|fill_kernel') THEN 'copy'
+     ELSE 'compute' END"""
+API_KIND_SQL = """
+CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
+     WHEN regexp_matches(name, '^(cuda|cu)Launch') THEN 'launch'
+     WHEN name ILIKE '%synchronize%' THEN 'sync'
+     WHEN name ILIKE '%memcpy%' OR name ILIKE '%MemPrefetch%' THEN 'memcpy'
+     WHEN name ILIKE '%memset%' THEN 'memset'
+     WHEN regexp_matches(name, '^(cuModuleLoad|cuLibraryLoad|cudaLibraryLoad|cuModuleGetFunction)') THEN 'module'
+     WHEN regexp_matches(lower(name), 'malloc|free|hostalloc|memalloc|memfree') THEN 'alloc'
+     ELSE 'other' END"""
+
+# (capture start, capture end, GPU start, GPU end): the capture spans every timed event, the GPU window its work.
+WINDOW_SQL = """
+WITH spans AS (
+  SELECT min(start_ns) s, max(end_ns) e FROM kernels UNION ALL SELECT min(start_ns), max(end_ns) FROM memcpy
+  UNION ALL SELECT min(start_ns), max(end_ns) FROM memset UNION ALL SELECT min(start_ns), max(end_ns) FROM graph_exec),
+host AS (
+  SELECT min(start_ns) s, max(end_ns) e FROM cuda_api UNION ALL SELECT min(start_ns), max(coalesce(end_ns, start_ns))
+  FROM nvtx UNION ALL SELECT min(start_ns), max(end_ns) FROM os_runtime UNION ALL SELECT min(start_ns), max(end_ns)
+  FROM sync UNION ALL SELECT min(time_ns), max(time_ns) FROM sched UNION ALL SELECT min(time_ns), max(time_ns)
+  FROM cpu_samples)
+SELECT (SELECT min(s) FROM (SELECT s FROM spans UNION ALL SELECT s FROM host)),
+       (SELECT max(e) FROM (SELECT e FROM spans UNION ALL SELECT e FROM host)),
+       (SELECT min(s) FROM spans), (SELECT max(e) FROM spans)
+"""
+
+# capabilities.data -> the model table whose rows it counts, in the capabilities table's order.
+DATA_TABLES: dict[str, str] = {
+    "kernels": "kernels", "memcpy": "memcpy", "memset": "memset", "cuda_api": "cuda_api", "sync": "sync",
+    "nvtx": "nvtx", "os_runtime": "os_runtime", "cpu_samples": "cpu_samples", "sched": "sched",
+    "graph_exec": "graph_exec", "memory_usage": "memory_usage", "uvm_faults": "uvm_faults", "gpu_info": "gpus",
+}
+# What a remedy may ask a capture for besides the capabilities' data: each kernel inside a CUDA graph on its own,
+# and a capture kept to the program's GPU phase.
+KERNELS_IN_GRAPHS = "kernels_in_graphs"
+GPU_PHASE = "gpu_phase"
+NEEDS = (*(d for d in DATA_TABLES if d != "gpu_info"), KERNELS_IN_GRAPHS, GPU_PHASE)
+GPU_INFO_SQL = "SELECT count(*), count(name) FROM gpus"
+
+
+def capability_rows(con: duckdb.DuckDBPyConnection, flags: Mapping[str, str],
+                    gpu_info: Callable[[int, int], str]) -> list[tuple]:
+    """(data, present, rows, capture_flag) per DATA_TABLES entry, from the model tables in `con`: `flags` words what
+    records each kind of data, `gpu_info(devices, named)` what the devices' hardware records say (gpu_info counts
+    the devices with a hardware name)."""
+    rows = []
+    for data, table in DATA_TABLES.items():
+        if data == "gpu_info":
+            devices, named = con.execute(GPU_INFO_SQL).fetchone()
+            rows.append((data, devices > 0 and named == devices, named, gpu_info(devices, named)))
+            continue
+        count = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        rows.append((data, count > 0, count, flags[data]))
+    return rows

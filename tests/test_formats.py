@@ -1,0 +1,144 @@
+"""The format seam: the registry picks a file's format in order, a format registered by one line is opened like
+the others, and remedies are worded by the profile's format from its capture options, never by nsys strings in
+tools."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+from modeldb import make_model
+
+from stallhound import synth
+from stallhound.formats import kineto, nsys, open_profile, registry
+from stallhound.formats.base import Format
+from stallhound.formats.derive import GPU_PHASE, KERNELS_IN_GRAPHS, NEEDS
+from stallhound.formats.kineto.meta import CUDA_ACTIVITY, PLATFORM
+from stallhound.formats.nsys import merged
+from stallhound.formats.remedy import remedy
+from stallhound.model.errors import NotAProfile
+from stallhound.model.schema import MODEL_VERSION
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "stallhound"
+FAKE_MAGIC = b"FAKEPROF"
+FAKE_PLATFORM = "fake profiler"
+KERNEL = {"device_id": 0, "stream_id": 7, "correlation_id": 1, "short_name": "k", "name": "k", "start_ns": 100,
+          "end_ns": 300, "category": "compute"}
+
+
+def _kineto_trace(path: Path) -> Path:
+    path.write_text(json.dumps({"traceEvents": []}))
+    return path
+
+
+def test_formats_registry_detects_in_order(tmp_path):
+    export = tmp_path / "run.sqlite"
+    synth.write_sample(export, synth.clean())
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"not read: reports are known by their suffix")
+    assert [f.name for f in registry.FORMATS] == ["nsys", "kineto"]
+    assert registry.detect(export) is nsys.FORMAT
+    assert registry.detect(report) is nsys.FORMAT
+    assert registry.detect(_kineto_trace(tmp_path / "trace.json")) is kineto.FORMAT
+
+
+def test_formats_an_unknown_file_gets_one_clear_error(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(NotAProfile) as err:
+        open_profile(text, cache_dir=tmp_path / "cache")
+    assert str(err.value) == (
+        f"{text} is not an SQLite file (its first bytes are not an SQLite header) nor a JSON object; export the "
+        "report with `nsys export --type sqlite report.nsys-rep`, or pass a torch.profiler trace (.json or .json.gz)")
+
+
+def test_formats_each_format_is_complete():
+    assert len({f.name for f in registry.FORMATS}) == len(registry.FORMATS)
+    assert [f.name for f in registry.FORMATS if f.platform is None] == ["nsys"]  # the one default of format_of
+    for fmt in registry.FORMATS:
+        assert set(fmt.options) <= set(NEEDS), fmt.name
+    # every need is recorded by some format, so a remedy always has words
+    assert set(NEEDS) <= {need for f in registry.FORMATS for need in f.options}
+
+
+def _fake_build(source: Path, out: Path, key: str, progress, cancelled) -> None:
+    con = make_model(meta={"fingerprint": key, "model_version": MODEL_VERSION, "platform": FAKE_PLATFORM,
+                           "source_path": str(source)}, kernels=[KERNEL])
+    con.execute(f"ATTACH '{out}' AS out")
+    con.execute("COPY FROM DATABASE memory TO out")
+    con.execute("DETACH out")
+    con.close()
+
+
+def _fake_detect(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(len(FAKE_MAGIC)) == FAKE_MAGIC
+
+
+FAKE = Format(name="fake", writer="the fake profiler", detect=_fake_detect, build=_fake_build,
+              damaged=lambda path, exc: None, read_errors=(), options={"kernels": "fake --gpu"},
+              say=lambda options, bare: " ".join(options), written_by=lambda version, schema: "fake",
+              expects=("a fake profile", "pass one"), platform=FAKE_PLATFORM)
+
+
+def test_formats_a_format_registered_by_one_line_is_opened(tmp_path, monkeypatch):
+    path = tmp_path / "run.fake"
+    path.write_bytes(FAKE_MAGIC + b" one kernel")
+    with pytest.raises(NotAProfile, match="nor a JSON object; "):
+        open_profile(path, cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(registry, "FORMATS", (*registry.FORMATS, FAKE))
+    profile = open_profile(path, cache_dir=tmp_path / "cache")
+    try:
+        assert profile.con.execute("SELECT platform, source_path FROM meta").fetchone() == (FAKE_PLATFORM, str(path))
+        assert profile.con.execute("SELECT count(*), sum(duration_ns) FROM kernels").fetchone() == (1, 200)
+        assert registry.format_of(profile.con) is FAKE
+        assert remedy(profile.con, ("kernels",)) == "fake --gpu"  # its own words for what it records
+        assert remedy(profile.con, ("kernels", "sched")) == "`nsys profile --trace=cuda --cpuctxsw=process-tree`"
+    finally:
+        profile.close()
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    with pytest.raises(NotAProfile, match="nor a JSON object nor a fake profile; .*, or pass one$"):
+        registry.detect(other)
+
+
+def test_formats_remedy_kineto_model_vs_nsys_model():
+    nsys_model = make_model(kernels=[KERNEL])
+    kineto_model = make_model(meta={"platform": PLATFORM}, kernels=[KERNEL])
+    assert registry.format_of(nsys_model) is nsys.FORMAT and registry.format_of(kineto_model) is kineto.FORMAT
+    # what torch.profiler records is worded for it; an nsys export is told the nsys options
+    assert remedy(kineto_model, ("kernels",)) == CUDA_ACTIVITY
+    assert remedy(nsys_model, ("kernels", "nvtx")) == "`nsys profile --trace=cuda,nvtx`"
+    assert remedy(nsys_model, ("nvtx",), bare=True) == "--trace=nvtx"
+    # what torch.profiler cannot record sends both to nsys, for every need together
+    for con in (nsys_model, kineto_model):
+        assert remedy(con, ("sched",), bare=True) == "--cpuctxsw=process-tree"
+        assert remedy(con, ("kernels", "nvtx", "os_runtime")) == "`nsys profile --trace=cuda,nvtx,osrt`"
+        assert remedy(con, (KERNELS_IN_GRAPHS,), bare=True) == "--cuda-graph-trace=node"
+        assert remedy(con, (GPU_PHASE,)) == "`nsys profile --capture-range=cudaProfilerApi`"
+
+
+def test_formats_nsys_merges_one_capture_s_options():
+    assert merged(["--trace=cuda", "--trace=osrt", "--sample=process-tree", "--cpuctxsw=process-tree"]) == (
+        "--trace=cuda,osrt --sample=process-tree --cpuctxsw=process-tree")
+    assert merged(["--trace=cuda --cuda-graph-trace=graph", "--trace=cuda", "--cuda-memory-usage=true"]) == (
+        "--trace=cuda --cuda-graph-trace=graph --cuda-memory-usage=true")
+
+
+def _strings(path: Path) -> list[str]:
+    """The string constants of a module, docstrings left out (they describe, remedies are worded at run time)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_formats_tools_word_no_capture_command_themselves():
+    found = [f"{path.relative_to(SRC)}: {s[:60]!r}" for folder in ("tools", "analysis")
+             for path in sorted((SRC / folder).rglob("*.py")) for s in _strings(path)
+             if "nsys profile" in s or "--trace=" in s]
+    assert found == []
