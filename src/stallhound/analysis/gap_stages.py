@@ -10,7 +10,7 @@ from __future__ import annotations
 import duckdb
 
 from stallhound.analysis import attribution
-from stallhound.analysis.attribution import LABELLED, periodic
+from stallhound.analysis.attribution_sql import LABELLED, periodic
 from stallhound.analysis.common import Scope, packed, unpacked
 
 NVTX_NAMES = 3  # innermost ranges reported per gap
