@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stallhound.analysis import rules
 from stallhound.analysis.intervals import overlaps
+from stallhound.model.sql_files import sql_beside
 
 THREADS_SQL = """CREATE TEMP TABLE gap_work_threads AS  -- the work's launching threads, operations per device
 WITH ops AS (
@@ -86,46 +87,8 @@ at_start AS (  -- each gap with the call its start falls in (a queued gap's call
     AND g.start_ns >= b.start_ns AND g.start_ns < b.until_ns),"""
 
 # What the launching threads did during the gaps that are neither queued nor short.
-HOST = """
-long_gaps AS MATERIALIZED (
-  SELECT gap_id AS probe_id, pid, tid, start_ns, end_ns FROM gap_thread
-  WHERE tid IS NOT NULL AND duration_ns > $launch_gap_max AND NOT coalesce(launch_end_ns <= start_ns, false)),
-near AS MATERIALIZED (  -- the (thread, bucket) pairs in which `touch` can meet a CUDA call no longer than a bucket:
-  -- the calls in none (most of them: 50 k long gaps, 29 M calls on 10 GB) are dropped before their kind is decided
-  SELECT DISTINCT pid, tid, unnest(range(start_ns // $bucket_ns - 1, (end_ns - 1) // $bucket_ns + 1)) AS bucket
-  FROM long_gaps),
-sched_on AS (
-  SELECT pid, tid, time_ns AS start_ns, next_ns AS end_ns FROM (
-    SELECT pid, tid, time_ns, is_sched_in, lead(time_ns) OVER w AS next_ns, lead(is_sched_in) OVER w AS next_in
-    FROM sched JOIN threads_in USING (pid, tid) WINDOW w AS (PARTITION BY pid, tid ORDER BY time_ns, is_sched_in))
-  WHERE is_sched_in AND NOT next_in AND next_ns > $start AND time_ns < $end),
-sample_period AS (
-  SELECT coalesce(median(d), 0)::BIGINT AS ns FROM (
-    SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
-    FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
-range_kinds AS (SELECT unnest($range_texts) AS text, unnest($range_kinds) AS what),  -- kinds(), once per model
-host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: written once, 29 M events spilled on 10 GB
-  SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
-                           WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
-                           WHEN a.kind IN ('launch', 'graph') AND a.end_ns - a.start_ns >= $lazy THEN 'lazy'
-                           WHEN a.kind = 'sync' THEN 'sync'
-                           WHEN a.kind IN ('launch', 'graph', 'memcpy', 'memset') THEN 'launch'
-                           ELSE 'api' END AS what, a.start_ns, a.end_ns
-  FROM cuda_api a WHERE a.end_ns > $start AND a.start_ns < $end AND (a.end_ns - a.start_ns > $bucket_ns
-    OR (a.pid, a.tid, a.start_ns // $bucket_ns) IN (SELECT pid, tid, bucket FROM near))
-  UNION ALL
-  SELECT o.pid, o.tid, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait' ELSE 'api' END, o.start_ns, o.end_ns
-  FROM os_runtime o JOIN threads_in USING (pid, tid) WHERE o.end_ns > $start AND o.start_ns < $end
-  UNION ALL
-  SELECT n.pid, n.tid, t.what, n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
-  JOIN range_kinds t ON t.text = n.text WHERE n.end_ns > $start AND n.start_ns < $end
-  UNION ALL
-  SELECT pid, tid, 'cpu', start_ns, end_ns FROM sched_on
-  UNION ALL
-  SELECT c.pid, c.tid, 'cpu', c.time_ns, c.time_ns + (SELECT ns FROM sample_period) FROM cpu_samples c
-  JOIN threads_in USING (pid, tid) WHERE NOT EXISTS (SELECT 1 FROM sched LIMIT 1)
-    AND c.time_ns >= $start AND c.time_ns < $end),
-""" + overlaps("touch", "long_gaps", "host_events", "pid, tid", "what") + """,
+HOST = sql_beside(__package__, "gap_host_events.sql") + overlaps(
+    "touch", "long_gaps", "host_events", "pid, tid", "what") + """,
 host AS (
   SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'alloc') AS alloc_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'jit') AS jit_ns,
@@ -142,34 +105,7 @@ host AS (
 HOST_SQL = "CREATE TEMP TABLE gap_host AS WITH " + WORK + HOST.rstrip().rstrip(",") + """
 SELECT * FROM host"""
 
-LABELLED = "WITH " + WORK + SPANS + """
-judged AS (
-  SELECT g.*, CASE
-    WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
-    WHEN g.duration_ns <= $launch_gap_max AND g.blocked_cause IS NOT NULL THEN g.blocked_cause
-    WHEN g.duration_ns <= $launch_gap_max AND g.launch_end_ns IS NULL THEN 'host_untraced'
-    WHEN g.duration_ns <= $launch_gap_max THEN
-      CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
-    WHEN h.jit_ns > 0 OR h.modules > 0 THEN 'jit'
-    WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'
-    WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
-    WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
-    WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
-    WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
-    WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
-    WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
-    WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN
-      CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
-    ELSE 'host_untraced' END AS host_cause
-  FROM at_start g LEFT JOIN gap_host h USING (gap_id)),
-split AS (
-  SELECT *, coalesce(early_cause, host_cause) AS cause,
-         CASE WHEN early_cause = blocked_cause AND host_cause <> early_cause
-              THEN greatest(0, end_ns - (b_end + $resume_max)) ELSE 0 END AS late_ns
-  FROM judged),
-labelled AS (
-  SELECT gap_id, device_id, start_ns, end_ns, duration_ns, pid, tid, blocked_in, cause, late_ns,
-         CASE WHEN late_ns > 0 THEN host_cause END AS late_cause FROM split)"""
+LABELLED = "WITH " + WORK + SPANS + sql_beside(__package__, "gap_causes.sql")
 
 
 
@@ -197,52 +133,8 @@ def periodic(name: str, source: str, keys: str) -> str:
   FROM {name}_spaced s JOIN {name}_steady st USING ({keys}, grp))"""
 
 
-TOTALS_SQL = LABELLED + """,
-kept AS MATERIALIZED (  -- a row of its own for each gap that can be listed, resume late or be a pause; the shorter
-  -- ones (most of them) summed into one row per device, cause and blocking call (gap_id NULL, gaps > 1), as their
-  -- count and time are all the totals need
-  SELECT gap_id, device_id, cause, blocked_in, count(*) AS gaps, sum(duration_ns) AS ns,
-         CASE WHEN gap_id IS NOT NULL THEN any_value(start_ns) END AS start_ns,
-         CASE WHEN gap_id IS NOT NULL THEN any_value(end_ns) END AS end_ns,
-         CASE WHEN gap_id IS NOT NULL THEN any_value(duration_ns) END AS duration_ns,
-         any_value(pid) AS pid, any_value(tid) AS tid, coalesce(any_value(late_ns), 0) AS late_ns,
-         any_value(late_cause) AS late_cause
-  FROM (SELECT * REPLACE (CASE WHEN duration_ns < least($bubble_min, $gc_min) AND duration_ns <= $resume_max
-                               THEN NULL ELSE gap_id END AS gap_id) FROM labelled)
-  GROUP BY gap_id, device_id, cause, blocked_in
-  UNION ALL  -- the short gaps the pass only counted: queued (gap_pass.Folded) or judged in passing (ShortGaps)
-  SELECT NULL, unnest($folded_devices), unnest($folded_causes), unnest($folded_calls), unnest($folded_gaps),
-         unnest($folded_ns), NULL, NULL, NULL, NULL, NULL, 0, NULL),
-pieces0 AS (  -- a gap's time by cause: all of it, or its blocking call's share and the late resume after it
-  SELECT gap_id, device_id, cause, gaps, start_ns, ns - late_ns AS ns, duration_ns FROM kept
-  UNION ALL SELECT gap_id, device_id, late_cause, 1, end_ns - late_ns, late_ns, duration_ns FROM kept
-  WHERE late_ns > 0),
-pieces AS (  -- host_id: the gap's id on its piece with no host activity traced (a gap has one at most)
-  SELECT *, CASE WHEN cause IN ('host_untraced', 'host_cpu') THEN gap_id END AS host_id FROM pieces0),
-host_gaps AS (  -- stretches of 1 to 100 ms in which the host did nothing traced, a late resume's included
-  SELECT host_id AS gap_id, device_id, start_ns, ns AS duration_ns FROM pieces
-  WHERE host_id IS NOT NULL AND ns BETWEEN $gc_min AND $gc_max),
-""" + periodic("pauses", "host_gaps", "device_id") + """,
-apis AS (
-  SELECT device_id, cause, first(blocked_in ORDER BY ns DESC, blocked_in) AS api FROM (
-    SELECT device_id, cause, blocked_in, sum(ns) AS ns FROM kept
-    WHERE cause IN ('sync', 'readback', 'pageable_copy', 'sync_copy') AND blocked_in IS NOT NULL GROUP BY ALL)
-  GROUP BY ALL),
-totals AS (
-  SELECT l.device_id, l.cause, sum(l.gaps)::BIGINT AS gaps, sum(l.ns)::BIGINT AS ns,
-         coalesce(sum(l.ns) FILTER (WHERE l.duration_ns >= $bubble_min), 0)::BIGINT AS long_ns,
-         coalesce(sum(l.ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
-         count(*) FILTER (WHERE p.periodic) AS periodic_gaps,
-         median(p.period_ns) FILTER (WHERE p.periodic)::BIGINT AS period_ns, any_value(a.api) AS api
-  FROM pieces l LEFT JOIN pauses p ON p.gap_id = l.host_id
-  LEFT JOIN apis a ON a.device_id = l.device_id AND a.cause = l.cause
-  GROUP BY l.device_id, l.cause)
-SELECT (SELECT list(t ORDER BY t.device_id, t.ns DESC, t.cause) FROM totals t),
-       (SELECT list({gap_id: gap_id, device: device_id, start_ns: start_ns, end_ns: end_ns, cause: cause,
-                     blocked_in: blocked_in, pid: pid, tid: tid, late_ns: late_ns, late_cause: late_cause}
-                    ORDER BY gap_id)
-        FROM kept WHERE duration_ns >= $min_gap)
-"""
+TOTALS_SQL = (LABELLED + "," + sql_beside(__package__, "idle_pieces.sql")
+              + periodic("pauses", "host_gaps", "device_id") + "," + sql_beside(__package__, "idle_totals.sql"))
 
 
 MAIN_THREAD_SQL = "WITH " + THREADS.rstrip().rstrip(",") + """
