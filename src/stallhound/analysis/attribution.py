@@ -107,7 +107,7 @@ class ShortGaps:
     LAUNCH_GAP_MAX_NS and shorter than the pass's fold limit. Each gets the cause LABELLED gives it (the blocking
     call whose span (CALLS_SQL) holds its start on its thread, else host_untraced when the work after it was not
     launched by a traced call, else launch_tiny or launch) and is counted and summed per (device, cause, call)
-    instead of written: on the 10 GB export most of its 11 M gaps, which the labelling then no longer reads."""
+    instead of written: most gaps of a large export, which the labelling then no longer reads."""
 
     def __init__(self, spans: dict[str, np.ndarray], main_threads: dict[int, tuple[int, int]], below_ns: int):
         self.below_ns, self.main_threads = below_ns, main_threads
@@ -166,8 +166,8 @@ def labelled_inputs(con: duckdb.DuckDBPyConnection, scope: Scope, fold_below_ns:
     """What LABELLED reads, as temp tables while the block runs: idle_gaps (gap_pass.idle_gaps, with its arguments;
     the short gaps judged in the pass by ShortGaps, returned with the pass's Folded) and STAGED, each written by its
     own statement. Inside one labelling query DuckDB took the blocking calls' spans and the long gaps' host activity
-    for larger than the gaps, and hashed the 11 M gaps of the 10 GB export twice (6.2-10 s); written first, their
-    sizes are known, and with the short gaps judged in the pass the three statements take 0.5 + 0.5 + 0.3 s."""
+    for larger than the gaps and hashed every gap twice; written first, their sizes are known, and the short gaps
+    judged in the pass are never written."""
     params = args(con, scope)
     try:
         for sql in (THREADS_SQL, CALLS_SQL):

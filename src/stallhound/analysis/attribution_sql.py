@@ -21,8 +21,8 @@ THREADS = """main_thread AS (  -- who launched the work (gap_work_threads, THREA
   FROM gap_work_threads GROUP BY device_id),
 threads_in AS (SELECT DISTINCT pid, tid FROM gap_work_threads),"""
 WORK = THREADS + """
-gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with its thread; twice recomputed costs less
-  -- than writing 11 M gaps (spilled on 10 GB)
+gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with its thread; recomputed for each reader,
+  -- which costs less than writing every gap (that spills on the largest exports)
   SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny,
          CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
          CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
@@ -39,8 +39,8 @@ thread_calls AS (
   WHERE a.kind IN ('sync', 'memcpy') AND a.end_ns > $start AND a.start_ns < $end),
 reach AS (  -- the (thread, bucket of $follow) in which a call returning can be the one a sync follows
   SELECT DISTINCT pid, tid, start_ns // $follow - unnest([0, 1]) AS bucket FROM thread_calls WHERE kind = 'sync'),
-calls0 AS (  -- the syncs, and the copy calls that can block (below) or that a sync can follow: of 4.6 M copy calls on
-  -- the 10 GB export, 40 k (numbering and joining them all took 1.8 s)
+calls0 AS (  -- the syncs, and the copy calls that can block (below) or that a sync can follow: a small share of
+  -- the copy calls, so the others are never numbered or joined
   SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, m.direction, coalesce(m.pageable, false) AS pageable
   FROM thread_calls a LEFT JOIN copies m ON m.pid = a.pid AND m.correlation_id = a.correlation_id
   WHERE a.kind = 'sync' OR m.pid IS NOT NULL OR a.name NOT LIKE '%Async%'

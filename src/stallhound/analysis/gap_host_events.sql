@@ -7,7 +7,7 @@ long_gaps AS MATERIALIZED (
   SELECT gap_id AS probe_id, pid, tid, start_ns, end_ns FROM gap_thread
   WHERE tid IS NOT NULL AND duration_ns > $launch_gap_max AND NOT coalesce(launch_end_ns <= start_ns, false)),
 near AS MATERIALIZED (  -- the (thread, bucket) pairs in which `touch` can meet a CUDA call no longer than a bucket:
-  -- the calls in none (most of them: 50 k long gaps, 29 M calls on 10 GB) are dropped before their kind is decided
+  -- the calls in none (most of them: long gaps are few, CUDA calls many) are dropped before their kind is decided
   SELECT DISTINCT pid, tid, unnest(range(start_ns // $bucket_ns - 1, (end_ns - 1) // $bucket_ns + 1)) AS bucket
   FROM long_gaps),
 sched_on AS (
@@ -20,7 +20,7 @@ sample_period AS (
     SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
     FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
 range_kinds AS (SELECT unnest($range_texts) AS text, unnest($range_kinds) AS what),  -- kinds(), once per model
-host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: written once, 29 M events spilled on 10 GB
+host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed, as written once it spills on the largest exports
   SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
                            WHEN a.kind IN ('launch', 'graph') AND a.end_ns - a.start_ns >= $lazy THEN 'lazy'

@@ -52,12 +52,12 @@ class Candidate(BaseModel):
 # NVTX candidates, in one pass over the ranges. `named` gives every range outside the per-op set its range name
 # (counter families merged). 'aten::' and the autograd tag, most per-op ranges of PyTorch profiles, are tested
 # first: DuckDB runs a conjunction's cheap string tests before the regex, which sees only the rest (the same
-# tests inside a CASE cost 0.2-0.3 s more CPU over 8.4 M ranges). The metadata, template and number rewrites run
-# once per distinct text (240 texts for 120 k ranges on the 1 GB benchmark export), not once per range, and a
+# tests inside a CASE cost more CPU). The metadata, template and number rewrites run
+# once per distinct text (far fewer than the ranges), not once per range, and a
 # text's numbers become their rank among its template's texts, so the counter test compares integers, not lists.
 # `flagged` marks the ranges whose thread launches GPU work inside them: launches hash-joined to the ranges by (thread,
-# time bucket), a range in every bucket it covers, the bucket about a range long (an ASOF join sorted every launch:
-# 3.1 s on the 10 GB export, whose threads are few, so its partitions are large). Every candidate row carries the
+# time bucket), a range in every bucket it covers, the bucket about a range long (an ASOF join sorted every launch,
+# slow when few threads make large partitions). Every candidate row carries the
 # ranges of the best one (rank 1) on its qualifying threads.
 LETTERS = "lower(regexp_replace(regexp_replace({}, '\\bN\\b|[0-9]+', '', 'g'), '[^A-Za-z]', '', 'g'))"
 NVTX_SQL = (sql_beside(__package__, "nvtx_step_names.sql") + LETTERS.format("name") + " = " + LETTERS.format("$wanted")

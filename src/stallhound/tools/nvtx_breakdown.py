@@ -89,7 +89,7 @@ class Result(Output):
 # a launch probes its bucket and the one before; a range up to one bucket long sits in its start bucket
 # (fine buckets for short ranges, coarse for longer), a longer one in every coarse bucket it covers
 # (matched by the launch's own bucket only, so once). Ranges are read narrow for the join, once per bucket class
-# (not materialized: a scan of the model is cheaper than writing and rereading 8 M rows), and with text for the
+# (not materialized: a scan of the model is cheaper than writing and rereading the ranges), and with text for the
 # grouping, which is cheaper than carrying text through the join.
 RANGES = """
   FROM nvtx WHERE end_ns IS NOT NULL AND start_ns >= $start AND start_ns < $end
