@@ -59,7 +59,7 @@ def find(con: duckdb.DuckDBPyConnection, scope: Scope, min_gap_ns: int) -> list[
 
 
 def group(con: duckdb.DuckDBPyConnection, gaps: list[attribution.Gap]) -> list[dict]:
-    """The periodic groups among `gaps` (attribution.periodic), costliest first: device, count, mean_duration_ns,
+    """The periodic groups among `gaps` (attribution_sql.periodic), costliest first: device, count, mean_duration_ns,
     period_ns, total_ns, first_start_ns and gap_ids."""
     if not gaps:
         return []
