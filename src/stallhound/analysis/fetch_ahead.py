@@ -16,8 +16,8 @@ import duckdb
 import numpy as np
 
 # Chunks being read or read that the caller has not taken yet, each device_pass.ROWS_PER_CHUNK rows of a few columns
-# (~15 MB). With one, the 10 GB benchmark export's gap pass took 4.4 s instead of 5.4 s for +10 MB of peak RSS; a
-# helper that also read on while a chunk waited added 45 MB for no more speed.
+# (~15 MB). One overlaps reading with the pass for about a chunk of memory; reading further ahead while a chunk
+# waits costs more memory for no more speed.
 AHEAD = 1
 _DONE = object()  # queued after the last chunk (or when the helper stops), so that the caller's loop ends
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import duckdb
 
 from stallhound.analysis import attribution
-from stallhound.analysis.attribution import LABELLED, periodic
+from stallhound.analysis.attribution_sql import LABELLED, periodic
 from stallhound.analysis.common import Scope, packed, unpacked
+from stallhound.model.sql_files import sql_beside
 
 NVTX_NAMES = 3  # innermost ranges reported per gap
 KERNEL_HORIZON_NS = 1_000_000_000  # kernel_before/after: the nearest kernel within this distance
@@ -32,33 +33,7 @@ SELECT g.device_id AS device, count(*) AS count, avg(s.duration_ns)::BIGINT AS m
 FROM groups g JOIN sized s USING (gap_id, device_id) WHERE g.periodic GROUP BY g.device_id, g.grp
 ORDER BY total_ns DESC, device, first_start_ns
 """
-ENRICH_SQL = "WITH " + _GAPS + """,
-klanes AS (SELECT device_id, short_name, start_ns, end_ns FROM kernels
-           WHERE device_id IN (SELECT device_id FROM gaps)),
-before AS (
-  SELECT t.gap_id, arg_max(k.short_name, k.end_ns) AS short_name
-  FROM (SELECT *, unnest([start_ns // $horizon - 1, start_ns // $horizon]) AS bucket FROM gaps) t
-  JOIN (SELECT *, end_ns // $horizon AS bucket FROM klanes) k
-    ON k.device_id = t.device_id AND k.bucket = t.bucket AND k.end_ns <= t.start_ns
-  GROUP BY t.gap_id),
-after AS (
-  SELECT t.gap_id, arg_min(k.short_name, k.start_ns) AS short_name
-  FROM (SELECT *, unnest([end_ns // $horizon, end_ns // $horizon + 1]) AS bucket FROM gaps) t
-  JOIN (SELECT *, start_ns // $horizon AS bucket FROM klanes) k
-    ON k.device_id = t.device_id AND k.bucket = t.bucket AND k.start_ns >= t.end_ns
-  GROUP BY t.gap_id),
-long_ranges AS (  -- only a range half as long as the shortest gap listed can cover half of one
-  SELECT pid, tid, text, start_ns, end_ns, duration_ns FROM nvtx
-  WHERE duration_ns >= (SELECT min(duration_ns) FROM sized) // 2 AND (pid, tid) IN (SELECT (pid, tid) FROM gaps)),
-ranges AS (
-  SELECT t.gap_id, list(n.text ORDER BY n.duration_ns, n.text)[1:$nvtx_names] AS names
-  FROM sized t JOIN long_ranges n ON n.pid = t.pid AND n.tid = t.tid AND n.duration_ns >= t.duration_ns // 2
-   AND least(n.end_ns, t.end_ns) - greatest(n.start_ns, t.start_ns) >= t.duration_ns / 2
-  GROUP BY t.gap_id)
-SELECT t.gap_id, b.short_name AS kernel_before, a.short_name AS kernel_after, coalesce(r.names, []) AS nvtx
-FROM gaps t LEFT JOIN before b USING (gap_id) LEFT JOIN after a USING (gap_id) LEFT JOIN ranges r USING (gap_id)
-ORDER BY t.gap_id
-"""
+ENRICH_SQL = "WITH " + _GAPS + "," + sql_beside(__package__, "gap_neighbours.sql")
 
 
 def _rows(cursor: duckdb.DuckDBPyConnection) -> list[dict]:
@@ -84,7 +59,7 @@ def find(con: duckdb.DuckDBPyConnection, scope: Scope, min_gap_ns: int) -> list[
 
 
 def group(con: duckdb.DuckDBPyConnection, gaps: list[attribution.Gap]) -> list[dict]:
-    """The periodic groups among `gaps` (attribution.periodic), costliest first: device, count, mean_duration_ns,
+    """The periodic groups among `gaps` (attribution_sql.periodic), costliest first: device, count, mean_duration_ns,
     period_ns, total_ns, first_start_ns and gap_ids."""
     if not gaps:
         return []

@@ -1,5 +1,5 @@
-"""What the NVTX range texts say, matched once per model over their distinct texts (16 k texts for 8.4 M ranges on
-the 1 GB benchmark export): how many ranges each framework family has (analysis/program.py) and which texts the idle
+"""What the NVTX range texts say, matched once per model over their distinct texts (far fewer than the ranges):
+how many ranges each framework family has (analysis/program.py) and which texts the idle
 attribution counts as compilation, host communication or data waits (analysis/attribution.py). One grouping of the
 ranges serves both; every pattern is a bound constant, so RE2 compiles it once.
 """

@@ -1,15 +1,13 @@
 """Exact medians of integer values per group, in memory DuckDB's limit governs.
 
-DuckDB's median aggregate keeps every value of a group in memory outside its limit (and each thread's copy
-until they are combined): over the 17 M kernels of the 10 GB benchmark export, +200 to +340 MB of RSS for a 0.3 s
-query, the peak of its first triage. Here each distinct value is counted per group (a hash aggregate, which DuckDB
-can spill), those counts are summed per bucket (BUCKET_BITS buckets per power of two, a non-decreasing function
-of the value), the one or two buckets holding the middle positions are picked, and only their values are ranked:
-a bucket spans under 1/2**BUCKET_BITS of its values, so the sort stays short however many distinct values the
-group has. The result is DuckDB's median (quantile_cont at 0.5): the middle value, or halfway between the two
-middle ones. Durations of one kernel take few distinct values (the 10 GB export's 17 M kernels: 1,048 per name and
-device), which makes this faster than the aggregate (0.13 vs 0.23-0.30 s there); with every value distinct (17 M
-random ones) it takes 2.1 s instead of 0.3 s.
+DuckDB's median aggregate keeps every value of a group in memory outside its limit (and each thread's copy until
+they are combined): on the largest exports, the peak memory of a triage. Here each distinct value is counted per
+group (a hash aggregate, which DuckDB can spill), those counts are summed per bucket (BUCKET_BITS buckets per power
+of two, a non-decreasing function of the value), the one or two buckets holding the middle positions are picked,
+and only their values are ranked: a bucket spans under 1/2**BUCKET_BITS of its values, so the sort stays short
+however many distinct values the group has. The result is DuckDB's median (quantile_cont at 0.5): the middle value,
+or halfway between the two middle ones. Durations of one kernel take few distinct values, which makes this faster
+than the aggregate; with every value distinct it is slower, but stays within DuckDB's limit.
 """
 
 from __future__ import annotations

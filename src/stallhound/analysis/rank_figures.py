@@ -17,35 +17,13 @@ from stallhound.analysis import nccl_arrival
 from stallhound.analysis.common import pct, run_once
 from stallhound.model.errors import InvalidRequest
 from stallhound.model.schema import TABLE_NAMES
+from stallhound.model.sql_files import sql_beside
 from stallhound.tools import iterations
 
 KERNELS_SHOWN = 5  # kernels whose spread is listed: the costliest few carry the time
 HISTOGRAM_BINS = 8  # equal-width bins per histogram: the shape of 8 or 800 ranks in one line each
 
-# Union length per (rank, device, kind) in one ordered pass over each rank's GPU-active window, as in
-# analysis/shares.py: each interval adds what lies past the furthest end before it; 'busy' is every kind at once.
-SHARES_SQL = """
-WITH win AS (SELECT rank, gpu_start_ns AS lo, gpu_end_ns AS hi FROM meta WHERE gpu_start_ns < gpu_end_ns),
-work AS (
-  SELECT x.rank, x.device_id, x.cat, greatest(x.start_ns, w.lo) AS s, least(x.end_ns, w.hi) AS e
-  FROM (SELECT rank, device_id, CASE WHEN category = 'nccl' THEN 'communication' ELSE 'compute' END AS cat,
-               start_ns, end_ns FROM kernels
-        UNION ALL SELECT rank, device_id, 'compute', start_ns, end_ns FROM graph_exec
-        UNION ALL SELECT rank, device_id, 'copy', start_ns, end_ns FROM memcpy
-        UNION ALL SELECT rank, device_id, 'copy', start_ns, end_ns FROM memset) x JOIN win w USING (rank)
-  WHERE x.end_ns > x.start_ns AND x.end_ns > w.lo AND x.start_ns < w.hi),
-keyed AS (SELECT rank, device_id, cat, s, e FROM work UNION ALL SELECT rank, device_id, 'busy', s, e FROM work),
-reach AS (
-  SELECT rank, cat, greatest(0, e - greatest(s, coalesce(max(e) OVER (
-           PARTITION BY rank, device_id, cat ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), s)))
-         AS adds, device_id FROM keyed)
-SELECT w.rank, w.hi - w.lo, count(DISTINCT r.device_id),
-       coalesce(sum(r.adds) FILTER (WHERE r.cat = 'compute'), 0),
-       coalesce(sum(r.adds) FILTER (WHERE r.cat = 'copy'), 0),
-       coalesce(sum(r.adds) FILTER (WHERE r.cat = 'communication'), 0),
-       coalesce(sum(r.adds) FILTER (WHERE r.cat = 'busy'), 0)
-FROM win w LEFT JOIN reach r USING (rank) GROUP BY w.rank, w.hi, w.lo ORDER BY w.rank
-"""
+SHARES_SQL = sql_beside(__package__, "rank_shares.sql")
 
 # Matching on arrival is nccl_arrival's, with ranks in the place of devices: its kernels CTE gives each NCCL
 # kernel its rank as device_id, and $devices lists the ranks, $start/$end span the job.

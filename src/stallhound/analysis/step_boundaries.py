@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import Scope, ms, pct, per_model
 from stallhound.model.errors import InvalidRequest
+from stallhound.model.sql_files import sql_beside
 
 MIN_REPEATS = 3  # ranges (or marker kernels) per thread: fewer cannot show a period, let alone a steady one
 MIN_GPU_SHARE = 0.5  # a step range launches GPU work most times; CPU-only ranges (logging, I/O) cannot time it
@@ -51,113 +52,18 @@ class Candidate(BaseModel):
 # NVTX candidates, in one pass over the ranges. `named` gives every range outside the per-op set its range name
 # (counter families merged). 'aten::' and the autograd tag, most per-op ranges of PyTorch profiles, are tested
 # first: DuckDB runs a conjunction's cheap string tests before the regex, which sees only the rest (the same
-# tests inside a CASE cost 0.2-0.3 s more CPU over 8.4 M ranges). The metadata, template and number rewrites run
-# once per distinct text (240 texts for 120 k ranges on the 1 GB benchmark export), not once per range, and a
+# tests inside a CASE cost more CPU). The metadata, template and number rewrites run
+# once per distinct text (far fewer than the ranges), not once per range, and a
 # text's numbers become their rank among its template's texts, so the counter test compares integers, not lists.
 # `flagged` marks the ranges whose thread launches GPU work inside them: launches hash-joined to the ranges by (thread,
-# time bucket), a range in every bucket it covers, the bucket about a range long (an ASOF join sorted every launch:
-# 3.1 s on the 10 GB export, whose threads are few, so its partitions are large). Every candidate row carries the
+# time bucket), a range in every bucket it covers, the bucket about a range long (an ASOF join sorted every launch,
+# slow when few threads make large partitions). Every candidate row carries the
 # ranges of the best one (rank 1) on its qualifying threads.
 LETTERS = "lower(regexp_replace(regexp_replace({}, '\\bN\\b|[0-9]+', '', 'g'), '[^A-Za-z]', '', 'g'))"
-NVTX_SQL = """
-WITH ranges AS (
-  SELECT pid, tid, kind, coalesce(depth, 0) AS depth, start_ns, end_ns, text
-  FROM nvtx WHERE kind IN ('push_pop', 'start_end') AND end_ns IS NOT NULL AND text IS NOT NULL
-    AND start_ns >= $start AND end_ns <= $end
-    AND ($wanted IS NOT NULL OR (NOT starts_with(text, 'aten::') AND NOT contains(text, $autograd)
-                                 AND NOT regexp_matches(text, $per_op)))),
-texts AS (
-  SELECT *, dense_rank() OVER (PARTITION BY template ORDER BY list_transform(
-         regexp_extract_all(clean, '[0-9]+'), lambda x: lpad(x, 40, '0'))) AS nums
-  FROM (SELECT text, clean, regexp_replace(clean, '[0-9]+', 'N', 'g') AS template
-        FROM (SELECT text, regexp_replace(text, $metadata, '') AS clean FROM (SELECT DISTINCT text FROM ranges)))),
-steps AS MATERIALIZED (
-  SELECT r.pid, r.tid, r.kind, r.depth, r.start_ns, r.end_ns, t.clean, t.template, t.nums
-  FROM ranges r JOIN texts t USING (text)),
-families AS (
-  SELECT template, kind, depth, count(DISTINCT clean) > 1 AND bool_and(prev IS NULL OR nums > prev) AS counter
-  FROM (SELECT *, lag(nums) OVER (PARTITION BY template, kind, depth, pid, tid ORDER BY start_ns, end_ns) AS prev
-        FROM steps)
-  GROUP BY ALL),
-named AS (
-  SELECT * FROM (
-    SELECT s.pid, s.tid, s.kind, s.depth, s.start_ns, s.end_ns, f.counter,
-           CASE WHEN f.counter THEN s.template ELSE s.clean END AS name
-    FROM steps s JOIN families f USING (template, kind, depth))
-  WHERE $wanted IS NULL OR name = $wanted OR """ + LETTERS.format("name") + " = " + LETTERS.format("$wanted") + """),
-repeating AS MATERIALIZED (
-  SELECT *, start_ns - lag(start_ns) OVER (PARTITION BY name, kind, depth, pid, tid ORDER BY start_ns) AS period_ns,
-         row_number() OVER () AS rid
-  FROM named QUALIFY count(*) OVER (PARTITION BY name, kind, depth, pid, tid) >= $min_repeats),
-launches AS (
-  SELECT pid, tid, launch_start_ns AS at_ns FROM kernels
-  WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end
-  UNION ALL
-  SELECT pid, tid, launch_start_ns FROM memcpy
-  WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end
-  UNION ALL
-  SELECT pid, tid, launch_start_ns FROM memset
-  WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end
-  UNION ALL
-  SELECT pid, tid, start_ns FROM cuda_api WHERE kind = 'graph' AND start_ns >= $start AND start_ns < $end),
-bucket AS (SELECT greatest($min_bucket, avg(end_ns - start_ns))::BIGINT AS ns FROM repeating),
-launched AS (
-  SELECT DISTINCT r.rid
-  FROM (SELECT rid, pid, tid, start_ns, end_ns,
-               unnest(range(start_ns // (SELECT ns FROM bucket), (end_ns - 1) // (SELECT ns FROM bucket) + 1)) AS b
-        FROM repeating WHERE end_ns > start_ns) r
-  JOIN (SELECT pid, tid, at_ns, at_ns // (SELECT ns FROM bucket) AS b FROM launches) l USING (pid, tid, b)
-  WHERE l.at_ns >= r.start_ns AND l.at_ns < r.end_ns),
-flagged AS MATERIALIZED (SELECT *, rid IN (SELECT rid FROM launched) AS gpu FROM repeating),
-threads AS MATERIALIZED (
-  SELECT name, kind, depth, pid, tid, any_value(counter) AS counter, count(*) AS n,
-         count(*) FILTER (WHERE gpu) AS n_gpu, min(start_ns) AS first_ns, median(period_ns) AS period_ns
-  FROM flagged GROUP BY name, kind, depth, pid, tid
-  HAVING $wanted IS NOT NULL OR count(*) FILTER (WHERE gpu) >= $min_gpu_share * count(*)),
-candidates AS (
-  SELECT name, kind, depth, any_value(counter) AS counter, sum(n)::BIGINT AS n, count(*) AS threads,
-         sum(n_gpu)::BIGINT AS n_gpu, median(period_ns) AS period_ns, max(n) AS most, min(first_ns) AS first_ns,
-         CASE WHEN regexp_matches(name, $profiler_step) THEN 0 WHEN regexp_matches(name, $step_names) THEN 1
-              ELSE 2 END AS tier
-  FROM threads GROUP BY name, kind, depth),
-ranked AS (
-  SELECT *, row_number() OVER (ORDER BY name = $wanted DESC NULLS LAST, tier, depth, most, first_ns, name, kind)
-         AS rank
-  FROM candidates),
-best AS (
-  SELECT list([f.pid, f.tid, f.start_ns, f.end_ns] ORDER BY f.pid, f.tid, f.start_ns, f.end_ns) AS ranges
-  FROM flagged f JOIN threads USING (name, kind, depth, pid, tid) JOIN ranked r USING (name, kind, depth)
-  WHERE r.rank = 1)
-SELECT name, kind, depth, counter, n, threads, n_gpu, period_ns, tier, (SELECT ranges FROM best) FROM ranked
-WHERE rank <= $limit ORDER BY rank
-"""
+NVTX_SQL = (sql_beside(__package__, "nvtx_step_names.sql") + LETTERS.format("name") + " = " + LETTERS.format("$wanted")
+            + ")," + sql_beside(__package__, "nvtx_step_candidates.sql"))
 
-# Kernel pattern: per kernel name on one device, its periods (start to next start) against their median; the
-# second run's period is the first one (warmup), left out of the time share.
-PATTERN_SQL = """
-WITH k AS (
-  SELECT coalesce(short_name, name, '') AS kname, start_ns, end_ns FROM kernels
-  WHERE device_id = $device AND start_ns >= $start AND end_ns <= $end),
-runs AS (
-  SELECT kname, start_ns, start_ns - lag(start_ns) OVER w AS period, row_number() OVER w AS nth,
-         min(start_ns) OVER (PARTITION BY kname) AS first_ns
-  FROM k WINDOW w AS (PARTITION BY kname ORDER BY start_ns) QUALIFY count(*) OVER (PARTITION BY kname) >= $min_repeats),
-periods AS (
-  SELECT *, abs(period - median(period) OVER (PARTITION BY kname)) <= $tolerance * median(period) OVER (
-         PARTITION BY kname) AS steady FROM runs WHERE period IS NOT NULL),
-rated AS (
-  SELECT kname, count(*) + 1 AS n, any_value(first_ns) AS first_ns, median(period) AS med,
-         avg(steady::INTEGER) AS stable,
-         coalesce(sum(period) FILTER (WHERE steady AND nth > 2) / nullif(sum(period) FILTER (WHERE nth > 2), 0), 0)
-           AS stable_time,
-         max(start_ns) - any_value(first_ns) >= $min_span_share * (SELECT max(end_ns) - min(start_ns) FROM k) AS recurs
-  FROM periods GROUP BY kname)
-SELECT kname, n, med, stable, stable_time, recurs,
-       stable >= $stable_share AND stable_time >= $stable_time_share AND recurs AS marks
-FROM rated
-ORDER BY marks DESC, CASE WHEN marks THEN n END, CASE WHEN marks THEN first_ns END, recurs DESC, stable DESC, kname
-LIMIT 1
-"""
+PATTERN_SQL = sql_beside(__package__, "kernel_step_pattern.sql")
 MARKER_SQL = """
 SELECT start_ns FROM kernels WHERE device_id = $device AND coalesce(short_name, name, '') = $kname
   AND start_ns >= $start AND end_ns <= $end ORDER BY start_ns

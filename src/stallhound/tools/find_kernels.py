@@ -89,7 +89,7 @@ class Result(Paged):
 
 
 # Names are matched once per distinct name (the filter sits on an aggregate, so it cannot be pushed
-# down to every kernel row, where a regex would cost a second on 1.7M kernels), then kernels by name.
+# down to every kernel row, where a regex per kernel row would cost far more), then kernels by name.
 KEYS_SQL = """
 SELECT list(key ORDER BY key) FROM (
   SELECT coalesce(name, short_name) AS key, any_value(short_name) AS short FROM kernels GROUP BY 1)

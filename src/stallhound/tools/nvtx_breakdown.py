@@ -32,6 +32,7 @@ from stallhound.analysis.common import (
     resolve_scope,
 )
 from stallhound.formats.remedy import remedy
+from stallhound.model.sql_files import sql_beside
 
 PHASES = (  # checked in this order: "optimizer.zero_grad" is optimizer work, not backward
     ("optimizer", re.compile(r"optim|step|adam|sgd", re.I)),
@@ -89,39 +90,20 @@ class Result(Output):
 # a launch probes its bucket and the one before; a range up to one bucket long sits in its start bucket
 # (fine buckets for short ranges, coarse for longer), a longer one in every coarse bucket it covers
 # (matched by the launch's own bucket only, so once). Ranges are read narrow for the join, once per bucket class
-# (not materialized: a scan of the model is cheaper than writing and rereading 8 M rows), and with text for the
+# (not materialized: a scan of the model is cheaper than writing and rereading the ranges), and with text for the
 # grouping, which is cheaper than carrying text through the join.
 RANGES = """
   FROM nvtx WHERE end_ns IS NOT NULL AND start_ns >= $start AND start_ns < $end
     AND ($domain IS NULL OR domain = $domain) AND ($max_depth IS NULL OR coalesce(depth, 0) <= $max_depth)"""
-SQL = """
+SQL = ("""
 WITH r AS NOT MATERIALIZED (
-  SELECT rowid AS rid, (pid << 24) | tid AS th, start_ns, end_ns, end_ns - start_ns AS d""" + RANGES + """),
-k AS (SELECT (pid << 24) | tid AS th, launch_start_ns AS ls, start_ns, end_ns, unnest([0, 1]) AS back
-      FROM kernels WHERE tid IS NOT NULL AND device_id IN (SELECT unnest($devices))),
-kf AS (SELECT th, ls, start_ns, end_ns, ls // $fine - back AS bucket FROM k),
-kc AS (SELECT th, ls, start_ns, end_ns, ls // $coarse - back AS bucket FROM k),
-r0 AS (SELECT rid, th, start_ns, end_ns, start_ns // $fine AS bucket FROM r WHERE d <= $fine),
-r1 AS (SELECT rid, th, start_ns, end_ns, start_ns // $coarse AS bucket FROM r WHERE d > $fine AND d <= $coarse),
-r2 AS (SELECT rid, th, start_ns, end_ns, unnest(range(start_ns // $coarse, end_ns // $coarse + 1)) AS bucket
-       FROM r WHERE d > $coarse),
-hits AS (
-  SELECT x.rid, k.start_ns, k.end_ns FROM kf k JOIN r0 x USING (th, bucket) WHERE k.ls >= x.start_ns AND k.ls < x.end_ns
-  UNION ALL SELECT x.rid, k.start_ns, k.end_ns FROM kc k JOIN r1 x USING (th, bucket)
-  WHERE k.ls >= x.start_ns AND k.ls < x.end_ns
-  UNION ALL SELECT x.rid, k.start_ns, k.end_ns FROM kc k JOIN r2 x USING (th, bucket)
-  WHERE k.ls >= x.start_ns AND k.ls < x.end_ns AND k.ls // $coarse = x.bucket),
-per AS (SELECT rid, count(*) AS n, sum(end_ns - start_ns) AS gpu, max(end_ns) - min(start_ns) AS span
-        FROM hits GROUP BY rid),
-g AS (
-  SELECT text, depth, count(*) AS n, sum(end_ns - start_ns) AS cpu, coalesce(sum(p.n), 0) AS kn,
-         coalesce(sum(p.gpu), 0) AS gpu, coalesce(sum(p.span), 0) AS span
-  FROM (SELECT rowid AS rid, text, depth, start_ns, end_ns""" + RANGES + """) LEFT JOIN per p USING (rid)
+  SELECT rowid AS rid, (pid << 24) | tid AS th, start_ns, end_ns, end_ns - start_ns AS d""" + RANGES + "),"
+       + sql_beside(__package__, "nvtx_range_kernels.sql") + RANGES + """) LEFT JOIN per p USING (rid)
   GROUP BY text, depth)
 SELECT CASE WHEN $merge THEN regexp_replace(coalesce(text, ''), '[0-9]+', '#', 'g') ELSE coalesce(text, '') END
        AS name, depth, sum(n)::BIGINT, sum(cpu)::BIGINT, sum(kn)::BIGINT, sum(gpu)::BIGINT, sum(span)::BIGINT
 FROM g GROUP BY ALL ORDER BY 4 DESC, 1, 2
-"""
+""")
 
 
 def _phase_of(name: str) -> str:

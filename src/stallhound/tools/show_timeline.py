@@ -185,7 +185,7 @@ def _kernels(con: duckdb.DuckDBPyConnection, scope: Scope, limit: int) -> tuple[
 def _steps(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope) -> tuple[list[StepSpan], str | None]:
     """The iterations of the whole capture (as tools/iterations.py finds them, its first MAX_LIMIT) that overlap
     the window: a step the window cuts still shows. Only their bounds: not the per-step GPU busy iterations
-    measures, which costs more than the search (1.3 s CPU for 500 steps on a 1 GB export)."""
+    measures, which costs more than the search."""
     capture = resolve_scope(con, ScopedParams(profile=params.profile, device=params.device))
     method, _, _, spans = boundaries(con, capture, None, "auto")
     return [StepSpan(index=i, start_ns=s, end_ns=e) for i, (s, e) in enumerate(spans[:MAX_LIMIT])

@@ -1,0 +1,143 @@
+"""The SQL of the idle attribution (analysis/attribution.py): each gap's thread, host activity and cause; the totals."""
+
+from __future__ import annotations
+
+from stallhound.analysis import rules
+from stallhound.analysis.intervals import overlaps
+from stallhound.model.sql_files import sql_beside
+
+THREADS_SQL = """CREATE TEMP TABLE gap_work_threads AS  -- the work's launching threads, operations per device
+WITH ops AS (
+  SELECT device_id, pid, tid
+  FROM (SELECT device_id, start_ns, end_ns, pid, tid FROM kernels
+        UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM memcpy
+        UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM memset
+        UNION ALL SELECT device_id, start_ns, end_ns, pid, tid FROM graph_exec)
+  WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end AND end_ns > start_ns)
+SELECT device_id, pid, tid, count(*) AS n FROM ops WHERE tid IS NOT NULL GROUP BY ALL"""
+
+THREADS = """main_thread AS (  -- who launched the work (gap_work_threads, THREADS_SQL)
+  SELECT device_id, first(pid ORDER BY n DESC, pid, tid) AS pid, first(tid ORDER BY n DESC, pid, tid) AS tid
+  FROM gap_work_threads GROUP BY device_id),
+threads_in AS (SELECT DISTINCT pid, tid FROM gap_work_threads),"""
+WORK = THREADS + """
+gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with its thread; recomputed for each reader,
+  -- which costs less than writing every gap (that spills on the largest exports)
+  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny,
+         CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
+         CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
+  FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),"""
+
+# Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
+BLOCKING = """
+copies AS (  -- the copies a call's cause depends on: device-to-host, or pageable (any other copy is a plain copy)
+  SELECT pid, correlation_id, any_value(direction) AS direction,
+         bool_or('pageable' IN (src_kind, dst_kind)) AS pageable
+  FROM memcpy WHERE direction = 'D2H' OR 'pageable' IN (src_kind, dst_kind) GROUP BY ALL),
+thread_calls AS (
+  SELECT a.* FROM cuda_api a JOIN threads_in t ON t.pid = a.pid AND t.tid = a.tid
+  WHERE a.kind IN ('sync', 'memcpy') AND a.end_ns > $start AND a.start_ns < $end),
+reach AS (  -- the (thread, bucket of $follow) in which a call returning can be the one a sync follows
+  SELECT DISTINCT pid, tid, start_ns // $follow - unnest([0, 1]) AS bucket FROM thread_calls WHERE kind = 'sync'),
+calls0 AS (  -- the syncs, and the copy calls that can block (below) or that a sync can follow: a small share of
+  -- the copy calls, so the others are never numbered or joined
+  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, m.direction, coalesce(m.pageable, false) AS pageable
+  FROM thread_calls a LEFT JOIN copies m ON m.pid = a.pid AND m.correlation_id = a.correlation_id
+  WHERE a.kind = 'sync' OR m.pid IS NOT NULL OR a.name NOT LIKE '%Async%'
+     OR (a.pid, a.tid, a.end_ns // $follow) IN (SELECT (pid, tid, bucket) FROM reach)),
+bcopies AS (
+  SELECT pid, tid, start_ns, end_ns, name, CASE
+    WHEN direction = 'D2H' AND """ + rules.blocking_copy_sql("name", "pageable") + """ THEN 'readback'
+    WHEN pageable THEN 'pageable_copy'
+    WHEN name NOT LIKE '%Async%' THEN 'sync_copy' END AS cause
+  FROM calls0 WHERE kind = 'memcpy'),
+syncs AS (SELECT row_number() OVER () AS sync_id, pid, tid, start_ns, end_ns, name FROM calls0 WHERE kind = 'sync'),
+returns AS (  -- the calls' returns in buckets of $follow: one a sync follows is in its start's bucket or the one before
+  SELECT pid, tid, start_ns, end_ns, end_ns // $follow AS bucket, CASE WHEN kind = 'sync' THEN 'sync'
+    WHEN direction = 'D2H' THEN 'D2H' WHEN pageable THEN 'pageable' ELSE 'copy' END AS what FROM calls0),
+followed AS (  -- what the call that returned last, up to $follow before a sync began, was
+  SELECT s.pid, s.tid, s.start_ns, s.end_ns, s.name, arg_max(r.what, [r.end_ns, r.start_ns]) AS what
+  FROM (SELECT *, unnest([0, 1]) AS back FROM syncs) s
+  LEFT JOIN returns r ON r.pid = s.pid AND r.tid = s.tid AND r.bucket = s.start_ns // $follow - s.back
+    AND r.end_ns BETWEEN s.start_ns - $follow AND s.start_ns AND [r.start_ns, r.end_ns] < [s.start_ns, s.end_ns]
+  GROUP BY s.sync_id, s.pid, s.tid, s.start_ns, s.end_ns, s.name),
+bcalls AS (
+  SELECT * FROM bcopies WHERE cause IS NOT NULL
+  UNION ALL
+  SELECT pid, tid, start_ns, end_ns, name, CASE WHEN what = 'D2H' THEN 'readback'
+    WHEN what = 'pageable' THEN 'pageable_copy' ELSE 'sync' END FROM followed),
+"""
+# The blocking calls as the gap starts they stand for: the thread's latest call begun by then, while it lasts (a call
+# nested in another ends the outer one's span), so a thread's spans are disjoint; written once, read by the gap
+# pass (ShortGaps) and by the labelling.
+CALLS_SQL = "CREATE TEMP TABLE gap_blocking_calls AS WITH " + THREADS + BLOCKING.rstrip().rstrip(",") + """
+SELECT * FROM (
+  SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
+           PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM bcalls)
+WHERE until_ns > start_ns"""
+SPANS = """
+bspans AS (  -- cut in buckets for an equality join of the few calls with the many gaps (an ASOF join sorts every gap)
+  SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket
+  FROM gap_blocking_calls),
+at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps)
+  SELECT g.*, b.cause AS blocked_cause, b.name AS blocked_in, b.end_ns AS b_end FROM gap_thread g
+  LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
+      WHEN g.duration_ns >= $min_gap OR NOT coalesce(g.launch_end_ns <= g.start_ns, false)
+      THEN g.start_ns // $bucket_ns END  -- a NULL bucket joins nothing
+    AND g.start_ns >= b.start_ns AND g.start_ns < b.until_ns),"""
+
+# What the launching threads did during the gaps that are neither queued nor short.
+HOST = sql_beside(__package__, "gap_host_events.sql") + overlaps(
+    "touch", "long_gaps", "host_events", "pid, tid", "what") + """,
+host AS (
+  SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'alloc') AS alloc_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'jit') AS jit_ns,
+         count(*) FILTER (WHERE what IN ('module', 'lazy')) AS modules,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'wait') AS wait_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'comm') AS comm_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'launch') AS launch_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what = 'cpu') AS cpu_ns,
+         sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api'))
+           AS api_ns
+  FROM touch GROUP BY probe_id),"""
+
+HOST_SQL = "CREATE TEMP TABLE gap_host AS WITH " + WORK + HOST.rstrip().rstrip(",") + """
+SELECT * FROM host"""
+
+LABELLED = "WITH " + WORK + SPANS + sql_beside(__package__, "gap_causes.sql")
+
+
+
+def periodic(name: str, source: str, keys: str) -> str:
+    """CTEs ending in `name(gap_id, <keys>, grp, periodic, period_ns)` for `source(gap_id, <keys>, start_ns,
+    duration_ns)`: gaps of similar length (each within $similar of the next shorter one) on a key form a
+    group; a group is periodic when it has >= $min_gaps gaps and >= $steady_share of its start-to-start
+    intervals lie within $similar of their median (period_ns)."""
+    return f"""{name}_chained AS (
+  SELECT *, sum(opens) OVER (PARTITION BY {keys} ORDER BY duration_ns, gap_id ROWS UNBOUNDED PRECEDING) AS grp
+  FROM (SELECT gap_id, {keys}, start_ns, duration_ns, coalesce(duration_ns > $similar * lag(duration_ns) OVER (
+          PARTITION BY {keys} ORDER BY duration_ns, gap_id), true)::INTEGER AS opens FROM {source})),
+{name}_spaced AS (
+  SELECT *, start_ns - lag(start_ns) OVER (PARTITION BY {keys}, grp ORDER BY start_ns) AS interval_ns
+  FROM {name}_chained),
+{name}_median AS (
+  SELECT *, median(interval_ns) OVER (PARTITION BY {keys}, grp)::BIGINT AS period_ns FROM {name}_spaced),
+{name}_steady AS (  -- once per group: a flag per gap over the group's list of intervals grew with its square
+  SELECT {keys}, grp, any_value(period_ns) AS period_ns, count(*) >= $min_gaps AND
+         count(*) FILTER (WHERE abs(interval_ns - period_ns) <= ($similar - 1) * period_ns)
+           >= $steady_share * count(interval_ns) AS periodic
+  FROM {name}_median GROUP BY ALL),
+{name} AS (
+  SELECT s.gap_id, {", ".join(f"s.{k.strip()}" for k in keys.split(","))}, s.grp, st.periodic, st.period_ns
+  FROM {name}_spaced s JOIN {name}_steady st USING ({keys}, grp))"""
+
+
+TOTALS_SQL = (LABELLED + "," + sql_beside(__package__, "idle_pieces.sql")
+              + periodic("pauses", "host_gaps", "device_id") + "," + sql_beside(__package__, "idle_totals.sql"))
+
+
+MAIN_THREAD_SQL = "WITH " + THREADS.rstrip().rstrip(",") + """
+SELECT device_id, pid, tid FROM main_thread WHERE pid IS NOT NULL AND tid IS NOT NULL"""
+SPANS_SQL = """SELECT pid, tid, cause, name, start_ns, until_ns FROM gap_blocking_calls
+WHERE pid IS NOT NULL AND tid IS NOT NULL ORDER BY pid, tid, start_ns"""

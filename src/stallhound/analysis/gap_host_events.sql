@@ -1,0 +1,43 @@
+-- What the launching threads did around the long gaps (neither queued nor at most $launch_gap_max): their CUDA
+-- calls near those gaps (each with its kind: jit, module, alloc, lazy load, sync, launch or other API), OS-runtime
+-- waits, NVTX ranges of a known kind, and time on a CPU (scheduler data, else CPU samples), as host_events.
+-- CTEs of attribution_sql.HOST, after gap_thread (WORK) and before `touch` (intervals.overlaps).
+-- Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds.
+long_gaps AS MATERIALIZED (
+  SELECT gap_id AS probe_id, pid, tid, start_ns, end_ns FROM gap_thread
+  WHERE tid IS NOT NULL AND duration_ns > $launch_gap_max AND NOT coalesce(launch_end_ns <= start_ns, false)),
+near AS MATERIALIZED (  -- the (thread, bucket) pairs in which `touch` can meet a CUDA call no longer than a bucket:
+  -- the calls in none (most of them: long gaps are few, CUDA calls many) are dropped before their kind is decided
+  SELECT DISTINCT pid, tid, unnest(range(start_ns // $bucket_ns - 1, (end_ns - 1) // $bucket_ns + 1)) AS bucket
+  FROM long_gaps),
+sched_on AS (
+  SELECT pid, tid, time_ns AS start_ns, next_ns AS end_ns FROM (
+    SELECT pid, tid, time_ns, is_sched_in, lead(time_ns) OVER w AS next_ns, lead(is_sched_in) OVER w AS next_in
+    FROM sched JOIN threads_in USING (pid, tid) WINDOW w AS (PARTITION BY pid, tid ORDER BY time_ns, is_sched_in))
+  WHERE is_sched_in AND NOT next_in AND next_ns > $start AND time_ns < $end),
+sample_period AS (
+  SELECT coalesce(median(d), 0)::BIGINT AS ns FROM (
+    SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
+    FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
+range_kinds AS (SELECT unnest($range_texts) AS text, unnest($range_kinds) AS what),  -- kinds(), once per model
+host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed, as written once it spills on the largest exports
+  SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
+                           WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
+                           WHEN a.kind IN ('launch', 'graph') AND a.end_ns - a.start_ns >= $lazy THEN 'lazy'
+                           WHEN a.kind = 'sync' THEN 'sync'
+                           WHEN a.kind IN ('launch', 'graph', 'memcpy', 'memset') THEN 'launch'
+                           ELSE 'api' END AS what, a.start_ns, a.end_ns
+  FROM cuda_api a WHERE a.end_ns > $start AND a.start_ns < $end AND (a.end_ns - a.start_ns > $bucket_ns
+    OR (a.pid, a.tid, a.start_ns // $bucket_ns) IN (SELECT pid, tid, bucket FROM near))
+  UNION ALL
+  SELECT o.pid, o.tid, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait' ELSE 'api' END, o.start_ns, o.end_ns
+  FROM os_runtime o JOIN threads_in USING (pid, tid) WHERE o.end_ns > $start AND o.start_ns < $end
+  UNION ALL
+  SELECT n.pid, n.tid, t.what, n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
+  JOIN range_kinds t ON t.text = n.text WHERE n.end_ns > $start AND n.start_ns < $end
+  UNION ALL
+  SELECT pid, tid, 'cpu', start_ns, end_ns FROM sched_on
+  UNION ALL
+  SELECT c.pid, c.tid, 'cpu', c.time_ns, c.time_ns + (SELECT ns FROM sample_period) FROM cpu_samples c
+  JOIN threads_in USING (pid, tid) WHERE NOT EXISTS (SELECT 1 FROM sched LIMIT 1)
+    AND c.time_ns >= $start AND c.time_ns < $end),
