@@ -20,9 +20,9 @@ import duckdb
 
 from stallhound.analysis import attribution, program, rules
 from stallhound.analysis.attribution import DeviceIdle
-from stallhound.analysis.common import Finding, Scope, ms, pct, run_once
+from stallhound.analysis.common import Finding, Scope, ScopedParams, ms, pct, resolve_scope
 from stallhound.analysis.program import Program
-from stallhound.tools import iterations
+from stallhound.analysis.step_boundaries import durations, steady_median_ns
 
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
@@ -129,9 +129,9 @@ CLAIMS: tuple[Claim, ...] = (
 
 
 def step_ns(con: duckdb.DuckDBPyConnection, profile: str, device: int | None) -> int | None:
-    """The loop's steady step (iterations' median over the capture), None when no loop is found."""
-    found = run_once(con, iterations, iterations.Params(profile=profile, device=device))
-    return None if found.steady_median_ns is None else int(found.steady_median_ns)
+    """The loop's steady step over the capture (iterations' steady median), None when no loop is found."""
+    steady = steady_median_ns(durations(con, resolve_scope(con, ScopedParams(profile=profile, device=device))))
+    return None if steady is None else int(steady)
 
 
 def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = False,

@@ -68,6 +68,7 @@ from stallhound.analysis.step_boundaries import (
     Candidate,
     Spans,
     boundaries,
+    steady_median_ns,
 )
 
 MIN_ITERATIONS = 3  # a first iteration plus two to take a steady median from
@@ -163,7 +164,7 @@ def _busy(con: duckdb.DuckDBPyConnection, scope: Scope, spans: Spans) -> list[fl
 def _summary(durations: list[int]) -> dict:
     if not durations:
         return {}
-    steady = statistics.median(durations[1:]) if len(durations) > 1 else None
+    steady = steady_median_ns(durations)
     p10, _, p90 = _deciles(durations)
     slowest = max(range(len(durations)), key=lambda i: (durations[i], -i))
     slow = sorted((i for i in range(1, len(durations)) if steady and durations[i] > OUTLIER_RATIO * steady),
