@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallhound.analysis import answer_figures, answerers, common
+from stallhound.analysis import common
 from stallhound.tools import (
     answer_questions,
     gpu_idle_gaps,
@@ -16,6 +16,8 @@ from stallhound.tools import (
     thread_utilization,
     triage,
 )
+from stallhound.tools.answers import answerers
+from stallhound.tools.answers import figures as answer_figures
 
 UNCOVERED = {"gpu_utilization"}  # the other uncovered figures: answer_figures; thread_utilization where it can answer
 

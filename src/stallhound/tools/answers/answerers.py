@@ -3,7 +3,7 @@
 Triage runs first (once per model, through run_once); the answers then read its result, the idle attribution
 of its window, and the results of the tools it ran, asked for with the same parameters so that they come from
 the per-model cache. The questions no triage detector covers compute only the figure they need where it is
-cheap (analysis/answer_figures.py: tiny kernels, device-wide syncs), else run their tool (gpu_utilization;
+cheap (tools/answers/figures.py: tiny kernels, device-wide syncs), else run their tool (gpu_utilization;
 thread_utilization only where its basis is time on a CPU), each once per model and window.
 An answerer returns (value, evidence) when the data gives a real answer to its question, else None.
 """
@@ -17,11 +17,12 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel
 
-from stallhound.analysis import answer_figures, attribution
+from stallhound.analysis import attribution
 from stallhound.analysis.common import ms, pct, run_once
 from stallhound.analysis.rules import HOTSPOT_PCT
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import iterations, thread_utilization
+from stallhound.tools.answers import figures as answer_figures
 from stallhound.tools.triage import MAX_FINDINGS
 
 HOT_THREAD_PCT = 90.0  # veteran question 25
