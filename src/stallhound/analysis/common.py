@@ -104,8 +104,7 @@ class Scope(BaseModel):
                     "steady_state: the steady iterations (triage)")
 
 
-class Window(BaseModel):
-    """A stretch of the profile clock (profile_summary's capture and GPU-active spans)."""
+class Window(BaseModel):  # a stretch of the profile clock: profile_summary's capture and GPU-active spans
     start_ns: int
     end_ns: int
     duration_ns: int
