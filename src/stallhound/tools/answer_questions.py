@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 
 from stallhound import book
 from stallhound.analysis.common import Output, ProfileParams
-from stallhound.tools.answers.answerers import ANSWERERS, Evidence
+from stallhound.tools.answers.answerers import ANSWERERS
+from stallhound.tools.answers.evidence import Evidence
 
 Status = Literal["answered", "not_in_profile", "needs_user"]
 CAPTURE_HINT = "re-capture with `nsys profile --trace=cuda,nvtx,osrt`"
