@@ -177,8 +177,24 @@ def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], ext
                    time_at_stake_ns=ns, device=d.device, tags=tags)
 
 
-def shown_by(con: duckdb.DuckDBPyConnection, scope: Scope, causes: set[str]) -> list[Finding]:
-    """The window's idle findings with these root causes: what a tool showing one part of the idle time (sync,
-    launches, host threads) lists, from the one attribution and rule set triage ranks."""
+@dataclass(frozen=True)
+class IdleBasis:
+    """What a window's idle findings follow from: its idle attribution per device, the program, the loop's step
+    (None: not used). A tool that lists idle findings keeps it in its Result for its findings(result)."""
+    devices: dict[int, DeviceIdle]
+    program: Program
+    step_ns: int | None = None
+
+    def findings(self, in_loop: bool = False) -> list[Finding]:
+        return findings(self.devices, self.program, in_loop, self.step_ns)
+
+    def shown(self, causes: set[str]) -> list[Finding]:
+        """The findings with these root causes: what a tool showing one part of the idle time (sync, launches,
+        host threads) lists, from the one attribution and rule set triage ranks."""
+        return [f for f in self.findings() if f.root_cause in causes]
+
+
+def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = None) -> IdleBasis:
+    """The idle basis of a window (no device in scope: nothing idles)."""
     idle = attribution.attribute(con, scope).devices if scope.devices else {}
-    return [f for f in findings(idle, program.detect(con)) if f.root_cause in causes]
+    return IdleBasis(idle, program.detect(con), step_ns)

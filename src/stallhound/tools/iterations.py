@@ -60,6 +60,7 @@ from stallhound.analysis.common import (
     resolve_scope,
     unpacked,
 )
+from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.intervals import GPU_WORK, covered, overlaps
 from stallhound.analysis.step_boundaries import (
     MAX_CANDIDATES,
@@ -79,6 +80,7 @@ IRREGULAR_SPREAD = 3.0  # p90/p10 of durations above this: the boundaries do not
 OUTLIER_RATIO = 2.0  # a later iteration twice the steady median is an isolated slow step
 MAX_OUTLIERS = 3  # outliers listed, slowest first
 BUSY_BUCKETS = 16  # overlap-join buckets per typical iteration
+TRIAGE = TriageRole("warmup", order=1)  # triage's window is the steady state it finds
 
 
 class Params(ScopedParams):

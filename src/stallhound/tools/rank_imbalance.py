@@ -53,10 +53,12 @@ from pydantic import BaseModel, Field
 from stallhound.analysis import rank_figures as figures
 from stallhound.analysis import rules
 from stallhound.analysis.common import MAX_LIMIT, Finding, Output, more_rows, ms, pct
+from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.nccl_arrival import LAST_SHARE_MIN_PCT, MIN_MATCHED, MIN_SKEW_NS, SKEW_TRANSFER_RATIO
 from stallhound.analysis.step_boundaries import steady_median_ns
 from stallhound.tools.nccl_breakdown import NCCL_SHARE_PCT
 
+TRIAGE = TriageRole("job")  # triage_job ranks its cross-rank findings
 RANKS_SHOWN = 8  # worst ranks listed by default: the histograms carry the rest of a large job
 
 CAUSE_SAID = {"compute": "it computes longer than the others", "idle": "its GPU idles longer than the others' "

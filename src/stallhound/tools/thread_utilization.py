@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import duckdb
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from stallhound.analysis import idle_causes, rules
 from stallhound.analysis.common import (
@@ -35,9 +35,13 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.analysis.contracts import TriageRole
+from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.model.errors import InvalidRequest
 
 Basis = Literal["sched", "cpu_samples", "cuda_api"]
+ROOT_CAUSES = {"cpu-bottleneck"}  # the idle finding this tool shows
+TRIAGE = TriageRole("part", of="gpu_idle_gaps")  # ranked by triage among all the idle findings
 BASIS_MEANING = {
     "sched": "time on a CPU from scheduler events (sched-in to next sched-out)",
     "cpu_samples": "CPU samples x sampling period (median sample spacing): an estimate of time on a CPU",
@@ -74,6 +78,7 @@ class Result(Output):
     truncated: bool
     total_rows: int
     findings: list[Finding] = []
+    _idle: IdleBasis | None = PrivateAttr(None)  # what findings() reads: the window's idle attribution, not shown
 
 
 PROCS = "($device IS NULL OR pid IN (SELECT pid FROM kernels WHERE device_id = $device))"
@@ -161,9 +166,15 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     out = [ThreadRow(pid=r[0], tid=r[1], name=r[2], busy_ns=int(r[3]), busy_pct=pct(r[3], scope.duration_ns),
                      blocked_ns=int(r[4]), net_busy_pct=pct(max(0, r[3] - r[4]), scope.duration_ns)) for r in rows]
     total = rows[0][5] if rows else 0
-    return Result(scope=scope, basis=measured, basis_meaning=BASIS_MEANING[measured], sample_period_ns=period,
-                  thread_count=total, rows=out, truncated=truncated, total_rows=total,
-                  findings=idle_causes.shown_by(con, scope, {"cpu-bottleneck"}))
+    result = Result(scope=scope, basis=measured, basis_meaning=BASIS_MEANING[measured], sample_period_ns=period,
+                    thread_count=total, rows=out, truncated=truncated, total_rows=total)
+    result._idle = idle_causes.basis(con, scope)
+    return result
+
+
+def findings(result: Result) -> list[Finding]:
+    """The window's idle findings of ROOT_CAUSES (analysis/idle_causes.py)."""
+    return result._idle.shown(ROOT_CAUSES) if result._idle else []
 
 
 def render(result: Result) -> str:
