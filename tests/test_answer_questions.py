@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallhound.analysis import answer_figures, answerers, common
+from stallhound.analysis import common
 from stallhound.tools import (
     answer_questions,
     gpu_idle_gaps,
@@ -16,6 +16,8 @@ from stallhound.tools import (
     thread_utilization,
     triage,
 )
+from stallhound.tools.answers import figures as answer_figures
+from stallhound.tools.answers.evidence import Evidence
 
 UNCOVERED = {"gpu_utilization"}  # the other uncovered figures: answer_figures; thread_utilization where it can answer
 
@@ -79,7 +81,7 @@ def test_answer_questions_device_syncs_are_all_of_the_windows(demo):
     assert sum(a.count for a in device_wide) > 0
     assert _answers(con, "demo")["q28-device-synchronize"].evidence == {"count": sum(a.count for a in device_wide)}
     assert every.device_sync_ns == sum(a.blocked_ns for a in device_wide)
-    assert answerers.Evidence(con, "demo").device_syncs() == answer_figures.DeviceSyncs(
+    assert Evidence(con, "demo").device_syncs() == answer_figures.DeviceSyncs(
         count=every.device_sync_count, blocked_ns=every.device_sync_ns)
 
 
@@ -100,6 +102,6 @@ def test_answer_questions_steps_in_window_equal_the_iterations_found_inside_it(r
     profile, _ = request.getfixturevalue(sample)
     w = triage.run(profile.con, triage.Params(profile=sample)).window
     inside = iterations.run(profile.con, iterations.Params(profile=sample, start_ns=w.start_ns, end_ns=w.end_ns))
-    evidence = answerers.Evidence(profile.con, sample)
+    evidence = Evidence(profile.con, sample)
     assert w.window_basis == "steady_state"
     assert evidence.steps_in_window() == inside.iteration_count > 0

@@ -3,15 +3,17 @@ the progress steps it declares."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from fixture_guard import FIXTURES_ROOT
 from pydantic import BaseModel
 
-from stallhound import synth
+from stallhound import synth, tools
 from stallhound.analysis import contracts
 from stallhound.analysis.common import Output
 from stallhound.analysis.contracts import run_skill
@@ -19,14 +21,13 @@ from stallhound.formats import build_steps, open_profile
 from stallhound.formats.kineto import build as kineto
 from stallhound.formats.nsys import build as ingest
 from stallhound.model.errors import LoadCancelled
-from stallhound.tools import job_tools, pair_tools, skills
+from stallhound.tools import detectors, job_tools, pair_tools, skills
 
 KINDS = [(contracts.Skill, skills, ("con", "params")), (contracts.PairSkill, pair_tools, ("before", "after", "params")),
          (contracts.JobSkill, job_tools, ("con", "params"))]
 ENDLESS_SQL = "SELECT sum(hash(i)) FROM range(100_000_000_000) t(i)"  # minutes of work, unless interrupted
 CANCEL_AFTER_S = 0.3
 STOPPED_WITHIN_S = 10.0  # a generous bound on a loaded machine; the query alone runs for minutes
-DETECTORS = {"iterations", "top_kernels", "nccl_breakdown", "rank_imbalance"}  # findings(result), on main today
 
 
 @pytest.mark.parametrize(("protocol", "registry", "run_args"), KINDS, ids=lambda k: getattr(k, "__name__", ""))
@@ -38,16 +39,66 @@ def test_contracts_every_registered_module_satisfies_its_protocol(protocol, regi
         assert tuple(inspect.signature(module.render).parameters) == ("result",), name
 
 
-def test_contracts_detectors_are_the_modules_with_findings_of_their_result():
-    modules = {**skills(), **pair_tools(), **job_tools()}
+TOOLS = Path(tools.__file__).parent
+
+
+def _registered() -> dict:
+    return {**skills(), **pair_tools(), **job_tools()}
+
+
+def test_contracts_the_tools_are_the_modules_at_the_top_of_tools():
+    """Every module directly in tools/ is a registered tool and every tool is one; helpers live in subpackages."""
+    top = {p.stem for p in TOOLS.glob("*.py") if p.stem != "__init__"}
+    assert top == set(_registered()) and len(top) == len(tools.TOOL_NAMES + tools.PAIR_TOOL_NAMES
+                                                         + tools.JOB_TOOL_NAMES)
+    helpers = [".".join(p.relative_to(TOOLS).with_suffix("").parts) for p in TOOLS.glob("*/*.py")]
+    assert "diff.side" in helpers and "answers.answerers" in helpers
+    for name in helpers:
+        helper = importlib.import_module(f"stallhound.tools.{name}")
+        assert not isinstance(helper, (contracts.Skill, contracts.PairSkill)), f"tools/{name} is a tool: move it up"
+
+
+def test_contracts_detectors_are_the_modules_with_findings_of_their_result_and_a_triage_role():
+    modules = _registered()
     found = {name for name, module in modules.items() if isinstance(module, contracts.Detector)}
-    assert found == DETECTORS
+    assert found == {name for name, _, _ in detectors()} and len(found) >= 9
     for name in found:
         assert tuple(inspect.signature(modules[name].findings).parameters) == ("result",), name
 
 
-FIRING = {"iterations": "demo", "nccl_breakdown": "demo", "top_kernels": "clue_t4_report4"}  # where each detector
-# finds something (rank_imbalance needs a job: tests/test_rank_imbalance.py checks it the same way)
+def test_contracts_triage_runs_its_detectors_in_the_declared_order():
+    ordered = detectors(*contracts.TRIAGED)
+    assert [r.order for _, _, r in ordered] == sorted({r.order for _, _, r in ordered})  # each at its own place
+    assert [n for n, _, r in ordered if r.how == "warmup"] == ["iterations"]  # the tool triage's window comes from
+    assert [r.how for _, _, r in ordered][:2] == ["warmup", "idle"]
+    parted = {r.of for _, _, r in detectors("part")}
+    assert parted and parted <= {n for n, _, r in ordered if r.how == "idle"}
+
+
+def test_contracts_a_detector_without_a_triage_role_is_refused(monkeypatch):
+    """A new tool with findings(result) but no TRIAGE cannot be silently left out of triage: the registry refuses
+    it, and so does triage, which takes its detectors from the registry."""
+    module = skills()["top_kernels"]
+    monkeypatch.delattr(module, "TRIAGE")
+    with pytest.raises(TypeError, match="tool top_kernels: a detector"):
+        detectors()
+    from stallhound.tools import triage
+    with pytest.raises(TypeError, match="tool top_kernels"):
+        triage._gathered(None, None, None, None, [])
+
+
+def test_contracts_a_triage_role_is_either_run_by_triage_or_points_elsewhere():
+    with pytest.raises(ValueError, match="`order` goes with"):
+        contracts.TriageRole("window")
+    with pytest.raises(ValueError, match="`of` with 'part'"):
+        contracts.TriageRole("part", order=3)
+    assert contracts.TriageRole("part", of="gpu_idle_gaps").order is None
+
+
+FIRING = {"iterations": "demo", "nccl_breakdown": "demo", "top_kernels": "clue_t4_report4", "gpu_idle_gaps": "demo",
+          "sync_analysis": "demo", "kernel_launch_overhead": "demo", "thread_utilization": "clue_t4_report4",
+          "memory_transfers": "demo"}  # where each detector finds something (rank_imbalance needs a job:
+# tests/test_rank_imbalance.py checks it the same way)
 
 
 @pytest.mark.parametrize("name", sorted(FIRING))
@@ -59,11 +110,12 @@ def test_contracts_run_measures_and_run_skill_attaches_the_detectors_findings(re
     attached = run_skill(con, module, params)
     assert figures.findings == [] and attached.findings == module.findings(figures) != []
     assert attached.model_copy(update={"findings": []}) == figures
+    assert set(FIRING) | {"rank_imbalance"} == {n for n, _, _ in detectors()}  # every detector is tried here
 
 
 def test_contracts_run_skill_leaves_a_skill_without_findings_as_run_returns_it(demo):
     profile, _ = demo
-    module = skills()["gpu_idle_gaps"]
+    module = skills()["gpu_utilization"]
     params = module.Params(profile="demo")
     assert run_skill(profile.con, module, params) == module.run(profile.con, params) and not isinstance(
         module, contracts.Detector)

@@ -8,6 +8,7 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, blocked_share, planted
 from modeldb import make_model
 
+from stallhound.analysis.contracts import run_skill
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import gpu_idle_gaps as gg
 
@@ -25,7 +26,7 @@ def api(s: int, e: int, kind: str, name: str, tid: int = 7) -> dict:
 
 
 def run(con, **kw) -> gg.Result:
-    return gg.run(con, gg.Params(profile="t", **kw))
+    return run_skill(con, gg, gg.Params(profile="t", **kw))
 
 
 def gap(device, start, end, before, before_end, after, after_start, activity, nvtx=(), **host) -> gg.Gap:

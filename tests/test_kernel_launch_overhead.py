@@ -8,6 +8,7 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, planted
 from modeldb import make_model
 
+from stallhound.analysis.contracts import run_skill
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import kernel_launch_overhead as klo
 
@@ -35,7 +36,7 @@ def tiny_model():
 
 
 def run(con, **kw) -> klo.Result:
-    return klo.run(con, klo.Params(profile="t", **kw))
+    return run_skill(con, klo, klo.Params(profile="t", **kw))
 
 
 # --- unit ------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, planted
 from modeldb import make_model
 
+from stallhound.analysis.contracts import run_skill
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import memory_transfers as mt
 
@@ -49,7 +50,7 @@ def tiny_model():
 
 
 def run(con, **kw) -> mt.Result:
-    return mt.run(con, mt.Params(profile="t", **kw))
+    return run_skill(con, mt, mt.Params(profile="t", **kw))
 
 
 def bw(nbytes: int, ns: int) -> float | None:

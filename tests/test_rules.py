@@ -6,9 +6,10 @@ import duckdb
 import pytest
 from modeldb import make_model
 
-from stallhound.analysis import answerers, rules
+from stallhound.analysis import rules
 from stallhound.analysis.common import Scope
 from stallhound.tools import kernel_launch_overhead, memory_transfers, sync_analysis, top_kernels
+from stallhound.tools.answers import answerers
 
 SYNC_NAMES = {  # API name -> what it waits for
     "cudaDeviceSynchronize": "device", "cuCtxSynchronize": "device", "cudaThreadSynchronize": "device",

@@ -8,6 +8,7 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, planted
 from modeldb import make_model
 
+from stallhound.analysis.contracts import run_skill
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import sync_analysis as sa
 
@@ -39,7 +40,7 @@ def tiny_model():
 
 
 def run(con, **kw) -> sa.Result:
-    return sa.run(con, sa.Params(profile="t", **kw))
+    return run_skill(con, sa, sa.Params(profile="t", **kw))
 
 
 def api(name, kind, blocked, idle) -> sa.ApiRow:

@@ -10,6 +10,7 @@ from conftest import blocked_share, planted
 from stallhound import synth
 from stallhound.analysis import idle_causes
 from stallhound.analysis.attribution import CauseTime, DeviceIdle
+from stallhound.analysis.contracts import run_skill
 from stallhound.analysis.program import FIX_CHAINS, Program
 from stallhound.formats import open_profile
 from stallhound.tools import gpu_idle_gaps, triage
@@ -56,7 +57,7 @@ def test_triage_device_syncs_are_excessive_synchronization_not_gc_pauses(sample)
 
 def test_gpu_idle_gaps_says_which_part_of_a_gap_was_the_sync_and_which_the_late_resume(sample):
     profile, truth, path = sample("syncs")
-    result = gpu_idle_gaps.run(profile.con, gpu_idle_gaps.Params(profile="syncs", device=0, limit=100))
+    result = run_skill(profile.con, gpu_idle_gaps, gpu_idle_gaps.Params(profile="syncs", device=0, limit=100))
     s = result.scope
     gaps, ns = sync_share(path, truth, 0, s.start_ns, s.end_ns)
     synced = [g for g in result.gaps if g.blocked_in and g.blocked_in.startswith("cudaDeviceSynchronize")]

@@ -10,6 +10,7 @@ import pytest
 from conftest import FIXTURES, dump
 from modeldb import make_model
 
+from stallhound.analysis.contracts import run_skill
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import thread_utilization as tu
 
@@ -25,7 +26,7 @@ def api(tid: int, s: int, e: int, name: str = "cudaLaunchKernel", kind: str = "l
 
 
 def run(con, **kw) -> tu.Result:
-    return tu.run(con, tu.Params(profile="t", **kw))
+    return run_skill(con, tu, tu.Params(profile="t", **kw))
 
 
 THREADS = [{"pid": 1, "tid": 1, "name": "main"}, {"pid": 1, "tid": 2, "name": "loader"}]
@@ -131,7 +132,7 @@ def test_thread_utilization_sched_matches_raw_export(open_fixture, stem):
             last_in[gtid] = start
         elif gtid in last_in:
             busy[gtid & 0xFFFFFF] += start - last_in.pop(gtid)
-    result = tu.run(open_fixture(stem).con, tu.Params(profile=stem, limit=500))
+    result = run_skill(open_fixture(stem).con, tu, tu.Params(profile=stem, limit=500))
     assert result.basis == "sched"
     assert {r.tid: r.busy_ns for r in result.rows} == {t: b for t, b in busy.items() if b > 0}
 
@@ -143,7 +144,7 @@ def test_thread_utilization_samples_match_raw_export(open_fixture, stem):
         per_thread[gtid & 0xFFFFFF].append(start)
     gaps = [b - a for ts in per_thread.values() for a, b in zip(ts, ts[1:], strict=False) if b > a]
     period = int(statistics.median(gaps))
-    result = tu.run(open_fixture(stem).con, tu.Params(profile=stem, basis="cpu_samples", limit=500))
+    result = run_skill(open_fixture(stem).con, tu, tu.Params(profile=stem, basis="cpu_samples", limit=500))
     assert result.sample_period_ns == period
     assert {r.tid: r.busy_ns for r in result.rows} == {
         t: min(len(ts) * period, result.scope.duration_ns) for t, ts in per_thread.items()}
@@ -162,29 +163,29 @@ def test_thread_utilization_cuda_api_matches_raw_export(open_fixture):
             total += max(0, e - max(s, reach if reach is not None else s))
             reach = e if reach is None else max(reach, e)
         expected[tid] = total
-    result = tu.run(open_fixture(stem).con, tu.Params(profile=stem))
+    result = run_skill(open_fixture(stem).con, tu, tu.Params(profile=stem))
     assert result.basis == "cuda_api"
     assert {r.tid: r.busy_ns for r in result.rows} == expected
 
 
 def test_thread_utilization_snapshot(open_fixture, snapshot):
-    assert dump(tu.run(open_fixture("clue_t4_report4").con, tu.Params(profile="p", limit=5))) == snapshot
+    assert dump(run_skill(open_fixture("clue_t4_report4").con, tu, tu.Params(profile="p", limit=5))) == snapshot
 
 
 # --- synthetic samples ------------------------------------------------------------------------------
 def test_thread_utilization_demo_ranks_main_threads_first_and_stays_quiet(demo):
     profile, truth = demo
-    result = tu.run(profile.con, tu.Params(profile="demo"))
+    result = run_skill(profile.con, tu, tu.Params(profile="demo"))
     assert result.basis == "cuda_api"
     assert {(r.pid, r.tid) for r in result.rows[:len(truth["ranks"])]} == {(r["pid"], r["tid"]) for r in truth["ranks"]}
-    steady = tu.run(profile.con, tu.Params(profile="demo", start_ns=truth["iterations"][1]["start_ns"],
+    steady = run_skill(profile.con, tu, tu.Params(profile="demo", start_ns=truth["iterations"][1]["start_ns"],
                                            end_ns=truth["iterations"][-1]["end_ns"]))
     assert steady.findings == []  # nothing CPU-bound is planted in the steady iterations
 
 
 def test_thread_utilization_quiet_on_clean(clean):
     profile, _ = clean
-    result = tu.run(profile.con, tu.Params(profile="clean"))
+    result = run_skill(profile.con, tu, tu.Params(profile="clean"))
     # the launch threads sit in launch calls >90% (queue back-pressure): traced time, not CPU time
     assert result.basis == "cuda_api" and result.rows[0].busy_pct > 90 and result.findings == []
 
@@ -202,4 +203,4 @@ def test_thread_utilization_rejects_bad_scope(kw, message):
 
 def test_thread_utilization_rejects_the_empty_export(open_fixture):
     with pytest.raises(InvalidRequest):
-        tu.run(open_fixture("dynamicvit_empty_export").con, tu.Params(profile="e"))
+        run_skill(open_fixture("dynamicvit_empty_export").con, tu, tu.Params(profile="e"))

@@ -51,7 +51,7 @@ import numpy as np
 from stallhound.analysis import gap_pass, nvtx_texts, rules
 from stallhound.analysis.attribution_sql import CALLS_SQL, HOST_SQL, MAIN_THREAD_SQL, SPANS_SQL, THREADS_SQL, TOTALS_SQL
 from stallhound.analysis.common import Scope, per_model
-from stallhound.tools import gpu_utilization
+from stallhound.analysis.device_pass import DEFAULT_SLICES
 
 Cause = Literal["queued", "sync", "readback", "pageable_copy", "sync_copy", "launch_tiny", "launch", "jit", "alloc",
                 "host_comm", "host_wait", "host_cpu", "host_untraced"]
@@ -69,7 +69,7 @@ LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device 
 FOLD_BELOW_NS = min(BUBBLE_MIN_NS, SYNC_RESUME_MAX_NS + 1)  # queued gaps this short are neither listed nor pauses:
 # the pass only counts them (TOTALS_SQL's kept sums them into one row per device)
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
-DEVICE_PASS_SLICES = gpu_utilization.Params.model_fields["buckets"].default  # the device pass the gap pass fills
+DEVICE_PASS_SLICES = DEFAULT_SLICES  # the device pass the gap pass fills
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
 

@@ -105,6 +105,12 @@ class Scope(BaseModel):
                     "steady_state: the steady iterations (triage)")
 
 
+class Window(BaseModel):  # a stretch of the profile clock: profile_summary's capture and GPU-active spans
+    start_ns: int
+    end_ns: int
+    duration_ns: int
+
+
 Severity = Literal["high", "medium", "low", "info"]
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
 

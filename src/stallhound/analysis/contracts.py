@@ -1,5 +1,6 @@
-"""What a skill module is: the contracts the server's wiring (server/app.py, server/job_tools.py) relies on, and
-run_skill, the one place a skill's findings join its figures.
+"""What a skill module is: the contracts the server's wiring (server/app.py, server/job_tools.py) relies on,
+run_skill, the one place a skill's findings join its figures, and TriageRole, how a detector declares what triage
+does with its findings.
 
 A module is checked against these with isinstance (they are runtime-checkable), which sees that the names
 exist; tests/test_contracts.py checks every registered module so, and the signatures besides.
@@ -7,8 +8,9 @@ exist; tests/test_contracts.py checks every registered module so, and the signat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import duckdb
 from pydantic import BaseModel
@@ -49,10 +51,37 @@ class JobSkill(Skill, Protocol):
 
 @runtime_checkable
 class Detector(Protocol):
-    """A skill whose findings follow from its Result alone: its run() computes the figures, run_skill attaches
-    findings(result) as Result.findings; triage ranks them with the rest."""
+    """A skill whose findings follow from its Result alone: its run() computes the figures (with, where the findings
+    need more than the result shows, those figures in a private attribute of the Result), run_skill attaches
+    findings(result) as Result.findings. Every detector declares a TriageRole as its module's TRIAGE."""
 
     def findings(self, result: Output) -> list[Finding]: ...
+
+
+TriageHow = Literal["warmup", "idle", "window", "part", "job"]
+TRIAGED = ("warmup", "idle", "window")  # the roles whose findings triage gathers itself, each at its `order`
+
+
+@dataclass(frozen=True)
+class TriageRole:
+    """What triage does with a detector's findings; each detector module declares one as TRIAGE, and the tool
+    registry (tools.detectors) hands them to triage, so a detector without one is refused, never ignored.
+    how:
+      warmup: its run on the whole capture chooses triage's window (iterations); its findings, about the warmup that
+              window leaves out, count when the window is the steady state;
+      idle:   the idle-cause findings of triage's window (analysis/idle_causes.py), the ones this tool lists;
+      window: triage runs the tool on its window and devices and ranks its findings;
+      part:   the tool lists a part of the findings of detector `of`: triage takes them there, never twice;
+      job:    the tool reads every rank of a job: triage_job ranks its findings with the triaged rank's.
+    order: for warmup, idle and window, the place of its findings among triage's (findings of equal cost, and the
+    detectors skipped, keep it)."""
+    how: TriageHow
+    order: int | None = None
+    of: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.how in TRIAGED) != (self.order is not None) or (self.how == "part") != (self.of is not None):
+            raise ValueError(f"TriageRole({self.how!r}): `order` goes with {', '.join(TRIAGED)}, `of` with 'part'")
 
 
 def run_skill(con: duckdb.DuckDBPyConnection, module: ModuleType, params: BaseModel) -> Output:

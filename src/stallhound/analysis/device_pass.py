@@ -22,6 +22,8 @@ from stallhound.analysis.intervals import GPU_WORK_CATEGORY, GPU_WORK_CATEGORY_C
 # Operations read at a time (this pass and analysis/gap_pass.py): memory stays flat however many operations a device
 # ran; at 250k the gap pass's arrays take 60 MB (BENCHMARKS-HISTORY.md has the measurements behind the size).
 ROWS_PER_CHUNK = 250_000
+DEFAULT_SLICES = 20  # slices of a window by default: the device pass the gap pass fills in passing, and
+# gpu_utilization's timeline unless asked for another count
 NONE = np.iinfo(np.int64).min  # the running maximum before any operation
 KINDS = {"compute": (0, 1), "copy_kernel": (1,), "transfer": (2,), "communication": (3,)}  # shares' unions by cat
 

@@ -20,9 +20,9 @@ import duckdb
 
 from stallhound.analysis import attribution, program, rules
 from stallhound.analysis.attribution import DeviceIdle
-from stallhound.analysis.common import Finding, Scope, ms, pct, run_once
+from stallhound.analysis.common import Finding, Scope, ScopedParams, ms, pct, resolve_scope
 from stallhound.analysis.program import Program
-from stallhound.tools import iterations
+from stallhound.analysis.step_boundaries import durations, steady_median_ns
 
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
@@ -129,9 +129,9 @@ CLAIMS: tuple[Claim, ...] = (
 
 
 def step_ns(con: duckdb.DuckDBPyConnection, profile: str, device: int | None) -> int | None:
-    """The loop's steady step (iterations' median over the capture), None when no loop is found."""
-    found = run_once(con, iterations, iterations.Params(profile=profile, device=device))
-    return None if found.steady_median_ns is None else int(found.steady_median_ns)
+    """The loop's steady step over the capture (iterations' steady median), None when no loop is found."""
+    steady = steady_median_ns(durations(con, resolve_scope(con, ScopedParams(profile=profile, device=device))))
+    return None if steady is None else int(steady)
 
 
 def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = False,
@@ -177,8 +177,24 @@ def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], ext
                    time_at_stake_ns=ns, device=d.device, tags=tags)
 
 
-def shown_by(con: duckdb.DuckDBPyConnection, scope: Scope, causes: set[str]) -> list[Finding]:
-    """The window's idle findings with these root causes: what a tool showing one part of the idle time (sync,
-    launches, host threads) lists, from the one attribution and rule set triage ranks."""
+@dataclass(frozen=True)
+class IdleBasis:
+    """What a window's idle findings follow from: its idle attribution per device, the program, the loop's step
+    (None: not used). A tool that lists idle findings keeps it in its Result for its findings(result)."""
+    devices: dict[int, DeviceIdle]
+    program: Program
+    step_ns: int | None = None
+
+    def findings(self, in_loop: bool = False) -> list[Finding]:
+        return findings(self.devices, self.program, in_loop, self.step_ns)
+
+    def shown(self, causes: set[str]) -> list[Finding]:
+        """The findings with these root causes: what a tool showing one part of the idle time (sync, launches,
+        host threads) lists, from the one attribution and rule set triage ranks."""
+        return [f for f in self.findings() if f.root_cause in causes]
+
+
+def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = None) -> IdleBasis:
+    """The idle basis of a window (no device in scope: nothing idles)."""
     idle = attribution.attribute(con, scope).devices if scope.devices else {}
-    return [f for f in findings(idle, program.detect(con)) if f.root_cause in causes]
+    return IdleBasis(idle, program.detect(con), step_ns)

@@ -14,11 +14,11 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis import nccl_arrival
-from stallhound.analysis.common import pct, run_once
+from stallhound.analysis.common import ScopedParams, pct, resolve_scope
+from stallhound.analysis.step_boundaries import durations
 from stallhound.model.errors import InvalidRequest
 from stallhound.model.schema import TABLE_NAMES
 from stallhound.model.sql_files import sql_beside
-from stallhound.tools import iterations
 
 KERNELS_SHOWN = 5  # kernels whose spread is listed: the costliest few carry the time
 HISTOGRAM_BINS = 8  # equal-width bins per histogram: the shape of 8 or 800 ranks in one line each
@@ -147,12 +147,12 @@ def rank_view(con: duckdb.DuckDBPyConnection, rank: int) -> Iterator[duckdb.Duck
         cur.close()
 
 
-def rank_steps(con: duckdb.DuckDBPyConnection, rank: int) -> iterations.Result | None:
-    """The iterations skill on one rank (its own step detection: ProfilerStep#N, NVTX, or a kernel rhythm); None
-    when the rank recorded no timed event at all."""
+def rank_steps(con: duckdb.DuckDBPyConnection, rank: int) -> list[int] | None:
+    """One rank's iteration durations, as the iterations tool finds them on the rank alone (its own step detection:
+    ProfilerStep#N, NVTX, or a kernel rhythm); None when the rank recorded no timed event at all."""
     with rank_view(con, rank) as cur:
         try:
-            return run_once(cur, iterations, iterations.Params(profile=f"rank {rank}"))
+            return durations(cur, resolve_scope(cur, ScopedParams(profile=f"rank {rank}")))
         except InvalidRequest:
             return None
 

@@ -176,3 +176,14 @@ def _find(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, 
                                  "method='kernel_pattern'")
     kname, reason, spans = _kernel_pattern(con, scope)
     return (f"kernel_pattern:{kname}" if kname else None), nvtx + reason, [], spans
+
+
+def durations(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None = None, method: str = "auto"
+              ) -> list[int]:
+    """Each iteration's duration in time order, by boundaries(): what the step figures are taken from."""
+    return [e - s for s, e in boundaries(con, scope, range_name, method)[3]]
+
+
+def steady_median_ns(durations: list[int]) -> float | None:
+    """The loop's steady step: the median duration of iterations 1..n-1 (the first may be warmup); None with one."""
+    return statistics.median(durations[1:]) if len(durations) > 1 else None

@@ -6,17 +6,14 @@ tool, devices without hardware records, GPU work covering a small part of the ca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import duckdb
 
-from stallhound.analysis.common import ms, pct
+from stallhound.analysis.common import Window, ms, pct
 from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS
 from stallhound.formats.nsys.checks import LOAD_SOURCE
 from stallhound.formats.remedy import remedy
-
-if TYPE_CHECKING:  # profile_summary's result types; it imports this module
-    from stallhound.tools.profile_summary import Window
 
 MISSING_KERNEL_PCT = 10.0  # a few launches at the capture's end always lack their kernel; past this share the
 #                            per-kernel figures miss a real part of the work

@@ -145,7 +145,7 @@ def skill_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
 def pair_tool(store: ProfileStore, module: ModuleType) -> Callable[..., Any]:
     """Like skill_tool, for a tool comparing two profiles (`before`, `after`): both are leased for the call, each
     is measured on its own interruptible cursor (analysis/diff_side.py), then module.compare(before, after, params)."""
-    from stallhound.analysis.diff_side import measure
+    from stallhound.tools.diff.side import measure
 
     async def call(ctx: Context, **kwargs: Any) -> CallToolResult:
         try:

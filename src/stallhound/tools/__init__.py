@@ -1,9 +1,12 @@
-"""Analysis skills: one module per skill, each exposed as one MCP tool."""
+"""The MCP tools: one module per tool at the top of this package, each named in one registry below (helpers that
+serve several tools live in subpackages: diff/, answers/). detectors() hands triage every detector's TriageRole."""
 
 from __future__ import annotations
 
 from importlib import import_module
 from types import ModuleType
+
+from stallhound.analysis.contracts import TriageHow, TriageRole
 
 TOOL_NAMES = (
     "profile_summary",
@@ -43,3 +46,18 @@ def pair_tools() -> dict[str, ModuleType]:
 def job_tools() -> dict[str, ModuleType]:
     """name -> module for every tool reading a job's ranks (each has Params, Result, run, render)."""
     return {name: import_module(f"stallhound.tools.{name}") for name in JOB_TOOL_NAMES}
+
+
+def detectors(*how: TriageHow) -> list[tuple[str, ModuleType, TriageRole]]:
+    """(name, module, TRIAGE) of every registered tool with findings(result), those with a role in `how` (all when
+    none is named), in triage's order (by TriageRole.order; the others after, by name). A tool with findings but no
+    TRIAGE, or a TRIAGE but no findings, is refused: triage would silently leave it out."""
+    found = []
+    for name, module in sorted({**skills(), **pair_tools(), **job_tools()}.items()):
+        role = getattr(module, "TRIAGE", None)
+        if hasattr(module, "findings") != isinstance(role, TriageRole):
+            raise TypeError(f"tool {name}: a detector (findings(result)) declares TRIAGE = TriageRole(...), and "
+                            "only a detector does")
+        if role is not None and (not how or role.how in how):
+            found.append((name, module, role))
+    return sorted(found, key=lambda d: (d[2].order is None, d[2].order or 0))

@@ -2,7 +2,7 @@
 
 Each question from the book's list gets one status: `answered` (value, evidence figures and the tool that
 gives the detail) when the profile's data gives a real answer, read from the tools' results on triage's
-window (analysis/answerers.py); `not_in_profile` when the question is answerable from a trace but this one lacks
+window (tools/answers/answerers.py); `not_in_profile` when the question is answerable from a trace but this one lacks
 the data (how to capture it); `needs_user` when only the user knows (what to ask).
 """
 
@@ -14,9 +14,10 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound import book
-from stallhound.analysis.answerers import ANSWERERS, Evidence
 from stallhound.analysis.common import Output, ProfileParams
 from stallhound.formats.remedy import remedy
+from stallhound.tools.answers.answerers import ANSWERERS
+from stallhound.tools.answers.evidence import Evidence
 
 Status = Literal["answered", "not_in_profile", "needs_user"]
 CAPTURE_NEEDS = ("kernels", "nvtx", "os_runtime")  # what a question the profile cannot answer most often lacks

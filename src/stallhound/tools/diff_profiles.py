@@ -1,12 +1,12 @@
 """Did my change make it faster, and why? Two profiles compared figure by figure, with a verdict.
 
-Each side is measured on its triage window (steady iterations when found, else GPU-active; analysis/diff_side.py).
+Each side is measured on its triage window (steady iterations when found, else GPU-active; tools/diff/side.py).
 Figures are per steady iteration when both sides have them, else per second of the window (`basis` says which):
 step time, GPU busy and idle, the compute / copy / communication / idle shares, kernel time by kernel (slower,
 faster, new, gone, with counts), NCCL exposed time, copy time by direction and pageable copies, host time
 blocked in syncs, launch overhead, in total and per device. Triage's findings on both sides are matched by root
 cause (gone, new, smaller, bigger: did the bottleneck move?). The verdict and its threshold are
-analysis/diff_verdict.py's.
+tools/diff/verdict.py's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import MAX_LIMIT, Output, ProfileRef, Scope, more_rows, ms
-from stallhound.analysis.diff_rows import (
+from stallhound.tools.diff.rows import (
     SHARE_UNIT,
     FigureRow,
     FindingChange,
@@ -29,8 +29,8 @@ from stallhound.analysis.diff_rows import (
     shown,
     total_figures,
 )
-from stallhound.analysis.diff_side import Side, measure
-from stallhound.analysis.diff_verdict import Basis, Decision, basis_of, decide
+from stallhound.tools.diff.side import Side, measure
+from stallhound.tools.diff.verdict import Basis, Decision, basis_of, decide
 
 DEFAULT_KERNEL_ROWS = 10  # kernel rows by default: with the figures and findings about 4,000 characters of text
 CUT_HINT = "raise `limit` for more kernel rows"

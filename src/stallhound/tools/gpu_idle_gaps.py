@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Annotated
 
 import duckdb
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from stallhound.analysis import attribution, gap_stages, idle_causes, program
 from stallhound.analysis.common import (
@@ -39,11 +39,14 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.analysis.contracts import TriageRole
+from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.formats.remedy import remedy
 
 GAP_ROWS = 10  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
 PERIODIC_ROWS = 5  # a pattern recurs on every rank of a node: the costliest few make the point
 BUCKETS_MS = ((0, 1), (1, 2), (2, 5), (5, 10), (10, 50), (50, 100), (100, None))  # histogram, ms
+TRIAGE = TriageRole("idle", order=2)  # triage ranks every idle finding of its window, as this tool lists them
 
 
 class Params(ScopedParams):
@@ -121,7 +124,8 @@ class Result(Paged):
     note: str | None = Field(default=None, description="what the causes cannot show here")
     findings: list[Finding] = Field([], description=f"at most {FINDINGS_SHOWN}, costliest first, each root cause's "
                                                     "costliest before per-device repeats (triage ranks them all)")
-    findings_total: int = 0
+    findings_total: int = 0  # idle findings in the window, before the cut to the costliest
+    _idle: IdleBasis | None = PrivateAttr(None)  # what findings() reads: the window's idle attribution, not shown
 
 
 TRACED_SQL = """SELECT count(*) FROM kernels WHERE tid IS NOT NULL AND device_id IN (SELECT unnest($devices))
@@ -178,10 +182,14 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     periodic_group_count=len(groups), gaps=gaps,
                     truncated=more, note=note, offset=params.offset,
                     next_offset=next_page(params.offset, len(gaps), more))
-    found_all = idle_causes.findings(attr.devices, program.detect(con),
-                                     step_ns=idle_causes.step_ns(con, params.profile, params.device))
-    result.findings, result.findings_total = leads_first(found_all, lambda f: f, FINDINGS_SHOWN), len(found_all)
+    result._idle = IdleBasis(attr.devices, program.detect(con), idle_causes.step_ns(con, params.profile, params.device))
+    result.findings_total = len(result._idle.findings())
     return result
+
+
+def findings(result: Result) -> list[Finding]:
+    """Every idle root cause of the window (analysis/idle_causes.py), the costliest FINDINGS_SHOWN."""
+    return leads_first(result._idle.findings(), lambda f: f, FINDINGS_SHOWN) if result._idle else []
 
 
 def render(result: Result) -> str:

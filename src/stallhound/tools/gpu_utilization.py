@@ -19,7 +19,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import DEFAULT_LIMIT, LimitParam, Output, Scope, ScopedParams, ms, pct, resolve_scope
-from stallhound.analysis.device_pass import DevicePass, device_passes
+from stallhound.analysis.device_pass import DEFAULT_SLICES, DevicePass, device_passes
 from stallhound.formats.remedy import remedy
 
 NO_GPU_NOTE = ("the profile has no GPU activity (no kernel, memcpy or memset), so there is no utilization to "
@@ -31,7 +31,7 @@ MIN_BUCKETS_FOR_PATTERN = 5  # with fewer slices "worst 20%" is a single slice a
 
 class Params(ScopedParams):
     buckets: Annotated[int, Field(description="Number of equal time slices in the timeline (1-200)",
-                                  ge=1, le=200)] = 20
+                                  ge=1, le=200)] = DEFAULT_SLICES
     limit: LimitParam = DEFAULT_LIMIT
 
 

@@ -60,6 +60,7 @@ from stallhound.analysis.common import (
     resolve_scope,
     unpacked,
 )
+from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.intervals import GPU_WORK, covered, overlaps
 from stallhound.analysis.step_boundaries import (
     MAX_CANDIDATES,
@@ -68,6 +69,7 @@ from stallhound.analysis.step_boundaries import (
     Candidate,
     Spans,
     boundaries,
+    steady_median_ns,
 )
 from stallhound.formats.remedy import remedy
 
@@ -79,6 +81,7 @@ IRREGULAR_SPREAD = 3.0  # p90/p10 of durations above this: the boundaries do not
 OUTLIER_RATIO = 2.0  # a later iteration twice the steady median is an isolated slow step
 MAX_OUTLIERS = 3  # outliers listed, slowest first
 BUSY_BUCKETS = 16  # overlap-join buckets per typical iteration
+TRIAGE = TriageRole("warmup", order=1)  # triage's window is the steady state it finds
 
 
 class Params(ScopedParams):
@@ -164,7 +167,7 @@ def _busy(con: duckdb.DuckDBPyConnection, scope: Scope, spans: Spans) -> list[fl
 def _summary(durations: list[int]) -> dict:
     if not durations:
         return {}
-    steady = statistics.median(durations[1:]) if len(durations) > 1 else None
+    steady = steady_median_ns(durations)
     p10, _, p90 = _deciles(durations)
     slowest = max(range(len(durations)), key=lambda i: (durations[i], -i))
     slow = sorted((i for i in range(1, len(durations)) if steady and durations[i] > OUTLIER_RATIO * steady),

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import duckdb
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from stallhound.analysis import idle_causes, rules
 from stallhound.analysis.common import (
@@ -35,8 +35,11 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.analysis.contracts import TriageRole
+from stallhound.analysis.idle_causes import IdleBasis
 
 ROOT_CAUSES = {"small-kernel-overhead", "cpu-bottleneck"}  # the idle findings this tool shows
+TRIAGE = TriageRole("part", of="gpu_idle_gaps")  # ranked by triage among all the idle findings
 
 
 class Params(ScopedParams):
@@ -85,6 +88,7 @@ class Result(Output):
     truncated: bool
     total_rows: int = Field(description="distinct tiny kernel names")
     findings: list[Finding] = []
+    _idle: IdleBasis | None = PrivateAttr(None)  # what findings() reads: the window's idle attribution, not shown
 
 
 # A graph launch API contains GraphLaunch or GraphExecLaunch: two substring tests instead of a regular
@@ -157,8 +161,13 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         top_tiny=[TinyKernel(name=r[0], count=r[1], total_ns=int(r[2]), mean_ns=round(r[3], 1), max_ns=r[4])
                   for r in rows],
         truncated=truncated, total_rows=rows[0][5] if rows else 0)
-    result.findings = idle_causes.shown_by(con, scope, ROOT_CAUSES)
+    result._idle = idle_causes.basis(con, scope)
     return result
+
+
+def findings(result: Result) -> list[Finding]:
+    """The window's idle findings of ROOT_CAUSES (analysis/idle_causes.py)."""
+    return result._idle.shown(ROOT_CAUSES) if result._idle else []
 
 
 def render(result: Result) -> str:

@@ -19,11 +19,12 @@ excessive-h2d-transfers claims the rest of the exposed H2D time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import duckdb
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from stallhound.analysis import attribution, cover, device_pass, rules
 from stallhound.analysis.common import (
@@ -39,6 +40,7 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.analysis.contracts import TriageRole
 
 SMALL_D2H_BYTES = 1024  # a scalar or a handful of values read back: .item(), .cpu() of a metric
 PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
@@ -49,6 +51,7 @@ H2D_WINDOW_PCT = 5.0  # book excessive-h2d-transfers: H2D time above ~5% of the 
 EXPOSED_SHARE = 0.5  # most of the H2D time with no kernel running: the copy is on the critical path
 IDLE_HIGH_SHARE = 0.5  # pageable-host-memory is high when the devices sat idle in the copies for half the saving
 HOST_SIDE = ("H2D", "D2H", "H2H", "H2A", "A2H", "UVM_H2D", "UVM_D2H")
+TRIAGE = TriageRole("window", order=3)
 
 
 class Params(ScopedParams):
@@ -91,12 +94,22 @@ class Result(Output):
     small_d2h_blocking: int = Field(description="those whose call blocked the host (synchronous or followed by a sync)")
     small_d2h_blocked_ns: int = Field(description="host time in those copy calls and their syncs")
     findings: list[Finding] = []
+    _basis: _Basis | None = PrivateAttr(None)  # what findings() reads beyond the rows shown
 
 
 class _Pageable(BaseModel):
     """Per (device, direction) figures the findings need beyond a DirectionRow."""
     largest_ns: int
     async_count: int = Field(description="pageable copies issued with an *Async call: they block the host anyway")
+
+
+@dataclass(frozen=True)
+class _Basis:
+    """The figures the findings are decided on: every (direction, device) row, the pageable copies' figures beyond
+    a row, and each device's idle time in pageable copies (analysis/attribution.py)."""
+    rows: list[DirectionRow]
+    pageable: dict[tuple[int, str], _Pageable]
+    idle_ns: dict[int, int]
 
 
 COPIES = """
@@ -257,9 +270,15 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     pageable = {(d, dr): _Pageable(largest_ns=n, async_count=a)
                 for d, dr, n, a in con.execute(PAGEABLE_SQL, args).fetchall()}
     idle = attribution.attribute(con, scope).devices if count else {}
-    result.findings = _findings(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()},
-                               scope.duration_ns)
+    result._basis = _Basis(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()})
     return result
+
+
+def findings(result: Result) -> list[Finding]:
+    """Per device: pageable-host-memory (recurring pageable copies, or one long one, or idle spent in them),
+    then excessive-h2d-transfers (H2D time above 5% of the window) for the exposed H2D time left."""
+    b = result._basis
+    return _findings(b.rows, b.pageable, b.idle_ns, result.scope.duration_ns) if b else []
 
 
 def _pageable_saving(row: DirectionRow) -> int:
@@ -272,8 +291,6 @@ def _pageable_saving(row: DirectionRow) -> int:
 
 def _findings(rows: list[DirectionRow], pageable: dict[tuple[int, str], _Pageable], idle_ns: dict[int, int],
              window_ns: int) -> list[Finding]:
-    """Per device: pageable-host-memory (recurring pageable copies, or one long one, or idle spent in them),
-    then excessive-h2d-transfers (H2D time above 5% of the window) for the exposed H2D time left."""
     out = []
     for device in sorted({r.device for r in rows}):
         mine = [r for r in rows if r.device == device]

@@ -63,9 +63,11 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.intervals import covered, overlaps
 from stallhound.formats.remedy import remedy
 
+TRIAGE = TriageRole("window", order=5)
 OVERLAP_MIN_PCT = 50.0  # book nccl-serialization: overlapped_pct well below 50% means collectives take turns
 EXPOSED_MIN_PCT = 10.0  # ... and only when the exposed time is a sizeable share of the window
 NCCL_SHARE_PCT = 20.0  # book compute-communication-imbalance: NCCL above 20% of the window is a red flag

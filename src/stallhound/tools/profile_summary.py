@@ -26,7 +26,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis import program, rules, trace_quality
-from stallhound.analysis.common import Output, ProfileParams, fetch_capped, ms, pct
+from stallhound.analysis.common import Output, ProfileParams, Window, fetch_capped, ms, pct
 from stallhound.analysis.program import KERNEL_FAMILIES, Program
 from stallhound.analysis.rules import Missing
 from stallhound.formats.nsys.checks import LOAD_SOURCE
@@ -47,12 +47,6 @@ FA2_RE = r"Flash_(fwd|bwd)_kernel_traits|flash::flash_(fwd|bwd)"
 
 class Params(ProfileParams):
     pass
-
-
-class Window(BaseModel):
-    start_ns: int
-    end_ns: int
-    duration_ns: int
 
 
 class Device(BaseModel):

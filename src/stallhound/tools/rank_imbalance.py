@@ -53,9 +53,12 @@ from pydantic import BaseModel, Field
 from stallhound.analysis import rank_figures as figures
 from stallhound.analysis import rules
 from stallhound.analysis.common import MAX_LIMIT, Finding, Output, more_rows, ms, pct
+from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.nccl_arrival import LAST_SHARE_MIN_PCT, MIN_MATCHED, MIN_SKEW_NS, SKEW_TRANSFER_RATIO
+from stallhound.analysis.step_boundaries import steady_median_ns
 from stallhound.tools.nccl_breakdown import NCCL_SHARE_PCT
 
+TRIAGE = TriageRole("job")  # triage_job ranks its cross-rank findings
 RANKS_SHOWN = 8  # worst ranks listed by default: the histograms carry the rest of a large job
 
 CAUSE_SAID = {"compute": "it computes longer than the others", "idle": "its GPU idles longer than the others' "
@@ -159,9 +162,9 @@ def _rows(con: duckdb.DuckDBPyConnection, ranks: list[int], waits: dict[int, fig
     for rank in ranks:
         window, devices, compute, copy, comm, busy = shares.get(rank, (0, 0, 0, 0, 0, 0))
         capacity = window * max(devices, 1)
-        steps = figures.rank_steps(con, rank)
-        count = steps.iteration_count if steps else 0
-        step = (steps.steady_median_ns or steps.first_ns) if count else None
+        steps = figures.rank_steps(con, rank) or []
+        count = len(steps)
+        step = (steady_median_ns(steps) or steps[0]) if count else None
         w = waits.get(rank, figures.RankWait())
         rows.append(RankRow(
             rank=rank, window_ns=window, compute_ns=compute, copy_ns=copy, communication_ns=comm,

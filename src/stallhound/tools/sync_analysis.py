@@ -16,7 +16,7 @@ idle attribution (analysis/idle_causes.py). Times in ns.
 from __future__ import annotations
 
 import duckdb
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from stallhound.analysis import idle_causes, rules
 from stallhound.analysis.common import (
@@ -33,10 +33,13 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.analysis.contracts import TriageRole
+from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.analysis.intervals import GPU_WORK, gaps, overlaps
 
 OVERLAP_BUCKETS = 20_000  # time buckets for the call x idle-stretch join
 ROOT_CAUSES = {"excessive-synchronization", "blocking-d2h-sync"}  # the idle findings this tool shows
+TRIAGE = TriageRole("part", of="gpu_idle_gaps")  # ranked by triage among all the idle findings
 
 
 class Params(ScopedParams):
@@ -80,6 +83,7 @@ class Result(Output):
     threads: list[ThreadRow] = Field(description="by blocked time, at most `limit`")
     truncated: bool = Field(description="true when apis or threads were cut at `limit`")
     findings: list[Finding] = []
+    _idle: IdleBasis | None = PrivateAttr(None)  # what findings() reads: the window's idle attribution, not shown
 
 
 # The stages: find the calls (each with its scope and the devices its thread launched to), measure the idle
@@ -190,13 +194,19 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         totals, apis, threads = group(con, params.limit)
     finally:
         drop_stages(con)
-    return Result(
+    result = Result(
         scope=scope, **totals,
         apis=[ApiRow(**a, gpu_idle_pct=pct(a["gpu_idle_ns"], a["blocked_ns"])) for a in apis[:params.limit]],
         threads=[ThreadRow(**t, blocked_window_pct=pct(t["blocked_ns"], scope.duration_ns))
                  for t in name_threads(con, threads[:params.limit])],
-        truncated=len(apis) > params.limit or len(threads) > params.limit,
-        findings=idle_causes.shown_by(con, scope, ROOT_CAUSES))
+        truncated=len(apis) > params.limit or len(threads) > params.limit)
+    result._idle = idle_causes.basis(con, scope)
+    return result
+
+
+def findings(result: Result) -> list[Finding]:
+    """The window's idle findings of ROOT_CAUSES (analysis/idle_causes.py)."""
+    return result._idle.shown(ROOT_CAUSES) if result._idle else []
 
 
 def render(result: Result) -> str:

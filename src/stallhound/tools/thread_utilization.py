@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import duckdb
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from stallhound.analysis import idle_causes, rules
 from stallhound.analysis.common import (
@@ -35,11 +35,15 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.analysis.contracts import TriageRole
+from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.formats.remedy import remedy
 from stallhound.model.errors import InvalidRequest
 
 Basis = Literal["sched", "cpu_samples", "cuda_api"]
 CPU_SIDE = ("cuda_api", "os_runtime", "cpu_samples", "sched")  # every kind of data a basis is measured from
+ROOT_CAUSES = {"cpu-bottleneck"}  # the idle finding this tool shows
+TRIAGE = TriageRole("part", of="gpu_idle_gaps")  # ranked by triage among all the idle findings
 BASIS_MEANING = {
     "sched": "time on a CPU from scheduler events (sched-in to next sched-out)",
     "cpu_samples": "CPU samples x sampling period (median sample spacing): an estimate of time on a CPU",
@@ -76,6 +80,7 @@ class Result(Output):
     truncated: bool
     total_rows: int
     findings: list[Finding] = []
+    _idle: IdleBasis | None = PrivateAttr(None)  # what findings() reads: the window's idle attribution, not shown
 
 
 PROCS = "($device IS NULL OR pid IN (SELECT pid FROM kernels WHERE device_id = $device))"
@@ -163,9 +168,15 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                      blocked_ns=int(r[4]), net_busy_pct=pct(max(0, r[3] - r[4]), scope.duration_ns)) for r in rows]
     total = rows[0][5] if rows else 0
     meaning = BASIS_MEANING[measured].format(sched=remedy(con, ("sched",), bare=True))
-    return Result(scope=scope, basis=measured, basis_meaning=meaning, sample_period_ns=period,
-                  thread_count=total, rows=out, truncated=truncated, total_rows=total,
-                  findings=idle_causes.shown_by(con, scope, {"cpu-bottleneck"}))
+    result = Result(scope=scope, basis=measured, basis_meaning=meaning, sample_period_ns=period,
+                    thread_count=total, rows=out, truncated=truncated, total_rows=total)
+    result._idle = idle_causes.basis(con, scope)
+    return result
+
+
+def findings(result: Result) -> list[Finding]:
+    """The window's idle findings of ROOT_CAUSES (analysis/idle_causes.py)."""
+    return result._idle.shown(ROOT_CAUSES) if result._idle else []
 
 
 def render(result: Result) -> str:

@@ -45,9 +45,11 @@ from stallhound.analysis.common import (
     resolve_scope,
     scope_args,
 )
+from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.kernel_kinds import KINDS, NAME_CHARS, display_names, kind_of, min_arch_of
 from stallhound.analysis.rules import HOTSPOT_PCT
 
+TRIAGE = TriageRole("window", order=4)
 MIN_NAMES_FOR_HOTSPOT = 2  # with a single kernel name its 100% share says nothing
 DOMINANT_PCT = 50.0  # an FP32 GEMM share above this is most of the device's work: severity high
 FP32_GEMM_MIN_PCT = 10.0  # book fp32-gemm-no-tensor-cores: FP32 GEMMs above ~10% of kernel time are worth moving

@@ -32,13 +32,14 @@ from stallhound.analysis.common import (
     resolve_scope,
     run_once,
 )
+from stallhound.analysis.contracts import TRIAGED
+from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.analysis.program import Program
 from stallhound.analysis.shares import Classification
 from stallhound.formats.remedy import remedy
 from stallhound.model.errors import InvalidRequest
-from stallhound.tools import iterations
+from stallhound.tools import detectors, iterations, skills
 
-WINDOW_DETECTORS = ("memory_transfers", "top_kernels", "nccl_breakdown")  # besides the idle causes
 DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
 # the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
 MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
@@ -160,31 +161,38 @@ def _nothing(params: Params, prog: Program, quality: list[str], missing: list[ru
                   missing=missing, skipped=[])
 
 
+def _gathered(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope, prog: Program, warmup: list[Finding]
+              ) -> tuple[list[tuple[str, Finding]], list[str]]:
+    """(detector, finding) of every detector in its declared order, and the detectors that could not run, with why."""
+    found: list[tuple[str, Finding]] = []
+    skipped: list[str] = []
+    for name, module, role in detectors(*TRIAGED):
+        if role.how == "warmup":
+            found += [(name, f) for f in warmup]
+        elif role.how == "idle":
+            idle = attribution.attribute(con, scope).devices
+            step = idle_causes.step_ns(con, params.profile, params.device)
+            found += [(name, f) for f in IdleBasis(idle, prog, step).findings(scope.window_basis == "steady_state")]
+        else:
+            try:
+                result = run_once(con, module, module.Params(profile=params.profile, device=params.device,
+                                                             start_ns=scope.start_ns, end_ns=scope.end_ns))
+            except InvalidRequest as exc:
+                skipped.append(f"{name}: {exc}")
+                continue
+            found += [(name, f) for f in result.findings]
+    return found, skipped
+
+
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
-    from stallhound.tools import skills
-    modules = skills()
     prog = program.detect(con)
     chain = tuple(prog.fix_chain)
-    summary = modules["profile_summary"]
+    summary = skills()["profile_summary"]
     quality = run_once(con, summary, summary.Params(profile=params.profile)).trace_quality
     if con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()[0]:
         return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA), remedy(con, ('kernels', 'nvtx')))
     scope, note, warmup = _window(con, params)
-    found: list[tuple[str, Finding]] = [("iterations", f) for f in warmup]
-    idle = attribution.attribute(con, scope).devices
-    step = idle_causes.step_ns(con, params.profile, params.device)
-    in_loop = scope.window_basis == "steady_state"
-    found += [("gpu_idle_gaps", f) for f in idle_causes.findings(idle, prog, in_loop, step)]
-    skipped: list[str] = []
-    for name in WINDOW_DETECTORS:
-        module = modules[name]
-        try:
-            result = run_once(con, module, module.Params(profile=params.profile, device=params.device,
-                                                         start_ns=scope.start_ns, end_ns=scope.end_ns))
-        except InvalidRequest as exc:
-            skipped.append(f"{name}: {exc}")
-            continue
-        found.extend((name, f) for f in result.findings)
+    found, skipped = _gathered(con, params, scope, prog, warmup)
     classification = shares.classify(con, scope, {f.root_cause for _, f in found})
     if classification.bound in ("no GPU activity", "too little GPU activity"):
         found = []

@@ -26,7 +26,7 @@ from stallhound.analysis.common import MAX_LIMIT, Finding, Output, leads_first, 
 from stallhound.analysis.contracts import run_skill
 from stallhound.analysis.program import Program
 from stallhound.analysis.shares import Classification
-from stallhound.tools import rank_imbalance, triage
+from stallhound.tools import detectors, rank_imbalance, triage
 
 ChosenBy = Literal["straggler", "slowest_step", "longest_window"]
 
@@ -80,15 +80,23 @@ def _cited(finding: Finding, tool: str, rank: int | None, chain: tuple[str, ...]
     return JobFinding(**triage.citation(finding, tool, chain), position=0, rank=rank)
 
 
+def _cross_rank(con: duckdb.DuckDBPyConnection, params: Params, imbalance: rank_imbalance.Result
+                ) -> list[tuple[str, Finding]]:
+    """(detector, finding) of every job detector; rank_imbalance's from the run that chose the rank."""
+    return [(name, f) for name, module, _ in detectors("job") for f in (
+        imbalance if module is rank_imbalance else run_skill(con, module, module.Params(job=params.job))).findings]
+
+
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     imbalance = run_skill(con, rank_imbalance, rank_imbalance.Params(job=params.job, limit=MAX_LIMIT))
     rank, chosen_by, why = _chosen(imbalance)
     with figures.rank_view(con, rank) as cur:
         own = triage.run(cur, triage.Params(profile=f"rank {rank}", limit=triage.MAX_FINDINGS))
     chain = tuple(own.program.fix_chain)
-    found = [_cited(f, "rank_imbalance", None, chain) for f in imbalance.findings]
+    cross = _cross_rank(con, params, imbalance)
+    found = [_cited(f, name, None, chain) for name, f in cross]
     found += [_cited(f, f.source_tool, rank, chain) for f in own.findings]
-    total = len(imbalance.findings) + own.total_findings
+    total = len(cross) + own.total_findings
     kept = leads_first(found, lambda f: f, params.limit)
     straggler = imbalance.straggler.rank if imbalance.straggler else None
     return Result(job=params.job, ranks=imbalance.ranks, straggler=straggler,
@@ -96,7 +104,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   verdict=imbalance.verdict, triaged_rank=rank, chosen_by=chosen_by, chosen_why=why,
                   program=own.program, window_note=own.window_note, classification=own.classification,
                   total_findings=total, truncated=total > len(kept),
-                  time_at_stake_ns=sum(f.time_at_stake_ns for f in imbalance.findings) + own.time_at_stake_ns,
+                  time_at_stake_ns=sum(f.time_at_stake_ns for _, f in cross) + own.time_at_stake_ns,
                   missing=own.missing, skipped=own.skipped)
 
 

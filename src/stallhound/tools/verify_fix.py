@@ -16,10 +16,10 @@ from pydantic import BaseModel, Field, field_validator
 
 from stallhound import book
 from stallhound.analysis.common import Output, ProfileRef, ms
-from stallhound.analysis.diff_rows import SHARE_UNIT, FigureRow, FindingChange, shown
-from stallhound.analysis.diff_side import Side, measure
-from stallhound.analysis.diff_verdict import Decision
 from stallhound.tools import diff_profiles
+from stallhound.tools.diff.rows import SHARE_UNIT, FigureRow, FindingChange, shown
+from stallhound.tools.diff.side import Side, measure
+from stallhound.tools.diff.verdict import Decision
 
 FIGURE_CHANGE_PCT = 10.0  # a verify figure moving less than this (% of before) is within run-to-run variation
 SHARE_CHANGE_POINTS = 2.0  # ... and a share less than this many points

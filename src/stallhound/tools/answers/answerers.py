@@ -3,7 +3,7 @@
 Triage runs first (once per model, through run_once); the answers then read its result, the idle attribution
 of its window, and the results of the tools it ran, asked for with the same parameters so that they come from
 the per-model cache. The questions no triage detector covers compute only the figure they need where it is
-cheap (analysis/answer_figures.py: tiny kernels, device-wide syncs), else run their tool (gpu_utilization;
+cheap (tools/answers/figures.py: tiny kernels, device-wide syncs), else run their tool (gpu_utilization;
 thread_utilization only where its basis is time on a CPU), each once per model and window.
 An answerer returns (value, evidence) when the data gives a real answer to its question, else None.
 """
@@ -11,84 +11,21 @@ An answerer returns (value, evidence) when the data gives a real answer to its q
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cached_property
 from typing import Any
 
-import duckdb
-from pydantic import BaseModel
-
-from stallhound.analysis import answer_figures, attribution
-from stallhound.analysis.common import ms, pct, run_once
+from stallhound.analysis import attribution
+from stallhound.analysis.common import ms, pct
 from stallhound.analysis.rules import HOTSPOT_PCT
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import iterations, thread_utilization
-from stallhound.tools.triage import MAX_FINDINGS
+from stallhound.tools.answers.evidence import Evidence
 
 HOT_THREAD_PCT = 90.0  # veteran question 25
 MOSTLY_PINNED_PCT = 90.0  # veteran question 17: "mostly" pinned when this share of the H2D bytes is
 TOP_KERNELS = 5  # veteran question 11 asks for the top five
 TOP_CAUSES = 3  # idle causes named in the answer to question 8, the costliest first
-MIN_ITERATIONS = iterations.MIN_ITERATIONS  # fewer cannot show a steady state or its spread
 SPREAD_STEADY = 1.2  # p90/p10 of iteration times under this: the steps are even
 Answer = tuple[str, dict[str, Any]] | None
-
-
-class Evidence:
-    """The tools' results for one profile, on triage's window, each computed once."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection, profile: str):
-        self.con, self.profile, self._results = con, profile, {}
-
-    @cached_property
-    def triage(self) -> BaseModel | None:
-        return self.tool("triage", window_scoped=False, limit=MAX_FINDINGS)
-
-    def tool(self, name: str, window_scoped: bool = True, **params: Any) -> Any:
-        """The tool's result (None when it cannot run here), on triage's window unless told otherwise."""
-        from stallhound.tools import skills
-        if window_scoped and self.triage is not None and self.triage.window is not None:
-            w = self.triage.window
-            params = {"start_ns": w.start_ns, "end_ns": w.end_ns, **params}
-        key = (name, tuple(sorted(params.items())))
-        if key not in self._results:
-            module = skills()[name]
-            try:
-                self._results[key] = run_once(self.con, module, module.Params(profile=self.profile, **params))
-            except InvalidRequest:
-                self._results[key] = None
-        return self._results[key]
-
-    @property
-    def analysable(self) -> bool:
-        """Whether triage found a window to analyse (an export with no timed event has none)."""
-        return self.triage is not None and self.triage.window is not None
-
-    @property
-    def idle(self) -> attribution.Attribution:
-        """Triage's idle attribution of its window (computed once per model and window)."""
-        return attribution.attribute(self.con, self.triage.window)
-
-    def tiny_kernels(self) -> answer_figures.TinyKernels:
-        return answer_figures.tiny_kernels(self.con, self.triage.window)
-
-    def device_syncs(self) -> answer_figures.DeviceSyncs:
-        return answer_figures.device_syncs(self.con, self.triage.window)
-
-    @property
-    def summary(self) -> Any:
-        return self.tool("profile_summary", window_scoped=False)
-
-    def steps_in_window(self) -> int:
-        """Iterations inside triage's window, from the capture's iterations: a steady-state window leaves out the
-        first iteration when it is the warmup (iterations.steady_window), any other window holds them all."""
-        it = self.tool("iterations", window_scoped=False)
-        if not it or not it.iteration_count:
-            return 0
-        steady = self.triage.window.window_basis == "steady_state"
-        return it.iteration_count - (1 if steady and iterations.first_is_warmup(it) else 0)
-
-    def finding(self, *causes: str) -> list:
-        return [f for f in (self.triage.findings if self.triage else []) if f.root_cause in causes]
 
 
 def _hardware(e: Evidence) -> Answer:
@@ -144,7 +81,7 @@ def _length(e: Evidence) -> Answer:
 
 def _warmup(e: Evidence) -> Answer:
     it = e.tool("iterations", window_scoped=False)
-    if not it or it.iteration_count < MIN_ITERATIONS:
+    if not it or it.iteration_count < iterations.MIN_ITERATIONS:
         return None
     both = iterations.first_is_warmup(it)
     verdict = "both: the first iteration is warmup" if both else "steady state"
@@ -328,7 +265,7 @@ def _gc(e: Evidence) -> Answer:
 
 def _first_iteration(e: Evidence) -> Answer:
     it = e.tool("iterations", window_scoped=False)
-    if not it or it.iteration_count < MIN_ITERATIONS:
+    if not it or it.iteration_count < iterations.MIN_ITERATIONS:
         return None
     return (f"first {ms(it.first_ns)}, {it.first_vs_steady}x the steady median {ms(it.steady_median_ns)}",
             {"first_vs_steady": it.first_vs_steady})
@@ -376,7 +313,7 @@ def _enough_iterations(e: Evidence) -> Answer:
     it = e.tool("iterations", window_scoped=False)
     if not it or not it.iteration_count:
         return None
-    enough = it.iteration_count >= MIN_ITERATIONS
+    enough = it.iteration_count >= iterations.MIN_ITERATIONS
     even = it.spread_ratio is not None and it.spread_ratio < SPREAD_STEADY
     return (f"{it.iteration_count} iterations ({'enough' if enough else 'too few'}), p90/p10 spread "
             f"{it.spread_ratio} ({'even' if even else 'uneven'})", {"iterations": it.iteration_count})

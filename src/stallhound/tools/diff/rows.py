@@ -1,5 +1,5 @@
 """The rows of a profile diff: figures in total and per device, kernels and findings, each side's figures divided
-by the same unit (steady iterations, or seconds of window: diff_verdict.basis_of), with their change."""
+by the same unit (steady iterations, or seconds of window: verdict.basis_of), with their change."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import ms
-from stallhound.analysis.diff_side import Side
-from stallhound.analysis.diff_verdict import Basis
+from stallhound.tools.diff.side import Side
+from stallhound.tools.diff.verdict import Basis
 
 KERNEL_CHANGE_PCT = 5.0  # a kernel's time per unit moving less than this is jitter (synth kernels jitter +-4%)
 FINDING_CHANGE_PCT = 10.0  # time at stake moving less than this is the same finding, measured again

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from stallhound.analysis.diff_side import Side
+from stallhound.tools.diff.side import Side
 
 MIN_STEP_CHANGE_PCT = 2.0  # run-to-run drift (clocks, thermals, other tenants) that one run's spread does not show
 NOISE_SIGMAS = 2.0  # standard errors: a normal-ish mean moves this far by chance about 1 run in 20

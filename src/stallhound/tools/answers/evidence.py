@@ -1,0 +1,76 @@
+"""The evidence the answers read: the tools' results for one profile on triage's window, each computed once
+(through run_once, so what triage already ran comes from the per-model cache), and the figures no detector
+computes (tools/answers/figures.py)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import duckdb
+from pydantic import BaseModel
+
+from stallhound.analysis import attribution
+from stallhound.analysis.common import run_once
+from stallhound.model.errors import InvalidRequest
+from stallhound.tools import iterations
+from stallhound.tools.answers import figures as answer_figures
+from stallhound.tools.triage import MAX_FINDINGS
+
+
+class Evidence:
+    """The tools' results for one profile, on triage's window, each computed once."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, profile: str):
+        self.con, self.profile, self._results = con, profile, {}
+
+    @cached_property
+    def triage(self) -> BaseModel | None:
+        return self.tool("triage", window_scoped=False, limit=MAX_FINDINGS)
+
+    def tool(self, name: str, window_scoped: bool = True, **params: Any) -> Any:
+        """The tool's result (None when it cannot run here), on triage's window unless told otherwise."""
+        from stallhound.tools import skills
+        if window_scoped and self.triage is not None and self.triage.window is not None:
+            w = self.triage.window
+            params = {"start_ns": w.start_ns, "end_ns": w.end_ns, **params}
+        key = (name, tuple(sorted(params.items())))
+        if key not in self._results:
+            module = skills()[name]
+            try:
+                self._results[key] = run_once(self.con, module, module.Params(profile=self.profile, **params))
+            except InvalidRequest:
+                self._results[key] = None
+        return self._results[key]
+
+    @property
+    def analysable(self) -> bool:
+        """Whether triage found a window to analyse (an export with no timed event has none)."""
+        return self.triage is not None and self.triage.window is not None
+
+    @property
+    def idle(self) -> attribution.Attribution:
+        """Triage's idle attribution of its window (computed once per model and window)."""
+        return attribution.attribute(self.con, self.triage.window)
+
+    def tiny_kernels(self) -> answer_figures.TinyKernels:
+        return answer_figures.tiny_kernels(self.con, self.triage.window)
+
+    def device_syncs(self) -> answer_figures.DeviceSyncs:
+        return answer_figures.device_syncs(self.con, self.triage.window)
+
+    @property
+    def summary(self) -> Any:
+        return self.tool("profile_summary", window_scoped=False)
+
+    def steps_in_window(self) -> int:
+        """Iterations inside triage's window, from the capture's iterations: a steady-state window leaves out the
+        first iteration when it is the warmup (iterations.steady_window), any other window holds them all."""
+        it = self.tool("iterations", window_scoped=False)
+        if not it or not it.iteration_count:
+            return 0
+        steady = self.triage.window.window_basis == "steady_state"
+        return it.iteration_count - (1 if steady and iterations.first_is_warmup(it) else 0)
+
+    def finding(self, *causes: str) -> list:
+        return [f for f in (self.triage.findings if self.triage else []) if f.root_cause in causes]
