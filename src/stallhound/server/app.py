@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any
 
-import anyio
-import anyio.from_thread
-import anyio.lowlevel
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel, Field
 
 from stallhound import __version__
 from stallhound.analysis.contracts import run_skill
 from stallhound.server import ui
-from stallhound.server.cancel import run_on_cursor, run_stoppable
+from stallhound.server.cancel import run_on_cursor, run_reporting
 from stallhound.server.errors import StallhoundMCP
 from stallhound.server.http import bearer_auth
 from stallhound.server.job_tools import register_job_tools
@@ -76,14 +72,7 @@ async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context | 
     lease = store.lease_open(session, ref)
     if lease:
         return lease
-    cancelled = threading.Event()
-    token = anyio.lowlevel.current_token()  # the builder reports from threads anyio did not start
-
-    def progress(done: int, total: int, label: str) -> None:
-        if ctx is not None:
-            anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
-
-    return await run_stoppable(lambda: store.acquire(session, ref, progress, cancelled), cancelled.set, ctx)
+    return await run_reporting(lambda progress, cancelled: store.acquire(session, ref, progress, cancelled), ctx)
 
 
 @asynccontextmanager

@@ -3,23 +3,19 @@ connection through the same validation, cancellation, budget and lease machinery
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
 
-import anyio
-import anyio.from_thread
-import anyio.lowlevel
 from mcp.server.mcpserver import Context
 from pydantic import BaseModel, Field
 
 from stallhound import tools
 from stallhound.jobs.job import Job
-from stallhound.server.cancel import run_stoppable
+from stallhound.server.cancel import run_reporting
 from stallhound.server.errors import StallhoundMCP
-from stallhound.server.jobs import JobStore, OpenJob
+from stallhound.server.jobs import JobStore
 from stallhound.server.sessions import session_of
 from stallhound.server.wrapper import CLOSES, READ_ONLY, Kind, Leased, add_tools, on_one_cursor, text_result
 
@@ -92,18 +88,6 @@ def job_kind(jobs: JobStore) -> Kind:
     return Kind("job", ("job",), lease, on_one_cursor)
 
 
-async def _load(jobs: JobStore, ctx: Context, paths: list[str], workers: int | None) -> OpenJob:
-    """Load a job off the event loop, reporting each file built and each rank written; a cancelled call stops it."""
-    token = anyio.lowlevel.current_token()  # progress comes from a worker thread anyio did not start
-    cancelled = threading.Event()
-
-    def progress(done: int, total: int, label: str) -> None:
-        anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
-
-    session = session_of(jobs.profiles, ctx)
-    return await run_stoppable(lambda: jobs.load(session, paths, workers, progress, cancelled), cancelled.set, ctx)
-
-
 def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
     add_tools(mcp, tools.job_tools(), job_kind(jobs))
 
@@ -119,7 +103,9 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
     ) -> JobLoaded:
         """Load every rank of a distributed job (built in parallel, cached); returns the job id, its ranks and how
         each rank was found (distributedInfo, NCCL, file name, process, device or the order given)."""
-        opened = await _load(jobs, ctx, paths, workers)
+        session = session_of(jobs.profiles, ctx)  # progress: each file built and each rank written
+        opened = await run_reporting(
+            lambda progress, cancelled: jobs.load(session, paths, workers, progress, cancelled), ctx)
         return text_result(*describe(opened.id, opened.job))
 
     @mcp.tool(annotations=READ_ONLY, structured_output=True)

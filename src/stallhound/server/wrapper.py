@@ -41,6 +41,8 @@ Answer = Callable[[ModuleType, BaseModel, list[Leased], Context], Awaitable[tupl
 
 @dataclass(frozen=True)
 class Kind:
+    """What differs between the tools on one profile, on two profiles and on a job."""
+
     name: str  # single, pair or job
     fields: tuple[str, ...]  # the Params fields naming what a call leases, in the order leased
     lease: Callable[[Context, str], AbstractAsyncContextManager[Leased]]  # one of them, held until the block ends
