@@ -21,6 +21,7 @@ from mcp_types import INVALID_PARAMS, PromptReference
 
 from stallhound.analysis import common
 from stallhound.cli import main as cli
+from stallhound.cli.arguments import parse_params
 from stallhound.model.errors import StallhoundError
 from stallhound.server.app import build_server
 from stallhound.server.validation import shown
@@ -131,14 +132,14 @@ async def test_server_errors_every_tool_every_parameter_refuses_wrong_types(serv
 
 
 def test_server_errors_cli_reads_shell_strings_and_words_errors_as_the_server(capsys):
-    params = cli._parse_params(top_kernels, MOCK, ["device=0", "per_device=true", "limit=3"])
+    params = parse_params(top_kernels, MOCK, ["device=0", "per_device=true", "limit=3"])
     assert (params.device, params.per_device, params.limit) == (0, True, 3)
     for pair, message in [("limit=ten", "limit must be an integer from 1 to 500 (got 'ten')"),
                           ("device=true", "device must be an integer of at least 0, or null (got 'true')"),
                           ("device=1.5", "device must be an integer of at least 0, or null (got '1.5')"),
                           ("group_by=size", "group_by must be one of 'name', 'short_name' (got 'size')")]:
         with pytest.raises(StallhoundError) as err:
-            cli._parse_params(top_kernels, MOCK, [pair])
+            parse_params(top_kernels, MOCK, [pair])
         assert str(err.value) == message
     code = cli.main(["tool", "query_sql", MOCK, "-p", "sql=SELECT 1", "-p", "rows=3"])
     assert code == cli.EXIT_USAGE

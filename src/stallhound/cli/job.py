@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from stallhound.cli.arguments import Subcommands, parse_params
 from stallhound.jobs import dask as job_dask
 from stallhound.jobs.job import Job, load_job
 from stallhound.model.errors import StallhoundError
@@ -25,12 +26,13 @@ def command_of(tool: str) -> str:
     return tool.replace("_", "-")
 
 
-def add_job_parsers(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     """`build`, and a command per job tool."""
     from stallhound import tools
     build = sub.add_parser("build", help="build every rank of a job (models and Parquet) into the cache, in "
                                          "parallel or on a Dask cluster")
     _add_job_options(build)
+    build.set_defaults(run=run_build)
     where = build.add_mutually_exclusive_group()
     where.add_argument("--dask-scheduler", metavar="ADDRESS",
                        help=f"build on this Dask cluster (default: ${job_dask.SCHEDULER_ENV} when set); its workers "
@@ -43,7 +45,7 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                        help="a tool parameter, e.g. -p limit=5")
         p.add_argument("--json", action="store_true", help="print the structured result as JSON")
-        p.set_defaults(job_tool=name)
+        p.set_defaults(run=run_job_tool, job_tool=name)
 
 
 def _load(args, client=None) -> Job:
@@ -52,7 +54,7 @@ def _load(args, client=None) -> Job:
     return load_job(args.paths, cache_dir=args.cache_dir, workers=args.workers, dask_client=client)
 
 
-def cmd_build(args) -> int:
+def run_build(args: argparse.Namespace) -> int:
     from stallhound.server.job_tools import describe
     address, scheduler_file = job_dask.scheduler_from(args.dask_scheduler, args.dask_scheduler_file)
     client = job_dask.connect(address, scheduler_file) if address or scheduler_file else None
@@ -69,14 +71,13 @@ def cmd_build(args) -> int:
     return 0
 
 
-def cmd_job_tool(args) -> int:
+def run_job_tool(args: argparse.Namespace) -> int:
     """Load the job, then run one job tool on it (cut to STALLHOUND_MAX_RESULT_CHARS only when that is set)."""
     from stallhound import tools
     from stallhound.analysis.contracts import run_skill
-    from stallhound.cli.main import _parse_params
     from stallhound.server import budget
     module = tools.job_tools()[args.job_tool]
-    params = _parse_params(module, CLI_JOB_ID, args.param, as_field="job")  # a bad -p fails before the build
+    params = parse_params(module, CLI_JOB_ID, args.param, as_field="job")  # a bad -p fails before the build
     job = _load(args)
     try:
         text, result = budget.fit(run_skill(job.con, module, params), module, params, budget.configured())

@@ -5,18 +5,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from stallhound.cli.arguments import Subcommands, add_profile_options
 from stallhound.formats import open_profile
 from stallhound.model.errors import StallhoundError
 from stallhound.report import gather, page
 from stallhound.tools import diff_profiles
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def register(sub: Subcommands) -> None:
+    p = sub.add_parser("report", help="draw a profile (or a before/after pair) as one self-contained HTML file")
     p.add_argument("profile", nargs="?", help="the profile to draw (nsys export or torch.profiler trace)")
     p.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"), help="draw two profiles side by side with "
                                                                           "diff_profiles' verdict instead")
     p.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write (self-contained: it "
                                                                      "opens offline, nothing is fetched)")
+    add_profile_options(p)
+    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

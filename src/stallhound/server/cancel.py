@@ -16,6 +16,8 @@ from contextlib import suppress
 from typing import Any, Generic, TypeVar
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 import duckdb
 from mcp.server.mcpserver import Context
@@ -25,6 +27,7 @@ from stallhound.model.errors import ClientGone
 from stallhound.model.limits import model_memory
 
 T = TypeVar("T")
+Reporter = Callable[[int, int, str], None]  # progress(done, total, label), as builds report it
 STOP_POLL_S = 0.05  # between interrupts: one that lands between two queries of a tool is lost
 STOP_WAIT_S = 5.0  # longest wait for an interrupted worker; steps between queries are short Python
 GONE_POLL_S = 0.25  # between checks that an HTTP client is still connected
@@ -122,3 +125,16 @@ async def run_on_cursor(con: duckdb.DuckDBPyConnection, job: Callable[[duckdb.Du
             cur.interrupt()
 
     return await run_stoppable(work, interrupt, ctx)
+
+
+async def run_reporting(job: Callable[[Reporter, threading.Event], T], ctx: Context | None) -> T:
+    """job(progress, cancelled) off the event loop (a build): what it reports goes to the client as MCP progress,
+    and `cancelled` is set when the call is stopped."""
+    cancelled = threading.Event()
+    token = anyio.lowlevel.current_token()  # the job reports from threads anyio did not start
+
+    def progress(done: int, total: int, label: str) -> None:
+        if ctx is not None:
+            anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
+
+    return await run_stoppable(lambda: job(progress, cancelled), cancelled.set, ctx)

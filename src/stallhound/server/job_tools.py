@@ -3,29 +3,21 @@ connection through the same validation, cancellation, budget and lease machinery
 
 from __future__ import annotations
 
-import inspect
-import threading
 from collections import Counter
-from collections.abc import Callable
-from types import ModuleType
-from typing import Annotated, Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
 
-import anyio
-import anyio.from_thread
-import anyio.lowlevel
 from mcp.server.mcpserver import Context
 from pydantic import BaseModel, Field
 
 from stallhound import tools
-from stallhound.analysis.contracts import run_skill
 from stallhound.jobs.job import Job
-from stallhound.model.errors import StallhoundError
-from stallhound.server import budget
-from stallhound.server.app import CLOSES, READ_ONLY, _as_tool_error, _signed, _text_result
-from stallhound.server.cancel import run_on_cursor, run_stoppable
-from stallhound.server.jobs import JobStore, OpenJob
+from stallhound.server.cancel import run_reporting
+from stallhound.server.errors import StallhoundMCP
+from stallhound.server.jobs import JobStore
 from stallhound.server.sessions import session_of
-from stallhound.server.validation import StallhoundMCP
+from stallhound.server.wrapper import CLOSES, READ_ONLY, Kind, Leased, add_tools, on_one_cursor, text_result
 
 MAX_LISTED_RANKS = 64  # ranks listed in load_job's answer; the job's `ranks` table has them all
 # Most build processes a client may ask for: each build holds up to its memory limit (about 1 GB at peak), so more
@@ -86,39 +78,18 @@ def describe(job_id: str, job: Job) -> tuple[str, JobLoaded]:
     return "\n".join(lines), result
 
 
-def job_tool(jobs: JobStore, module: ModuleType) -> Callable[..., Any]:
-    """Like app.skill_tool, for a tool on every rank of a job: run_skill on a cursor of the job connection."""
+def job_kind(jobs: JobStore) -> Kind:
+    """The tools on every rank of a job (`job`): the job of this session leased from `jobs` for the call."""
+    @asynccontextmanager
+    async def lease(ctx: Context, ref: str) -> AsyncIterator[Leased]:
+        with jobs.leased(session_of(jobs.profiles, ctx), ref) as opened:
+            yield Leased(opened.id, opened.job.con)
 
-    async def call(ctx: Context, **kwargs: Any) -> Any:
-        try:
-            with jobs.leased(session_of(jobs.profiles, ctx), kwargs["job"]) as opened:
-                params = module.Params(**kwargs)
-                text, result = await run_on_cursor(
-                    opened.job.con,
-                    lambda cur: budget.fit(run_skill(cur, module, params), module, params, budget.server_budget()), ctx)
-        except StallhoundError as exc:
-            raise _as_tool_error(exc) from exc
-        return _text_result(text, result)
-
-    return _signed(call, module)
-
-
-async def _load(jobs: JobStore, ctx: Context, paths: list[str], workers: int | None) -> OpenJob:
-    """Load a job off the event loop, reporting each file built and each rank written; a cancelled call stops it."""
-    token = anyio.lowlevel.current_token()  # progress comes from a worker thread anyio did not start
-    cancelled = threading.Event()
-
-    def progress(done: int, total: int, label: str) -> None:
-        anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
-
-    session = session_of(jobs.profiles, ctx)
-    return await run_stoppable(lambda: jobs.load(session, paths, workers, progress, cancelled), cancelled.set, ctx)
+    return Kind("job", ("job",), lease, on_one_cursor)
 
 
 def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
-    for name, module in tools.job_tools().items():
-        mcp.add_tool(job_tool(jobs, module), name=name, description=inspect.cleandoc(module.__doc__),
-                     annotations=READ_ONLY, structured_output=True)
+    add_tools(mcp, tools.job_tools(), job_kind(jobs))
 
     @mcp.tool(annotations=READ_ONLY, structured_output=True)
     async def load_job(
@@ -132,11 +103,10 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
     ) -> JobLoaded:
         """Load every rank of a distributed job (built in parallel, cached); returns the job id, its ranks and how
         each rank was found (distributedInfo, NCCL, file name, process, device or the order given)."""
-        try:
-            opened = await _load(jobs, ctx, paths, workers)
-        except StallhoundError as exc:
-            raise _as_tool_error(exc) from exc
-        return _text_result(*describe(opened.id, opened.job))
+        session = session_of(jobs.profiles, ctx)  # progress: each file built and each rank written
+        opened = await run_reporting(
+            lambda progress, cancelled: jobs.load(session, paths, workers, progress, cancelled), ctx)
+        return text_result(*describe(opened.id, opened.job))
 
     @mcp.tool(annotations=READ_ONLY, structured_output=True)
     async def list_jobs(ctx: Context) -> JobList:
@@ -144,7 +114,7 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
         entries = [JobEntry(job=j.id, ranks=len(j.job.ranks), folder=str(j.job.folder))
                    for j in jobs.listing(session_of(jobs.profiles, ctx))]
         text = "\n".join(f"{e.job}: {e.ranks} ranks" for e in entries) or "no jobs loaded"
-        return _text_result(text, JobList(jobs=entries))
+        return text_result(text, JobList(jobs=entries))
 
     @mcp.tool(annotations=CLOSES, structured_output=True)
     async def close_job(
@@ -152,8 +122,5 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
         ctx: Context,
     ) -> JobClosed:
         """Close a job loaded in this session (its cached models and Parquet stay on disk)."""
-        try:
-            closed = jobs.close(session_of(jobs.profiles, ctx), job)
-        except StallhoundError as exc:
-            raise _as_tool_error(exc) from exc
-        return _text_result(f"closed {closed}", JobClosed(closed=closed))
+        closed = jobs.close(session_of(jobs.profiles, ctx), job)
+        return text_result(f"closed {closed}", JobClosed(closed=closed))

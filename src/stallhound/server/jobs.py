@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from stallhound.formats.nsys.build import Progress
 from stallhound.jobs.job import Job, load_job
+from stallhound.model.cache import Progress
 from stallhound.model.errors import UnknownJob
 from stallhound.server.sessions import MAX_ID_CHARS, Session
 from stallhound.server.store import ProfileStore

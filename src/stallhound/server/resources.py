@@ -1,20 +1,17 @@
-"""MCP resources, prompts and completions: the book, the questions, the schema, loaded profiles."""
+"""MCP resources, prompts and completions: the book, the questions, the schema, loaded profiles. Their handlers' errors
+become ResourceError and invalid-params errors where StallhoundMCP registers them (server/errors.py)."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Annotated
 
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError
-from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, Completion, PromptReference, ResourceTemplateReference
+from mcp.server.mcpserver import Context
+from mcp_types import Completion, PromptReference, ResourceTemplateReference
 from pydantic import Field
 
 from stallhound import book
-from stallhound.model.errors import StallhoundError
 from stallhound.model.schema import describe_schema
+from stallhound.server.errors import StallhoundMCP
 from stallhound.server.sessions import session_of
 from stallhound.server.store import ProfileStore
 
@@ -31,24 +28,7 @@ def _questions_text(questions: list[book.Question]) -> str:
     return "\n".join(lines)
 
 
-def _guarded(to_mcp: Callable[[str], Exception]):
-    """Turn our named errors into the MCP error `to_mcp` makes of their sentence (no traceback)."""
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapped(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except StallhoundError as exc:
-                raise to_mcp(str(exc)) from exc
-        return wrapped
-    return decorate
-
-
-_guard = _guarded(ResourceError)
-_prompt_guard = _guarded(functools.partial(MCPError, INVALID_PARAMS))  # passes the SDK's wrapping untouched
-
-
-def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
+def register_resources(mcp: StallhoundMCP, store: ProfileStore) -> None:
     from stallhound.analysis.contracts import run_skill
     from stallhound.tools import profile_summary
 
@@ -58,7 +38,6 @@ def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
         return book.render_index()
 
     @mcp.resource("stallhound://book/{id}", name="book-entry", mime_type="text/markdown")
-    @_guard
     def book_entry(id: str) -> str:  # noqa: A002 - the URI template names it id
         """One root cause: symptom, mechanism, signals, fixes and how to verify."""
         return book.render_entry(book.get_entry(id))
@@ -69,7 +48,6 @@ def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
         return _questions_text(book.load_questions())
 
     @mcp.resource("stallhound://questions/{phase}", name="questions-phase", mime_type="text/markdown")
-    @_guard
     def questions_phase(phase: str) -> str:
         """The veteran questions of one phase."""
         return _questions_text(book.questions_for_phase(phase))
@@ -80,7 +58,6 @@ def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
         return describe_schema()
 
     @mcp.resource("stallhound://profiles/{id}", name="profile", mime_type="application/json")
-    @_guard
     def profile(id: str, ctx: Context) -> str:  # noqa: A002
         """Summary of a profile loaded in this session."""
         session = session_of(store, ctx)
@@ -108,7 +85,7 @@ def register_resources(mcp: MCPServer, store: ProfileStore) -> None:
     register_prompts(mcp)
 
 
-def register_prompts(mcp: MCPServer) -> None:
+def register_prompts(mcp: StallhoundMCP) -> None:
     @mcp.prompt()
     def triage_profile(
         path: Annotated[str, Field(description="Path of the nsys .sqlite/.nsys-rep export or torch.profiler "
@@ -122,7 +99,6 @@ def register_prompts(mcp: MCPServer) -> None:
                 "units and the scope (devices, window) they cover.")
 
     @mcp.prompt()
-    @_prompt_guard
     def explain_finding(
         profile: Annotated[str, Field(description="Loaded profile id or path")],
         finding: Annotated[str, Field(description="Root-cause id of the finding, e.g. gpu-bubbles")],
@@ -134,7 +110,6 @@ def register_prompts(mcp: MCPServer) -> None:
                 "root cause, what else could explain it, which fix to try first and what a re-profile should show.")
 
     @mcp.prompt()
-    @_prompt_guard
     def verify_fix(
         before: Annotated[str, Field(description="Profile (id or path) captured before the change")],
         after: Annotated[str, Field(description="Profile (id or path) captured after the change")],

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stallhound.formats import Profile, open_profile
-from stallhound.formats.nsys.build import Progress
+from stallhound.model.cache import Progress
 from stallhound.model.errors import InvalidRequest, OutsideRoots, ProfileNotFound, UnknownProfile
 from stallhound.server.sessions import Session
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
-from mcp_types import CallToolResult
 from pydantic import ValidationError
 
 MAX_SHOWN_CHARS = 60  # of a rejected value echoed back: enough to recognise it, not a pasted query
@@ -96,23 +93,3 @@ def unknown_arguments(given: list[str], valid: list[str], what: str = "this tool
     names = ", ".join(repr(n) for n in given)
     verb = "is not a parameter" if len(given) == 1 else "are not parameters"
     return f"{names} {verb} of {what} (parameters: {', '.join(valid) or 'none'})"
-
-
-TOOL_ERROR = "Error executing tool {tool}: {message}"  # how the SDK words every other failed call
-
-
-class StallhoundMCP(MCPServer):
-    """The MCP server, telling a client in one sentence which argument was wrong and what it may be."""
-
-    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
-        schema = self._tool_input_schema(name) or {}
-        valid = list(schema.get("properties", {}))
-        extra = [key for key in arguments if key not in valid]
-        if schema and extra:
-            raise ToolError(TOOL_ERROR.format(tool=name, message=unknown_arguments(extra, valid)))
-        try:
-            return await super().call_tool(name, arguments, context)
-        except ToolError as exc:
-            if isinstance(exc, UnexpectedToolError) or not isinstance(exc.__cause__, ValidationError):
-                raise
-            raise ToolError(TOOL_ERROR.format(tool=name, message=explain(exc.__cause__, schema))) from exc.__cause__

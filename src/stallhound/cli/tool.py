@@ -1,0 +1,81 @@
+"""`stallhound tool NAME PROFILE`, `stallhound tools` and `stallhound triage PROFILE`: the tools on one profile."""
+
+from __future__ import annotations
+
+import argparse
+from importlib import import_module
+from types import ModuleType
+from typing import Any
+
+from stallhound.analysis.contracts import run_skill
+from stallhound.cli.arguments import Subcommands, add_profile_options, parse_params
+from stallhound.formats import open_profile
+from stallhound.model.errors import StallhoundError
+from stallhound.model.limits import model_memory
+from stallhound.server import budget
+
+
+def register(sub: Subcommands) -> None:
+    tool = sub.add_parser("tool", help="run one analysis tool on a profile")
+    tool.add_argument("name", help="tool name, e.g. gpu_idle_gaps (see `stallhound tools`)")
+    tool.add_argument("profile", help="path of an nsys .sqlite/.nsys-rep export or a torch.profiler .json/.json.gz "
+                                      "trace")
+    tool.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
+                      help="a tool parameter, e.g. -p device=0 -p min_gap_ns=2000000")
+    tool.add_argument("--json", action="store_true", help="print the structured result as JSON")
+    add_profile_options(tool)
+    tool.set_defaults(run=run_tool)
+
+    sub.add_parser("tools", help="list the tools and what each answers").set_defaults(run=list_tools)
+
+    triage = sub.add_parser("triage", help="rank the problems in a profile, with root causes and fixes")
+    triage.add_argument("profile")
+    fmt = triage.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="structured result as JSON")
+    fmt.add_argument("--markdown", action="store_true", help="markdown, for a pull request or issue")
+    add_profile_options(triage)
+    triage.set_defaults(run=run_triage)
+
+
+def _skill(name: str) -> ModuleType:
+    from stallhound.tools import TOOL_NAMES
+    if name not in TOOL_NAMES:
+        raise StallhoundError(f"there is no tool {name!r} (tools: {', '.join(TOOL_NAMES)})")
+    return import_module(f"stallhound.tools.{name}")
+
+
+def _run(args: argparse.Namespace, name: str, pairs: list[str]) -> tuple[ModuleType, str, Any]:
+    """(module, text, result): cut to STALLHOUND_MAX_RESULT_CHARS only when it is set (see budget)."""
+    module = _skill(name)
+    params = parse_params(module, args.profile, pairs)
+    profile = open_profile(args.profile, cache_dir=args.cache_dir, use_cache=not args.no_cache)
+    try:
+        with model_memory():
+            return module, *budget.fit(run_skill(profile.con, module, params), module, params, budget.configured())
+    finally:
+        profile.close()
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    _, text, result = _run(args, args.name, args.param)
+    print(result.model_dump_json(indent=2) if args.json else text)
+    return 0
+
+
+def list_tools(_args: argparse.Namespace) -> int:
+    from stallhound.cli.docs import tool_summaries
+    for name, line in tool_summaries():
+        print(f"{name:24} {line}")
+    return 0
+
+
+def run_triage(args: argparse.Namespace) -> int:
+    module, text, result = _run(args, "triage", [])
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    elif args.markdown:
+        print(module.render_markdown(result))
+    else:
+        print(text)
+    return 0
+
