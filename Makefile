@@ -42,10 +42,12 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.dev $(INSPECTOR) chromium
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 
 docs: $(VENV)/.installed  # the README's tool table, from the tools the server registers
 	$(BIN)/python -m stallhound.cli.docs README.md
