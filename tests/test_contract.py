@@ -37,3 +37,12 @@ def test_version_is_pyprojects_read_from_the_installed_metadata():
     done = subprocess.run([sys.executable, "-m", "stallhound", "--version"], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.strip() == f"stallhound {declared}"
+
+
+MAX_MODULE_LINES = 400  # a module longer than this holds more than one idea: split it along a seam
+
+
+def test_no_source_module_over_the_line_limit():
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "src").rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, "split these along a seam (CONTRIBUTING.md, Habits)"

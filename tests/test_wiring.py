@@ -57,6 +57,18 @@ def test_wiring_every_cli_subcommand_sets_its_handler():
     assert all(callable(p.get_default("run")) for p in recorded.parsers.values())
 
 
+def test_wiring_every_cli_subcommand_prints_its_help(capsys):
+    """`stallhound X --help` for every subcommand (argparse formats each help text only then: a bare % broke diff's)."""
+    recorded = _Recorder()
+    for module in main.SUBCOMMANDS:
+        module.register(recorded)
+    for name in recorded.parsers:
+        with pytest.raises(SystemExit) as done:
+            main.main([name, "--help"])
+        assert done.value.code == 0, name
+        assert capsys.readouterr().out.startswith(f"usage: stallhound {name}"), name
+
+
 def test_wiring_main_runs_the_registered_handler_and_words_its_error(monkeypatch, capsys):
     def fail(args):
         raise StallhoundError(f"{args.what} is {SENTENCE}")

@@ -21,7 +21,7 @@ def register(sub: Subcommands) -> None:
     diff.add_argument("--limit", type=int, metavar="N", help="most kernel rows shown (default 10)")
     diff.add_argument("--fail-on-regression", type=float, metavar="PCT",
                       help=f"exit with status {EXIT_REGRESSED} when the verdict is 'regressed' by more than PCT "
-                           "(% of the step time; points of GPU idle share when a side has no steady iterations)")
+                           "(%% of the step time; points of GPU idle share when a side has no steady iterations)")
     add_profile_options(diff)
     diff.set_defaults(run=run)
 
