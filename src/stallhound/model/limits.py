@@ -20,12 +20,12 @@ from stallhound.model.errors import BuildOutOfMemory, MemorySettingInvalid, Mode
 
 BUILD_MEMORY_ENV = "STALLHOUND_BUILD_MEMORY_MB"
 # MB DuckDB may hold while building; it spills past it. A build's peak RSS runs a few hundred MB above it, and
-# spilling at this limit costs only a few percent more CPU than a larger one (BENCHMARKS.md).
+# spilling at this limit costs only a few percent more CPU than a larger one (BENCHMARKS-HISTORY.md).
 BUILD_MEMORY_MB = 500
 MODEL_MEMORY_ENV = "STALLHOUND_MODEL_MEMORY_MB"
 # MB DuckDB may hold per open model while tools run; it spills past it. Unlimited, DuckDB takes 80% of RAM. The
 # lowest limit at which the tools run as fast as with more: below it they spill and slow down, above it peak memory
-# grows for no time won (bench/model_memory.py, BENCHMARKS.md).
+# grows for no time won (bench/model_memory.py, BENCHMARKS-HISTORY.md).
 MODEL_MEMORY_MB = 600
 NO_SPACE = "No space left on device"  # the OS error text DuckDB passes on when a spill file cannot grow
 

@@ -14,7 +14,7 @@ import duckdb
 from stallhound.model.limits import build_memory_mb
 
 # API calls joined at once per MB of the build's memory limit: as many as fit, since each further range rereads a
-# staged copy, yet few enough that a low limit still builds (BENCHMARKS.md).
+# staged copy, yet few enough that a low limit still builds (BENCHMARKS-HISTORY.md).
 CALLS_PER_MB = 6_000
 HISTOGRAM_BINS = 4096  # id bins counted to place the cuts: ranges come out within 1/4096 of the id span of full
 
