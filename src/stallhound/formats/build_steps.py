@@ -19,7 +19,8 @@ BUILD_SETTINGS = {
     "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
     # The model file in DuckDB 1.5's storage format rather than the default one readable by 0.10.2: its strings are
     # compressed as DICT_FSST, one analysis instead of two, so builds are cheaper, models smaller and first queries
-    # faster (BENCHMARKS-HISTORY.md). Only this package reads the file, with the DuckDB it was written by (pyproject pins 1.5).
+    # faster (BENCHMARKS-HISTORY.md). Only this package reads the file, with the DuckDB it was written by (pyproject
+    # pins 1.5).
     "storage_compatibility_version": "v1.5.0",
 }
 NO_PROGRESS_BAR = "SET enable_progress_bar = false"  # progress goes to MCP notifications, never to stdout
