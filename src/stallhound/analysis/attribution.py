@@ -52,6 +52,7 @@ from stallhound.analysis import gap_pass, nvtx_texts, rules
 from stallhound.analysis.attribution_sql import CALLS_SQL, HOST_SQL, MAIN_THREAD_SQL, SPANS_SQL, THREADS_SQL, TOTALS_SQL
 from stallhound.analysis.common import Scope, per_model
 from stallhound.analysis.device_pass import DEFAULT_SLICES
+from stallhound.model.duck import one_row
 
 Cause = Literal["queued", "sync", "readback", "pageable_copy", "sync_copy", "launch_tiny", "launch", "jit", "alloc",
                 "host_comm", "host_wait", "host_cpu", "host_untraced"]
@@ -241,11 +242,12 @@ def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
     params = {**args(con, scope), **PERIODIC_ARGS, "bubble_min": BUBBLE_MIN_NS, "min_gap": BUBBLE_MIN_NS,
               "gc_min": BUBBLE_MIN_NS, "gc_max": PAUSE_MAX_NS}
     with labelled_inputs(con, scope, FOLD_BELOW_NS, DEVICE_PASS_SLICES) as (folded, short):
-        counted = [(d, "queued", None, n, folded.ns[d]) for d, n in folded.gaps.items() if n]
+        counted: list[tuple[int, str, str | None, int, int]] = [  # (device, cause, call, gaps, ns)
+            (d, "queued", None, n, folded.ns[d]) for d, n in folded.gaps.items() if n]
         counted += [(d, cause, call, n, ns) for (d, cause, call), (n, ns) in short.counted.items()]
         params.update({f"folded_{name}": [row[i] for row in counted]
                        for i, name in enumerate(("devices", "causes", "calls", "gaps", "ns"))})
-        totals, long_gaps = con.execute(TOTALS_SQL, bound(TOTALS_SQL, params)).fetchone()
+        totals, long_gaps = one_row(con.execute(TOTALS_SQL, bound(TOTALS_SQL, params)))
     found: dict[int, dict[str, CauseTime]] = {d: {} for d in scope.devices}
     for t in totals or []:
         found[t["device_id"]][t["cause"]] = CauseTime(

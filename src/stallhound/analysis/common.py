@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from stallhound.analysis.contracts import run_skill
 from stallhound.formats.remedy import remedy
+from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 
 T = TypeVar("T")
@@ -75,8 +76,8 @@ def more_rows(result: Output, more: int | None, what: str, remedy: str = "raise 
         return []
     if result.cut_by == "characters":
         remedy = "cut to fit the result budget (see the last line)"
-    elif getattr(result, "next_offset", None) is not None:
-        remedy = f"{remedy}, or ask again with `offset`={result.next_offset:,} for the next page"
+    elif (next_offset := getattr(result, "next_offset", None)) is not None:
+        remedy = f"{remedy}, or ask again with `offset`={next_offset:,} for the next page"
     return [f"... {'' if more is None else f'{more:,} '}more {what}: {remedy}"]
 
 
@@ -180,7 +181,9 @@ def leads_first(items: list[T], finding: Callable[[T], Finding], limit: int) -> 
         f = finding(item)
         return -f.time_at_stake_ns, SEVERITY_RANK[f.severity], f.root_cause, -1 if f.device is None else f.device
     ordered = sorted(items, key=cost)
-    leads, repeats, seen = [], [], set()
+    leads: list[T] = []
+    repeats: list[T] = []
+    seen: set[str] = set()
     for item in ordered:
         (repeats if finding(item).root_cause in seen else leads).append(item)
         seen.add(finding(item).root_cause)
@@ -199,8 +202,8 @@ def resolve_scope(con: duckdb.DuckDBPyConnection, params: ScopedParams,
     if params.device is not None and params.device not in devices:
         listed = ", ".join(map(str, devices)) or "none: the profile has no GPU activity"
         raise InvalidRequest(f"device {params.device} is not in this profile (devices: {listed})")
-    cap_start, cap_end, gpu_start, gpu_end = con.execute(
-        "SELECT capture_start_ns, capture_end_ns, gpu_start_ns, gpu_end_ns FROM meta").fetchone()
+    cap_start, cap_end, gpu_start, gpu_end = one_row(con.execute(
+        "SELECT capture_start_ns, capture_end_ns, gpu_start_ns, gpu_end_ns FROM meta"))
     if cap_start is None:
         raise InvalidRequest("this profile has no timed events at all, so there is no window to analyse; "
                              f"re-capture with {remedy(con, ('kernels', 'nvtx'))}")

@@ -240,8 +240,9 @@ def display_names(short_name: str, names: list[str] | set[str]) -> dict[str, str
         return {n: f"{short_name}<{', '.join(shown[n])}>" if shown[n] else short_name for n in names}
 
     def signature(n: str) -> str:
-        args = ", ".join(simplify(a, detailed=True) for a in sigs[n].args)
-        params = "" if sigs[n].params is None else f"({simplify(sigs[n].params)})"
+        sig = sigs[n]
+        args = ", ".join(simplify(a, detailed=True) for a in sig.args)
+        params = "" if sig.params is None else f"({simplify(sig.params)})"
         return f"{short_name}{f'<{args}>' if args else ''}{params}"
 
     levels = [labelled(False), labelled(True), {n: signature(n) for n in names}, {n: n for n in names}]

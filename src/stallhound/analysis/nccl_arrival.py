@@ -11,6 +11,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import Scope, ms, pct
+from stallhound.model.duck import one_row
 from stallhound.model.sql_files import sql_beside
 
 MAX_SHIFT = 3  # instances: a window or capture edge cuts the collective in flight at each end, with room to spare
@@ -96,7 +97,7 @@ def _verdict(arrival: Arrival, scope: Scope) -> tuple[int | None, str]:
 def measure(con: duckdb.DuckDBPyConnection, args: dict[str, object], scope: Scope, limit: int) -> Arrival:
     """Arrival over the NCCL kernels of scope_args(scope) `args`; at most min(limit, WORST_SHOWN) skewed ones."""
     args = {**args, "max_shift": MAX_SHIFT}
-    matched, matched_kernels, median_skew, p90_skew, transfer, kernels = con.execute(SUMMARY_SQL, args).fetchone()
+    matched, matched_kernels, median_skew, p90_skew, transfer, kernels = one_row(con.execute(SUMMARY_SQL, args))
     waits = con.execute(WAIT_SQL, args).fetchall()
     devices = []
     for device in sorted({r[0] for r in waits}):

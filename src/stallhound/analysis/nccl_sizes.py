@@ -13,6 +13,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import ms
+from stallhound.model.duck import one_row
 
 NOT_RECORDED = ("message sizes are not recorded in this profile: recent PyTorch versions record them in torch.profiler "
                 "traces (on record_param_comms and the NCCL kernels); nsys exports do not")
@@ -59,7 +60,7 @@ def run(con: duckdb.DuckDBPyConnection, args: dict[str, object], limit: int) -> 
                         total_ns=int(r[5]), mean_ns=round(r[6], 1), algbw_gb_per_s=round(r[1] * r[4] / r[5], 3))
             for r in groups]
     return Sizes(rows=rows[:limit], groups=len(rows), sized_kernels=sum(r.count for r in rows),
-                 unsized_kernels=con.execute(UNSIZED_SQL, args).fetchone()[0],
+                 unsized_kernels=one_row(con.execute(UNSIZED_SQL, args))[0],
                  note=MEANING if rows else NOT_RECORDED)
 
 

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import duckdb
 
 from stallhound.analysis.common import per_model
+from stallhound.model.duck import one_row
 
 # Range texts (RE2) and the framework they show.
 NVTX_FAMILIES: tuple[tuple[str, str], ...] = (
@@ -53,9 +54,9 @@ def classified(con: duckdb.DuckDBPyConnection) -> Texts:
 
 
 def _classify(con: duckdb.DuckDBPyConnection) -> Texts:
-    counts, kinds = con.execute(SQL, {
+    counts, kinds = one_row(con.execute(SQL, {
         "jit_ranges": JIT_RANGES, "comm_ranges": COMM_RANGES, "data_ranges": DATA_RANGES,
-        **{f"family{i}": pattern for i, (_, pattern) in enumerate(NVTX_FAMILIES)}}).fetchone()
+        **{f"family{i}": pattern for i, (_, pattern) in enumerate(NVTX_FAMILIES)}}))
     found = sorted((-n, rank, label) for rank, ((label, _), n) in enumerate(zip(NVTX_FAMILIES, counts, strict=True))
                    if n)
     return Texts(families={label: -n for n, _, label in found}, range_kinds=[(t, w) for t, w in kinds or []])

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from stallhound.analysis import nvtx_texts
 from stallhound.analysis.common import per_model
+from stallhound.model.duck import one_row
 
 Kind = Literal["pytorch", "jax", "tensorrt", "python", "cuda", "offload", "julia", "unknown"]
 
@@ -116,7 +117,7 @@ def _detect(con: duckdb.DuckDBPyConnection) -> Program:
     nvtx = nvtx_texts.classified(con).families
     domains = {NVTX_DOMAINS[d] for (d,) in con.execute(DOMAINS_SQL).fetchall() if d in NVTX_DOMAINS}
     threads = [t for (t,) in con.execute(THREADS_SQL, {"pid": pid}).fetchall()] if pid is not None else []
-    runtime_launches, driver_launches = con.execute(LAUNCH_APIS_SQL).fetchone()
+    runtime_launches, driver_launches = one_row(con.execute(LAUNCH_APIS_SQL))
 
     evidence = []
     if process:

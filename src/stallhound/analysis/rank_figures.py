@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 from pydantic import BaseModel, Field
@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from stallhound.analysis import nccl_arrival
 from stallhound.analysis.common import ScopedParams, pct, resolve_scope
 from stallhound.analysis.step_boundaries import durations
+from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 from stallhound.model.schema import TABLE_NAMES
 from stallhound.model.sql_files import sql_beside
@@ -83,28 +84,29 @@ class RankWait:
     nccl_ns: int = 0
     last_count: int = 0
     lateness_ns: int = 0  # median lead over the collectives it arrived last to
-    waits_by_last: dict[int, int] | None = None  # last rank -> this rank's wait in the collectives it was last to
+    # last rank -> this rank's wait in the collectives it was last to
+    waits_by_last: dict[int, int] = field(default_factory=dict)
 
 
 def match_args(con: duckdb.DuckDBPyConnection, basis: str) -> dict[str, object]:
     """The bound parameters of MATCHING[basis]."""
     if basis == "durations":
         return {}
-    ranks, start, end = con.execute("SELECT list(rank ORDER BY rank), min(capture_start_ns), max(capture_end_ns) "
-                                    "FROM meta").fetchone()
+    ranks, start, end = one_row(con.execute("SELECT list(rank ORDER BY rank), min(capture_start_ns), "
+                                            "max(capture_end_ns) FROM meta"))
     return {"devices": ranks, "start": start, "end": end, "max_shift": nccl_arrival.MAX_SHIFT}
 
 
 def summary(con: duckdb.DuckDBPyConnection, basis: str) -> tuple:
     """(matched, median skew, p90 skew, median transfer, NCCL kernels, matched kernels)."""
-    return con.execute(MATCHING[basis] + SUMMARY, match_args(con, basis)).fetchone()
+    return one_row(con.execute(MATCHING[basis] + SUMMARY, match_args(con, basis)))
 
 
 def rank_waits(con: duckdb.DuckDBPyConnection, basis: str) -> dict[int, RankWait]:
     out: dict[int, RankWait] = {}
     rows = con.execute(MATCHING[basis] + RANK_WAITS, match_args(con, basis)).fetchall()
     for rank, last, count, wait, dur, lead in rows:
-        mine = out.setdefault(rank, RankWait(waits_by_last={}))
+        mine = out.setdefault(rank, RankWait())
         mine.collectives += count
         mine.wait_ns += int(wait)
         mine.nccl_ns += int(dur)
@@ -136,7 +138,7 @@ def rank_view(con: duckdb.DuckDBPyConnection, rank: int) -> Iterator[duckdb.Duck
     single-profile skills run on one rank unchanged."""
     cur = con.cursor()
     try:
-        database = cur.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
+        database = one_row(cur.execute("SELECT current_database()"))[0].replace('"', '""')
         for table in TABLE_NAMES:
             star = META_COLUMNS if table == "meta" else "* EXCLUDE (rank)"
             star += ", row_number() OVER () - 1 AS rowid" if table in ROWID_TABLES else ""

@@ -55,9 +55,9 @@ def _unions(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[dict[str, int
 
 def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> Classification:
     """`fired`: root causes of the findings raised on the same window (they name a host-bound run)."""
-    idle = attribution.attribute(con, scope).devices  # first: its gap pass computes the unions in passing
+    devices = attribution.attribute(con, scope).devices  # first: its gap pass computes the unions in passing
     ns, ops = _unions(con, scope)
-    ns["busy"] = sum(d.window_ns - d.idle_ns for d in idle.values())
+    ns["busy"] = sum(d.window_ns - d.idle_ns for d in devices.values())
     capacity = scope.duration_ns * len(scope.devices)
     share = {cat: pct(ns.get(cat, 0), capacity) for cat in ("compute", "copy_kernel", "transfer", "communication",
                                                              "busy")}
@@ -80,7 +80,7 @@ def _bound(share: dict[str, float], idle: float, ops: int, busy_ns: int, fired: 
         if host:
             return "host-bound", f"devices idle {idle:.1f}% of the window while the host shows {', '.join(host)}"
         return "idle-dominated", f"devices idle {idle:.1f}% of the window; the trace shows no host cause"
-    kinds = {"compute-bound": share["compute"], "transfer-bound": share["transfer"],
-             "communication-bound": share["communication"]}
-    bound = max(kinds, key=kinds.get)
+    kinds: dict[Bound, float] = {"compute-bound": share["compute"], "transfer-bound": share["transfer"],
+                                 "communication-bound": share["communication"]}
+    bound = max(kinds, key=kinds.__getitem__)
     return bound, f"largest share: {bound.removesuffix('-bound')} at {kinds[bound]:.1f}% (idle {idle:.1f}%)"

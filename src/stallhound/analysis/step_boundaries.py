@@ -10,6 +10,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import Scope, ms, pct, per_model
+from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 from stallhound.model.sql_files import sql_beside
 
@@ -110,7 +111,7 @@ def _nvtx(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None
           ) -> tuple[list[Candidate], str | None, Spans]:
     """(qualifying candidates, reason, spans) from the best NVTX range; no candidates when none qualifies."""
     found, tier, ranges = _candidates(con, scope, range_name)
-    if not found:
+    if not found or tier is None:  # a candidate always has a tier
         return [], None, []
     per_thread: dict[tuple[int, int], Spans] = {}
     for pid, tid, start, end in ranges:
@@ -127,9 +128,9 @@ def _nvtx(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None
 def _kernel_pattern(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str | None, str, Spans]:
     """(marker kernel, reason or why none, spans) on the first device in scope with kernels."""
     window = {"start": scope.start_ns, "end": scope.end_ns}
-    device = con.execute("SELECT min(device_id) FROM kernels WHERE device_id IN (SELECT unnest($devices)) "
-                         "AND start_ns >= $start AND end_ns <= $end", {**window, "devices": scope.devices}
-                         ).fetchone()[0]
+    device = one_row(con.execute("SELECT min(device_id) FROM kernels WHERE device_id IN (SELECT unnest($devices)) "
+                                 "AND start_ns >= $start AND end_ns <= $end", {**window, "devices": scope.devices}
+                                 ))[0]
     if device is None:
         return None, "no kernels on the devices in scope in this window", []
     best = con.execute(PATTERN_SQL, {**window, "device": device, "min_repeats": MIN_REPEATS,

@@ -14,6 +14,7 @@ from stallhound.analysis.common import Window, ms, pct
 from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS
 from stallhound.formats.nsys.checks import LOAD_SOURCE
 from stallhound.formats.remedy import remedy
+from stallhound.model.duck import one_row
 
 MISSING_KERNEL_PCT = 10.0  # a few launches at the capture's end always lack their kernel; past this share the
 #                            per-kernel figures miss a real part of the work
@@ -76,7 +77,7 @@ def _launches(con: duckdb.DuckDBPyConnection, t: _Trace) -> int:
     shortfall = t.launch_calls - t.plain_launched_kernels
     if t.kernels and pct(shortfall, t.launch_calls) < MISSING_KERNEL_PCT:
         return t.launch_calls
-    launches, captured = con.execute(LAUNCHES_SQL).fetchone()
+    launches, captured = one_row(con.execute(LAUNCHES_SQL))
     return launches - captured
 
 
@@ -122,7 +123,7 @@ def notes(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Wi
     if capture is None:
         return loading + ([f"the export lists {machine_gpus} for the machine but recorded no event at all"]
                           if machine_gpus else [])
-    t = _Trace(*con.execute(TRACE_SQL).fetchone())
+    t = _Trace(*one_row(con.execute(TRACE_SQL)))
     notes = loading + ([f"nsys recorded {t.errors:,} error message(s) about this capture (see diagnostics): data "
                         "may be missing from it; read them before trusting absences"] if t.errors else [])
     notes += _launch_notes(con, t, capture.end_ns, derived)
@@ -132,7 +133,7 @@ def notes(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Wi
     gpu_info = con.execute(GPU_INFO_SQL).fetchone()
     if has_devices and gpu_info:
         notes.append(gpu_info[0])
-    if gpu_active and gpu_active_pct < GPU_ACTIVE_MIN_PCT:
+    if gpu_active and gpu_active_pct is not None and gpu_active_pct < GPU_ACTIVE_MIN_PCT:
         lead, tail = gpu_active.start_ns - capture.start_ns, capture.end_ns - gpu_active.end_ns
         notes.append(f"GPU work spans only {gpu_active_pct}% of the capture: it starts {ms(lead)} in and ends "
                      f"{ms(tail)} before the capture does, so capture-wide figures are diluted by host-only time; "

@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from stallhound.tools import diff_profiles
     pairs = [] if args.limit is None else [f"limit={args.limit}"]
     params = parse_params(diff_profiles, args.before, pairs, as_field="before", after=args.after)
+    assert isinstance(params, diff_profiles.Params)  # parse_params builds the module's Params
     if args.fail_on_regression is not None and args.fail_on_regression < 0:
         raise StallhoundError(f"--fail-on-regression {args.fail_on_regression:g} is negative; pass a percentage "
                              "of 0 or more")
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
             after.close()
     finally:
         before.close()
+    assert isinstance(result, diff_profiles.Result)  # fit keeps the module's Result
     print({"json": lambda: result.model_dump_json(indent=2), "markdown": lambda: diff_profiles.render_markdown(result),
            "text": lambda: text}[args.format]())
     d = result.decision

@@ -40,6 +40,7 @@ def register(sub: Subcommands) -> None:
     where.add_argument("--dask-scheduler-file", type=Path, metavar="FILE", help="the Dask scheduler described by "
                                                                                  "this scheduler file")
     for name, module in tools.job_tools().items():
+        assert module.__doc__ is not None, f"{name} has no docstring, a tool's description"
         p = sub.add_parser(command_of(name), help=module.__doc__.strip().splitlines()[0])
         _add_job_options(p)
         p.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",

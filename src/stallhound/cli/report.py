@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         sides = [gather.gather(p.con, Path(path).name, str(p.path)) for p, path in zip(opened, paths, strict=True)]
         if args.diff:
             params = diff_profiles.Params(before=sides[0].label, after=sides[1].label)
-            html = page.diff_report(*sides, diff_profiles.run(opened[0].con, opened[1].con, params))
+            html = page.diff_report(sides[0], sides[1], diff_profiles.run(opened[0].con, opened[1].con, params))
         else:
             html = page.report(sides[0])
     finally:

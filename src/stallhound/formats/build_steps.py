@@ -11,11 +11,11 @@ from pathlib import Path
 import duckdb
 
 from stallhound.model.cache import Progress
-from stallhound.model.duck import OFFLINE
+from stallhound.model.duck import OFFLINE, Settings
 from stallhound.model.errors import LoadCancelled
 from stallhound.model.schema import ddl
 
-BUILD_SETTINGS = {
+BUILD_SETTINGS: Settings = {
     "preserve_insertion_order": False,  # lets large CREATE TABLE AS stream without buffering
     # The model file in DuckDB 1.5's storage format rather than the default one readable by 0.10.2: its strings are
     # compressed as DICT_FSST, one analysis instead of two, so builds are cheaper, models smaller and first queries

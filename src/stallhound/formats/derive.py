@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 
 import duckdb
 
+from stallhound.model.duck import one_row
+
 NCCL_COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
                     "AllToAll", "Send", "Recv")
 # Kernel categories, decided once per distinct name: NCCL by name prefix, copy-like by the
@@ -63,9 +65,9 @@ def capability_rows(con: duckdb.DuckDBPyConnection, flags: Mapping[str, str],
     rows = []
     for data, table in DATA_TABLES.items():
         if data == "gpu_info":
-            devices, named = con.execute(GPU_INFO_SQL).fetchone()
+            devices, named = one_row(con.execute(GPU_INFO_SQL))
             rows.append((data, devices > 0 and named == devices, named, gpu_info(devices, named)))
             continue
-        count = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        count = one_row(con.execute(f"SELECT count(*) FROM {table}"))[0]
         rows.append((data, count > 0, count, flags[data]))
     return rows

@@ -60,8 +60,8 @@ class Serial:
         pass
 
 
-def drain(futures: dict[Any, int], done_of: Callable[[Iterable[Any]], Iterable[Any]],
-          on_done: Callable[[int, Any], None], cancelled: threading.Event, cancel: Callable[[], None]) -> None:
+def drain(futures: dict[Any, int], done_of: Callable[[set[Any]], Iterable[Any]],
+          on_done: Callable[[int, Any], None], cancelled: threading.Event, cancel: Callable[[], object]) -> None:
     """Hand each finished future's result to on_done as it comes; on the first error or a cancel, drop the rest."""
     pending = set(futures)
     try:

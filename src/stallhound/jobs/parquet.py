@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 
 from stallhound.jobs.ranks import GPU_WORK_SQL, RankSpec
-from stallhound.model.duck import OFFLINE
+from stallhound.model.duck import OFFLINE, one_row
 from stallhound.model.schema import TABLE_NAMES
 
 RANKS_DDL = "CREATE TABLE ranks (rank INTEGER, rank_source VARCHAR, source_path VARCHAR, profile_id VARCHAR)"
@@ -29,17 +29,19 @@ def _quoted(path: Path) -> str:
 def _filter(con: duckdb.DuckDBPyConnection, table: str, spec: RankSpec) -> str:
     columns = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
     kind, value = spec.unit.kind, spec.unit.value
+    if kind is None or value is None:  # the whole model is one rank (a unit of a kind always has its value)
+        return "true"
     if kind == "process" and table == "gpus":
         return f"device_id IN (SELECT device_id FROM ({GPU_WORK_SQL}) WHERE pid = {int(value)})"
-    column = {"process": "pid", "device": "device_id"}.get(kind or "")
+    column = {"process": "pid", "device": "device_id"}[kind]
     if column in columns:
         return f"({column} = {int(value)} OR {column} IS NULL)"
     return "true"
 
 
 def _select(con: duckdb.DuckDBPyConnection, table: str) -> str:
-    has_rank = con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = ? AND column_name = ?",
-                           [table, RANK]).fetchone()[0]
+    has_rank = one_row(con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = ? AND column_name = ?",
+                                   [table, RANK]))[0]
     return f"* EXCLUDE ({RANK})" if has_rank else "*"
 
 

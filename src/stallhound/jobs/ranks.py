@@ -89,8 +89,9 @@ def probe(con: duckdb.DuckDBPyConnection, path: Path, fingerprint: str, model_pa
 
 
 def _file_rank(p: Probe) -> tuple[int, RankSource] | None:
-    for rank, source in ((p.distributed_rank, "distributedInfo"), (p.nccl_rank, "nccl"),
-                         (rank_in_name(p.path), "file name")):
+    found: tuple[tuple[int | None, RankSource], ...] = (
+        (p.distributed_rank, "distributedInfo"), (p.nccl_rank, "nccl"), (rank_in_name(p.path), "file name"))
+    for rank, source in found:
         if rank is not None:
             return rank, source
     return None
@@ -109,8 +110,11 @@ def assign(probes: list[Probe]) -> list[RankSpec]:
         if len(p.units) > 1:
             by_nccl = all(u.nccl_rank is not None for u in p.units)
             for i, unit in enumerate(p.units):
-                specs.append(_spec(p, unit.nccl_rank, "nccl", unit) if by_nccl
-                             else _spec(p, position + i, unit.kind, unit))
+                if by_nccl and unit.nccl_rank is not None:  # by_nccl: every unit has one
+                    specs.append(_spec(p, unit.nccl_rank, "nccl", unit))
+                else:
+                    assert unit.kind is not None  # a file's several units are its processes or its devices
+                    specs.append(_spec(p, position + i, unit.kind, unit))
         else:
             found = _file_rank(p)
             specs.append(_spec(p, *(found or (position, "order")), p.units[0]))

@@ -16,20 +16,22 @@ import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Protocol
 
 import duckdb
-
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None
 
 from stallhound.model import allocator
 from stallhound.model.duck import close_model, open_model
 from stallhound.model.errors import CacheUnwritable, ProfileChanged
 from stallhound.model.limits import out_of_resources
 from stallhound.model.schema import MODEL_VERSION
+
+fcntl: ModuleType | None
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 CACHE_ENV = "STALLHOUND_CACHE_DIR"
 SPILL_SUFFIX = ".tmp"  # DuckDB spills into a folder named after its database file plus this
@@ -42,8 +44,13 @@ Progress = Callable[[int, int, str], None]  # (steps done, steps in all, the ste
 class Recipe(Protocol):
     """How one input format builds a model (stallhound.formats gives each format's): the cache knows no format."""
 
-    writer: str  # what writes the format's files, named when a file changes while it is read
-    read_errors: tuple[type[Exception], ...]  # what reading a file raises besides duckdb.Error
+    @property
+    def writer(self) -> str:
+        """What writes the format's files, named when a file changes while it is read."""
+
+    @property
+    def read_errors(self) -> tuple[type[Exception], ...]:
+        """What reading a file raises besides duckdb.Error."""
 
     def build(self, source: Path, out: Path, key: str, progress: Progress | None,
               cancelled: threading.Event | None) -> None:
@@ -185,12 +192,14 @@ def build_to(source: Path, key: str, final: Path, recipe: Recipe, progress: Prog
     os.close(fd)
     tmp = Path(tmp_name)
     tmp.unlink()  # DuckDB wants to create the file itself
+    # a file rewritten meanwhile can fail any query, binding too
+    failures: tuple[type[Exception], ...] = (duckdb.Error, *recipe.read_errors)
     try:
         recipe.build(source, tmp, key, progress, cancelled)
         if _changed(source, before, key):
             raise _changed_error(source, recipe.writer)
         os.replace(tmp, final)
-    except (duckdb.Error, *recipe.read_errors) as exc:  # a file rewritten meanwhile can fail any query, binding too
+    except failures as exc:
         if _changed(source, before, key):
             raise _changed_error(source, recipe.writer) from exc
         if isinstance(exc, duckdb.Error) and (exhausted := out_of_resources(exc, source, final.parent)):

@@ -8,16 +8,18 @@ import shutil
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
 from stallhound.model.errors import NotAProfile
 from stallhound.model.limits import model_memory_mb
 
-OFFLINE = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+Settings = dict[str, str | bool | int | float | list[str]]  # what duckdb.connect takes as `config`
+OFFLINE: Settings = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 # DuckDB hands freed memory back to the OS after a bulk free larger than this (default 512 MB); until then it stays
 # in RSS beyond the model memory limit. A small threshold lowers a large profile's peak RSS at no cost in time.
-RETURN_FREED_MEMORY = {"allocator_bulk_deallocation_flush_threshold": "16MB"}
+RETURN_FREED_MEMORY: Settings = {"allocator_bulk_deallocation_flush_threshold": "16MB"}
 
 
 def _scanner_path() -> Path:
@@ -104,3 +106,11 @@ def close_model(path: Path, con: duckdb.DuckDBPyConnection) -> None:
             _shared[path] = (base, users - 1)
         elif base is not None:
             base.close()
+
+
+def one_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
+    """The row of a query that always returns exactly one (an aggregate without GROUP BY, the one-row meta table):
+    DuckDB's fetchone types it as maybe absent."""
+    row = result.fetchone()
+    assert row is not None, "an aggregate or meta query returned no row"
+    return row

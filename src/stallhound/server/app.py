@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult
 from pydantic import BaseModel, Field
 
 from stallhound import __version__
@@ -126,7 +127,7 @@ def _register_profile_tools(mcp: StallhoundMCP, store: ProfileStore, summary: Mo
                                                "is installed) or a torch.profiler .json/.json.gz trace, inside the "
                                                "server's allowed roots")],
         ctx: Context,
-    ) -> LoadResult:
+    ) -> Annotated[CallToolResult, LoadResult]:  # the SDK reads the output schema off LoadResult
         """Load a profile (built once into a cache, then reused); returns its id and summary."""
         async with _leased(store, ctx, path) as lease:
             pid, profile = lease.id, lease.profile
@@ -136,7 +137,7 @@ def _register_profile_tools(mcp: StallhoundMCP, store: ProfileStore, summary: Mo
         return text_result(f"loaded {profile.path} as '{pid}'\n{summary.render(result)}", loaded)
 
     @mcp.tool(annotations=READ_ONLY, structured_output=True)
-    async def list_profiles(ctx: Context) -> ProfileList:
+    async def list_profiles(ctx: Context) -> Annotated[CallToolResult, ProfileList]:
         """List the profiles loaded in this session with their ids (clients of the 2026-07-28 protocol,
         which has no sessions, share one list)."""
         entries = [ProfileEntry(profile=pid, path=str(path), fingerprint=fingerprint)
@@ -149,7 +150,7 @@ def _register_profile_tools(mcp: StallhoundMCP, store: ProfileStore, summary: Mo
     async def close_profile(
         profile: Annotated[str, Field(description="Id (or path) of a profile loaded in this session")],
         ctx: Context,
-    ) -> Closed:
+    ) -> Annotated[CallToolResult, Closed]:
         """Close a profile loaded in this session; its memory is freed once no other session uses it (the
         cached model stays on disk)."""
         pid = store.close(session_of(store, ctx), profile)

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, cast
 
 from pydantic import BaseModel
 
@@ -112,7 +112,9 @@ def _cut_rows(module: ModuleType, data: dict[str, Any], room: int) -> list[str]:
         if _fits(module, data, room):
             break
         full = data[key]
-        n = _largest(lambda n, key=key, full=full: _fits(module, {**data, key: full[:n]}, room), 1, len(full)) or 1
+        def fits(n: int, key: str = key, full: list = full) -> bool:
+            return _fits(module, {**data, key: full[:n]}, room)
+        n = _largest(fits, 1, len(full)) or 1
         data[key] = full[:n]
         kept.append(f"{n:,} of {len(full):,} {key}")
     return kept
@@ -149,15 +151,21 @@ def _capped(value: Any, cap: int) -> Any:
     return value
 
 
+class _Limited(Protocol):
+    limit: int
+    offset: int  # only where the Params has the field
+
+
 def _limit_note(module: ModuleType, params: BaseModel) -> str:
     info = type(params).model_fields.get("limit")
     if info is None:
         return f"more rows exist than were returned; {_asking_less(module, params)}"
+    asked = cast(_Limited, params)  # its model has the field `limit`, and `offset` where page is worded
     top = min(m.le for m in info.metadata if getattr(m, "le", None) is not None)
-    page = (f"; ask again with `offset`={params.offset + params.limit:,} for the next page"
+    page = (f"; ask again with `offset`={asked.offset + asked.limit:,} for the next page"
             if "offset" in type(params).model_fields else "")
-    if params.limit < top:
-        return (f"more rows exist than `limit`={params.limit:,} returned; raise `limit` (up to {top:,}) to see "
+    if asked.limit < top:
+        return (f"more rows exist than `limit`={asked.limit:,} returned; raise `limit` (up to {top:,}) to see "
                 f"more{page}")
     return (f"more rows exist than the largest `limit` ({top:,}) returns; "
             f"{_asking_less(module, params, lower=False)}{page}")

@@ -8,16 +8,20 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, CallToolResult
+from mcp_types import INVALID_PARAMS, CallToolResult, Icon, InputRequiredResult, ToolAnnotations
 from pydantic import ValidationError
 
 from stallhound.model.errors import StallhoundError
 from stallhound.server.validation import explain, unknown_arguments
+
+if TYPE_CHECKING:
+    from stallhound.server.jobs import JobStore
+    from stallhound.server.store import ProfileStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 MakeError = Callable[[str], Exception]  # an MCP error from our error's sentence
@@ -58,14 +62,21 @@ class StallhoundMCP(MCPServer):
     """The MCP server: every handler registered through `converting`, and a tool's invalid arguments worded in one
     sentence naming the argument and what it may be. `handlers` holds what was registered, by (kind, name)."""
 
+    store: ProfileStore  # set by build_server, for resources, prompts and tests
+    jobs: JobStore  # set by build_server, for tests
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.handlers: dict[tuple[str, str], Callable[..., Any]] = {}
         super().__init__(*args, **kwargs)  # registers the extensions' tools, through add_tool
 
-    def add_tool(self, fn: Callable[..., Any], name: str | None = None, **kwargs: Any) -> None:
+    def add_tool(self, fn: Callable[..., Any], name: str | None = None, title: str | None = None,
+                 description: str | None = None, annotations: ToolAnnotations | None = None,
+                 icons: list[Icon] | None = None, meta: dict[str, Any] | None = None,
+                 structured_output: bool | None = None) -> None:
         handler = converting(fn, AS_TOOL_ERROR)
         self.handlers["tool", name or fn.__name__] = handler
-        super().add_tool(handler, name=name, **kwargs)
+        super().add_tool(handler, name=name, title=title, description=description, annotations=annotations,
+                         icons=icons, meta=meta, structured_output=structured_output)
 
     def resource(self, uri: str, **kwargs: Any) -> Callable[[F], F]:
         def register(fn: F) -> F:
@@ -74,14 +85,16 @@ class StallhoundMCP(MCPServer):
             return fn
         return register
 
-    def prompt(self, name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
+    def prompt(self, name: str | None = None, title: str | None = None, description: str | None = None,
+               icons: list[Icon] | None = None) -> Callable[[F], F]:
         def register(fn: F) -> F:
             self.handlers["prompt", name or fn.__name__] = handler = converting(fn, AS_PROMPT_ERROR)
-            super(StallhoundMCP, self).prompt(name, **kwargs)(handler)
+            super(StallhoundMCP, self).prompt(name, title=title, description=description, icons=icons)(handler)
             return fn
         return register
 
-    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None
+                        ) -> CallToolResult | InputRequiredResult:
         schema = self._tool_input_schema(name) or {}
         valid = list(schema.get("properties", {}))
         extra = [key for key in arguments if key not in valid]

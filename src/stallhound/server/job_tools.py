@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 from mcp.server.mcpserver import Context
+from mcp_types import CallToolResult
 from pydantic import BaseModel, Field
 
 from stallhound import tools
@@ -100,7 +101,7 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
         ctx: Context,
         workers: Annotated[int | None, Field(strict=True, ge=1, le=MAX_WORKERS, description=(
             "processes building the ranks' models at once; omit for this machine's cores"))] = None,
-    ) -> JobLoaded:
+    ) -> Annotated[CallToolResult, JobLoaded]:  # the SDK reads the output schema off JobLoaded
         """Load every rank of a distributed job (built in parallel, cached); returns the job id, its ranks and how
         each rank was found (distributedInfo, NCCL, file name, process, device or the order given)."""
         session = session_of(jobs.profiles, ctx)  # progress: each file built and each rank written
@@ -109,7 +110,7 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
         return text_result(*describe(opened.id, opened.job))
 
     @mcp.tool(annotations=READ_ONLY, structured_output=True)
-    async def list_jobs(ctx: Context) -> JobList:
+    async def list_jobs(ctx: Context) -> Annotated[CallToolResult, JobList]:
         """List the jobs loaded in this session with their ids and rank counts."""
         entries = [JobEntry(job=j.id, ranks=len(j.job.ranks), folder=str(j.job.folder))
                    for j in jobs.listing(session_of(jobs.profiles, ctx))]
@@ -120,7 +121,7 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
     async def close_job(
         job: Annotated[str, Field(description="Id of a job loaded in this session")],
         ctx: Context,
-    ) -> JobClosed:
+    ) -> Annotated[CallToolResult, JobClosed]:
         """Close a job loaded in this session (its cached models and Parquet stay on disk)."""
         closed = jobs.close(session_of(jobs.profiles, ctx), job)
         return text_result(f"closed {closed}", JobClosed(closed=closed))

@@ -5,6 +5,7 @@ work on interruptible cursors (progress and cancellation: server/cancel.py), the
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -60,7 +61,7 @@ async def on_one_cursor(module: ModuleType, params: BaseModel, leased: list[Leas
 async def measured_then_compared(module: ModuleType, params: BaseModel, leased: list[Leased], ctx: Context
                                  ) -> tuple[str, BaseModel]:
     """Each side measured on its own cursor (tools/diff/side.py), then module.compare(*sides, params)."""
-    sides = [await run_on_cursor(side.con, lambda cur, pid=side.id: measure(cur, pid), ctx) for side in leased]
+    sides = [await run_on_cursor(side.con, functools.partial(measure, pid=side.id), ctx) for side in leased]
     return budget.fit(module.compare(*sides, params), module, params, budget.server_budget())
 
 
@@ -89,6 +90,7 @@ def add_tools(mcp: MCPServer, modules: dict[str, ModuleType], kind: Kind) -> Non
 
 
 def description(module: ModuleType) -> str:
+    assert module.__doc__ is not None, f"{module.__name__} has no docstring, a tool's description"
     return inspect.cleandoc(module.__doc__)
 
 
@@ -111,17 +113,20 @@ def signed(call: Callable[..., Any], module: ModuleType) -> Callable[..., Any]:
     return call
 
 
+_ANNOTATED: Any = Annotated  # subscripted with a field's annotation at run time, which mypy takes for a type
+
+
 def _flat_signature(params_model: type[BaseModel]) -> list[inspect.Parameter]:
     out = []
     for name, info in params_model.model_fields.items():
-        annotation = Annotated[info.annotation, Field(description=info.description, **_strict(info.annotation),
+        annotation = _ANNOTATED[info.annotation, Field(description=info.description, **_strict(info.annotation),
                                                       **_bounds(info))]
         default = inspect.Parameter.empty if info.is_required() else info.default
         out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return out
 
 
-def _strict(annotation: Any) -> dict[str, bool]:
+def _strict(annotation: Any) -> dict[str, Any]:
     """Types as the schema says: a client sends JSON, where true is no device 1 and "10" no limit.
     (A Literal matches its exact values already, and pydantic refuses strict on it.)"""
     return {} if get_origin(annotation) is Literal else {"strict": True}

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from . import timing
 from .config import IdleGap, SynthConfig
-from .kernels import BACKWARD_LAYER, FORWARD_LAYER, FUSED_OPTIMIZER, KERNELS, LOSS, NCCL_KERNEL, TINY, Kernel
+from .kernels import BACKWARD_LAYER, FORWARD_LAYER, FUSED_OPTIMIZER, KERNELS, LOSS, NCCL_KERNEL, TINY
+from .rows import RankRows
 from .schema import (
-    CACHE_CONFIG,
     COMPUTE_STREAM,
     CONTEXT_ID,
     COPY_D2H,
@@ -21,7 +21,6 @@ from .schema import (
     EVENT_CLASS_DRIVER,
     EVENT_CLASS_RUNTIME,
     EVENT_IDS,
-    LAUNCH_REGULAR,
     MEM_DEVICE,
     MEM_PAGEABLE,
     MEM_PINNED,
@@ -38,7 +37,6 @@ from .schema import (
     SYNC_STREAM,
     SYNC_STREAM_WAIT_EVENT,
     Trace,
-    global_pid,
 )
 
 
@@ -50,12 +48,6 @@ def _event_class(api: str) -> int:
     return EVENT_CLASS_RUNTIME if api.startswith("cuda") else EVENT_CLASS_DRIVER
 
 
-def _shared_memory_executed(kernel: Kernel) -> int:
-    needed = kernel.static_shared_bytes + kernel.dynamic_shared_bytes
-    carveouts = timing.SHARED_MEMORY_CARVEOUTS_BYTES
-    return next((c for c in carveouts if c >= needed), carveouts[-1])
-
-
 @dataclass
 class Arrival:
     """A rank's NCCL kernel of one collective is ready to start at start_ns."""
@@ -64,23 +56,19 @@ class Arrival:
     start_ns: int
 
 
-class Rank:
-    """One rank process: its main thread's host timeline and its device's streams."""
+class Rank(RankRows):
+    """One rank process: its main thread's host timeline and its device's streams (RankRows writes their rows)."""
 
     def __init__(self, cfg: SynthConfig, trace: Trace, device: int, pid: int, start_ns: int) -> None:
-        self.cfg, self.trace, self.device, self.pid = cfg, trace, device, pid
-        self.gpid = global_pid(pid)
-        self.gtid = self.gpid | pid
+        super().__init__(trace, device, pid)
+        self.cfg = cfg
         self.rng = random.Random(f"{cfg.seed}:rank:{device}")
         self.host_ns = start_ns
-        self.cursor = {COMPUTE_STREAM: 0, NCCL_STREAM: 0}  # end of the last op queued on each stream
         self.forced_start_ns = 0  # the next GPU op starts no earlier than this
-        self.counters: dict[str, int] = defaultdict(int)
         self.nvtx_stack: list[tuple[int, str, int | None, int | None]] = []  # start, text, domain, payload
         self.loads_left = cfg.module_loads if cfg.first_iteration_extra_ns else 0
         self.loaded: set[str] = set()
         self.iteration = -1
-        self.gpu_ops: list[tuple[int, int]] = []
         self.log: dict[str, list] = defaultdict(list)
         self.iterations: list[dict[str, int]] = []
         self.epoch_start_ns = 0
@@ -275,27 +263,6 @@ class Rank:
         self.loads_left -= 1
         self.log["module_load"].append((start, self.host_ns))
 
-    def _kernel_row(self, kernel: Kernel, stream: int, correlation: int, start: int, end: int) -> None:
-        sid = self.trace.sid
-        self.counters["grid"] += 1
-        self.trace.rows["CUPTI_ACTIVITY_KIND_KERNEL"].append((
-            start, end, self.device, CONTEXT_ID, 0, stream, correlation, self.gpid, sid(kernel.demangled),
-            sid(kernel.short), sid(kernel.mangled), LAUNCH_REGULAR, CACHE_CONFIG, kernel.registers,
-            *kernel.grid, *kernel.block, kernel.static_shared_bytes, kernel.dynamic_shared_bytes, 0,
-            timing.LOCAL_MEMORY_TOTAL_BYTES, self.counters["grid"], _shared_memory_executed(kernel), None, 0))
-        self._gpu_op(stream, start, end)
-
-    def _gpu_op(self, stream: int, start: int, end: int) -> None:
-        self.cursor[stream] = end
-        self.gpu_ops.append((start, end))
-
-    def _memcpy_row(self, correlation: int, start: int, end: int, nbytes: int, copy_kind: int,
-                    src_kind: int, dst_kind: int) -> None:
-        self.trace.rows["CUPTI_ACTIVITY_KIND_MEMCPY"].append((
-            start, end, self.device, CONTEXT_ID, 0, COMPUTE_STREAM, correlation, self.gpid, nbytes,
-            copy_kind, None, src_kind, dst_kind, None, None, None, None, None, None, None))
-        self._gpu_op(COMPUTE_STREAM, start, end)
-
     def _h2d(self, nbytes: int, pageable: bool) -> None:
         """A batch copy; from pageable memory the call returns only when the copy is done."""
         self._python_gap()
@@ -343,12 +310,6 @@ class Rank:
         self.host_ns += self.rng.randint(*timing.AFTER_WAIT_NS)  # the drained GPU idles meanwhile
         return api_start, api_end
 
-    def _sync_row(self, start: int, end: int, stream: int, correlation: int, sync_type: int, event_id: int,
-                  event_sync_id: int) -> None:
-        self.trace.rows["CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"].append((
-            start, end, self.device, CONTEXT_ID, None, stream, correlation, self.gpid, None, sync_type,
-            event_id, event_sync_id))
-
     def _wait_event(self, src: int, dst: int) -> None:
         """cudaEventRecord on src, cudaStreamWaitEvent on dst: dst's later work waits for src's."""
         self._python_gap()
@@ -390,13 +351,6 @@ class Rank:
     def _mark(self, text: str) -> None:
         self.host_ns += self.rng.randint(*timing.NVTX_CALL_NS)
         self._nvtx_row(self.host_ns, None, NVTX_MARK, text=text)
-
-    def _nvtx_row(self, start: int, end: int | None, event_type: int, text: str | None = None,
-                  text_id: int | None = None, domain: int | None = None, range_id: int | None = None,
-                  end_gtid: int | None = None, payload: int | None = None) -> None:
-        self.trace.rows["NVTX_EVENTS"].append((
-            start, end, event_type, range_id, None, None, text, self.gtid, end_gtid, text_id, domain or 0,
-            payload, None, None, None, None, None, None, None, None))
 
     def _osrt(self, name: str, duration_ns: int) -> None:
         end = self.host_ns + duration_ns

@@ -19,6 +19,16 @@ def _advance(program: Generator[Arrival, int, None], value: int | None) -> Arriv
         return None
 
 
+def _lockstep(arrivals: list[Arrival | None]) -> list[Arrival]:
+    """The ranks' arrivals at one collective; RuntimeError unless every rank arrived at the same one."""
+    first = arrivals[0]
+    arrived = [a for a in arrivals if a is not None and first is not None
+               and (a.iteration, a.bucket) == (first.iteration, first.bucket)]
+    if len(arrived) < len(arrivals):
+        raise RuntimeError("ranks left lockstep at a collective")
+    return arrived
+
+
 def simulate(cfg: SynthConfig) -> tuple[Trace, list[Rank], list[dict], int]:
     """Run every rank's program in lockstep: each collective ends when its last rank has arrived."""
     trace = Trace()
@@ -30,16 +40,14 @@ def simulate(cfg: SynthConfig) -> tuple[Trace, list[Rank], list[dict], int]:
     collectives: list[dict] = []
     arrivals = [_advance(p, None) for p in programs]
     while any(a is not None for a in arrivals):
-        if not all(a is not None and (a.iteration, a.bucket) == (arrivals[0].iteration, arrivals[0].bucket)
-                   for a in arrivals):
-            raise RuntimeError("ranks left lockstep at a collective")
-        first = arrivals[0]
-        finish = max(a.start_ns for a in arrivals) + timing.NCCL_BUCKET_NS[first.bucket]
+        arrived = _lockstep(arrivals)
+        first = arrived[0]
+        finish = max(a.start_ns for a in arrived) + timing.NCCL_BUCKET_NS[first.bucket]
         ends = [finish + rng.randint(0, timing.NCCL_END_JITTER_NS) for _ in ranks]
         collectives.append({
             "iteration": first.iteration, "bucket": first.bucket, "name": KERNELS[NCCL_KERNEL].short,
             "per_device": [{"device": r.device, "start_ns": a.start_ns, "end_ns": e}
-                           for r, a, e in zip(ranks, arrivals, ends, strict=True)]})
+                           for r, a, e in zip(ranks, arrived, ends, strict=True)]})
         arrivals = [_advance(p, e) for p, e in zip(programs, ends, strict=True)]
     return trace, ranks, collectives, launcher_pid
 

@@ -20,6 +20,7 @@ from stallhound.formats.kineto import read as kineto_read
 from stallhound.formats.kineto.meta import capability_rows, diagnostic_rows, distributed, gpu_rows, meta_row
 from stallhound.formats.kineto.sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from stallhound.formats.kineto.stage import Stage, Writer
+from stallhound.model.duck import one_row
 from stallhound.model.schema import ddl
 
 # DuckDB's share of a build, past which it spills to disk: staging only appends (128MB suffices), the mapping
@@ -49,10 +50,10 @@ class KinetoBuilder(BuildSteps):
         """Stream the events into _k_gpu, _k_host and _k_comms; return the top-level values after the events."""
         writer, failed = Writer(self), True
         try:
-            stages = [Stage(writer, "_k_gpu", GPU_COLUMNS), Stage(writer, "_k_host", HOST_COLUMNS),
-                      Stage(writer, "_k_comms", COMMS_COLUMNS)]
-            after = kineto_read.events(self.path, *(s.add for s in stages), self.on_name)
-            for s in stages:
+            gpu, host, comms = (Stage(writer, "_k_gpu", GPU_COLUMNS), Stage(writer, "_k_host", HOST_COLUMNS),
+                                Stage(writer, "_k_comms", COMMS_COLUMNS))
+            after = kineto_read.events(self.path, gpu.add, host.add, comms.add, self.on_name)
+            for s in (gpu, host, comms):
                 s.flush()
             failed = False
         finally:
@@ -92,7 +93,7 @@ def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = N
         b.step("devices, metadata, capabilities")
         b.load_list("gpus", gpu_rows(b.con, head))
         b.load_list("diagnostics", diagnostic_rows(head))
-        b.load_list("meta", [meta_row(path, fingerprint, head, b.con.execute(WINDOW_SQL).fetchone())])
+        b.load_list("meta", [meta_row(path, fingerprint, head, one_row(b.con.execute(WINDOW_SQL)))])
         b.load_list("capabilities", capability_rows(b.con))
         for helper in ("_k_gpu", "_k_host", "_k_comms"):
             b.sql(f"DROP TABLE {helper}")

@@ -14,13 +14,13 @@ from __future__ import annotations
 import collections
 import functools
 import gzip
+import io
 import json
 import re
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
 import ijson
 
@@ -53,7 +53,7 @@ READ_ERRORS = (ijson.JSONError, gzip.BadGzipFile, EOFError, zlib.error, UnicodeD
 
 
 @contextmanager
-def _open(path: Path) -> Iterator[IO[bytes]]:
+def _open(path: Path) -> Iterator[io.BufferedIOBase]:
     with path.open("rb") as raw:
         gzipped = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
         raw.seek(0)
@@ -153,8 +153,9 @@ def host_row(kind: str, ev: dict, args: dict) -> tuple:
 class _Tail:
     """A binary reader that keeps the last TAIL_BYTES it read (and a chunk more at most)."""
 
-    def __init__(self, fh: IO[bytes]):
-        self.fh, self.chunks, self.kept = fh, collections.deque(), 0
+    def __init__(self, fh: io.BufferedIOBase):
+        self.fh, self.kept = fh, 0
+        self.chunks: collections.deque[bytes] = collections.deque()
 
     def read(self, size: int = -1) -> bytes:
         data = self.fh.read(size)
@@ -178,7 +179,9 @@ def trailing(tail: bytes) -> dict:
     for match in STRUCTURE.finditer(reverse):
         char, at = match.group(), end - 1 - match.start()
         if char == b'"':
-            quoted ^= len(BACKSLASHES.match(reverse, match.end()).group()) % 2 == 0
+            escapes = BACKSLASHES.match(reverse, match.end())
+            assert escapes is not None  # `\\*` matches anywhere, if only the empty string
+            quoted ^= len(escapes.group()) % 2 == 0
         elif quoted:
             continue
         elif char in b"}]":

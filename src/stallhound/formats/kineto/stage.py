@@ -28,7 +28,8 @@ class Writer:
     """Runs the staging inserts, in order, on a background thread; the first error is raised to the parser."""
 
     def __init__(self, builder: BuildSteps):
-        self.builder, self.cur, self.error = builder, builder.con.cursor(), None
+        self.builder, self.cur = builder, builder.con.cursor()
+        self.error: duckdb.Error | StallhoundError | None = None
         self.jobs: queue.Queue[tuple[str, list[tuple]] | None] = queue.Queue(maxsize=QUEUED_BATCHES)
         self.thread = threading.Thread(target=self._run, name="stallhound-kineto-stage", daemon=True)
         self.thread.start()
@@ -69,7 +70,8 @@ class Stage:
     """Rows for one staging table, handed to the writer a batch at a time."""
 
     def __init__(self, writer: Writer, table: str, columns: tuple[tuple[str, str], ...]):
-        self.writer, self.rows = writer, []
+        self.writer = writer
+        self.rows: list[tuple] = []
         writer.builder.sql(f"CREATE TABLE {table} ({', '.join(f'{name} {typ}' for name, typ in columns)})")
         self.insert = f"INSERT INTO {table} SELECT " + ", ".join(
             f"unnest(from_json($c{i}, '[\"{typ}\"]'))" for i, (_, typ) in enumerate(columns))

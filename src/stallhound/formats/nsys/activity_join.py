@@ -18,6 +18,7 @@ from stallhound.formats.build_steps import BuildSteps, Progress
 from stallhound.formats.nsys import checks
 from stallhound.formats.nsys.chunks import WHOLE, Range, within
 from stallhound.formats.nsys.raw import RawExport
+from stallhound.model.duck import one_row
 
 PID_SQL = "(({col} >> 24) & 16777215)"  # globalPid/globalTid -> OS pid
 TID_SQL = "({col} & 16777215)"  # globalTid -> OS tid
@@ -100,7 +101,7 @@ class ActivityJoins(BuildSteps):
         source = self.activity(table, cur)
         for bounds in self.ranges:
             self.sql(query(source, partial(api_join, bounds, False)), cur)
-            if cur.fetchone()[0] > self.activity_rows(table, source, bounds, cur):
+            if one_row(cur)[0] > self.activity_rows(table, source, bounds, cur):
                 self.sql(f"DELETE FROM {into} WHERE {within('correlation_id', bounds, with_null=True)}", cur)
                 self.sql(query(source, partial(api_join, bounds, True)), cur)
         if source in self.staged:
@@ -111,4 +112,4 @@ class ActivityJoins(BuildSteps):
         if source not in self.staged:
             return self.raw.count(table)
         cur.execute(f"SELECT count(*) FROM {source} WHERE {within('correlationId', bounds, with_null=True)}")
-        return cur.fetchone()[0]
+        return one_row(cur)[0]

@@ -23,7 +23,7 @@ from stallhound.formats.nsys.activity_join import PID_SQL, TID_SQL, ActivityJoin
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range
 from stallhound.formats.nsys.hardware import capability_rows, gpu_rows, meta_row
 from stallhound.formats.nsys.raw import RawExport
-from stallhound.model.duck import load_sqlite_scanner
+from stallhound.model.duck import load_sqlite_scanner, one_row
 from stallhound.model.limits import build_memory_mb
 from stallhound.model.schema import MODEL_VERSION
 
@@ -272,7 +272,7 @@ class Builder(ActivityJoins):
         self.load_list("gpus", gpu_rows(self.raw, devices))
 
     def meta(self, source_path: Path, source_bytes: int, fingerprint: str) -> None:
-        windows = self.con.execute(WINDOW_SQL).fetchone()
+        windows = one_row(self.con.execute(WINDOW_SQL))
         row = meta_row(self.raw, source_path, source_bytes, fingerprint, MODEL_VERSION, self.enum_source, windows)
         self.load_list("meta", [row])
 

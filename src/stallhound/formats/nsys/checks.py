@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import duckdb
 
+from stallhound.model.duck import one_row
+
 # Columns ingest reads from each raw table without checking for them first.
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "StringIds": ("id", "value"),
@@ -71,8 +73,8 @@ def left_out_note(table: str, missing: list[str], rows: int) -> str:
 def _bad_time_counts(con: duckdb.DuckDBPyConnection, table: str, start: str, end: str | None) -> tuple[int, ...]:
     end_checks = (f"count(*) FILTER (WHERE {start} >= 0 AND {end} IS NULL)",
                   f"count(*) FILTER (WHERE {start} >= 0 AND {end} < {start})") if end else ("0", "0")
-    return con.execute(f"SELECT count(*), count(*) FILTER (WHERE {start} IS NULL), "
-                       f"count(*) FILTER (WHERE {start} < 0), {', '.join(end_checks)} FROM {table}").fetchone()
+    return one_row(con.execute(f"SELECT count(*), count(*) FILTER (WHERE {start} IS NULL), "
+                               f"count(*) FILTER (WHERE {start} < 0), {', '.join(end_checks)} FROM {table}"))
 
 
 def drop_untimed_rows(con: duckdb.DuckDBPyConnection) -> list[str]:

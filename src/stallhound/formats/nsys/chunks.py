@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import duckdb
 
+from stallhound.model.duck import one_row
 from stallhound.model.limits import build_memory_mb
 
 # API calls joined at once per MB of the build's memory limit: as many as fit, since each further range rereads a
@@ -29,8 +30,8 @@ def rows_per_range() -> int:
 
 def correlation_ranges(con: duckdb.DuckDBPyConnection, rows_per_range: int) -> list[Range]:
     """Consecutive id ranges covering every id, each with at most about `rows_per_range` rows of cuda_api."""
-    total, lo, hi = con.execute("SELECT count(correlation_id), min(correlation_id), max(correlation_id) "
-                                "FROM cuda_api").fetchone()
+    total, lo, hi = one_row(con.execute("SELECT count(correlation_id), min(correlation_id), max(correlation_id) "
+                                        "FROM cuda_api"))
     if total <= rows_per_range:
         return [WHOLE]
     width = (hi - lo) // HISTOGRAM_BINS + 1

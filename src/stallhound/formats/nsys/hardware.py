@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
 from stallhound.formats.derive import DATA_TABLES, GPU_PHASE, KERNELS_IN_GRAPHS
 from stallhound.formats.derive import capability_rows as derive_capabilities
 from stallhound.formats.nsys.raw import RawExport
+from stallhound.model.duck import one_row
 
 # need -> the nsys option that records it (every kind of model data but gpu_info, which no option adds).
 OPTIONS: dict[str, str] = {
@@ -44,9 +46,10 @@ GPU_FIELDS = ("name", "chipName", "smCount", "totalMemory", "memoryBandwidth", "
 # confirms that nsys kept those units.
 CUDA_GPU_FIELDS = {"name": "name", "numMultiprocessors": "smCount", "globalMemorySize": "totalMemory",
                    "computeCapabilityMajor": "computeMajor", "computeCapabilityMinor": "computeMinor"}
+Hardware = dict[str, Any]  # a device's hardware record: field -> the SQLite value, of whatever type the export wrote
 
 
-def _target_info_gpu(raw: RawExport) -> dict[int, dict[str, object]]:
+def _target_info_gpu(raw: RawExport) -> dict[int, Hardware]:
     """TARGET_INFO_GPU rows that describe CUDA devices, keyed by their `id`."""
     cols = raw.columns("TARGET_INFO_GPU")
     if "id" not in cols:
@@ -57,7 +60,7 @@ def _target_info_gpu(raw: RawExport) -> dict[int, dict[str, object]]:
     return {int(r["id"]): r for r in rows if (r.get("smCount") or 0) > 0}
 
 
-def _target_info_cuda_gpu(raw: RawExport) -> dict[int, dict[str, object]]:
+def _target_info_cuda_gpu(raw: RawExport) -> dict[int, Hardware]:
     """TARGET_INFO_CUDA_GPU rows keyed by CUDA device id (its deviceId, the kernels' deviceId)."""
     cols = raw.columns("TARGET_INFO_CUDA_GPU")
     key = next((c for c in ("deviceId", "id") if c in cols), None)
@@ -68,7 +71,7 @@ def _target_info_cuda_gpu(raw: RawExport) -> dict[int, dict[str, object]]:
     return {int(r[0]): {CUDA_GPU_FIELDS[c]: v for c, v in zip(wanted, r[1:], strict=True)} for r in rows}
 
 
-def _device_map(raw: RawExport) -> dict[int, dict[str, object]]:
+def _device_map(raw: RawExport) -> dict[int, Hardware]:
     """CUDA device id -> hardware row: TARGET_INFO_GPU through TARGET_INFO_CUDA_DEVICE (nsys 2025.1+), else
     through its cuDevice column; exports without TARGET_INFO_GPU through TARGET_INFO_CUDA_GPU."""
     gpus = _target_info_gpu(raw)
@@ -77,7 +80,7 @@ def _device_map(raw: RawExport) -> dict[int, dict[str, object]]:
     if {"gpuId", "cudaId"} <= set(raw.columns("TARGET_INFO_CUDA_DEVICE")):
         pairs = raw.rows("TARGET_INFO_CUDA_DEVICE", "gpuId, cudaId")
         return {int(cuda): gpus[int(gpu)] for gpu, cuda in pairs if gpu is not None and int(gpu) in gpus}
-    by_cuda: dict[int, dict[str, object]] = {}
+    by_cuda: dict[int, Hardware] = {}
     for row in gpus.values():
         if row.get("cuDevice") is not None:
             by_cuda.setdefault(int(row["cuDevice"]), row)
@@ -162,7 +165,7 @@ def meta_row(raw: RawExport, path: Path, size: int, fingerprint: str, model_vers
 def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
     """The capability rows of an export's model in `con` (its meta row written), nsys options as what records each
     kind of data."""
-    version, derived = con.execute(
-        "SELECT (SELECT nsys_version FROM meta), (SELECT derived_from FROM meta)").fetchone()
+    version, derived = one_row(con.execute(
+        "SELECT (SELECT nsys_version FROM meta), (SELECT derived_from FROM meta)"))
     return derive_capabilities(con, CAPTURE_FLAGS,
                                lambda devices, named: gpu_info_flag(version, derived, devices, named))

@@ -14,6 +14,7 @@ import numpy as np
 
 from stallhound.formats import nvtx_depth
 from stallhound.formats.nsys import checks
+from stallhound.model.duck import one_row
 
 if TYPE_CHECKING:
     from stallhound.formats.nsys.build import Builder
@@ -127,7 +128,7 @@ def _windows(cur: duckdb.DuckDBPyConnection) -> list[tuple[int, int]]:
     reaches past the last end, so that every close falls in a window."""
     # bounds of every event, not only the closed ranges': DuckDB answers them from its column statistics, where the
     # closed ranges' would need a scan
-    lo, last_start, last_end = cur.execute("SELECT min(start_ns), max(start_ns), max(end_ns) FROM nvtx").fetchone()
+    lo, last_start, last_end = one_row(cur.execute("SELECT min(start_ns), max(start_ns), max(end_ns) FROM nvtx"))
     if lo is None:
         return []
     width = (last_start - lo) // HISTOGRAM_BINS + 1

@@ -6,6 +6,7 @@ import re
 import sqlite3
 from functools import cached_property
 from pathlib import Path
+from typing import overload
 from urllib.parse import quote
 
 from stallhound.formats.nsys.checks import ESSENTIAL_TABLES, left_out_note, missing_columns
@@ -47,6 +48,10 @@ BUILTIN_ENUMS: dict[str, dict[int, str]] = {
 }
 
 
+@overload
+def decode_text(value: bytes | str) -> str: ...
+@overload
+def decode_text(value: object) -> object: ...
 def decode_text(value: object) -> object:
     """Bytes from SQLite as str: UTF-8 when valid, else Latin-1 (every byte kept)."""
     if isinstance(value, bytes):
@@ -93,7 +98,7 @@ class RawExport:
             self.con.text_factory = bytes
             names = [decode_text(r[0]) for r in
                      self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
-            self.table_names = {TABLE_ALIASES.get(n, n): n for n in names}
+            self.table_names: dict[str, str] = {TABLE_ALIASES.get(n, n): n for n in names}
             if not any(m in self.table_names for m in NSYS_MARKERS):
                 raise NotAProfile(f"{path} is an SQLite database but not an Nsight Systems export "
                                   "(no StringIds/CUPTI/TARGET_INFO tables); export one with "
