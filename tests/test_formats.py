@@ -18,6 +18,7 @@ from stallhound.formats.derive import GPU_PHASE, KERNELS_IN_GRAPHS, NEEDS
 from stallhound.formats.kineto.meta import CUDA_ACTIVITY, PLATFORM
 from stallhound.formats.nsys import merged
 from stallhound.formats.remedy import remedy
+from stallhound.jobs.files import job_files
 from stallhound.model.errors import NotAProfile
 from stallhound.model.schema import MODEL_VERSION
 
@@ -80,7 +81,8 @@ def _fake_detect(path: Path) -> bool:
 FAKE = Format(name="fake", writer="the fake profiler", detect=_fake_detect, build=_fake_build,
               damaged=lambda path, exc: None, read_errors=(), options={"kernels": "fake --gpu"},
               say=lambda options, bare: " ".join(options), written_by=lambda version, schema: "fake",
-              expects=("a fake profile", "pass one"), platform=FAKE_PLATFORM)
+              expects=("a fake profile", "pass one"), platform=FAKE_PLATFORM, suffixes=(".fake",),
+              picks=_fake_detect)
 
 
 def test_formats_a_format_registered_by_one_line_is_opened(tmp_path, monkeypatch):
@@ -102,6 +104,19 @@ def test_formats_a_format_registered_by_one_line_is_opened(tmp_path, monkeypatch
     other.write_text("hello")
     with pytest.raises(NotAProfile, match="nor a JSON object nor a fake profile; .*, or pass one$"):
         registry.detect(other)
+    (tmp_path / "rank_1.fake").write_bytes(FAKE_MAGIC)
+    (tmp_path / "rank_2.fake").write_bytes(b"not one")  # named like one, but the format does not take it
+    assert job_files(tmp_path) == [tmp_path / "rank_1.fake", path]  # a job's folder finds its files too
+
+
+def test_formats_a_folder_of_runs_yields_each_format_s_files_and_nothing_else(tmp_path):
+    export, trace = tmp_path / "rank_0.sqlite", _kineto_trace(tmp_path / "rank_1.json")
+    export.write_bytes(b"anything named .sqlite")
+    (tmp_path / "rank_0.sqlite.truth.json").write_text(json.dumps({"planted": []}))  # JSON that is no trace
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / ".rank_9.sqlite").write_bytes(b"hidden")
+    assert job_files(tmp_path) == [export, trace]
+    assert registry.profile_suffixes() == (".sqlite", ".nsys-rep", ".qdrep", ".json", ".json.gz")
 
 
 def test_formats_remedy_kineto_model_vs_nsys_model():

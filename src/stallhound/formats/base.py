@@ -16,6 +16,11 @@ def as_is(path: Path, cache_dir: Path) -> Path:
     return path
 
 
+def by_name(path: Path) -> bool:
+    """A file named as the format's files are is one: no other program writes files of that name."""
+    return True
+
+
 @dataclass(frozen=True)
 class Format:
     """One input format; its folder's __init__.py exposes it as FORMAT, and registry.FORMATS lists it.
@@ -37,4 +42,8 @@ class Format:
     expects: tuple[str, str]  # (what its files are, how to get one): the error for a file no format detects
     platform: str | None = None  # the meta.platform its models carry; None: the file's own (one format only)
     converts: tuple[str, ...] = ()  # suffixes of the files `prepare` converts before a build
+    # Picking a run's profiles out of a folder: the suffixes its files are named with, and whether a file so named
+    # is one of them (by_name when no other program writes such names; a content check when others do, as .json).
+    suffixes: tuple[str, ...] = ()
+    picks: Callable[[Path], bool] = by_name
     prepare: Callable[[Path, Path], Path] = as_is  # (file, cache folder) -> the file to build from

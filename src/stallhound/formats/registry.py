@@ -27,6 +27,18 @@ def detect(path: Path) -> Format:
                       + ", or ".join(f.expects[1] for f in FORMATS))
 
 
+def profile_suffixes() -> tuple[str, ...]:
+    """Suffixes of every format's files, in the registry's order."""
+    return tuple(s for f in FORMATS for s in f.suffixes)
+
+
+def picks(path: Path) -> bool:
+    """Whether a file found in a folder or by a glob is a profile: named as some format's files are, and that format
+    takes it (a content check where other programs write files of the same name)."""
+    name = path.name.lower()
+    return any(name.endswith(f.suffixes) and f.picks(path) for f in FORMATS)
+
+
 def converted_suffixes() -> tuple[str, ...]:
     """Suffixes of the files some format converts before building, so their models are keyed by the conversion."""
     return tuple(s for f in FORMATS for s in f.converts)

@@ -7,11 +7,9 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from stallhound.formats.kineto import read as kineto_read
-from stallhound.model.errors import NoJobFiles, NotAProfile, ProfileNotFound
+from stallhound.formats import registry
+from stallhound.model.errors import NoJobFiles, ProfileNotFound
 
-# What a folder of rank profiles holds: nsys exports and reports, and torch.profiler traces.
-PROFILE_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep", ".json", ".json.gz")
 # A rank in a file name: rank_3, rank-3, rank3, _r3, -r3, .3. (as in `nsys -o rank_%q{RANK}`, trace.3.json).
 RANK_IN_NAME = (re.compile(r"rank[_-]?(\d+)", re.IGNORECASE), re.compile(r"[_-]r(\d+)(?=\D|$)", re.IGNORECASE),
                 re.compile(r"\.(\d+)\."))
@@ -24,18 +22,8 @@ def _natural(path: Path) -> tuple:
 
 
 def _is_profile(path: Path) -> bool:
-    """Whether a file found in a folder or by a glob is a profile: JSON counts only when it is a torch.profiler
-    trace (a folder of runs often holds other JSON, such as `stallhound synth`'s truth files)."""
-    name = path.name.lower()
-    if not path.is_file() or name.startswith(".") or not name.endswith(PROFILE_SUFFIXES):
-        return False
-    if not name.endswith((".json", ".json.gz")):
-        return True
-    try:
-        kineto_read.header(path)
-    except NotAProfile:
-        return False
-    return True
+    """Whether a file found in a folder or by a glob is a profile some format takes (hidden files never are)."""
+    return path.is_file() and not path.name.startswith(".") and registry.picks(path)
 
 
 def _expand(item: str, check: Callable[[Path], Path]) -> list[Path]:
@@ -62,7 +50,8 @@ def job_files(spec: str | Path | Sequence[str | Path], check: Callable[[Path], P
             if path not in files:
                 files.append(path)
     if not files:
-        raise NoJobFiles(f"{', '.join(items) or 'nothing'} names no profile ({', '.join(PROFILE_SUFFIXES)} files); "
+        named = ", ".join(registry.profile_suffixes())
+        raise NoJobFiles(f"{', '.join(items) or 'nothing'} names no profile ({named} files); "
                          "pass the rank profiles' paths, their folder or a glob such as 'run/rank_*.sqlite'")
     return files
 

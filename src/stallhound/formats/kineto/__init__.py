@@ -9,7 +9,8 @@ import duckdb
 from stallhound.formats.base import Format
 from stallhound.formats.kineto import build as trace_build
 from stallhound.formats.kineto.meta import OPTIONS, PLATFORM
-from stallhound.formats.kineto.read import broken, is_trace
+from stallhound.formats.kineto.read import broken, header, is_trace
+from stallhound.model.errors import NotAProfile
 
 # What DuckDB raises when a trace's values cannot be mapped into the model (text where a number belongs); the
 # reader itself turns a truncated or invalid file into NotAProfile.
@@ -18,6 +19,16 @@ DAMAGE_ERRORS = (duckdb.InvalidInputException, duckdb.TypeMismatchException, duc
 
 def _damaged(path: Path, exc: Exception) -> Exception | None:
     return broken(path, exc) if isinstance(exc, DAMAGE_ERRORS) else None
+
+
+def has_trace_events(path: Path) -> bool:
+    """A JSON file among others (a folder of runs often holds JSON that is no trace, such as `stallhound synth`'s
+    truth files) is a trace when it holds traceEvents."""
+    try:
+        header(path)
+    except NotAProfile:
+        return False
+    return True
 
 
 def say(options: list[str], bare: bool) -> str:
@@ -32,4 +43,5 @@ def written_by(version: str | None, schema: str) -> str:
 FORMAT = Format(
     name="kineto", writer="torch.profiler", detect=is_trace, build=trace_build.build, damaged=_damaged, read_errors=(),
     options=OPTIONS, say=say, written_by=written_by,
-    expects=("a JSON object", "pass a torch.profiler trace (.json or .json.gz)"), platform=PLATFORM)
+    expects=("a JSON object", "pass a torch.profiler trace (.json or .json.gz)"), platform=PLATFORM,
+    suffixes=(".json", ".json.gz"), picks=has_trace_events)

@@ -95,4 +95,4 @@ FORMAT = Format(
     read_errors=(sqlite3.Error,), options=OPTIONS, say=say, written_by=written_by,
     expects=("an SQLite file (its first bytes are not an SQLite header)",
              "export the report with `nsys export --type sqlite report.nsys-rep`"),
-    converts=REPORT_SUFFIXES, prepare=_prepare)
+    converts=REPORT_SUFFIXES, prepare=_prepare, suffixes=(".sqlite", *REPORT_SUFFIXES))
