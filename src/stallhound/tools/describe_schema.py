@@ -49,7 +49,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     for table in TABLES:
         if params.table not in (None, table.name):
             continue
-        rows = con.execute(f"SELECT count(*) FROM {table.name}").fetchone()[0]  # names are our constants
+        counted = con.execute(f"SELECT count(*) FROM {table.name}").fetchone()  # names are our constants
+        assert counted is not None  # count(*) returns one row
+        rows = counted[0]
         details = ([Column(name=n, type=t, description=d) for n, t, d in table.columns]
                    if params.table == table.name else None)
         tables.append(TableInfo(name=table.name, description=table.doc, rows=rows,

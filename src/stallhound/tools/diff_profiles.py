@@ -116,7 +116,7 @@ def render(result: Result) -> str:
     lines += ["", f"figures {result.basis.replace('_', ' ')} (before -> after):"]
     lines += [f"  {r.figure:20} {shown(r.before, r.unit)} -> {shown(r.after, r.unit)}{_change(r)}"
               for r in result.figures]
-    devices = sorted({r.device for r in result.devices})
+    devices = sorted({r.device for r in result.devices if r.device is not None})  # each per-device row names one
     for device in devices:
         parts = [f"{r.figure} {shown(r.before, r.unit)} -> {shown(r.after, r.unit)}{_change(r)}"
                  for r in result.devices if r.device == device]

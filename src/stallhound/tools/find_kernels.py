@@ -161,7 +161,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
     if params.regex:
         _check_regex(con, params.pattern)
-    keys = con.execute(KEYS_SQL, {"pattern": params.pattern, "regex": params.regex}).fetchone()[0] or []
+    found = con.execute(KEYS_SQL, {"pattern": params.pattern, "regex": params.regex}).fetchone()
+    assert found is not None  # list() over the whole table returns one row
+    keys = found[0] or []
     args = {**scope_args(scope), "keys": keys}
     names = con.execute(NAMES_SQL, {**args, "chars": NAME_CHARS, "names": NAME_LIMIT}).fetchall()
     distinct, count, total, low, high = names[0][3:8] if names else (0, 0, 0, None, None)

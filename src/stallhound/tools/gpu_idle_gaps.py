@@ -155,7 +155,7 @@ def _histogram(found: list[attribution.Gap]) -> list[Bucket]:
 
 def _group(row: dict, by_id: dict[int, attribution.Gap]) -> PeriodicGroup:
     causes = Counter(by_id[i].cause for i in row.pop("gap_ids"))
-    return PeriodicGroup(**row, cause=max(sorted(causes), key=causes.get))
+    return PeriodicGroup(**row, cause=max(sorted(causes), key=lambda c: causes[c]))
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
@@ -173,8 +173,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                 edge=g.start_ns == scope.start_ns or g.end_ns == scope.end_ns) for g in top]
     by_id = {g.gap_id: g for g in found}
     devices = [_device(attr.devices[d], [g for g in found if g.device == d]) for d in scope.devices]
-    traced = con.execute(TRACED_SQL, scope_args(scope)).fetchone()[0]
-    note = None if traced else ("no kernel in scope has a traced launch call, so causes read 'host_untraced'; "
+    traced = con.execute(TRACED_SQL, scope_args(scope)).fetchone()
+    assert traced is not None  # count(*) returns one row
+    note = None if traced[0] else ("no kernel in scope has a traced launch call, so causes read 'host_untraced'; "
                                 f"capture with {remedy(con, ('cuda_api',))} to see what the host did")
     result = Result(scope=scope, min_gap_ns=params.min_gap_ns, gap_count=len(found),
                     gap_time_ns=sum(d.gap_time_ns for d in devices), devices=devices, histogram=_histogram(found),

@@ -172,8 +172,9 @@ def _summary(durations: list[int]) -> dict:
     slowest = max(range(len(durations)), key=lambda i: (durations[i], -i))
     slow = sorted((i for i in range(1, len(durations)) if steady and durations[i] > OUTLIER_RATIO * steady),
                   key=lambda i: (-durations[i], i))
-    return {"outliers": [Outlier(index=i, duration_ns=durations[i], vs_steady=round(durations[i] / steady, 3))
-                         for i in slow[:MAX_OUTLIERS]],
+    outliers = [Outlier(index=i, duration_ns=durations[i], vs_steady=round(durations[i] / steady, 3))
+                for i in slow[:MAX_OUTLIERS]] if steady else []
+    return {"outliers": outliers,
             "first_ns": durations[0], "steady_median_ns": steady,
             "first_vs_steady": round(durations[0] / steady, 3) if steady else None,
             "mean_ns": round(statistics.fmean(durations), 1), "std_ns": round(statistics.pstdev(durations), 1),
@@ -224,7 +225,9 @@ def steady_window(result: Result, irregular_ok: bool = False) -> tuple[int, int]
     irregular = result.spread_ratio is not None and result.spread_ratio > IRREGULAR_SPREAD
     if result.iteration_count < MIN_ITERATIONS or (irregular and not irregular_ok):
         return None
-    return result.span_start_ns + (result.first_ns if first_is_warmup(result) else 0), result.span_end_ns
+    start, end, first = result.span_start_ns, result.span_end_ns, result.first_ns
+    assert start is not None and end is not None and first is not None  # set whenever there is an iteration
+    return start + (first if first_is_warmup(result) else 0), end
 
 
 def step_named(result: Result) -> bool:
@@ -239,19 +242,23 @@ def step_named(result: Result) -> bool:
 def findings(result: Result) -> list[Finding]:
     if not first_is_warmup(result):
         return []
-    steady = result.steady_median_ns
-    if result.first_ns - steady < MIN_WARMUP_SHARE * (result.span_end_ns - result.span_start_ns):
+    steady, first, ratio = result.steady_median_ns, result.first_ns, result.first_vs_steady
+    start, end, method = result.span_start_ns, result.span_end_ns, result.method
+    # first_is_warmup means MIN_ITERATIONS iterations or more, and with two every one of these is set
+    assert steady is not None and first is not None and ratio is not None
+    assert start is not None and end is not None and method is not None
+    if first - steady < MIN_WARMUP_SHARE * (end - start):
         return []
     return [Finding(
         root_cause="profiler-window-on-warmup",
-        severity="high" if result.first_vs_steady >= WARMUP_HIGH_RATIO else "medium",
-        title=f"the first iteration takes {result.first_vs_steady:.1f}x the steady-state median "
-              f"({ms(result.first_ns)} vs {ms(steady)})",
-        evidence={"first_vs_steady": result.first_vs_steady, "first_ns": result.first_ns,
+        severity="high" if ratio >= WARMUP_HIGH_RATIO else "medium",
+        title=f"the first iteration takes {ratio:.1f}x the steady-state median "
+              f"({ms(first)} vs {ms(steady)})",
+        evidence={"first_vs_steady": ratio, "first_ns": first,
                   "steady_median_ns": steady, "iteration_count": result.iteration_count,
-                  "method": result.method},
-        time_at_stake_ns=int(result.first_ns - steady), device=device,
-        tags=["nvtx-steps" if result.method.startswith("nvtx:") else "kernel-pattern-steps"])
+                  "method": method},
+        time_at_stake_ns=int(first - steady), device=device,
+        tags=["nvtx-steps" if method.startswith("nvtx:") else "kernel-pattern-steps"])
         for device in result.scope.devices]
 
 

@@ -153,7 +153,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     args = {**scope_args(scope), "threshold": params.threshold_ns}
     devices = [_device(r) for r in con.execute(DEVICES_SQL, args).fetchall()]
     rows, truncated = fetch_capped(con, TINY_SQL, args, params.limit)
-    graph_calls = con.execute(GRAPH_SQL, scope_args(scope)).fetchone()[0]
+    graphs = con.execute(GRAPH_SQL, scope_args(scope)).fetchone()
+    assert graphs is not None  # count(*) returns one row
+    graph_calls = graphs[0]
     count, tiny = sum(d.kernel_count for d in devices), sum(d.tiny_count for d in devices)
     result = Result(
         scope=scope, threshold_ns=params.threshold_ns, kernel_count=count, tiny_count=tiny,

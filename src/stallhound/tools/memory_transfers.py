@@ -219,9 +219,10 @@ def _directions(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[str, i
             for direction, device, *figures in con.execute(DIRECTIONS_SQL, args).fetchall()}
     directions = sorted({direction for direction, _ in sums})
     for device, n, first, last in con.execute(CHUNKS_SQL, args).fetchall():
-        kernels = con.execute(KERNELS_AMONG_SQL, {"device": device, "lo": first, "hi": last}).fetchone()[0]
+        among = con.execute(KERNELS_AMONG_SQL, {"device": device, "lo": first, "hi": last}).fetchone()
+        assert among is not None  # count(*) returns one row
         exposed = _exposed(con, {"start": args["start"], "end": args["end"], "device": device,
-                                 "directions": directions}, n + kernels, first, last)
+                                 "directions": directions}, n + among[0], first, last)
         for i, direction in enumerate(directions):
             if (direction, device) in sums:
                 pair = exposed[2 * i:2 * i + 2]
@@ -247,7 +248,9 @@ def _exposed(con: duckdb.DuckDBPyConnection, args: dict, rows: int, first: int, 
 def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
     """(small D2H copies, blocking ones, host ns blocked) in scope."""
     args = {**scope_args(scope), "small_bytes": SMALL_D2H_BYTES, "follow": rules.READBACK_FOLLOW_NS}
-    count, blocking, blocked = con.execute(SMALL_D2H_SQL, args).fetchone()
+    row = con.execute(SMALL_D2H_SQL, args).fetchone()
+    assert row is not None  # count(*) returns one row
+    count, blocking, blocked = row
     return count, blocking, int(blocked)
 
 
@@ -260,7 +263,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     shown = per_device if params.per_device else sorted(
         _by_direction(sums, scope.duration_ns * max(len(scope.devices), 1)), key=_costliest_first)
     count, nbytes, ns = (sum(f[i] for f in sums.values()) for i in range(3))  # every copy is in one row of sums
-    sync_calls, sync_ns = con.execute(SYNC_COPY_SQL, args).fetchone()
+    sync = con.execute(SYNC_COPY_SQL, args).fetchone()
+    assert sync is not None  # count(*) returns one row
+    sync_calls, sync_ns = sync
     small, blocking, blocked = small_d2h(con, scope)
     result = Result(
         scope=scope, copy_count=count, copy_bytes=int(nbytes), copy_time_ns=int(ns), rows=shown[:params.limit],
@@ -292,8 +297,7 @@ def _pageable_saving(row: DirectionRow) -> int:
 def _findings(rows: list[DirectionRow], pageable: dict[tuple[int, str], _Pageable], idle_ns: dict[int, int],
              window_ns: int) -> list[Finding]:
     out = []
-    for device in sorted({r.device for r in rows}):
-        mine = [r for r in rows if r.device == device]
+    for device, mine in _by_device(rows):
         host = [r for r in mine if r.direction in HOST_SIDE and r.pageable_count]
         saving = {r.direction: _pageable_saving(r) for r in host}
         stake = sum(saving.values()) + idle_ns.get(device, 0)
@@ -309,6 +313,15 @@ def _findings(rows: list[DirectionRow], pageable: dict[tuple[int, str], _Pageabl
                 if r.direction == "H2D" and r.window_pct >= H2D_WINDOW_PCT
                 and rules.worth_reporting(r.exposed_time_ns - saving.get("H2D", 0), window_ns)]
     return out
+
+
+def _by_device(rows: list[DirectionRow]) -> list[tuple[int, list[DirectionRow]]]:
+    """The rows of each device, in device order."""
+    mine: dict[int, list[DirectionRow]] = {}
+    for r in rows:
+        assert r.device is not None  # findings are decided on the per-device rows
+        mine.setdefault(r.device, []).append(r)
+    return sorted(mine.items())
 
 
 def _pageable_finding(device: int, host: list[DirectionRow], stake: int, idle: int, largest: int,

@@ -208,13 +208,15 @@ def findings(result: Result) -> list[Finding]:
     """nccl-straggler per waiting device, then at most one other finding per device on what is left."""
     if not result.has_nccl or result.arrival is None:
         return []
-    waits = {a.device: a for a in result.arrival.devices}
-    found = _straggler(result)
+    arrival = result.arrival
+    waits = {a.device: a for a in arrival.devices}
+    found = _straggler(result, arrival)
     for d in result.devices:
         wait = waits.get(d.device)
         # concurrent NCCL kernels of one device can sum past the window: never claim more than it
         pool = min(max(0, d.exposed_ns - (wait.straggler_wait_ns if wait else 0)), result.scope.duration_ns)
-        chosen = _shared(result, d, pool) or _imbalance(result, d, wait, pool) or _serialization(result, d, pool)
+        chosen = (_shared(result, d, pool) or _imbalance(result, arrival, d, wait, pool)
+                  or _serialization(result, d, pool))
         if chosen:
             found.append(chosen)
     return found
@@ -224,8 +226,7 @@ def _tags(d: DeviceNccl) -> list[str]:
     return [c.lower() for c in d.collectives if c != "other"]
 
 
-def _straggler(result: Result) -> list[Finding]:
-    arrival = result.arrival
+def _straggler(result: Result, arrival: nccl_arrival.Arrival) -> list[Finding]:
     late = next((a for a in arrival.devices if a.device == arrival.straggler_device), None)
     if late is None:
         return []
@@ -261,9 +262,11 @@ def _shared(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
         time_at_stake_ns=stake, device=d.device, tags=_tags(d))
 
 
-def _imbalance(result: Result, d: DeviceNccl, wait: nccl_arrival.DeviceArrival | None, pool: int) -> Finding | None:
-    arrival = result.arrival
-    stake = min(pool, wait.wait_ns) if wait else 0
+def _imbalance(result: Result, arrival: nccl_arrival.Arrival, d: DeviceNccl, wait: nccl_arrival.DeviceArrival | None,
+               pool: int) -> Finding | None:
+    if wait is None:
+        return None
+    stake = min(pool, wait.wait_ns)
     if (arrival.straggler_device is not None or arrival.matched < nccl_arrival.MIN_MATCHED
             or d.window_pct < NCCL_SHARE_PCT or arrival.median_skew_ns < arrival.skew_threshold_ns or stake <= 0):
         return None
@@ -298,10 +301,11 @@ def render(result: Result) -> str:
         lines.extend(f"  {line}" for line in more_rows(result, result.total_rows - len(result.rows), "rows"))
     lines.extend(f"  device {d.device}: {ms(d.nccl_ns)} NCCL ({d.window_pct:.1f}%), exposed {ms(d.exposed_ns)}"
                  for d in result.devices)
-    lines.extend(nccl_sizes.render(result.message_sizes))
+    a, sizes = result.arrival, result.message_sizes
+    assert a is not None and sizes is not None  # both are measured whenever there is NCCL
+    lines.extend(nccl_sizes.render(sizes))
     lines.extend(f"shared stream: device {s.device} stream {s.stream} ({s.nccl_kernels} NCCL, {s.compute_kernels} "
                  f"compute, {ms(s.exposed_ns)} NCCL exposed)" for s in result.nccl_on_compute_stream)
-    a = result.arrival
     lines.append(f"arrival: {a.matched:,} collectives matched ({a.unmatched_kernels:,} kernels unmatched); skew median "
                  f"{ms(a.median_skew_ns)}, p90 {ms(a.p90_skew_ns)}; transfer median {ms(a.median_transfer_ns)}")
     lines.extend(f"  device {d.device}: last to {d.last_count} of {d.collectives} ({d.last_share_pct:.1f}%), "

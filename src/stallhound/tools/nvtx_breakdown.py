@@ -152,7 +152,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     if not groups:
         flag = con.execute("SELECT capture_flag FROM capabilities WHERE data = 'nvtx'").fetchone()
         capture = flag[0] if flag else remedy(con, ("nvtx",), bare=True)
-        note = ("no NVTX ranges match in this window" if con.execute("SELECT count(*) FROM nvtx").fetchone()[0]
+        ranges = con.execute("SELECT count(*) FROM nvtx").fetchone()
+        assert ranges is not None  # count(*) returns one row
+        note = ("no NVTX ranges match in this window" if ranges[0]
                 else f"the profile has no NVTX ranges; capture them with {capture}")
     result = Result(scope=scope, has_nvtx=bool(groups), note=note, range_count=sum(g.count for g in groups),
                     rows=rows[:params.limit], truncated=len(rows) > params.limit, total_rows=len(rows),

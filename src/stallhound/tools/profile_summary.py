@@ -22,6 +22,8 @@ cut or rewritten by another tool, nsys errors.
 
 from __future__ import annotations
 
+from typing import Any
+
 import duckdb
 from pydantic import BaseModel, Field
 
@@ -220,6 +222,13 @@ def _diagnostics(con: duckdb.DuckDBPyConnection) -> Diagnostics:
                        truncated=truncated)
 
 
+def _value(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    """The one value of a query that returns one row: a count, or a figure of the one-row meta table."""
+    row = con.execute(sql).fetchone()
+    assert row is not None
+    return row[0]
+
+
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     meta = con.execute(META_SQL).fetchone() or (None,) * 11
     capture, gpu_active = _window(meta[5], meta[6]), _window(meta[7], meta[8])
@@ -236,13 +245,13 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   note=_note(con, capture, gpu_active, table_rows), nsys_version=meta[0], schema_version=meta[1],
                   host=meta[2], platform=meta[3], command_line=meta[4], machine_gpus=meta[9], derived_from=meta[10],
                   capture=capture, gpu_active=gpu_active, gpu_active_pct=active_pct, devices=devices,
-                  process_count=con.execute(PROCESS_COUNT_SQL).fetchone()[0], top_processes=processes,
-                  launching_process_count=con.execute(LAUNCHING_COUNT_SQL).fetchone()[0],
+                  process_count=_value(con, PROCESS_COUNT_SQL), top_processes=processes,
+                  launching_process_count=_value(con, LAUNCHING_COUNT_SQL),
                   table_rows=table_rows, missing=rules.missing(con), libraries=_libraries(con),
                   diagnostics=_diagnostics(con),
                   trace_quality=trace_quality.notes(con, capture, gpu_active, active_pct, bool(devices), meta[9],
                                                    meta[10]),
-                  rank=con.execute(RANK_SQL).fetchone()[0])
+                  rank=_value(con, RANK_SQL))
 
 
 def render(result: Result) -> str:

@@ -148,8 +148,9 @@ def _basis(con: duckdb.DuckDBPyConnection, clock: Clock) -> tuple[Basis, str]:
     if clock == "different_hosts":
         return "durations", ("the ranks ran on different hosts, whose clocks cannot be compared: waits are read "
                              "from kernel durations instead of arrival times")
-    apart = con.execute("SELECT max(gpu_start_ns) >= min(gpu_end_ns) FROM meta").fetchone()[0]
-    if apart:
+    apart = con.execute("SELECT max(gpu_start_ns) >= min(gpu_end_ns) FROM meta").fetchone()
+    assert apart is not None  # max() and min() return one row
+    if apart[0]:
         return "durations", ("the ranks' GPU activity does not overlap in time on their clocks, so the clocks "
                              "disagree: waits are read from kernel durations instead of arrival times")
     where = "one host" if clock == "same_host" else "hosts not recorded, taken as one clock"
@@ -176,6 +177,12 @@ def _rows(con: duckdb.DuckDBPyConnection, ranks: list[int], waits: dict[int, fig
     return rows
 
 
+def _waited(wait: figures.RankWait, last: int) -> int:
+    """A rank's wait in the collectives `last` arrived last to."""
+    assert wait.waits_by_last is not None  # figures.waits fills it for every rank it returns
+    return wait.waits_by_last.get(last, 0)
+
+
 def _straggler(rows: list[RankRow], waits: dict[int, figures.RankWait], matched: int, threshold: int
                ) -> tuple[Straggler | None, str]:
     if len(rows) < 2:
@@ -200,8 +207,7 @@ def _straggler(rows: list[RankRow], waits: dict[int, figures.RankWait], matched:
     cause = "compute" if compute >= idle and compute > 0 else "idle" if idle > 0 else "unclear"
     per_step = {what: round((getattr(top, what) - statistics.median(getattr(r, what) for r in others)) / top.steps, 1)
                 if top.steps else None for what in ("compute_ns", "idle_ns")}
-    peer = int(statistics.median(waits[r.rank].waits_by_last.get(top.rank, 0) if r.rank in waits else 0
-                                 for r in others))
+    peer = int(statistics.median(_waited(waits[r.rank], top.rank) if r.rank in waits else 0 for r in others))
     return Straggler(rank=top.rank, last_count=top.last_count, collectives=top.collectives,
                      last_share_pct=top.last_share_pct, lateness_ns=late.lateness_ns, peer_wait_ns=peer,
                      compute_excess_pct=compute, idle_excess_pct=idle, cause=cause,

@@ -158,7 +158,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     if measured == "sched":
         sql = SCHED_SQL
     elif measured == "cpu_samples":
-        period = con.execute(PERIOD_SQL).fetchone()[0] or 0
+        median = con.execute(PERIOD_SQL).fetchone()
+        assert median is not None  # median() over the whole table returns one row
+        period = median[0] or 0
         sql, args = SAMPLES_SQL, {**args, "period": period}
     else:
         sql, args = API_SQL, {**args, "waits": rules.WAIT_CALLS}

@@ -14,7 +14,7 @@ The run is classified by analysis/shares.py.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 import duckdb
 from pydantic import Field
@@ -32,7 +32,7 @@ from stallhound.analysis.common import (
     resolve_scope,
     run_once,
 )
-from stallhound.analysis.contracts import TRIAGED
+from stallhound.analysis.contracts import TRIAGED, TriageHow
 from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.analysis.program import Program
 from stallhound.analysis.shares import Classification
@@ -86,7 +86,7 @@ class Result(Output):
 def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str, list[Finding]]:
     """The analysis window, how it was chosen, and the warmup findings found on the way."""
     if params.start_ns is not None or params.end_ns is not None or params.window != "auto":
-        default = "capture" if params.window == "capture" else "gpu_active"
+        default: Literal["capture", "gpu_active"] = "capture" if params.window == "capture" else "gpu_active"
         scope = resolve_scope(con, params, default=default)
         return scope, f"{scope.window_basis} window, as asked", []
     gpu = resolve_scope(con, params, default="gpu_active")
@@ -166,7 +166,8 @@ def _gathered(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope, prog
     """(detector, finding) of every detector in its declared order, and the detectors that could not run, with why."""
     found: list[tuple[str, Finding]] = []
     skipped: list[str] = []
-    for name, module, role in detectors(*TRIAGED):
+    # TRIAGED's values are TriageHow literals, but analysis/contracts.py leaves its type inferred as str
+    for name, module, role in detectors(*cast("tuple[TriageHow, ...]", TRIAGED)):
         if role.how == "warmup":
             found += [(name, f) for f in warmup]
         elif role.how == "idle":
@@ -189,7 +190,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     chain = tuple(prog.fix_chain)
     summary = skills()["profile_summary"]
     quality = run_once(con, summary, summary.Params(profile=params.profile)).trace_quality
-    if con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()[0]:
+    unset = con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()
+    assert unset is not None  # meta holds one row
+    if unset[0]:
         return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA), remedy(con, ('kernels', 'nvtx')))
     scope, note, warmup = _window(con, params)
     found, skipped = _gathered(con, params, scope, prog, warmup)

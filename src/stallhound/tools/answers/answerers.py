@@ -94,7 +94,7 @@ def _utilization(e: Evidence) -> Answer:
     if not idle.devices:
         return None
     busy = {d.device: d.busy_pct for d in idle.devices.values()}
-    return (f"busy (kernels, copies, memsets) over {ms(e.triage.window.duration_ns)}: "
+    return (f"busy (kernels, copies, memsets) over {ms(e.window.duration_ns)}: "
             + ", ".join(f"device {d} {b:.1f}%" for d, b in busy.items()), {"busy_pct": busy})
 
 
@@ -303,7 +303,7 @@ def _expected(e: Evidence) -> Answer:
     inside = [f for f in e.triage.findings if f.root_cause != "profiler-window-on-warmup"]
     if not inside:
         return None
-    f, w = inside[0], e.triage.window
+    f, w = inside[0], e.window
     return (f"at most {ms(f.time_at_stake_ns)} of device {f.device}'s {ms(w.duration_ns)} window "
             f"({pct(f.time_at_stake_ns, w.duration_ns):.1f}%) from the costliest finding inside it ({f.root_cause}): "
             "an upper bound", {"time_at_stake_ns": f.time_at_stake_ns, "window_ns": w.duration_ns})

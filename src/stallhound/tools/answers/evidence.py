@@ -8,31 +8,44 @@ from functools import cached_property
 from typing import Any
 
 import duckdb
-from pydantic import BaseModel
 
 from stallhound.analysis import attribution
-from stallhound.analysis.common import run_once
+from stallhound.analysis.common import Scope, run_once
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import iterations
 from stallhound.tools.answers import figures as answer_figures
-from stallhound.tools.triage import MAX_FINDINGS
+from stallhound.tools.triage import MAX_FINDINGS, RankedFinding
+from stallhound.tools.triage import Result as TriageResult
 
 
 class Evidence:
     """The tools' results for one profile, on triage's window, each computed once."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, profile: str):
-        self.con, self.profile, self._results = con, profile, {}
+        self.con, self.profile = con, profile
+        self._results: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
 
     @cached_property
-    def triage(self) -> BaseModel | None:
+    def _triage(self) -> TriageResult | None:
         return self.tool("triage", window_scoped=False, limit=MAX_FINDINGS)
+
+    @property
+    def triage(self) -> TriageResult:
+        """Triage's result, for the answerers: they run only when the profile is analysable."""
+        assert self._triage is not None
+        return self._triage
+
+    @property
+    def window(self) -> Scope:
+        """Triage's window, for the answerers: they run only when the profile is analysable."""
+        assert self.triage.window is not None
+        return self.triage.window
 
     def tool(self, name: str, window_scoped: bool = True, **params: Any) -> Any:
         """The tool's result (None when it cannot run here), on triage's window unless told otherwise."""
         from stallhound.tools import skills
-        if window_scoped and self.triage is not None and self.triage.window is not None:
-            w = self.triage.window
+        if window_scoped and self._triage is not None and self._triage.window is not None:
+            w = self._triage.window
             params = {"start_ns": w.start_ns, "end_ns": w.end_ns, **params}
         key = (name, tuple(sorted(params.items())))
         if key not in self._results:
@@ -46,18 +59,18 @@ class Evidence:
     @property
     def analysable(self) -> bool:
         """Whether triage found a window to analyse (an export with no timed event has none)."""
-        return self.triage is not None and self.triage.window is not None
+        return self._triage is not None and self._triage.window is not None
 
     @property
     def idle(self) -> attribution.Attribution:
         """Triage's idle attribution of its window (computed once per model and window)."""
-        return attribution.attribute(self.con, self.triage.window)
+        return attribution.attribute(self.con, self.window)
 
     def tiny_kernels(self) -> answer_figures.TinyKernels:
-        return answer_figures.tiny_kernels(self.con, self.triage.window)
+        return answer_figures.tiny_kernels(self.con, self.window)
 
     def device_syncs(self) -> answer_figures.DeviceSyncs:
-        return answer_figures.device_syncs(self.con, self.triage.window)
+        return answer_figures.device_syncs(self.con, self.window)
 
     @property
     def summary(self) -> Any:
@@ -69,8 +82,8 @@ class Evidence:
         it = self.tool("iterations", window_scoped=False)
         if not it or not it.iteration_count:
             return 0
-        steady = self.triage.window.window_basis == "steady_state"
+        steady = self.window.window_basis == "steady_state"
         return it.iteration_count - (1 if steady and iterations.first_is_warmup(it) else 0)
 
-    def finding(self, *causes: str) -> list:
-        return [f for f in (self.triage.findings if self.triage else []) if f.root_cause in causes]
+    def finding(self, *causes: str) -> list[RankedFinding]:
+        return [f for f in (self._triage.findings if self._triage else []) if f.root_cause in causes]

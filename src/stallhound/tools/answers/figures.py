@@ -41,7 +41,9 @@ class DeviceSyncs:
 def tiny_kernels(con: duckdb.DuckDBPyConnection, scope: Scope) -> TinyKernels:
     """kernel_launch_overhead's kernel_count and tiny_count at its default threshold."""
     def compute() -> TinyKernels:
-        n, tiny = con.execute(TINY_SQL, {**scope_args(scope), "threshold": TINY_THRESHOLD_NS}).fetchone()
+        row = con.execute(TINY_SQL, {**scope_args(scope), "threshold": TINY_THRESHOLD_NS}).fetchone()
+        assert row is not None  # count(*) returns one row
+        n, tiny = row
         return TinyKernels(kernel_count=n, tiny_count=tiny, threshold_ns=TINY_THRESHOLD_NS)
     return per_model(con, ("tiny_kernels", tuple(scope.devices), scope.start_ns, scope.end_ns), compute)
 
@@ -52,7 +54,9 @@ def device_syncs(con: duckdb.DuckDBPyConnection, scope: Scope) -> DeviceSyncs:
     def compute() -> DeviceSyncs:
         try:
             sync_analysis.find(con, scope)
-            count, blocked = con.execute(DEVICE_SYNCS_SQL).fetchone()
+            row = con.execute(DEVICE_SYNCS_SQL).fetchone()
+            assert row is not None  # count(*) returns one row
+            count, blocked = row
         finally:
             sync_analysis.drop_stages(con)
         return DeviceSyncs(count=count, blocked_ns=blocked)

@@ -67,7 +67,7 @@ def total_figures(before: Side, after: Side, basis: Basis, norm: Norm) -> list[t
     per = per_word(basis)
     rows = []
     if basis == "per_iteration":
-        rows.append(("step time", "ns", round(before.step_mean_ns, 1), round(after.step_mean_ns, 1)))
+        rows.append(("step time", "ns", round(before.step_ns[0], 1), round(after.step_ns[0], 1)))
     for label, share in (("compute share", "compute_pct"), ("copy share", "transfer_pct"),
                          ("communication share", "communication_pct"), ("idle share", "idle_pct")):
         rows.append((label, SHARE_UNIT, getattr(before.classification, share),

@@ -82,6 +82,12 @@ class Side(BaseModel):
     def busy_ns(self) -> int:
         return sum(d.busy_ns for d in self.devices)
 
+    @property
+    def step_ns(self) -> tuple[float, float]:
+        """(mean, standard deviation) of the steady iterations, for a side that has some (the per-iteration basis)."""
+        assert self.step_mean_ns is not None and self.step_std_ns is not None, "no steady iterations"
+        return self.step_mean_ns, self.step_std_ns
+
 
 def _steady_steps(con: duckdb.DuckDBPyConnection, pid: str, window: Scope) -> tuple[int, float | None, float | None]:
     """(count, mean, std) of the iterations inside a steady-state window; (0, None, None) for any other window."""

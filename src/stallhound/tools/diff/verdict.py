@@ -58,12 +58,13 @@ def decide(before: Side, after: Side) -> Decision:
 
 
 def _noise(side: Side) -> float:
-    return 100 * side.step_std_ns / side.step_mean_ns
+    mean, std = side.step_ns
+    return 100 * std / mean
 
 
 def _by_step(before: Side, after: Side, warnings: list[str]) -> Decision:
-    b, a = before.step_mean_ns, after.step_mean_ns
-    error = math.sqrt(before.step_std_ns ** 2 / before.iterations + after.step_std_ns ** 2 / after.iterations)
+    (b, b_std), (a, a_std) = before.step_ns, after.step_ns
+    error = math.sqrt(b_std ** 2 / before.iterations + a_std ** 2 / after.iterations)
     threshold = round(max(MIN_STEP_CHANGE_PCT, 100 * NOISE_SIGMAS * error / b), 2)
     change = round(100 * (a - b) / b, 2)
     verdict: Verdict = "no clear change" if abs(change) <= threshold else "improved" if change < 0 else "regressed"
