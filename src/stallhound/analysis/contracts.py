@@ -59,7 +59,8 @@ class Detector(Protocol):
 
 
 TriageHow = Literal["warmup", "idle", "window", "part", "job"]
-TRIAGED = ("warmup", "idle", "window")  # the roles whose findings triage gathers itself, each at its `order`
+# the roles whose findings triage gathers itself, each at its `order`
+TRIAGED: tuple[TriageHow, ...] = ("warmup", "idle", "window")
 
 
 @dataclass(frozen=True)

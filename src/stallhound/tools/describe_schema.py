@@ -13,6 +13,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import Output, ProfileParams
+from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 from stallhound.model.schema import TABLE_NAMES, TABLES
 
@@ -49,8 +50,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     for table in TABLES:
         if params.table not in (None, table.name):
             continue
-        counted = con.execute(f"SELECT count(*) FROM {table.name}").fetchone()  # names are our constants
-        assert counted is not None  # count(*) returns one row
+        counted = one_row(con.execute(f"SELECT count(*) FROM {table.name}"))  # names are our constants
         rows = counted[0]
         details = ([Column(name=n, type=t, description=d) for n, t, d in table.columns]
                    if params.table == table.name else None)

@@ -32,6 +32,7 @@ from stallhound.analysis.common import (
 )
 from stallhound.analysis.kernel_kinds import NAME_CHARS
 from stallhound.formats.remedy import remedy
+from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 
 NAME_LIMIT = 10  # distinct matched names listed: enough to see whether the pattern was too broad
@@ -161,8 +162,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
     if params.regex:
         _check_regex(con, params.pattern)
-    found = con.execute(KEYS_SQL, {"pattern": params.pattern, "regex": params.regex}).fetchone()
-    assert found is not None  # list() over the whole table returns one row
+    found = one_row(con.execute(KEYS_SQL, {"pattern": params.pattern, "regex": params.regex}))
     keys = found[0] or []
     args = {**scope_args(scope), "keys": keys}
     names = con.execute(NAMES_SQL, {**args, "chars": NAME_CHARS, "names": NAME_LIMIT}).fetchall()

@@ -42,6 +42,7 @@ from stallhound.analysis.common import (
 from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.formats.remedy import remedy
+from stallhound.model.duck import one_row
 
 GAP_ROWS = 10  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
 PERIODIC_ROWS = 5  # a pattern recurs on every rank of a node: the costliest few make the point
@@ -173,8 +174,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                 edge=g.start_ns == scope.start_ns or g.end_ns == scope.end_ns) for g in top]
     by_id = {g.gap_id: g for g in found}
     devices = [_device(attr.devices[d], [g for g in found if g.device == d]) for d in scope.devices]
-    traced = con.execute(TRACED_SQL, scope_args(scope)).fetchone()
-    assert traced is not None  # count(*) returns one row
+    traced = one_row(con.execute(TRACED_SQL, scope_args(scope)))
     note = None if traced[0] else ("no kernel in scope has a traced launch call, so causes read 'host_untraced'; "
                                 f"capture with {remedy(con, ('cuda_api',))} to see what the host did")
     result = Result(scope=scope, min_gap_ns=params.min_gap_ns, gap_count=len(found),

@@ -37,6 +37,7 @@ from stallhound.analysis.common import (
 )
 from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.idle_causes import IdleBasis
+from stallhound.model.duck import one_row
 
 ROOT_CAUSES = {"small-kernel-overhead", "cpu-bottleneck"}  # the idle findings this tool shows
 TRIAGE = TriageRole("part", of="gpu_idle_gaps")  # ranked by triage among all the idle findings
@@ -153,8 +154,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     args = {**scope_args(scope), "threshold": params.threshold_ns}
     devices = [_device(r) for r in con.execute(DEVICES_SQL, args).fetchall()]
     rows, truncated = fetch_capped(con, TINY_SQL, args, params.limit)
-    graphs = con.execute(GRAPH_SQL, scope_args(scope)).fetchone()
-    assert graphs is not None  # count(*) returns one row
+    graphs = one_row(con.execute(GRAPH_SQL, scope_args(scope)))
     graph_calls = graphs[0]
     count, tiny = sum(d.kernel_count for d in devices), sum(d.tiny_count for d in devices)
     result = Result(

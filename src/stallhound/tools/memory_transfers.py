@@ -41,6 +41,7 @@ from stallhound.analysis.common import (
     scope_args,
 )
 from stallhound.analysis.contracts import TriageRole
+from stallhound.model.duck import one_row
 
 SMALL_D2H_BYTES = 1024  # a scalar or a handful of values read back: .item(), .cpu() of a metric
 PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
@@ -219,8 +220,7 @@ def _directions(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[str, i
             for direction, device, *figures in con.execute(DIRECTIONS_SQL, args).fetchall()}
     directions = sorted({direction for direction, _ in sums})
     for device, n, first, last in con.execute(CHUNKS_SQL, args).fetchall():
-        among = con.execute(KERNELS_AMONG_SQL, {"device": device, "lo": first, "hi": last}).fetchone()
-        assert among is not None  # count(*) returns one row
+        among = one_row(con.execute(KERNELS_AMONG_SQL, {"device": device, "lo": first, "hi": last}))
         exposed = _exposed(con, {"start": args["start"], "end": args["end"], "device": device,
                                  "directions": directions}, n + among[0], first, last)
         for i, direction in enumerate(directions):
@@ -248,8 +248,7 @@ def _exposed(con: duckdb.DuckDBPyConnection, args: dict, rows: int, first: int, 
 def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
     """(small D2H copies, blocking ones, host ns blocked) in scope."""
     args = {**scope_args(scope), "small_bytes": SMALL_D2H_BYTES, "follow": rules.READBACK_FOLLOW_NS}
-    row = con.execute(SMALL_D2H_SQL, args).fetchone()
-    assert row is not None  # count(*) returns one row
+    row = one_row(con.execute(SMALL_D2H_SQL, args))
     count, blocking, blocked = row
     return count, blocking, int(blocked)
 
@@ -263,8 +262,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     shown = per_device if params.per_device else sorted(
         _by_direction(sums, scope.duration_ns * max(len(scope.devices), 1)), key=_costliest_first)
     count, nbytes, ns = (sum(f[i] for f in sums.values()) for i in range(3))  # every copy is in one row of sums
-    sync = con.execute(SYNC_COPY_SQL, args).fetchone()
-    assert sync is not None  # count(*) returns one row
+    sync = one_row(con.execute(SYNC_COPY_SQL, args))
     sync_calls, sync_ns = sync
     small, blocking, blocked = small_d2h(con, scope)
     result = Result(

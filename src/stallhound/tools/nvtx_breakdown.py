@@ -32,6 +32,7 @@ from stallhound.analysis.common import (
     resolve_scope,
 )
 from stallhound.formats.remedy import remedy
+from stallhound.model.duck import one_row
 from stallhound.model.sql_files import sql_beside
 
 PHASES = (  # checked in this order: "optimizer.zero_grad" is optimizer work, not backward
@@ -152,8 +153,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     if not groups:
         flag = con.execute("SELECT capture_flag FROM capabilities WHERE data = 'nvtx'").fetchone()
         capture = flag[0] if flag else remedy(con, ("nvtx",), bare=True)
-        ranges = con.execute("SELECT count(*) FROM nvtx").fetchone()
-        assert ranges is not None  # count(*) returns one row
+        ranges = one_row(con.execute("SELECT count(*) FROM nvtx"))
         note = ("no NVTX ranges match in this window" if ranges[0]
                 else f"the profile has no NVTX ranges; capture them with {capture}")
     result = Result(scope=scope, has_nvtx=bool(groups), note=note, range_count=sum(g.count for g in groups),

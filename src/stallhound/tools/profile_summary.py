@@ -34,6 +34,7 @@ from stallhound.analysis.rules import Missing
 from stallhound.formats.nsys.checks import LOAD_SOURCE
 from stallhound.formats.registry import by_platform
 from stallhound.formats.remedy import remedy
+from stallhound.model.duck import one_row
 from stallhound.model.schema import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
 
 TOP_PROCESSES = 5  # a capture can hold hundreds of idle helper processes: the launching few matter
@@ -224,8 +225,7 @@ def _diagnostics(con: duckdb.DuckDBPyConnection) -> Diagnostics:
 
 def _value(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
     """The one value of a query that returns one row: a count, or a figure of the one-row meta table."""
-    row = con.execute(sql).fetchone()
-    assert row is not None
+    row = one_row(con.execute(sql))
     return row[0]
 
 

@@ -56,6 +56,7 @@ from stallhound.analysis.common import MAX_LIMIT, Finding, Output, more_rows, ms
 from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.nccl_arrival import LAST_SHARE_MIN_PCT, MIN_MATCHED, MIN_SKEW_NS, SKEW_TRANSFER_RATIO
 from stallhound.analysis.step_boundaries import steady_median_ns
+from stallhound.model.duck import one_row
 from stallhound.tools.nccl_breakdown import NCCL_SHARE_PCT
 
 TRIAGE = TriageRole("job")  # triage_job ranks its cross-rank findings
@@ -148,8 +149,7 @@ def _basis(con: duckdb.DuckDBPyConnection, clock: Clock) -> tuple[Basis, str]:
     if clock == "different_hosts":
         return "durations", ("the ranks ran on different hosts, whose clocks cannot be compared: waits are read "
                              "from kernel durations instead of arrival times")
-    apart = con.execute("SELECT max(gpu_start_ns) >= min(gpu_end_ns) FROM meta").fetchone()
-    assert apart is not None  # max() and min() return one row
+    apart = one_row(con.execute("SELECT max(gpu_start_ns) >= min(gpu_end_ns) FROM meta"))
     if apart[0]:
         return "durations", ("the ranks' GPU activity does not overlap in time on their clocks, so the clocks "
                              "disagree: waits are read from kernel durations instead of arrival times")
@@ -177,12 +177,6 @@ def _rows(con: duckdb.DuckDBPyConnection, ranks: list[int], waits: dict[int, fig
     return rows
 
 
-def _waited(wait: figures.RankWait, last: int) -> int:
-    """A rank's wait in the collectives `last` arrived last to."""
-    assert wait.waits_by_last is not None  # figures.waits fills it for every rank it returns
-    return wait.waits_by_last.get(last, 0)
-
-
 def _straggler(rows: list[RankRow], waits: dict[int, figures.RankWait], matched: int, threshold: int
                ) -> tuple[Straggler | None, str]:
     if len(rows) < 2:
@@ -207,7 +201,8 @@ def _straggler(rows: list[RankRow], waits: dict[int, figures.RankWait], matched:
     cause = "compute" if compute >= idle and compute > 0 else "idle" if idle > 0 else "unclear"
     per_step = {what: round((getattr(top, what) - statistics.median(getattr(r, what) for r in others)) / top.steps, 1)
                 if top.steps else None for what in ("compute_ns", "idle_ns")}
-    peer = int(statistics.median(_waited(waits[r.rank], top.rank) if r.rank in waits else 0 for r in others))
+    peer = int(statistics.median(waits[r.rank].waits_by_last.get(top.rank, 0) if r.rank in waits else 0
+                                 for r in others))
     return Straggler(rank=top.rank, last_count=top.last_count, collectives=top.collectives,
                      last_share_pct=top.last_share_pct, lateness_ns=late.lateness_ns, peer_wait_ns=peer,
                      compute_excess_pct=compute, idle_excess_pct=idle, cause=cause,

@@ -38,6 +38,7 @@ from stallhound.analysis.common import (
 from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.formats.remedy import remedy
+from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 
 Basis = Literal["sched", "cpu_samples", "cuda_api"]
@@ -158,8 +159,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     if measured == "sched":
         sql = SCHED_SQL
     elif measured == "cpu_samples":
-        median = con.execute(PERIOD_SQL).fetchone()
-        assert median is not None  # median() over the whole table returns one row
+        median = one_row(con.execute(PERIOD_SQL))
         period = median[0] or 0
         sql, args = SAMPLES_SQL, {**args, "period": period}
     else:

@@ -14,7 +14,7 @@ The run is classified by analysis/shares.py.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, cast
+from typing import Annotated, Literal
 
 import duckdb
 from pydantic import Field
@@ -32,11 +32,12 @@ from stallhound.analysis.common import (
     resolve_scope,
     run_once,
 )
-from stallhound.analysis.contracts import TRIAGED, TriageHow
+from stallhound.analysis.contracts import TRIAGED
 from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.analysis.program import Program
 from stallhound.analysis.shares import Classification
 from stallhound.formats.remedy import remedy
+from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import detectors, iterations, skills
 
@@ -166,8 +167,7 @@ def _gathered(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope, prog
     """(detector, finding) of every detector in its declared order, and the detectors that could not run, with why."""
     found: list[tuple[str, Finding]] = []
     skipped: list[str] = []
-    # TRIAGED's values are TriageHow literals, but analysis/contracts.py leaves its type inferred as str
-    for name, module, role in detectors(*cast("tuple[TriageHow, ...]", TRIAGED)):
+    for name, module, role in detectors(*TRIAGED):
         if role.how == "warmup":
             found += [(name, f) for f in warmup]
         elif role.how == "idle":
@@ -190,8 +190,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     chain = tuple(prog.fix_chain)
     summary = skills()["profile_summary"]
     quality = run_once(con, summary, summary.Params(profile=params.profile)).trace_quality
-    unset = con.execute("SELECT capture_start_ns IS NULL FROM meta").fetchone()
-    assert unset is not None  # meta holds one row
+    unset = one_row(con.execute("SELECT capture_start_ns IS NULL FROM meta"))
     if unset[0]:
         return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA), remedy(con, ('kernels', 'nvtx')))
     scope, note, warmup = _window(con, params)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import duckdb
 
 from stallhound.analysis.common import Scope, pct, per_model, scope_args
+from stallhound.model.duck import one_row
 from stallhound.tools import kernel_launch_overhead, sync_analysis
 
 TINY_THRESHOLD_NS = kernel_launch_overhead.Params.model_fields["threshold_ns"].default  # the tool's default
@@ -41,8 +42,7 @@ class DeviceSyncs:
 def tiny_kernels(con: duckdb.DuckDBPyConnection, scope: Scope) -> TinyKernels:
     """kernel_launch_overhead's kernel_count and tiny_count at its default threshold."""
     def compute() -> TinyKernels:
-        row = con.execute(TINY_SQL, {**scope_args(scope), "threshold": TINY_THRESHOLD_NS}).fetchone()
-        assert row is not None  # count(*) returns one row
+        row = one_row(con.execute(TINY_SQL, {**scope_args(scope), "threshold": TINY_THRESHOLD_NS}))
         n, tiny = row
         return TinyKernels(kernel_count=n, tiny_count=tiny, threshold_ns=TINY_THRESHOLD_NS)
     return per_model(con, ("tiny_kernels", tuple(scope.devices), scope.start_ns, scope.end_ns), compute)
@@ -54,8 +54,7 @@ def device_syncs(con: duckdb.DuckDBPyConnection, scope: Scope) -> DeviceSyncs:
     def compute() -> DeviceSyncs:
         try:
             sync_analysis.find(con, scope)
-            row = con.execute(DEVICE_SYNCS_SQL).fetchone()
-            assert row is not None  # count(*) returns one row
+            row = one_row(con.execute(DEVICE_SYNCS_SQL))
             count, blocked = row
         finally:
             sync_analysis.drop_stages(con)
