@@ -36,9 +36,14 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                found.add(".".join(base + ([node.module] if node.module else [])))
+                target = ".".join(base + ([node.module] if node.module else []))
             elif node.module and node.module.startswith("stallhound"):
-                found.add(node.module)
+                target = node.module
+            else:
+                continue
+            # `from stallhound import tools` names the package in the imported names, not in the module
+            packages = [a.name for a in node.names if target == "stallhound" and a.name in MAY_IMPORT]
+            found |= {f"{target}.{name}" for name in packages} if packages else {target}
     return found
 
 
@@ -60,6 +65,21 @@ def violations() -> list[str]:
     return out
 
 
+def format_crossings() -> list[str]:
+    """Imports from one format's folder into another's: each format stands alone, so adding or removing one touches
+    its folder and the registry only."""
+    formats = SRC / "formats"
+    folders = {p.name for p in formats.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    out = []
+    for folder in sorted(folders):
+        for path in sorted((formats / folder).rglob("*.py")):
+            for target in sorted(_imports(path)):
+                parts = target.split(".")
+                if len(parts) > 2 and parts[1] == "formats" and parts[2] in folders - {folder}:
+                    out.append(f"{path.relative_to(SRC)} imports {target}")
+    return out
+
+
 def test_layers_every_package_is_listed():
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages == set(MAY_IMPORT)
@@ -69,14 +89,35 @@ def test_layers_nothing_imports_upward():
     assert violations() == []
 
 
+def test_layers_no_format_imports_another():
+    assert format_crossings() == []
+
+
 def test_layers_the_check_sees_an_upward_import(tmp_path, monkeypatch):
-    """The check itself: an analysis module importing a tool is caught, a relative import resolved."""
+    """The check itself: an analysis module importing a tool is caught, in each form an import can take."""
     root = tmp_path / "stallhound"
     (root / "analysis").mkdir(parents=True)
     (root / "tools").mkdir()
     for package in ("", "analysis", "tools"):
         (root / package / "__init__.py").write_text("")
     (root / "analysis" / "engine.py").write_text("from stallhound.tools import triage\nfrom . import sibling\n")
-    (root / "tools" / "tool.py").write_text("from ..analysis import engine\n")
+    (root / "analysis" / "by_name.py").write_text("from stallhound import __version__, tools\n")
+    (root / "analysis" / "relative.py").write_text("from .. import tools\n")
+    (root / "analysis" / "plain.py").write_text("import stallhound.tools.triage\n")
+    (root / "tools" / "tool.py").write_text("from ..analysis import engine\nfrom stallhound import analysis\n")
     monkeypatch.setattr(sys.modules[__name__], "SRC", root)
-    assert violations() == ["analysis/engine.py imports stallhound.tools"]
+    assert violations() == ["analysis/by_name.py imports stallhound.tools",
+                            "analysis/engine.py imports stallhound.tools",
+                            "analysis/plain.py imports stallhound.tools.triage",
+                            "analysis/relative.py imports stallhound.tools"]
+
+
+def test_layers_the_check_sees_one_format_importing_another(tmp_path, monkeypatch):
+    formats = tmp_path / "stallhound" / "formats"
+    for folder in ("", "one", "two"):
+        (formats / folder).mkdir(parents=True, exist_ok=True)
+        (formats / folder / "__init__.py").write_text("")
+    (formats / "one" / "build.py").write_text("from stallhound.formats.two import read\nfrom . import meta\n")
+    (formats / "two" / "read.py").write_text("from stallhound.formats import derive\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", formats.parent)
+    assert format_crossings() == ["formats/one/build.py imports stallhound.formats.two"]
