@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fixture_guard import FIXTURES_ROOT
+from modeldb import make_model
 from pydantic import BaseModel
 
 from stallhound import synth, tools
@@ -19,7 +20,7 @@ from stallhound.analysis.common import Output
 from stallhound.analysis.contracts import run_skill
 from stallhound.formats import build_steps, open_profile
 from stallhound.formats.kineto import build as kineto
-from stallhound.formats.nsys import build as ingest
+from stallhound.formats.nsys import build as nsys_build
 from stallhound.model.errors import LoadCancelled
 from stallhound.tools import detectors, job_tools, pair_tools, skills
 
@@ -66,11 +67,25 @@ def test_contracts_detectors_are_the_modules_with_findings_of_their_result_and_a
         assert tuple(inspect.signature(modules[name].findings).parameters) == ("result",), name
 
 
-def test_contracts_triage_runs_its_detectors_in_the_declared_order():
+def test_contracts_triage_runs_its_detectors_in_the_declared_order(demo, monkeypatch):
+    """What triage.run calls, recorded on a real profile: the warmup detector (through run_once), the idle one
+    (its window_findings), then each window detector (through run_once), in the order their TRIAGE declares."""
+    from stallhound.tools import triage
     ordered = detectors(*contracts.TRIAGED)
     assert [r.order for _, _, r in ordered] == sorted({r.order for _, _, r in ordered})  # each at its own place
-    assert [n for n, _, r in ordered if r.how == "warmup"] == ["iterations"]  # the tool triage's window comes from
     assert [r.how for _, _, r in ordered][:2] == ["warmup", "idle"]
+    calls: list[str] = []
+    run_once = triage.run_once
+
+    def recorded(con, module, params):
+        calls.append(module.__name__.rsplit(".", 1)[1])
+        return run_once(con, module, params)
+    monkeypatch.setattr(triage, "run_once", recorded)
+    idle = tools.declared("idle")
+    window_findings = idle.window_findings
+    monkeypatch.setattr(idle, "window_findings", lambda *args: calls.append("idle") or window_findings(*args))
+    triage.run(demo[0].con, triage.Params(profile="demo"))
+    assert calls == ["profile_summary", *("idle" if r.how == "idle" else n for n, _, r in ordered)]
     parted = {r.of for _, _, r in detectors("part")}
     assert parted and parted <= {n for n, _, r in ordered if r.how == "idle"}
 
@@ -83,8 +98,20 @@ def test_contracts_a_detector_without_a_triage_role_is_refused(monkeypatch):
     with pytest.raises(TypeError, match="tool top_kernels: a detector"):
         detectors()
     from stallhound.tools import triage
+    con = make_model(kernels=[{"device_id": 0, "stream_id": 7, "pid": 1, "start_ns": 0, "end_ns": 1_000,
+                               "name": "k", "short_name": "k"}])
     with pytest.raises(TypeError, match="tool top_kernels"):
-        triage._gathered(None, None, None, None, [])
+        triage.run(con, triage.Params(profile="t"))
+
+
+@pytest.mark.parametrize("how", contracts.SOLE)
+def test_contracts_a_second_detector_for_a_sole_role_is_refused(monkeypatch, how):
+    """Triage takes its window from the one warmup detector and its idle findings from the one idle detector: a
+    second would hand it the same findings twice, so the registry refuses it."""
+    assert len(detectors(how)) == 1
+    monkeypatch.setattr(skills()["top_kernels"], "TRIAGE", contracts.TriageRole(how, order=9))
+    with pytest.raises(TypeError, match=f"top_kernels all declare TriageRole\\('{how}'\\)"):
+        detectors()
 
 
 def test_contracts_a_triage_role_is_either_run_by_triage_or_points_elsewhere():
@@ -142,8 +169,8 @@ def test_contracts_export_build_reports_each_declared_step_once(tmp_path):
     path = tmp_path / "clean.sqlite"
     synth.write_sample(path, synth.clean())
     seen = _reported(path, tmp_path)
-    assert sorted(label for _, _, label in seen) == sorted(ingest.STEPS)
-    assert [(done, total) for done, total, _ in seen] == [(i + 1, len(ingest.STEPS)) for i in range(len(seen))]
+    assert sorted(label for _, _, label in seen) == sorted(nsys_build.STEPS)
+    assert [(done, total) for done, total, _ in seen] == [(i + 1, len(nsys_build.STEPS)) for i in range(len(seen))]
 
 
 def test_contracts_kineto_build_reports_each_declared_step_once(tmp_path):

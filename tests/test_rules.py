@@ -82,7 +82,8 @@ def test_rules_hotspot_share_decides_top_kernels_and_the_dominant_kernel_answer(
     assert [r.display_name for r in result.hotspots] == (["k0"] if hot else [])
 
     class Found:  # answerers read top_kernels' result through Evidence.tool
-        def tool(self, name):
+        def tool(self, name, kind):
+            assert (name, kind) == ("top_kernels", top_kernels.Result)
             return result
     assert answerers._dominant(Found())[0].startswith("yes" if hot else "no")
 

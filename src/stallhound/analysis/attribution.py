@@ -43,7 +43,6 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
 
 import duckdb
 import numpy as np
@@ -53,9 +52,6 @@ from stallhound.analysis.attribution_sql import CALLS_SQL, HOST_SQL, MAIN_THREAD
 from stallhound.analysis.common import Scope, per_model
 from stallhound.analysis.device_pass import DEFAULT_SLICES
 from stallhound.model.duck import one_row
-
-Cause = Literal["queued", "sync", "readback", "pageable_copy", "sync_copy", "launch_tiny", "launch", "jit", "alloc",
-                "host_comm", "host_wait", "host_cpu", "host_untraced"]
 
 LAUNCH_GAP_MAX_NS = 50_000  # 50 us: eager frameworks spend up to this much host time per op; longer is other work
 DOMINANT_SHARE = 0.5  # a host activity covering half a gap explains it

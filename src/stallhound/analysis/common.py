@@ -16,6 +16,7 @@ from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 
 T = TypeVar("T")
+R = TypeVar("R", bound="Output")  # a tool's own Result, narrowed from run_once's Output
 DEFAULT_LIMIT = 20  # rows: keeps a result well under ~20,000 characters
 MAX_LIMIT = 500  # rows: beyond this a model's context is the bottleneck, use query_sql
 MAX_OFFSET = 1_000_000  # rows: paging further than this is reading a table, which query_sql's aggregates do better
@@ -153,11 +154,19 @@ def per_model(con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], 
     return value
 
 
-def run_once(con: duckdb.DuckDBPyConnection, module: ModuleType, params: BaseModel) -> Any:
+def run_once(con: duckdb.DuckDBPyConnection, module: ModuleType, params: BaseModel) -> Output:
     """run_skill(con, module, params), computed once per model and parameters (the profile id aside) for the tools
-    that run others' detectors (triage, answer_questions); each caller gets its own copy, as results are mutable."""
+    that run others' detectors (triage, answer_questions); each caller gets its own copy, as results are mutable.
+    Narrow it to the tool's Result with as_result."""
     key = ("run", module.__name__, params.model_dump_json(exclude={"profile"}))
     return per_model(con, key, lambda: run_skill(con, module, params)).model_copy(deep=True)
+
+
+def as_result(result: Output, kind: type[R]) -> R:
+    """`result` (from run_skill or run_once, which type every result as Output) as its tool's own Result `kind`."""
+    if not isinstance(result, kind):
+        raise TypeError(f"expected a {kind.__module__}.{kind.__qualname__}, got a {type(result).__qualname__}")
+    return result
 
 
 def packed(values: Iterable[int | None]) -> str:

@@ -1,4 +1,4 @@
-"""What a skill module is: the contracts the server's wiring (server/app.py, server/job_tools.py) relies on,
+"""What a skill module is: the contracts the server's wiring (server/wrapper.py) relies on,
 run_skill, the one place a skill's findings join its figures, and TriageRole, how a detector declares what triage
 does with its findings.
 
@@ -61,6 +61,8 @@ class Detector(Protocol):
 TriageHow = Literal["warmup", "idle", "window", "part", "job"]
 # the roles whose findings triage gathers itself, each at its `order`
 TRIAGED: tuple[TriageHow, ...] = ("warmup", "idle", "window")
+SOLE: tuple[TriageHow, ...] = ("warmup", "idle")  # the roles one detector at most declares: a second would hand
+# triage the same window or the same idle findings twice
 
 
 @dataclass(frozen=True)
@@ -68,12 +70,14 @@ class TriageRole:
     """What triage does with a detector's findings; each detector module declares one as TRIAGE, and the tool
     registry (tools.detectors) hands them to triage, so a detector without one is refused, never ignored.
     how:
-      warmup: its run on the whole capture chooses triage's window (iterations); its findings, about the warmup that
-              window leaves out, count when the window is the steady state;
-      idle:   the idle-cause findings of triage's window (analysis/idle_causes.py), the ones this tool lists;
+      warmup: its run on the whole capture chooses triage's window (iterations: steady_window, step_named); its
+              findings, about the warmup that window leaves out, count when the window is the steady state;
+      idle:   the idle-cause findings of triage's window (analysis/idle_causes.py), the ones this tool lists: triage
+              takes them from its window_findings(con, scope, device, in_loop);
       window: triage runs the tool on its window and devices and ranks its findings;
       part:   the tool lists a part of the findings of detector `of`: triage takes them there, never twice;
       job:    the tool reads every rank of a job: triage_job ranks its findings with the triaged rank's.
+    One detector at most declares each of the SOLE roles (tools.detectors refuses a second).
     order: for warmup, idle and window, the place of its findings among triage's (findings of equal cost, and the
     detectors skipped, keep it)."""
     how: TriageHow

@@ -5,7 +5,7 @@ calls reach the whole device, a stream or an event (sync_scope, SYNC_SCOPE_SQL);
 host (BLOCKING_COPY_SQL) and which synchronize belongs to the device-to-host copy before it (READBACK_FOLLOW_NS);
 which OS-runtime calls are waits (WAIT_CALLS). Findings: the least time at stake worth reporting
 (MIN_STAKE_PCT) and the severity cutoff by share of the window (severity). Capture: what the profile lacks and
-the nsys flag that records it (Missing, missing).
+the capture option that records it (Missing, missing).
 """
 
 from __future__ import annotations
@@ -77,6 +77,6 @@ MISSING_SQL = ("SELECT data, capture_flag FROM capabilities WHERE NOT present "
 
 
 def missing(con: duckdb.DuckDBPyConnection, among: tuple[str, ...] | None = None) -> list[Missing]:
-    """The data the capture lacks (only those in `among`, when given), each with the nsys flag that records it."""
+    """The data the capture lacks (only those in `among`, when given), each with the capture option that records it."""
     rows = con.execute(MISSING_SQL, {"data": None if among is None else list(among)}).fetchall()
     return [Missing(data=d, capture_flag=f) for d, f in rows]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from stallhound.analysis.common import MAX_LIMIT, run_once
+from stallhound.analysis.common import MAX_LIMIT, as_result, run_once
 from stallhound.tools import iterations, show_timeline, top_kernels, triage
 
 # Columns per lane: four widths of a 2,000-pixel screen, so a 4x zoom still has a column per pixel; about 8 kB per
@@ -31,8 +31,10 @@ class Side:
 def gather(con: duckdb.DuckDBPyConnection, label: str, path: str) -> Side:
     """Each skill through run_once, so what the timeline and triage already computed (the iterations) is reused."""
     return Side(label=label, path=path,
-                timeline=run_once(con, show_timeline, show_timeline.Params(profile=label, buckets=REPORT_BUCKETS,
-                                                                           limit=REPORT_SPANS)),
-                kernels=run_once(con, top_kernels, top_kernels.Params(profile=label, limit=TOP_KERNELS)),
-                triage=run_once(con, triage, triage.Params(profile=label, limit=FINDINGS)),
-                iterations=run_once(con, iterations, iterations.Params(profile=label, limit=MAX_LIMIT)))
+                timeline=as_result(run_once(con, show_timeline, show_timeline.Params(
+                    profile=label, buckets=REPORT_BUCKETS, limit=REPORT_SPANS)), show_timeline.Result),
+                kernels=as_result(run_once(con, top_kernels, top_kernels.Params(profile=label, limit=TOP_KERNELS)),
+                                  top_kernels.Result),
+                triage=as_result(run_once(con, triage, triage.Params(profile=label, limit=FINDINGS)), triage.Result),
+                iterations=as_result(run_once(con, iterations, iterations.Params(profile=label, limit=MAX_LIMIT)),
+                                     iterations.Result))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib import import_module
 from types import ModuleType
 
-from stallhound.analysis.contracts import TriageHow, TriageRole
+from stallhound.analysis.contracts import SOLE, TriageHow, TriageRole
 
 TOOL_NAMES = (
     "profile_summary",
@@ -51,13 +51,28 @@ def job_tools() -> dict[str, ModuleType]:
 def detectors(*how: TriageHow) -> list[tuple[str, ModuleType, TriageRole]]:
     """(name, module, TRIAGE) of every registered tool with findings(result), those with a role in `how` (all when
     none is named), in triage's order (by TriageRole.order; the others after, by name). A tool with findings but no
-    TRIAGE, or a TRIAGE but no findings, is refused: triage would silently leave it out."""
+    TRIAGE, or a TRIAGE but no findings, is refused: triage would silently leave it out; so is a second tool
+    declaring a SOLE role: triage would count the same findings twice."""
     found = []
     for name, module in sorted({**skills(), **pair_tools(), **job_tools()}.items()):
         role = getattr(module, "TRIAGE", None)
         if hasattr(module, "findings") != isinstance(role, TriageRole):
             raise TypeError(f"tool {name}: a detector (findings(result)) declares TRIAGE = TriageRole(...), and "
                             "only a detector does")
-        if role is not None and (not how or role.how in how):
+        if role is not None:
             found.append((name, module, role))
-    return sorted(found, key=lambda d: (d[2].order is None, d[2].order or 0))
+    for sole in SOLE:
+        declaring = [name for name, _, role in found if role.how == sole]
+        if len(declaring) > 1:
+            raise TypeError(f"tools {', '.join(declaring)} all declare TriageRole({sole!r}): one tool at most has "
+                            "that role")
+    return sorted((d for d in found if not how or d[2].how in how),
+                  key=lambda d: (d[2].order is None, d[2].order or 0))
+
+
+def declared(how: TriageHow) -> ModuleType:
+    """The one tool declaring the SOLE role `how` (the warmup detector chooses triage's window)."""
+    found = detectors(how)
+    if len(found) != 1:
+        raise TypeError(f"no tool declares TriageRole({how!r}), which triage needs")
+    return found[0][1]

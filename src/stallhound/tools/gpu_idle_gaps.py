@@ -183,9 +183,21 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     periodic_group_count=len(groups), gaps=gaps,
                     truncated=more, note=note, offset=params.offset,
                     next_offset=next_page(params.offset, len(gaps), more))
-    result._idle = IdleBasis(attr.devices, program.detect(con), idle_causes.step_ns(con, params.profile, params.device))
+    result._idle = _basis(con, scope, params.device)
     result.findings_total = len(result._idle.findings())
     return result
+
+
+def _basis(con: duckdb.DuckDBPyConnection, scope: Scope, device: int | None) -> IdleBasis:
+    """The window's idle attribution, the program and its loop's step: what the idle findings follow from."""
+    return IdleBasis(attribution.attribute(con, scope).devices, program.detect(con),
+                     idle_causes.step_ns(con, scope.profile, device))
+
+
+def window_findings(con: duckdb.DuckDBPyConnection, scope: Scope, device: int | None, in_loop: bool) -> list[Finding]:
+    """Every idle finding of the window, not only the costliest this tool shows: what triage ranks (its TRIAGE
+    role); in_loop when the window lies inside the program's loop (see idle_causes.findings)."""
+    return _basis(con, scope, device).findings(in_loop)
 
 
 def findings(result: Result) -> list[Finding]:

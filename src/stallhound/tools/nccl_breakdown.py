@@ -41,7 +41,7 @@ straggler_wait_ns, goes to at most one finding, first match wins:
 2. compute-communication-imbalance: no straggler, NCCL >= NCCL_SHARE_PCT of the window on the device and a
    median skew at or above the threshold; stake = wait_ns within the pool (waiting for varying late ranks).
 3. nccl-serialization: overlapped_pct < OVERLAP_MIN_PCT and pool >= EXPOSED_MIN_PCT of the window; stake = pool.
-Message sizes and algorithm bandwidth, where the profile records them: see tools.nccl_sizes. Times in ns.
+Message sizes and algorithm bandwidth, where the profile records them: see analysis.nccl_sizes. Times in ns.
 """
 
 from __future__ import annotations

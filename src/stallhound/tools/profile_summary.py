@@ -8,7 +8,7 @@ peak_memory_bytes: the highest device memory in use (model.PEAK_MEMORY_SQL: runn
 allocations minus frees, counting only what was allocated inside the capture; null without
 --cuda-memory-usage data). top_processes: processes ranked by kernels they launched
 (launching_process_count: how many launched any). table_rows: rows per model
-table; missing: data the capture lacks, with the nsys flag that records it. libraries: frameworks and libraries
+table; missing: data the capture lacks, with the capture option that records it. libraries: frameworks and libraries
 recognised from kernel names, each with the number of kernel executions and distinct names behind the guess.
 diagnostics: nsys' own messages about the capture, counted per severity, with the error and warning texts
 (errors first, then by first occurrence; each distinct text once with its count and the processes it names).

@@ -14,18 +14,20 @@ The run is classified by analysis/shares.py.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Annotated, Literal
 
 import duckdb
 from pydantic import Field
 
 from stallhound import book
-from stallhound.analysis import attribution, idle_causes, program, rules, shares
+from stallhound.analysis import attribution, program, rules, shares
 from stallhound.analysis.common import (
     Finding,
     Output,
     Scope,
     ScopedParams,
+    as_result,
     leads_first,
     more_rows,
     ms,
@@ -33,13 +35,12 @@ from stallhound.analysis.common import (
     run_once,
 )
 from stallhound.analysis.contracts import TRIAGED
-from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.analysis.program import Program
 from stallhound.analysis.shares import Classification
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
-from stallhound.tools import detectors, iterations, skills
+from stallhound.tools import declared, detectors, skills
 
 DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
 # the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
@@ -80,22 +81,26 @@ class Result(Output):
     total_findings: int = Field(description="findings before the limit")
     truncated: bool
     time_at_stake_ns: int = Field(description="sum over all findings (each device's share <= its window)")
-    missing: list[rules.Missing] = Field(description="what the profile cannot tell, and the nsys flag that captures it")
+    missing: list[rules.Missing] = Field(description="what the profile cannot tell, and the capture option that "
+                                                     "records it")
     skipped: list[str] = Field(description="detectors that could not run on this profile, with why")
 
 
 def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str, list[Finding]]:
-    """The analysis window, how it was chosen, and the warmup findings found on the way."""
+    """The analysis window, how it was chosen (by the warmup detector, tools.declared("warmup")), and the warmup
+    findings found on the way."""
     if params.start_ns is not None or params.end_ns is not None or params.window != "auto":
         default: Literal["capture", "gpu_active"] = "capture" if params.window == "capture" else "gpu_active"
         scope = resolve_scope(con, params, default=default)
         return scope, f"{scope.window_basis} window, as asked", []
     gpu = resolve_scope(con, params, default="gpu_active")
-    found = run_once(con, iterations, iterations.Params(profile=params.profile, device=params.device))
-    steady, how = iterations.steady_window(found), "steady state"
-    if steady is None and found.span_start_ns is not None and iterations.step_named(found) and (
+    warmup = declared("warmup")
+    found = as_result(run_once(con, warmup, warmup.Params(profile=params.profile, device=params.device)),
+                      warmup.Result)
+    steady, how = warmup.steady_window(found), "steady state"
+    if steady is None and found.span_start_ns is not None and warmup.step_named(found) and (
             found.span_start_ns - gpu.start_ns > SETUP_OVER_LOOP * (found.span_end_ns - found.span_start_ns)):
-        steady = iterations.steady_window(found, irregular_ok=True)
+        steady = warmup.steady_window(found, irregular_ok=True)
         how = (f"the loop (steps irregular, p90/p10 = {found.spread_ratio}, but more GPU-active time precedes "
                "them than they span)")
     if steady is None:
@@ -162,7 +167,7 @@ def _nothing(params: Params, prog: Program, quality: list[str], missing: list[ru
                   missing=missing, skipped=[])
 
 
-def _gathered(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope, prog: Program, warmup: list[Finding]
+def _gathered(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope, warmup: list[Finding]
               ) -> tuple[list[tuple[str, Finding]], list[str]]:
     """(detector, finding) of every detector in its declared order, and the detectors that could not run, with why."""
     found: list[tuple[str, Finding]] = []
@@ -171,30 +176,34 @@ def _gathered(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope, prog
         if role.how == "warmup":
             found += [(name, f) for f in warmup]
         elif role.how == "idle":
-            idle = attribution.attribute(con, scope).devices
-            step = idle_causes.step_ns(con, params.profile, params.device)
-            found += [(name, f) for f in IdleBasis(idle, prog, step).findings(scope.window_basis == "steady_state")]
+            in_loop = scope.window_basis == "steady_state"
+            found += [(name, f) for f in module.window_findings(con, scope, params.device, in_loop)]
         else:
             try:
-                result = run_once(con, module, module.Params(profile=params.profile, device=params.device,
-                                                             start_ns=scope.start_ns, end_ns=scope.end_ns))
+                found += [(name, f) for f in _window_findings(con, module, params, scope)]
             except InvalidRequest as exc:
                 skipped.append(f"{name}: {exc}")
-                continue
-            found += [(name, f) for f in result.findings]
     return found, skipped
+
+
+def _window_findings(con: duckdb.DuckDBPyConnection, module: ModuleType, params: Params, scope: Scope
+                     ) -> list[Finding]:
+    """A window detector's findings on triage's window and devices."""
+    result = run_once(con, module, module.Params(profile=params.profile, device=params.device,
+                                                 start_ns=scope.start_ns, end_ns=scope.end_ns))
+    return as_result(result, module.Result).findings
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     prog = program.detect(con)
     chain = tuple(prog.fix_chain)
     summary = skills()["profile_summary"]
-    quality = run_once(con, summary, summary.Params(profile=params.profile)).trace_quality
+    quality = as_result(run_once(con, summary, summary.Params(profile=params.profile)), summary.Result).trace_quality
     unset = one_row(con.execute("SELECT capture_start_ns IS NULL FROM meta"))
     if unset[0]:
         return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA), remedy(con, ('kernels', 'nvtx')))
     scope, note, warmup = _window(con, params)
-    found, skipped = _gathered(con, params, scope, prog, warmup)
+    found, skipped = _gathered(con, params, scope, warmup)
     classification = shares.classify(con, scope, {f.root_cause for _, f in found})
     if classification.bound in ("no GPU activity", "too little GPU activity"):
         found = []

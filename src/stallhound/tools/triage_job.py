@@ -15,21 +15,19 @@ book's first for the triaged rank's program family (analysis/program.py), else t
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal
 
 import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis import rank_figures as figures
 from stallhound.analysis import rules
-from stallhound.analysis.common import MAX_LIMIT, Finding, Output, leads_first, more_rows, ms
+from stallhound.analysis.common import MAX_LIMIT, Finding, Output, as_result, leads_first, more_rows, ms
 from stallhound.analysis.contracts import run_skill
 from stallhound.analysis.program import Program
 from stallhound.analysis.shares import Classification
 from stallhound.tools import detectors, rank_imbalance, triage
 
-R = TypeVar("R", bound=Output)
 ChosenBy = Literal["straggler", "slowest_step", "longest_window"]
 
 
@@ -82,24 +80,17 @@ def _cited(finding: Finding, tool: str, rank: int | None, chain: tuple[str, ...]
     return JobFinding(**triage.citation(finding, tool, chain), position=0, rank=rank)
 
 
-def _result(kind: type[R], con: duckdb.DuckDBPyConnection, module: ModuleType, params: BaseModel) -> R:
-    """run_skill's result as the module's own Result `kind` (run_skill types every result as Output)."""
-    result = run_skill(con, module, params)
-    assert isinstance(result, kind)
-    return result
-
-
 def _cross_rank(con: duckdb.DuckDBPyConnection, params: Params, imbalance: rank_imbalance.Result
                 ) -> list[tuple[str, Finding]]:
     """(detector, finding) of every job detector; rank_imbalance's from the run that chose the rank."""
     return [(name, f) for name, module, _ in detectors("job") for f in (
-        imbalance if module is rank_imbalance else _result(module.Result, con, module, module.Params(job=params.job))
-        ).findings]
+        imbalance if module is rank_imbalance else as_result(run_skill(con, module, module.Params(job=params.job)),
+                                                             module.Result)).findings]
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
-    imbalance = _result(rank_imbalance.Result, con, rank_imbalance,
-                        rank_imbalance.Params(job=params.job, limit=MAX_LIMIT))
+    imbalance = as_result(run_skill(con, rank_imbalance, rank_imbalance.Params(job=params.job, limit=MAX_LIMIT)),
+                          rank_imbalance.Result)
     rank, chosen_by, why = _chosen(imbalance)
     with figures.rank_view(con, rank) as cur:
         own = triage.run(cur, triage.Params(profile=f"rank {rank}", limit=triage.MAX_FINDINGS))

@@ -17,7 +17,14 @@ from stallhound.analysis import attribution
 from stallhound.analysis.common import ms, pct
 from stallhound.analysis.rules import HOTSPOT_PCT
 from stallhound.model.errors import InvalidRequest
-from stallhound.tools import iterations, thread_utilization
+from stallhound.tools import (
+    gpu_utilization,
+    iterations,
+    memory_transfers,
+    nccl_breakdown,
+    thread_utilization,
+    top_kernels,
+)
 from stallhound.tools.answers.evidence import Evidence
 
 HOT_THREAD_PCT = 90.0  # veteran question 25
@@ -34,7 +41,7 @@ def _hardware(e: Evidence) -> Answer:
     ids = {"devices": [d.device for d in devices]}
     if names:
         return f"{len(devices)} device(s): {', '.join(names)}", ids
-    top = e.tool("top_kernels")
+    top = e.tool("top_kernels", top_kernels.Result)
     arch = max((g.min_arch_from_names or 0 for g in top.gemms), default=0) if top else 0
     if not devices or not arch:
         return None
@@ -43,7 +50,7 @@ def _hardware(e: Evidence) -> Answer:
 
 
 def _parallelism(e: Evidence) -> Answer:
-    nccl, devices = e.tool("nccl_breakdown"), e.summary.devices
+    nccl, devices = e.tool("nccl_breakdown", nccl_breakdown.Result), e.summary.devices
     if not devices:
         return None
     kinds = sorted({r.collective for r in nccl.rows}) if nccl else []
@@ -69,18 +76,18 @@ def _framework(e: Evidence) -> Answer:
 
 
 def _length(e: Evidence) -> Answer:
-    s, it = e.summary, e.tool("iterations", window_scoped=False)
+    s, it = e.summary, e.tool("iterations", iterations.Result, window_scoped=False)
     if s.capture is None:
         return None
-    found = bool(it and it.iteration_count)
-    steps = f", {it.iteration_count} iterations by {it.method}" if found else ", no iterations found"
+    steps = (f", {it.iteration_count} iterations by {it.method}" if it and it.iteration_count
+             else ", no iterations found")
     active = ms(s.gpu_active.duration_ns) if s.gpu_active else "none"
     return (f"capture {ms(s.capture.duration_ns)}, GPU active {active}{steps}",
             {"duration_ns": s.capture.duration_ns, "iterations": it.iteration_count if it else 0})
 
 
 def _warmup(e: Evidence) -> Answer:
-    it = e.tool("iterations", window_scoped=False)
+    it = e.tool("iterations", iterations.Result, window_scoped=False)
     if not it or it.iteration_count < iterations.MIN_ITERATIONS:
         return None
     both = iterations.first_is_warmup(it)
@@ -113,7 +120,7 @@ def _idle_gaps(e: Evidence) -> Answer:
 
 
 def _idle_distribution(e: Evidence) -> Answer:
-    util = e.tool("gpu_utilization")
+    util = e.tool("gpu_utilization", gpu_utilization.Result)
     if not util or not util.devices:
         return None
     patterns = {d.device: d.idle_pattern for d in util.devices}
@@ -122,7 +129,7 @@ def _idle_distribution(e: Evidence) -> Answer:
 
 
 def _streams(e: Evidence) -> Answer:
-    util = e.tool("gpu_utilization")
+    util = e.tool("gpu_utilization", gpu_utilization.Result)
     if not util or not util.devices:
         return None
     return ("; ".join(f"device {d.device}: {d.stream_count} stream(s), busiest "
@@ -131,7 +138,7 @@ def _streams(e: Evidence) -> Answer:
 
 
 def _top5(e: Evidence) -> Answer:
-    top = e.tool("top_kernels")
+    top = e.tool("top_kernels", top_kernels.Result)
     if not top or not top.rows:
         return None
     rows = top.rows[:TOP_KERNELS]
@@ -139,7 +146,7 @@ def _top5(e: Evidence) -> Answer:
 
 
 def _dominant(e: Evidence) -> Answer:
-    top = e.tool("top_kernels")
+    top = e.tool("top_kernels", top_kernels.Result)
     if not top or not top.rows:
         return None
     r = top.rows[0]
@@ -170,7 +177,7 @@ def _flash(e: Evidence) -> Answer:
 
 
 def _h2d(e: Evidence) -> Answer:
-    m = e.tool("memory_transfers")
+    m = e.tool("memory_transfers", memory_transfers.Result)
     if not m or not m.copy_count:
         return None
     rows = {r.direction: r for r in m.rows}
@@ -186,18 +193,18 @@ def _h2d(e: Evidence) -> Answer:
 
 
 def _peak_memory(e: Evidence) -> Answer:
-    devices = [d for d in e.summary.devices if d.peak_memory_bytes is not None]
-    if not devices:
+    peaks = [(d, d.peak_memory_bytes) for d in e.summary.devices if d.peak_memory_bytes is not None]
+    if not peaks:
         return None
-    parts = [f"device {d.device}: peak {d.peak_memory_bytes / 2**30:,.2f} GiB"
-             + (f" of {d.memory_bytes / 2**30:,.1f} GiB ({pct(d.peak_memory_bytes, d.memory_bytes):.1f}%)"
-                if d.memory_bytes else "") for d in devices]
+    parts = [f"device {d.device}: peak {peak / 2**30:,.2f} GiB"
+             + (f" of {d.memory_bytes / 2**30:,.1f} GiB ({pct(peak, d.memory_bytes):.1f}%)"
+                if d.memory_bytes else "") for d, peak in peaks]
     return ("; ".join(parts) + " (allocations made inside the capture only)",
-            {"peak_bytes": {d.device: d.peak_memory_bytes for d in devices}})
+            {"peak_bytes": {d.device: peak for d, peak in peaks}})
 
 
 def _pinned(e: Evidence) -> Answer:
-    m = e.tool("memory_transfers")
+    m = e.tool("memory_transfers", memory_transfers.Result)
     rows = [r for r in m.rows if r.direction == "H2D"] if m else []
     if not rows:
         return None
@@ -211,7 +218,7 @@ def _pinned(e: Evidence) -> Answer:
 
 
 def _d2h(e: Evidence) -> Answer:
-    m = e.tool("memory_transfers")
+    m = e.tool("memory_transfers", memory_transfers.Result)
     if not m or not m.copy_count:
         return None
     reads = e.finding("blocking-d2h-sync")
@@ -222,7 +229,7 @@ def _d2h(e: Evidence) -> Answer:
 
 def _nccl(field: Callable[[Any], Answer]) -> Callable[[Evidence], Answer]:
     def answer(e: Evidence) -> Answer:
-        nccl = e.tool("nccl_breakdown")
+        nccl = e.tool("nccl_breakdown", nccl_breakdown.Result)
         if nccl is None:
             return None
         if not nccl.has_nccl:
@@ -245,7 +252,7 @@ def _hot_thread(e: Evidence) -> Answer:
             return None
     except InvalidRequest:
         return None
-    t = e.tool("thread_utilization")
+    t = e.tool("thread_utilization", thread_utilization.Result)
     if not t or not t.rows:
         return None
     r = t.rows[0]
@@ -264,7 +271,7 @@ def _gc(e: Evidence) -> Answer:
 
 
 def _first_iteration(e: Evidence) -> Answer:
-    it = e.tool("iterations", window_scoped=False)
+    it = e.tool("iterations", iterations.Result, window_scoped=False)
     if not it or it.iteration_count < iterations.MIN_ITERATIONS:
         return None
     return (f"first {ms(it.first_ns)}, {it.first_vs_steady}x the steady median {ms(it.steady_median_ns)}",
@@ -310,7 +317,7 @@ def _expected(e: Evidence) -> Answer:
 
 
 def _enough_iterations(e: Evidence) -> Answer:
-    it = e.tool("iterations", window_scoped=False)
+    it = e.tool("iterations", iterations.Result, window_scoped=False)
     if not it or not it.iteration_count:
         return None
     enough = it.iteration_count >= iterations.MIN_ITERATIONS

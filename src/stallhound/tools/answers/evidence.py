@@ -10,9 +10,9 @@ from typing import Any
 import duckdb
 
 from stallhound.analysis import attribution
-from stallhound.analysis.common import Scope, run_once
+from stallhound.analysis.common import Output, R, Scope, as_result, run_once
 from stallhound.model.errors import InvalidRequest
-from stallhound.tools import iterations
+from stallhound.tools import iterations, profile_summary
 from stallhound.tools.answers import figures as answer_figures
 from stallhound.tools.triage import MAX_FINDINGS, RankedFinding
 from stallhound.tools.triage import Result as TriageResult
@@ -23,11 +23,11 @@ class Evidence:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, profile: str):
         self.con, self.profile = con, profile
-        self._results: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
+        self._results: dict[tuple[str, tuple[tuple[str, Any], ...]], Output | None] = {}
 
     @cached_property
     def _triage(self) -> TriageResult | None:
-        return self.tool("triage", window_scoped=False, limit=MAX_FINDINGS)
+        return self.tool("triage", TriageResult, window_scoped=False, limit=MAX_FINDINGS)
 
     @property
     def triage(self) -> TriageResult:
@@ -41,8 +41,9 @@ class Evidence:
         assert self.triage.window is not None
         return self.triage.window
 
-    def tool(self, name: str, window_scoped: bool = True, **params: Any) -> Any:
-        """The tool's result (None when it cannot run here), on triage's window unless told otherwise."""
+    def tool(self, name: str, kind: type[R], window_scoped: bool = True, **params: Any) -> R | None:
+        """The tool's result, its own Result `kind` (None when it cannot run here), on triage's window unless told
+        otherwise."""
         from stallhound.tools import skills
         if window_scoped and self._triage is not None and self._triage.window is not None:
             w = self._triage.window
@@ -54,7 +55,8 @@ class Evidence:
                 self._results[key] = run_once(self.con, module, module.Params(profile=self.profile, **params))
             except InvalidRequest:
                 self._results[key] = None
-        return self._results[key]
+        found = self._results[key]
+        return None if found is None else as_result(found, kind)
 
     @property
     def analysable(self) -> bool:
@@ -73,13 +75,15 @@ class Evidence:
         return answer_figures.device_syncs(self.con, self.window)
 
     @property
-    def summary(self) -> Any:
-        return self.tool("profile_summary", window_scoped=False)
+    def summary(self) -> profile_summary.Result:
+        found = self.tool("profile_summary", profile_summary.Result, window_scoped=False)
+        assert found is not None, "profile_summary reads the whole profile, with no window or device to refuse"
+        return found
 
     def steps_in_window(self) -> int:
         """Iterations inside triage's window, from the capture's iterations: a steady-state window leaves out the
         first iteration when it is the warmup (iterations.steady_window), any other window holds them all."""
-        it = self.tool("iterations", window_scoped=False)
+        it = self.tool("iterations", iterations.Result, window_scoped=False)
         if not it or not it.iteration_count:
             return 0
         steady = self.window.window_basis == "steady_state"

@@ -13,7 +13,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis import attribution, program
-from stallhound.analysis.common import MAX_LIMIT, Scope, run_once
+from stallhound.analysis.common import MAX_LIMIT, Scope, as_result, run_once
 from stallhound.analysis.shares import Classification
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import (
@@ -93,9 +93,10 @@ def _steady_steps(con: duckdb.DuckDBPyConnection, pid: str, window: Scope) -> tu
     """(count, mean, std) of the iterations inside a steady-state window; (0, None, None) for any other window."""
     if window.window_basis != "steady_state":
         return 0, None, None
-    found = run_once(con, iterations, iterations.Params(profile=pid, limit=MAX_LIMIT))
+    found = as_result(run_once(con, iterations, iterations.Params(profile=pid, limit=MAX_LIMIT)), iterations.Result)
     steps = [r.duration_ns for r in found.rows if r.start_ns >= window.start_ns and r.end_ns <= window.end_ns]
     if found.truncated or len(steps) < iterations.MIN_ITERATIONS:  # more rows than one call returns: its stats
+        assert found.mean_ns is not None, "a steady-state window lies over iterations found, so they have a mean"
         count = max(1, round(window.duration_ns / found.mean_ns))
         return count, window.duration_ns / count, found.std_ns
     return len(steps), statistics.fmean(steps), statistics.pstdev(steps)
@@ -117,7 +118,7 @@ def _on_window(con: duckdb.DuckDBPyConnection, module, pid: str, window: Scope, 
 
 def measure(con: duckdb.DuckDBPyConnection, pid: str) -> Side:
     """Every figure of profile `pid` (already open on `con`) on its triage window."""
-    found = run_once(con, triage, triage.Params(profile=pid, limit=triage.MAX_FINDINGS))
+    found = as_result(run_once(con, triage, triage.Params(profile=pid, limit=triage.MAX_FINDINGS)), triage.Result)
     prog = program.detect(con)
     common = dict(profile=pid, gpus=_gpu_names(con), program=f"{prog.kind} ({prog.process or 'unknown process'})",
                   window=found.window, window_note=found.window_note, classification=found.classification)
