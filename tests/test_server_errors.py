@@ -74,8 +74,8 @@ EXACT = [
     ("gpu_idle_gaps", {"profile": MOCK, "min_gap_ns": 5}, "min_gap_ns must be an integer of at least 1000 (got 5)"),
     ("gpu_utilization", {"profile": MOCK, "buckets": [1]}, "buckets must be an integer from 1 to 200 (got [1])"),
     ("answer_questions", {"profile": MOCK, "phase": 3}, "phase must be a string, or null (got 3)"),
-    ("load_profile", {}, "path is required: Path of an nsys .sqlite export (or .nsys-rep/.qdrep when nsys is "
-                         "installed) or a torch.profiler .json/.json.gz trace, inside the server's allowed roots"),
+    ("load_profile", {}, "path is required: Path of a profile (nsys .sqlite/.nsys-rep/.qdrep or torch.profiler "
+                         ".json/.json.gz file), inside the server's allowed roots"),
     ("load_profile", {"path": 3}, "path must be a string (got 3)"),
     ("list_profiles", {"all": True}, "'all' is not a parameter of this tool (parameters: none)"),
 ]

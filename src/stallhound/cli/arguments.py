@@ -1,4 +1,5 @@
-"""What the subcommands share: the subparsers they register on, the profile cache options, -p KEY=VALUE."""
+"""What the subcommands share: the subparsers they register on, the profile cache options, -p KEY=VALUE, and
+printing a result within the budget."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from stallhound.model.errors import StallhoundError
+from stallhound.model.errors import BadParam
+from stallhound.server import budget
 from stallhound.server.validation import explain, unknown_arguments
 
 
@@ -33,13 +35,23 @@ def parse_params(module: ModuleType, profile: str, pairs: list[str], as_field: s
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise StallhoundError(f"--param {pair!r} is not KEY=VALUE; e.g. -p device=0")
+            raise BadParam(f"--param {pair!r} is not KEY=VALUE; e.g. -p device=0")
         values[key] = value
     valid = [k for k in module.Params.model_fields if k != as_field and k not in fixed]
     unknown = [k for k in values if k not in module.Params.model_fields]
     if unknown:
-        raise StallhoundError(unknown_arguments(unknown, valid))
+        raise BadParam(unknown_arguments(unknown, valid))
     try:
         return module.Params.model_validate_strings(values)
     except ValidationError as exc:
-        raise StallhoundError(explain(exc, module.Params.model_json_schema())) from exc
+        raise BadParam(explain(exc, module.Params.model_json_schema())) from exc
+
+
+def print_fitted(result: BaseModel, module: ModuleType, params: BaseModel, form: str = "text") -> BaseModel:
+    """Print a tool's result, cut to STALLHOUND_MAX_RESULT_CHARS only when that is set (see server.budget), as
+    `form`: "json" (the structured result), "markdown" (the module's render_markdown) or "text" (its render).
+    Returns the result as printed."""
+    text, fitted = budget.fit(result, module, params, budget.configured())
+    print({"json": lambda: fitted.model_dump_json(indent=2), "markdown": lambda: module.render_markdown(fitted),
+           "text": lambda: text}[form]())
+    return fitted

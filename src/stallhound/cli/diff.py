@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from stallhound.cli.arguments import Subcommands, add_profile_options, parse_params
+from stallhound.cli.arguments import Subcommands, add_profile_options, parse_params, print_fitted
 from stallhound.formats import open_profile
-from stallhound.model.errors import StallhoundError
-from stallhound.server import budget
+from stallhound.model.errors import BadOption
+from stallhound.tools import diff_profiles
 
 EXIT_REGRESSED = 1  # `diff --fail-on-regression`: a CI job fails on it
 
@@ -27,26 +27,22 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallhound.tools import diff_profiles
     pairs = [] if args.limit is None else [f"limit={args.limit}"]
     params = parse_params(diff_profiles, args.before, pairs, as_field="before", after=args.after)
     assert isinstance(params, diff_profiles.Params)  # parse_params builds the module's Params
     if args.fail_on_regression is not None and args.fail_on_regression < 0:
-        raise StallhoundError(f"--fail-on-regression {args.fail_on_regression:g} is negative; pass a percentage "
+        raise BadOption(f"--fail-on-regression {args.fail_on_regression:g} is negative; pass a percentage "
                              "of 0 or more")
     before = open_profile(args.before, cache_dir=args.cache_dir, use_cache=not args.no_cache)
     try:
         after = open_profile(args.after, cache_dir=args.cache_dir, use_cache=not args.no_cache)
         try:
-            text, result = budget.fit(diff_profiles.run(before.con, after.con, params), diff_profiles, params,
-                                      budget.configured())
+            result = print_fitted(diff_profiles.run(before.con, after.con, params), diff_profiles, params, args.format)
         finally:
             after.close()
     finally:
         before.close()
     assert isinstance(result, diff_profiles.Result)  # fit keeps the module's Result
-    print({"json": lambda: result.model_dump_json(indent=2), "markdown": lambda: diff_profiles.render_markdown(result),
-           "text": lambda: text}[args.format]())
     d = result.decision
     regressed = d.verdict == "regressed" and d.change_pct is not None and d.change_pct > (args.fail_on_regression or 0)
     return EXIT_REGRESSED if args.fail_on_regression is not None and regressed else 0

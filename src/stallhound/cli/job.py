@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stallhound.cli.arguments import Subcommands, parse_params
+from stallhound import tools
+from stallhound.analysis.contracts import run_skill
+from stallhound.cli.arguments import Subcommands, parse_params, print_fitted
 from stallhound.jobs import dask as job_dask
 from stallhound.jobs.job import Job, load_job
-from stallhound.model.errors import StallhoundError
+from stallhound.model.errors import BadOption
+from stallhound.server.job_tools import describe
 
 CLI_JOB_ID = "job"  # what a job tool's `job` parameter holds on the command line, where one job is loaded
 
@@ -28,7 +31,6 @@ def command_of(tool: str) -> str:
 
 def register(sub: Subcommands) -> None:
     """`build`, and a command per job tool."""
-    from stallhound import tools
     build = sub.add_parser("build", help="build every rank of a job (models and Parquet) into the cache, in "
                                          "parallel or on a Dask cluster")
     _add_job_options(build)
@@ -51,12 +53,11 @@ def register(sub: Subcommands) -> None:
 
 def _load(args, client=None) -> Job:
     if args.workers is not None and args.workers < 1:
-        raise StallhoundError(f"--workers {args.workers} is not positive; pass 1 or more processes")
+        raise BadOption(f"--workers {args.workers} is not positive; pass 1 or more processes")
     return load_job(args.paths, cache_dir=args.cache_dir, workers=args.workers, dask_client=client)
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from stallhound.server.job_tools import describe
     address, scheduler_file = job_dask.scheduler_from(args.dask_scheduler, args.dask_scheduler_file)
     client = job_dask.connect(address, scheduler_file) if address or scheduler_file else None
     try:
@@ -74,15 +75,11 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_job_tool(args: argparse.Namespace) -> int:
     """Load the job, then run one job tool on it (cut to STALLHOUND_MAX_RESULT_CHARS only when that is set)."""
-    from stallhound import tools
-    from stallhound.analysis.contracts import run_skill
-    from stallhound.server import budget
     module = tools.job_tools()[args.job_tool]
     params = parse_params(module, CLI_JOB_ID, args.param, as_field="job")  # a bad -p fails before the build
     job = _load(args)
     try:
-        text, result = budget.fit(run_skill(job.con, module, params), module, params, budget.configured())
+        print_fitted(run_skill(job.con, module, params), module, params, "json" if args.json else "text")
     finally:
         job.close()
-    print(result.model_dump_json(indent=2) if args.json else text)
     return 0

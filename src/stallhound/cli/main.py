@@ -12,14 +12,15 @@ from stallhound import __version__
 from stallhound.cli import diff, job, report, serve, synth, tool
 from stallhound.model import allocator
 from stallhound.model.errors import StallhoundError
+from stallhound.server.wording import writers
 
 EXIT_USAGE = 2
 SUBCOMMANDS = (serve, tool, diff, job, report, synth)
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="stallhound", description="Read NVIDIA Nsight Systems profiles, for people "
-                                                               "and AI assistants (MCP).")
+    ap = argparse.ArgumentParser(prog="stallhound", description=f"Read GPU profiles ({writers()}), for people and "
+                                                               "AI assistants (MCP).")
     ap.add_argument("--version", action="version", version=f"stallhound {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:

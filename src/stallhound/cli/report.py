@@ -7,14 +7,15 @@ from pathlib import Path
 
 from stallhound.cli.arguments import Subcommands, add_profile_options
 from stallhound.formats import open_profile
-from stallhound.model.errors import StallhoundError
+from stallhound.model.errors import BadOption, ReportUnwritable
 from stallhound.report import gather, page
+from stallhound.server.wording import profile_files
 from stallhound.tools import diff_profiles
 
 
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("report", help="draw a profile (or a before/after pair) as one self-contained HTML file")
-    p.add_argument("profile", nargs="?", help="the profile to draw (nsys export or torch.profiler trace)")
+    p.add_argument("profile", nargs="?", help=f"the profile to draw ({profile_files()} file)")
     p.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"), help="draw two profiles side by side with "
                                                                           "diff_profiles' verdict instead")
     p.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write (self-contained: it "
@@ -25,10 +26,10 @@ def register(sub: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if (args.profile is None) == (args.diff is None):
-        raise StallhoundError("give one profile, or --diff BEFORE AFTER, not both; e.g. stallhound report run.sqlite "
+        raise BadOption("give one profile, or --diff BEFORE AFTER, not both; e.g. stallhound report run.sqlite "
                              "-o report.html")
     if args.output.is_dir():
-        raise StallhoundError(f"-o {args.output} is a folder; name the HTML file to write, e.g. -o report.html")
+        raise BadOption(f"-o {args.output} is a folder; name the HTML file to write, e.g. -o report.html")
     paths = args.diff or [args.profile]
     opened = []
     try:
@@ -46,6 +47,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         args.output.write_text(html, encoding="utf-8")
     except OSError as exc:
-        raise StallhoundError(f"cannot write {args.output} ({exc.strerror}); pick a writable path with -o") from exc
+        raise ReportUnwritable(f"cannot write {args.output} ({exc.strerror}); pick a writable path with -o") from exc
     print(f"wrote {args.output} ({len(html.encode()) / 1e6:.2f} MB)")
     return 0

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 from stallhound.cli.arguments import Subcommands, add_profile_options
-from stallhound.model.errors import StallhoundError
+from stallhound.model.errors import BadOption
 from stallhound.server import budget
-from stallhound.server.http import TOKEN_ENV
+from stallhound.server.app import build_server
+from stallhound.server.http import TOKEN_ENV, check_bind, transport_security
 from stallhound.server.store import DEFAULT_MEMORY_BUDGET_MB
 
 
@@ -41,15 +42,13 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallhound.server.app import build_server
-    from stallhound.server.http import check_bind, transport_security
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     roots = args.root or [Path.cwd()]
     missing = [str(r) for r in roots if not r.is_dir()]
     if missing:
-        raise StallhoundError(f"--root {', '.join(missing)} is not a folder; pass existing folders")
+        raise BadOption(f"--root {', '.join(missing)} is not a folder; pass existing folders")
     if args.memory_budget_mb <= 0:
-        raise StallhoundError(f"--memory-budget-mb {args.memory_budget_mb} is not positive; pass a size in MB")
+        raise BadOption(f"--memory-budget-mb {args.memory_budget_mb} is not positive; pass a size in MB")
     if args.max_result_chars is not None:
         os.environ[budget.ENV] = str(args.max_result_chars)
     budget.configured()  # a bad setting stops the server here, not at every call

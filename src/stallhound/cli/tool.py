@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import argparse
-from importlib import import_module
 from types import ModuleType
-from typing import Any
 
+from stallhound import tools
 from stallhound.analysis.contracts import run_skill
-from stallhound.cli.arguments import Subcommands, add_profile_options, parse_params
+from stallhound.cli.arguments import Subcommands, add_profile_options, parse_params, print_fitted
+from stallhound.cli.docs import tool_summaries
 from stallhound.formats import open_profile
-from stallhound.model.errors import StallhoundError
+from stallhound.model.errors import UnknownTool
 from stallhound.model.limits import model_memory
-from stallhound.server import budget
+from stallhound.server.wording import profile_files
 
 
 def register(sub: Subcommands) -> None:
     tool = sub.add_parser("tool", help="run one analysis tool on a profile")
     tool.add_argument("name", help="tool name, e.g. gpu_idle_gaps (see `stallhound tools`)")
-    tool.add_argument("profile", help="path of an nsys .sqlite/.nsys-rep export or a torch.profiler .json/.json.gz "
-                                      "trace")
+    tool.add_argument("profile", help=f"path of a profile: {profile_files()} file")
     tool.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                       help="a tool parameter, e.g. -p device=0 -p min_gap_ns=2000000")
     tool.add_argument("--json", action="store_true", help="print the structured result as JSON")
@@ -38,44 +37,36 @@ def register(sub: Subcommands) -> None:
 
 
 def _skill(name: str) -> ModuleType:
-    from stallhound.tools import TOOL_NAMES
-    if name not in TOOL_NAMES:
-        raise StallhoundError(f"there is no tool {name!r} (tools: {', '.join(TOOL_NAMES)})")
-    return import_module(f"stallhound.tools.{name}")
+    modules = tools.skills()
+    if name not in modules:
+        raise UnknownTool(f"there is no tool {name!r} (tools: {', '.join(modules)})")
+    return modules[name]
 
 
-def _run(args: argparse.Namespace, name: str, pairs: list[str]) -> tuple[ModuleType, str, Any]:
-    """(module, text, result): cut to STALLHOUND_MAX_RESULT_CHARS only when it is set (see budget)."""
+def _run(args: argparse.Namespace, name: str, pairs: list[str], form: str) -> None:
+    """Run the tool `name` on the profile and print its result as `form` (see print_fitted)."""
     module = _skill(name)
     params = parse_params(module, args.profile, pairs)
     profile = open_profile(args.profile, cache_dir=args.cache_dir, use_cache=not args.no_cache)
     try:
         with model_memory():
-            return module, *budget.fit(run_skill(profile.con, module, params), module, params, budget.configured())
+            print_fitted(run_skill(profile.con, module, params), module, params, form)
     finally:
         profile.close()
 
 
 def run_tool(args: argparse.Namespace) -> int:
-    _, text, result = _run(args, args.name, args.param)
-    print(result.model_dump_json(indent=2) if args.json else text)
+    _run(args, args.name, args.param, "json" if args.json else "text")
     return 0
 
 
 def list_tools(_args: argparse.Namespace) -> int:
-    from stallhound.cli.docs import tool_summaries
     for name, line in tool_summaries():
         print(f"{name:24} {line}")
     return 0
 
 
 def run_triage(args: argparse.Namespace) -> int:
-    module, text, result = _run(args, "triage", [])
-    if args.json:
-        print(result.model_dump_json(indent=2))
-    elif args.markdown:
-        print(module.render_markdown(result))
-    else:
-        print(text)
+    _run(args, "triage", [], "json" if args.json else "markdown" if args.markdown else "text")
     return 0
 

@@ -112,3 +112,20 @@ class RanksInvalid(InvalidRequest):
 
 class UnknownJob(InvalidRequest):
     """No job is loaded with that id in this session."""
+
+
+# --- the command line (cli/) ----------------------------------------------------------------------
+class BadOption(StallhoundError):
+    """A command-line argument the command cannot use: out of range, not a folder, or two that conflict."""
+
+
+class BadParam(BadOption):
+    """A -p KEY=VALUE the tool's Params refuse: not KEY=VALUE, a key it has not, or a value of the wrong type."""
+
+
+class UnknownTool(BadOption):
+    """`stallhound tool NAME` names no tool."""
+
+
+class ReportUnwritable(StallhoundError):
+    """The HTML file given with -o cannot be written."""

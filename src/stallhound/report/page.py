@@ -24,7 +24,7 @@ def _asset(name: str) -> str:
 
 
 def _document(title: str, body: str, scripts: tuple[str, ...], last: str = "") -> str:
-    """The page: the error catcher first, the body, the scripts named (server/report/*.js) after it, then `last`."""
+    """The page: the error catcher first, the body, the scripts named (report/*.js) after it, then `last`."""
     inline = "".join(f"<script>{_asset(s)}</script>" for s in scripts)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'

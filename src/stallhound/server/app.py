@@ -24,6 +24,7 @@ from stallhound.server.jobs import JobStore
 from stallhound.server.resources import register_resources
 from stallhound.server.sessions import session_of
 from stallhound.server.store import DEFAULT_MEMORY_BUDGET_MB, Lease, ProfileStore, Session
+from stallhound.server.wording import profile_files
 from stallhound.server.wrapper import (
     CLOSES,
     READ_ONLY,
@@ -40,7 +41,7 @@ from stallhound.tools import pair_tools, skills
 
 log = logging.getLogger("stallhound")
 
-INSTRUCTIONS = """stallhound reads NVIDIA Nsight Systems profiles (nsys export --type sqlite, or .nsys-rep).
+INSTRUCTIONS = f"""stallhound reads GPU profiles ({profile_files()} files).
 Start with load_profile(path) or triage(profile); every tool takes `profile` as the id load_profile returned
 or a path. Figures are in ns/bytes; each result echoes its scope (devices, window) and says when rows were cut.
 Findings cite root causes in the book: read stallhound://book/{id} for the fix and how to verify it.
@@ -123,9 +124,8 @@ def _register_profile_tools(mcp: StallhoundMCP, store: ProfileStore, summary: Mo
 
     @mcp.tool(annotations=READ_ONLY, structured_output=True)
     async def load_profile(
-        path: Annotated[str, Field(description="Path of an nsys .sqlite export (or .nsys-rep/.qdrep when nsys "
-                                               "is installed) or a torch.profiler .json/.json.gz trace, inside the "
-                                               "server's allowed roots")],
+        path: Annotated[str, Field(description=f"Path of a profile ({profile_files()} file), inside the server's "
+                                               "allowed roots")],
         ctx: Context,
     ) -> Annotated[CallToolResult, LoadResult]:  # the SDK reads the output schema off LoadResult
         """Load a profile (built once into a cache, then reused); returns its id and summary."""

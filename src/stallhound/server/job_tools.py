@@ -18,6 +18,7 @@ from stallhound.server.cancel import run_reporting
 from stallhound.server.errors import StallhoundMCP
 from stallhound.server.jobs import JobStore
 from stallhound.server.sessions import session_of
+from stallhound.server.wording import profile_files
 from stallhound.server.wrapper import CLOSES, READ_ONLY, Kind, Leased, add_tools, on_one_cursor, text_result
 
 MAX_LISTED_RANKS = 64  # ranks listed in load_job's answer; the job's `ranks` table has them all
@@ -95,7 +96,7 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
     @mcp.tool(annotations=READ_ONLY, structured_output=True)
     async def load_job(
         paths: Annotated[list[str], Field(min_length=1, description=(
-            "The job's profiles, one per rank (nsys exports or torch.profiler traces), inside the server's allowed "
+            f"The job's profiles, one per rank ({profile_files()} files), inside the server's allowed "
             "roots: their paths, their folder, or a glob such as '/runs/42/rank_*.sqlite'; one profile of several "
             "processes or devices is a rank per process or device"))],
         ctx: Context,

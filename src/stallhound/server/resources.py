@@ -10,10 +10,13 @@ from mcp_types import Completion, PromptReference, ResourceTemplateReference
 from pydantic import Field
 
 from stallhound import book
+from stallhound.analysis.contracts import run_skill
 from stallhound.model.schema import describe_schema
 from stallhound.server.errors import StallhoundMCP
 from stallhound.server.sessions import session_of
 from stallhound.server.store import ProfileStore
+from stallhound.server.wording import profile_files
+from stallhound.tools import profile_summary
 
 MAX_COMPLETIONS = 100  # the protocol's cap on values per completion
 
@@ -29,9 +32,14 @@ def _questions_text(questions: list[book.Question]) -> str:
 
 
 def register_resources(mcp: StallhoundMCP, store: ProfileStore) -> None:
-    from stallhound.analysis.contracts import run_skill
-    from stallhound.tools import profile_summary
+    """Every resource, the completion of their arguments, and the prompts."""
+    _register_book(mcp)
+    _register_loaded(mcp, store)
+    register_prompts(mcp)
 
+
+def _register_book(mcp: StallhoundMCP) -> None:
+    """What the server knows without a profile: the book, the questions, the model's schema."""
     @mcp.resource("stallhound://book", name="book", mime_type="text/markdown")
     def book_index() -> str:
         """The root-cause book: one line per known cause of slow GPU jobs."""
@@ -57,6 +65,9 @@ def register_resources(mcp: StallhoundMCP, store: ProfileStore) -> None:
         """The profile model that query_sql runs on: tables, columns, units."""
         return describe_schema()
 
+
+def _register_loaded(mcp: StallhoundMCP, store: ProfileStore) -> None:
+    """The profiles loaded in this session, and completing the ids and names every resource and prompt takes."""
     @mcp.resource("stallhound://profiles/{id}", name="profile", mime_type="application/json")
     def profile(id: str, ctx: Context) -> str:  # noqa: A002
         """Summary of a profile loaded in this session."""
@@ -82,17 +93,14 @@ def register_resources(mcp: StallhoundMCP, store: ProfileStore) -> None:
         return Completion(values=matches[:MAX_COMPLETIONS], total=len(matches),
                           has_more=len(matches) > MAX_COMPLETIONS)
 
-    register_prompts(mcp)
-
 
 def register_prompts(mcp: StallhoundMCP) -> None:
     @mcp.prompt()
     def triage_profile(
-        path: Annotated[str, Field(description="Path of the nsys .sqlite/.nsys-rep export or torch.profiler "
-                                               ".json/.json.gz trace")],
+        path: Annotated[str, Field(description=f"Path of the profile ({profile_files()} file)")],
     ) -> str:
         """Find out why a GPU job is slow: triage a profile and explain the top causes."""
-        return (f"Load the Nsight Systems profile at {path} with load_profile, then call triage on it. "
+        return (f"Load the profile at {path} with load_profile, then call triage on it. "
                 "For the top three findings, read the cited stallhound://book/{id} entry and explain: what the "
                 "evidence figures show, the root cause, the fix in concrete code or flags, and how to verify it by "
                 "re-profiling. Then list what the profile cannot tell and how to capture it. Quote numbers with "

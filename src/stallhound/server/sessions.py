@@ -16,14 +16,19 @@ from mcp.server.connection import Connection
 from mcp.server.mcpserver import Context
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
+from stallhound.formats.registry import profile_suffixes
+
 if TYPE_CHECKING:
     from stallhound.server.store import ProfileStore
 
 STATE_KEY = "stallhound.session"
 ID_CHARS = re.compile(r"[^a-z0-9_-]+")
 MAX_ID_CHARS = 32
-# File endings an id leaves out, longest first: nsys exports and torch.profiler traces (plain or gzipped).
-ID_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json", ".sqlite")
+# torch.profiler names its traces NAME.pt.trace.json(.gz); an id leaves that whole ending out, and the registry's
+# suffixes do not say so (they are what picks a file, and any .json may be a trace).
+TRACE_ENDINGS = (".pt.trace.json.gz", ".pt.trace.json")
+# File endings an id leaves out, longest first: every format's suffixes and the endings above.
+ID_SUFFIXES = tuple(sorted({*TRACE_ENDINGS, *profile_suffixes()}, key=len, reverse=True))
 
 
 @dataclass

@@ -124,8 +124,7 @@ class ProfileStore:
             model = self.models.get(key)
             if model is not None:
                 return self._lease(session, key, model)
-        if not key.exists():
-            raise ProfileNotFound(f"{key} does not exist; pass the path of an nsys .sqlite or .nsys-rep file")
+        # open_profile words a missing or unreadable file (formats.source.check_file)
         profile = open_profile(key, cache_dir=self.cache_dir, use_cache=self.use_cache, progress=progress,
                                cancelled=cancelled)
         with self.lock:
