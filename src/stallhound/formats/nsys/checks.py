@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import duckdb
 
+from stallhound.formats.derive import LOAD_SOURCE
 from stallhound.model.duck import one_row
 
 # Columns ingest reads from each raw table without checking for them first.
@@ -51,7 +52,6 @@ TIMED: dict[str, tuple[str, str | None]] = {
     "os_runtime": ("start_ns", "end_ns"), "nvtx": ("start_ns", None), "cpu_samples": ("time_ns", None),
     "sched": ("time_ns", None), "memory_usage": ("time_ns", None), "uvm_faults": ("start_ns", None),
 }
-LOAD_SOURCE = "stallhound"  # diagnostics.source of the notes written here
 LOAD_SEVERITY = "warning"  # figures still stand for the rest of the data
 
 # Text read by DuckDB's SQLite scanner as it is; bytes that are not UTF-8 become \xNN escapes (instead of
