@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import numpy as np
 
-from stallhound.formats import nvtx_depth
-from stallhound.formats.nsys import checks
+from stallhound.formats.nsys import checks, nvtx_depth
 from stallhound.model.duck import one_row
 
 if TYPE_CHECKING:
