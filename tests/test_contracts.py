@@ -19,7 +19,7 @@ from stallhound.analysis.common import Output
 from stallhound.analysis.contracts import run_skill
 from stallhound.formats import build_steps, open_profile
 from stallhound.formats.kineto import build as kineto
-from stallhound.formats.nsys import build as ingest
+from stallhound.formats.nsys import build as nsys_build
 from stallhound.model.errors import LoadCancelled
 from stallhound.tools import detectors, job_tools, pair_tools, skills
 
@@ -142,8 +142,8 @@ def test_contracts_export_build_reports_each_declared_step_once(tmp_path):
     path = tmp_path / "clean.sqlite"
     synth.write_sample(path, synth.clean())
     seen = _reported(path, tmp_path)
-    assert sorted(label for _, _, label in seen) == sorted(ingest.STEPS)
-    assert [(done, total) for done, total, _ in seen] == [(i + 1, len(ingest.STEPS)) for i in range(len(seen))]
+    assert sorted(label for _, _, label in seen) == sorted(nsys_build.STEPS)
+    assert [(done, total) for done, total, _ in seen] == [(i + 1, len(nsys_build.STEPS)) for i in range(len(seen))]
 
 
 def test_contracts_kineto_build_reports_each_declared_step_once(tmp_path):

@@ -102,7 +102,7 @@ TABLES: tuple[Table, ...] = (
         ("dynamic_shared_bytes", "BIGINT", "dynamic shared memory per block"),
         ("graph_id", "BIGINT", "CUDA graph id when launched from a graph (NULL otherwise or if not recorded)"),
         ("graph_node_id", "BIGINT", "CUDA graph node id, NULL when not in a graph"),
-        ("category", "VARCHAR", "compute | nccl | copy | other (see profiles.ingest.KERNEL_CATEGORY_SQL)"),
+        ("category", "VARCHAR", "compute | nccl | copy | other (see formats.derive.KERNEL_CATEGORY_SQL)"),
         ("nccl_collective", "VARCHAR", "AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, SendRecv, "
                                        "AllToAll, ... for NCCL kernels; NULL otherwise"),
         ("launch_api", "VARCHAR", "name of the CUDA API call that launched it, e.g. cudaLaunchKernel"),

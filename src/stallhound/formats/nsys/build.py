@@ -1,4 +1,4 @@
-"""Build the profile model (see profiles.model) from a raw nsys SQLite export into a DuckDB file.
+"""Build the profile model (see model.schema) from a raw nsys SQLite export into a DuckDB file.
 
 Small tables (strings, enums, threads, hardware, metadata) are read with the stdlib sqlite3 so
 that text which is not UTF-8 survives; the large activity tables are scanned by DuckDB's SQLite
