@@ -25,6 +25,7 @@ from stallhound.model.schema import MODEL_VERSION
 SRC = Path(__file__).resolve().parents[1] / "src" / "stallhound"
 FAKE_MAGIC = b"FAKEPROF"
 FAKE_PLATFORM = "fake profiler"
+FAKE_ONLY = "fake_counters"  # a need the fake format alone records
 KERNEL = {"device_id": 0, "stream_id": 7, "correlation_id": 1, "short_name": "k", "name": "k", "start_ns": 100,
           "end_ns": 300, "category": "compute"}
 
@@ -79,7 +80,8 @@ def _fake_detect(path: Path) -> bool:
 
 
 FAKE = Format(name="fake", writer="the fake profiler", detect=_fake_detect, build=_fake_build,
-              damaged=lambda path, exc: None, read_errors=(), options={"kernels": "fake --gpu"},
+              damaged=lambda path, exc: None, read_errors=(),
+              options={"kernels": "fake --gpu", FAKE_ONLY: "fake --counters"},
               say=lambda options, bare: " ".join(options), written_by=lambda version, schema: "fake",
               expects=("a fake profile", "pass one"), platform=FAKE_PLATFORM, suffixes=(".fake",),
               picks=_fake_detect)
@@ -98,8 +100,11 @@ def test_formats_a_format_registered_by_one_line_is_opened(tmp_path, monkeypatch
         assert registry.format_of(profile.con) is FAKE
         assert remedy(profile.con, ("kernels",)) == "fake --gpu"  # its own words for what it records
         assert remedy(profile.con, ("kernels", "sched")) == "`nsys profile --trace=cuda --cpuctxsw=process-tree`"
+        assert remedy(profile.con, ("sched",)) == "`nsys profile --cpuctxsw=process-tree`"  # only nsys records it
     finally:
         profile.close()
+    # an nsys model's remedy for what only the fake records names the fake: the search reads the registry as it is
+    assert remedy(make_model(kernels=[KERNEL]), (FAKE_ONLY,)) == "fake --counters"
     other = tmp_path / "notes.txt"
     other.write_text("hello")
     with pytest.raises(NotAProfile, match="nor a JSON object nor a fake profile; .*, or pass one$"):
