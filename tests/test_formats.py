@@ -19,7 +19,7 @@ from stallhound.formats.kineto.meta import CUDA_ACTIVITY, PLATFORM
 from stallhound.formats.nsys import merged
 from stallhound.formats.remedy import remedy
 from stallhound.jobs.files import job_files
-from stallhound.model.errors import NotAProfile
+from stallhound.model.errors import NotAProfile, ProfileNotFound
 from stallhound.model.schema import MODEL_VERSION
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "stallhound"
@@ -54,6 +54,39 @@ def test_formats_an_unknown_file_gets_one_clear_error(tmp_path):
     assert str(err.value) == (
         f"{text} is not an SQLite file (its first bytes are not an SQLite header) nor a JSON object; export the "
         "report with `nsys export --type sqlite report.nsys-rep`, or pass a torch.profiler trace (.json or .json.gz)")
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("name, fmt", [("trace.json", kineto.FORMAT), ("trace.json.gz", kineto.FORMAT),
+                                       ("run.sqlite", nsys.FORMAT), ("run.nsys-rep", nsys.FORMAT)])
+def test_formats_an_empty_file_gets_the_advice_of_the_format_it_is_named_for(tmp_path, name, fmt):
+    path = _write(tmp_path / name, b"")
+    with pytest.raises(NotAProfile) as err:
+        open_profile(path, cache_dir=tmp_path / "cache")
+    assert str(err.value) == f"{path} is empty (0 bytes); {fmt.expects[1]}"
+    assert str(err.value).count(". ") == 0  # one sentence
+
+
+def test_formats_an_empty_file_of_no_format_s_name_gets_every_format_s_advice(tmp_path):
+    path = _write(tmp_path / "run.txt", b"")
+    with pytest.raises(NotAProfile) as err:
+        open_profile(path, cache_dir=tmp_path / "cache")
+    assert str(err.value) == (f"{path} is empty (0 bytes); export the report with `nsys export --type sqlite "
+                              "report.nsys-rep`, or pass a torch.profiler trace (.json or .json.gz)")
+
+
+def test_formats_a_missing_path_or_a_folder_names_every_format_s_files(tmp_path):
+    files = "nsys (.sqlite, .nsys-rep, .qdrep) or torch.profiler (.json, .json.gz)"
+    with pytest.raises(ProfileNotFound) as missing:
+        open_profile(tmp_path / "gone.json", cache_dir=tmp_path / "cache")
+    assert str(missing.value) == f"{tmp_path / 'gone.json'} does not exist; pass the path of a profile: {files}"
+    with pytest.raises(NotAProfile) as folder:
+        open_profile(tmp_path, cache_dir=tmp_path / "cache")
+    assert str(folder.value) == f"{tmp_path} is a directory; pass one profile inside it: {files}"
 
 
 def test_formats_each_format_is_complete():
@@ -105,6 +138,8 @@ def test_formats_a_format_registered_by_one_line_is_opened(tmp_path, monkeypatch
         profile.close()
     # an nsys model's remedy for what only the fake records names the fake: the search reads the registry as it is
     assert remedy(make_model(kernels=[KERNEL]), (FAKE_ONLY,)) == "fake --counters"
+    with pytest.raises(NotAProfile, match=r"is empty \(0 bytes\); pass one$"):
+        open_profile(_write(tmp_path / "empty.fake", b""), cache_dir=tmp_path / "cache")
     other = tmp_path / "notes.txt"
     other.write_text("hello")
     with pytest.raises(NotAProfile, match="nor a JSON object nor a fake profile; .*, or pass one$"):
