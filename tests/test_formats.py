@@ -94,6 +94,8 @@ def test_formats_each_format_is_complete():
     assert [f.name for f in registry.FORMATS if f.platform is None] == ["nsys"]  # the one default of format_of
     for fmt in registry.FORMATS:
         assert set(fmt.options) <= set(NEEDS), fmt.name
+        assert fmt.suffixes and all(s.startswith(".") for s in fmt.suffixes), fmt.name  # how a job's folder finds it
+        assert len(fmt.expects) == 2 and all(fmt.expects), fmt.name  # what its files are, how to get one
     # every need is recorded by some format, so a remedy always has words
     assert set(NEEDS) <= {need for f in registry.FORMATS for need in f.options}
 
