@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from stallhound import synth
 from stallhound.formats import kineto, nsys, open_profile, registry
 from stallhound.formats.base import Format
 from stallhound.formats.derive import GPU_PHASE, KERNELS_IN_GRAPHS, NEEDS
-from stallhound.formats.kineto.meta import CUDA_ACTIVITY, PLATFORM
+from stallhound.formats.kineto.meta import CUDA_ACTIVITY, PLATFORM, capture_flags
 from stallhound.formats.nsys import merged
 from stallhound.formats.remedy import remedy
 from stallhound.jobs.files import job_files
@@ -199,3 +200,17 @@ def test_formats_tools_word_no_capture_command_themselves():
              for path in sorted((SRC / folder).rglob("*.py")) for s in _strings(path)
              if "nsys profile" in s or "--trace=" in s]
     assert found == []
+
+
+def test_formats_kineto_capabilities_name_the_capture_of_the_format_that_records_the_data(monkeypatch):
+    """A Kineto trace's capability rows for data torch.profiler cannot record take their capture from the first
+    registered format that records it, never from a copy of its options."""
+    flags = capture_flags()
+    assert flags["os_runtime"] == "not recorded by torch.profiler; capture the run with nsys --trace=osrt to get it"
+    for data, flag in flags.items():
+        assert flag == kineto.FORMAT.options.get(data, f"not recorded by torch.profiler; capture the run with nsys "
+                                                       f"{nsys.FORMAT.options[data]} to get it"), data
+    sched_first = replace(FAKE, options={"sched": "fake --sched"})
+    monkeypatch.setattr(registry, "FORMATS", (kineto.FORMAT, sched_first, nsys.FORMAT))
+    assert capture_flags()["sched"] == ("not recorded by torch.profiler; capture the run with the fake profiler "
+                                        "fake --sched to get it")
