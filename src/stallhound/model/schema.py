@@ -53,12 +53,12 @@ TABLES: tuple[Table, ...] = (
         ("rank_source", "VARCHAR", "where rank and world_size come from: 'distributedInfo' (a torch.profiler "
                                    "trace's own block); NULL when unknown (nsys exports record no rank)"),
     )),
-    Table("capabilities", "Which data this profile has; for what it lacks, the nsys flag that captures it.", (
+    Table("capabilities", "Which data this profile has; for what it lacks, the capture option that records it.", (
         ("data", "VARCHAR", "kernels, memcpy, memset, cuda_api, sync, nvtx, os_runtime, cpu_samples, "
                             "sched, graph_exec, memory_usage, uvm_faults, gpu_info"),
         ("present", "BOOLEAN", "true when the export has rows for it (gpu_info: a hardware name for a device)"),
         ("rows", "BIGINT", "rows in the model table (gpu_info: devices with a hardware name)"),
-        ("capture_flag", "VARCHAR", "nsys option that records it; for gpu_info what the export lacks, with a "
+        ("capture_flag", "VARCHAR", "the capture option that records it; for gpu_info what the profile lacks, with a "
                                     "remedy only where one is known"),
     )),
     Table("gpus", "Devices seen in GPU activity (kernels, memcpy, memset, graph_exec), with hardware details "
