@@ -1,4 +1,4 @@
-"""The GPU side of one export's build alone (profiles.ingest build()'s gpu_side, on one cursor, the host side not run):
+"""The GPU side of one export's build alone (formats.nsys.build's gpu_side, on one cursor, the host side not run):
 CPU seconds per step and per SQL statement, and with --figures each GPU table's row count and per-column hash sums,
 to check that a change to the build keeps every figure.
 

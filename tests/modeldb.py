@@ -1,11 +1,12 @@
 """Tiny in-memory profile models for unit tests.
 
-make_model(kernels=[{...}], nvtx=[{...}], ...) creates every table of profiles.model.TABLES in an
+make_model(kernels=[{...}], nvtx=[{...}], ...) creates every table of model.schema.TABLES in an
 in-memory DuckDB, inserts the given rows (dicts; missing columns are NULL, duration_ns is filled in
-from start_ns/end_ns when absent), then derives what ingest derives: one `gpus` row per device seen
+from start_ns/end_ns when absent), then derives what the nsys build derives: one `gpus` row per device seen
 in kernels/memcpy/memset/graph_exec (unless `gpus` is given), the `meta` row with capture and GPU windows
 (any field overridable through `meta={...}`) and the `capabilities` rows (nsys' capability_rows); copies and
-memsets without launch_start_ns/launch_end_ns get those of their earliest API call of their kind, as ingest joins them.
+memsets without launch_start_ns/launch_end_ns get those of their earliest API call of their kind, as the nsys build
+joins them.
 
 union_ns(intervals) is the independent reference for interval unions: a plain Python sweep.
 """

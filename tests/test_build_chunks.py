@@ -11,7 +11,7 @@ import pytest
 from conftest import FIXTURE_FILES, FIXTURE_IDS, FIXTURES
 
 from stallhound.formats import open_profile
-from stallhound.formats.nsys import build as ingest
+from stallhound.formats.nsys import build as nsys_build
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range, within
 from stallhound.model.limits import BUILD_MEMORY_ENV
 
@@ -36,9 +36,9 @@ def _tables(path, cache) -> dict[str, list[tuple]]:
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=FIXTURE_IDS)
 def test_build_chunks_ranged_join_equals_one_join(path, tmp_path, monkeypatch):
     whole = _tables(path, tmp_path / "whole")
-    monkeypatch.setattr(ingest, "rows_per_range", lambda: SMALL_RANGE)
+    monkeypatch.setattr(nsys_build, "rows_per_range", lambda: SMALL_RANGE)
     used = []
-    monkeypatch.setattr(ingest, "correlation_ranges", lambda con, rows: used.append(correlation_ranges(con, rows))
+    monkeypatch.setattr(nsys_build, "correlation_ranges", lambda con, rows: used.append(correlation_ranges(con, rows))
                         or used[-1])
     ranged = _tables(path, tmp_path / "ranged")
     assert ranged == whole
@@ -86,7 +86,7 @@ def _earliest_calls(table: str, pattern: str) -> tuple[list[tuple], int]:
 def test_build_chunks_shared_correlation_ids_keep_one_row_per_activity_and_its_earliest_call(
         rows_per_range, tmp_path, monkeypatch):
     if rows_per_range:
-        monkeypatch.setattr(ingest, "rows_per_range", lambda: rows_per_range)
+        monkeypatch.setattr(nsys_build, "rows_per_range", lambda: rows_per_range)
     profile = open_profile(SHARED_IDS, cache_dir=tmp_path)
     try:
         if rows_per_range:

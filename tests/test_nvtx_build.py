@@ -1,4 +1,4 @@
-"""The model's nvtx table as the build writes it (profiles.nvtx_build): every kept NVTX event of each fixture, with
+"""The model's nvtx table as the build writes it (formats.nsys.nvtx): every kept NVTX event of each fixture, with
 its text and its domain's name, against independent SQL on the raw export; and domains named by text, by string id
 and by bytes that are not UTF-8."""
 

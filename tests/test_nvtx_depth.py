@@ -1,4 +1,4 @@
-"""NVTX push/pop depth as the build computes it (profiles.nvtx_build, profiles.nvtx_depth): against planted nesting
+"""NVTX push/pop depth as the build computes it (formats.nsys.nvtx, formats.nsys.nvtx_depth): against planted nesting
 (ranges added to a copy of a real export on a thread of their own, each with the depth a per-thread stack gives it),
 and row for row against the ordered SQL window it replaced, on every fixture and on random ties."""
 

@@ -43,7 +43,7 @@ def models_of(paths: list[Path], cache: Path) -> list[Path]:
 
 
 def job_of(models: list[Path], folder: Path) -> duckdb.DuckDBPyConnection:
-    """The job connection (profiles.job_parquet, as load_job makes it) of built models, rank r = models[r]: for
+    """The job connection (jobs.parquet, as load_job makes it) of built models, rank r = models[r]: for
     ranks whose models a test made or changed itself (a load_job takes profiles, not models)."""
     specs = [RankSpec(rank=r, rank_source="order", path=m, fingerprint=f"p{r}", model_path=m, unit=Unit())
              for r, m in enumerate(models)]

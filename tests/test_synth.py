@@ -1,7 +1,7 @@
 """The synthetic export generator: every planted problem is in the file exactly as the truth says.
 
 Checks run raw SQL through the stdlib sqlite3 on the written file, never through stallhound's own
-reader, so that a bug in the generator cannot hide behind the same bug in the ingest.
+reader, so that a bug in the generator cannot hide behind the same bug in the nsys build.
 """
 
 from __future__ import annotations

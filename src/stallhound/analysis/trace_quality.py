@@ -11,8 +11,7 @@ from typing import NamedTuple
 import duckdb
 
 from stallhound.analysis.common import Window, ms, pct
-from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS
-from stallhound.formats.nsys.checks import LOAD_SOURCE
+from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS, LOAD_SOURCE
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row
 

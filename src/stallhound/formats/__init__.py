@@ -1,4 +1,4 @@
-"""Profiles: open a file of any registered format (an Nsight Systems export, a PyTorch profiler trace...) as a
+"""Formats: open a file of any registered format (an Nsight Systems export, a PyTorch profiler trace...) as a
 cached DuckDB profile model; the format, found by registry.detect, builds it."""
 
 from __future__ import annotations

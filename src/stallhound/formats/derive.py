@@ -9,6 +9,7 @@ import duckdb
 
 from stallhound.model.duck import one_row
 
+LOAD_SOURCE = "stallhound"  # diagnostics.source of the notes a build writes about what it left out
 NCCL_COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
                     "AllToAll", "Send", "Recv")
 # Kernel categories, decided once per distinct name: NCCL by name prefix, copy-like by the

@@ -7,13 +7,14 @@ from collections.abc import Sequence
 
 import duckdb
 
+from stallhound.formats import registry
 from stallhound.formats.base import Format
-from stallhound.formats.registry import FORMATS, format_of
 
 
 def recorder(own: Format, needs: Sequence[str]) -> Format:
-    """The format a capture of `needs` is worded for: `own` when it records them all, else the first that does."""
-    for fmt in (own, *FORMATS):
+    """The format a capture of `needs` is worded for: `own` when it records them all, else the first in
+    registry.FORMATS (read at each call) that does."""
+    for fmt in (own, *registry.FORMATS):
         if all(need in fmt.options for need in needs):
             return fmt
     raise ValueError(f"no registered format records all of {list(needs)}")
@@ -27,4 +28,4 @@ def capture(own: Format, needs: Sequence[str], *, bare: bool = False) -> str:
 def remedy(con: duckdb.DuckDBPyConnection, needs: Sequence[str], *, bare: bool = False) -> str:
     """The capture that records `needs` (capabilities.data names, or derive.KERNELS_IN_GRAPHS) for the profile in
     `con`: a command such as `nsys profile --trace=cuda,nvtx`, or (bare) just its options, --trace=cuda,nvtx."""
-    return capture(format_of(con), needs, bare=bare)
+    return capture(registry.format_of(con), needs, bare=bare)

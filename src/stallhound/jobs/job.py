@@ -2,8 +2,8 @@
 devices), as one DuckDB connection over each rank's model written as Parquet.
 
 Loading a job builds each file's model (cached like any profile) in parallel, says which rank each part is and how
-that was found (profiles.job_ranks), writes each rank's tables as Parquet into the cache folder, and opens views
-over them (profiles.job_parquet). The Parquet of a job is cached too, keyed by its ranks' contents.
+that was found (jobs.ranks), writes each rank's tables as Parquet into the cache folder, and opens views
+over them (jobs.parquet). The Parquet of a job is cached too, keyed by its ranks' contents.
 """
 
 from __future__ import annotations

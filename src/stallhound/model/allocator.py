@@ -40,8 +40,8 @@ def release() -> bool:
     """Hand the heap's free memory back to the kernel (glibc's malloc_trim: every arena, not only the top of the
     main one, which is all that TRIM_THRESHOLD_BYTES governs); True where the allocator could.
 
-    Worth its ~10 ms after a numpy pass over millions of operations: the 10 GB benchmark export's gap pass left
-    ~120 MB of freed arrays in the heap, which raised its first triage's peak RSS by as much in the SQL after it."""
+    Worth it after a numpy pass over millions of operations: the freed arrays stay in the heap otherwise, and the
+    SQL after the pass adds its own peak on top of them."""
     trim = getattr(_libc(), "malloc_trim", None)
     if trim is None:
         return False

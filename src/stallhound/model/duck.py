@@ -80,7 +80,7 @@ def remove_dead_spills(model: Path) -> list[Path]:
 
 def open_model(path: Path) -> duckdb.DuckDBPyConnection:
     """A read-only connection to a built model, with file and network access from SQL switched off, within the
-    model memory limit (profiles.limits).
+    model memory limit (model.limits).
 
     DuckDB allows one configuration per database file in a process, so every open of the same
     model shares one base connection and gets its own cursor; `close_model` releases it.

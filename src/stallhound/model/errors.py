@@ -13,13 +13,13 @@ class InvalidRequest(StallhoundError):
     """A parameter is valid by type but not for this profile (device, window, name)."""
 
 
-# --- loading a profile (profiles/) ----------------------------------------------------------------
+# --- loading a profile (formats/) -----------------------------------------------------------------
 class ProfileNotFound(StallhoundError):
     pass
 
 
 class NotAProfile(StallhoundError):
-    """The file exists but is not a usable Nsight Systems export."""
+    """The file exists but no registered format reads it."""
 
 
 class ConversionNeeded(StallhoundError):
@@ -54,7 +54,7 @@ class ModelOutOfMemory(StallhoundError):
     """A tool call on an open model needed more memory than the model's limit, and could not spill."""
 
 
-# --- the book and the questions (resources/) ------------------------------------------------------
+# --- the book and the questions (book/) -----------------------------------------------------------
 class BookError(StallhoundError):
     """A packaged book or question file is malformed."""
 
@@ -97,7 +97,7 @@ class ClientGone(StallhoundError):
     """The HTTP client left before the answer was ready (said to nobody; it ends the call)."""
 
 
-# --- jobs: every rank of a run (profiles/job*, server/jobs) ---------------------------------------
+# --- jobs: every rank of a run (jobs/) ------------------------------------------------------------
 class DaskUnavailable(StallhoundError):
     """A scheduler was asked for but Dask is not installed, or it cannot be reached."""
 

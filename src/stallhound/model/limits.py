@@ -3,7 +3,7 @@ memory or disk for spilling runs out.
 
 DuckDB keeps the build within STALLHOUND_BUILD_MEMORY_MB and spills what does not fit to a temporary folder
 beside the model being built (in the cache folder); tools on an open model likewise stay within
-STALLHOUND_MODEL_MEMORY_MB and spill beside the model (see profiles.duck). When neither suffices the load or
+STALLHOUND_MODEL_MEMORY_MB and spill beside the model (see model.duck). When neither suffices the load or
 the call fails with one sentence.
 """
 

@@ -53,12 +53,12 @@ TABLES: tuple[Table, ...] = (
         ("rank_source", "VARCHAR", "where rank and world_size come from: 'distributedInfo' (a torch.profiler "
                                    "trace's own block); NULL when unknown (nsys exports record no rank)"),
     )),
-    Table("capabilities", "Which data this profile has; for what it lacks, the nsys flag that captures it.", (
+    Table("capabilities", "Which data this profile has; for what it lacks, the capture option that records it.", (
         ("data", "VARCHAR", "kernels, memcpy, memset, cuda_api, sync, nvtx, os_runtime, cpu_samples, "
                             "sched, graph_exec, memory_usage, uvm_faults, gpu_info"),
         ("present", "BOOLEAN", "true when the export has rows for it (gpu_info: a hardware name for a device)"),
         ("rows", "BIGINT", "rows in the model table (gpu_info: devices with a hardware name)"),
-        ("capture_flag", "VARCHAR", "nsys option that records it; for gpu_info what the export lacks, with a "
+        ("capture_flag", "VARCHAR", "the capture option that records it; for gpu_info what the profile lacks, with a "
                                     "remedy only where one is known"),
     )),
     Table("gpus", "Devices seen in GPU activity (kernels, memcpy, memset, graph_exec), with hardware details "
@@ -102,7 +102,7 @@ TABLES: tuple[Table, ...] = (
         ("dynamic_shared_bytes", "BIGINT", "dynamic shared memory per block"),
         ("graph_id", "BIGINT", "CUDA graph id when launched from a graph (NULL otherwise or if not recorded)"),
         ("graph_node_id", "BIGINT", "CUDA graph node id, NULL when not in a graph"),
-        ("category", "VARCHAR", "compute | nccl | copy | other (see profiles.ingest.KERNEL_CATEGORY_SQL)"),
+        ("category", "VARCHAR", "compute | nccl | copy | other (see formats.derive.KERNEL_CATEGORY_SQL)"),
         ("nccl_collective", "VARCHAR", "AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, SendRecv, "
                                        "AllToAll, ... for NCCL kernels; NULL otherwise"),
         ("launch_api", "VARCHAR", "name of the CUDA API call that launched it, e.g. cudaLaunchKernel"),

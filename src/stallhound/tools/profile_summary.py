@@ -31,7 +31,7 @@ from stallhound.analysis import program, rules, trace_quality
 from stallhound.analysis.common import Output, ProfileParams, Window, fetch_capped, ms, pct
 from stallhound.analysis.program import KERNEL_FAMILIES, Program
 from stallhound.analysis.rules import Missing
-from stallhound.formats.nsys.checks import LOAD_SOURCE
+from stallhound.formats.derive import LOAD_SOURCE
 from stallhound.formats.registry import by_platform
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row

@@ -40,7 +40,8 @@ def written_by(version: str | None, schema: str) -> str:
     return f"{PLATFORM} trace, schema {schema},"
 
 
-FORMAT = Format(
+# Typed here: meta.py reads the registry, which imports this module, so mypy meets FORMAT inside that cycle.
+FORMAT: Format = Format(
     name="kineto", writer="torch.profiler", detect=is_trace, build=trace_build.build, damaged=_damaged, read_errors=(),
     options=OPTIONS, say=say, written_by=written_by,
     expects=("a JSON object", "pass a torch.profiler trace (.json or .json.gz)"), platform=PLATFORM,

@@ -1,6 +1,6 @@
-"""Build the profile model (see profiles.model) from a PyTorch profiler (Kineto) trace into a DuckDB file.
+"""Build the profile model (see model.schema) from a PyTorch profiler (Kineto) trace into a DuckDB file.
 
-Events are staged in batches (profiles.kineto_stage) into three tables (GPU activity, host events, NCCL
+Events are staged in batches (formats.kineto.stage) into three tables (GPU activity, host events, NCCL
 record_param_comms ops), then mapped with SQL into the same model tables an nsys export fills. Kineto writes no
 OS runtime calls, CPU samples, scheduling, synchronization records, CUDA graph executions, device-memory events
 or UVM faults: those tables stay empty and `capabilities` says so. CPU ops and user annotations

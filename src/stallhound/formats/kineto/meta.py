@@ -7,6 +7,8 @@ from pathlib import Path
 
 import duckdb
 
+from stallhound.formats import registry, remedy
+from stallhound.formats.derive import DATA_TABLES
 from stallhound.formats.derive import capability_rows as derive_capabilities
 from stallhound.formats.kineto.nccl import as_int
 from stallhound.model.schema import MODEL_VERSION
@@ -15,24 +17,13 @@ PLATFORM = "torch.profiler (Kineto)"  # meta.platform of every Kineto trace: wha
 RANK_SOURCE = "distributedInfo"  # meta.rank_source: the trace's own distributedInfo block
 EPOCH_FLOOR_NS = 946_684_800 * 10**9  # 2000-01-01: an earlier start is a clock that does not count from the epoch
 DIAGNOSTIC_SOURCE = "kineto"  # diagnostics.source of what the trace says about its capture
-NOT_IN_KINETO = "not recorded by torch.profiler; capture the run with nsys {flag} to get it"
+NOT_IN_KINETO = "not recorded by torch.profiler; capture the run with {writer} {options} to get it"
 CUDA_ACTIVITY = "torch.profiler with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
 # need -> what records it in a Kineto trace; what Kineto cannot record is absent (a remedy names nsys for it).
 OPTIONS: dict[str, str] = {
     "kernels": CUDA_ACTIVITY, "memcpy": CUDA_ACTIVITY, "memset": CUDA_ACTIVITY, "cuda_api": CUDA_ACTIVITY,
     "nvtx": "torch.profiler with ProfilerActivity.CPU (CPU ops) and record_function ranges; prof.step() in the "
             "loop records ProfilerStep#N",
-}
-# data -> what the capabilities table says records it, for a Kineto trace.
-KINETO_FLAGS: dict[str, str] = {
-    **OPTIONS,
-    "sync": NOT_IN_KINETO.format(flag="--trace=cuda"),
-    "os_runtime": NOT_IN_KINETO.format(flag="--trace=osrt"),
-    "cpu_samples": NOT_IN_KINETO.format(flag="--sample=process-tree"),
-    "sched": NOT_IN_KINETO.format(flag="--cpuctxsw=process-tree"),
-    "graph_exec": NOT_IN_KINETO.format(flag="--trace=cuda --cuda-graph-trace=graph"),
-    "memory_usage": NOT_IN_KINETO.format(flag="--cuda-memory-usage=true"),
-    "uvm_faults": NOT_IN_KINETO.format(flag="--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true"),
 }
 DEVICES_SQL = """SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL SELECT device_id FROM memcpy
     UNION ALL SELECT device_id FROM memset) WHERE device_id IS NOT NULL ORDER BY 1"""
@@ -104,7 +95,20 @@ def _gpu_info_flag(devices: int, named: int) -> str:
             "them since 1.13), so their GPU model is unknown")
 
 
+def _not_recorded(data: str) -> str:
+    """What records `data`, which torch.profiler cannot: the first registered format that can, and its options."""
+    kineto = registry.by_platform(PLATFORM)
+    return NOT_IN_KINETO.format(writer=remedy.recorder(kineto, [data]).writer,
+                                options=remedy.capture(kineto, [data], bare=True))
+
+
+def capture_flags() -> dict[str, str]:
+    """data -> what the capabilities table says records it, for a Kineto trace: the profiler setting where
+    torch.profiler records it, else the capture of the format that does (read from the registry when called)."""
+    return {data: OPTIONS.get(data) or _not_recorded(data) for data in DATA_TABLES if data != "gpu_info"}
+
+
 def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
     """The capability rows of a trace's model in `con`, with what records each kind of data said for
     torch.profiler."""
-    return derive_capabilities(con, KINETO_FLAGS, _gpu_info_flag)
+    return derive_capabilities(con, capture_flags(), _gpu_info_flag)

@@ -1,4 +1,4 @@
-"""SQL that maps a Kineto trace's staged events (_k_gpu, _k_host, see profiles.kineto_read) into the model tables.
+"""SQL that maps a Kineto trace's staged events (_k_gpu, _k_host, see formats.kineto.read) into the model tables.
 
 GPU activity joins the CUDA API call that issued it on Kineto's correlation id alone: a Kineto trace is one
 process's, and its correlation ids are unique within it. Copy direction and memory kinds come from the names

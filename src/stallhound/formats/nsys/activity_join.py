@@ -1,5 +1,5 @@
 """Activity rows (kernels, memcpy, memset, sync, graph launches) joined to the CUDA API call that issued them, once
-per correlation-id range (profiles.chunks), so that the API side of each join stays within the build's memory limit.
+per correlation-id range (formats.nsys.chunks), so that the API side of each join stays within the build's memory limit.
 
 With several ranges an activity table is first copied into DuckDB, only the columns the build reads: the SQLite
 scanner filters nothing, so each range would read the whole table again.
@@ -34,7 +34,7 @@ Calls = Callable[..., str]  # api_join with its range and mode given: calls(*kin
 
 def api_join(bounds: Range, earliest: bool, *kinds: str) -> str:
     """Join activity rows `r` to the API call `a` that issued them, on (pid, correlation id), for the ids in
-    `bounds` (see profiles.chunks); it ends the query, with the WHERE that keeps `r`'s rows in `bounds`.
+    `bounds` (see formats.nsys.chunks); it ends the query, with the WHERE that keeps `r`'s rows in `bounds`.
 
     Older exports record both the runtime call and the driver call it makes under one correlation id; with
     `earliest` the outermost (earliest) call is kept so that the join stays one-to-one: one arg_min per id (a

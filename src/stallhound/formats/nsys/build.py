@@ -1,4 +1,4 @@
-"""Build the profile model (see profiles.model) from a raw nsys SQLite export into a DuckDB file.
+"""Build the profile model (see model.schema) from a raw nsys SQLite export into a DuckDB file.
 
 Small tables (strings, enums, threads, hardware, metadata) are read with the stdlib sqlite3 so
 that text which is not UTF-8 survives; the large activity tables are scanned by DuckDB's SQLite
@@ -279,6 +279,45 @@ class Builder(ActivityJoins):
     def capabilities(self) -> None:
         self.load_list("capabilities", capability_rows(self.con))
 
+    # --- the two sides the build writes at once, each on its own cursor --------------------------
+    def host_side(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self.step("NVTX ranges")
+        nvtx_build.stage(self, cur)
+        self.step("NVTX nesting")
+        nvtx_build.write(self, cur)
+        self.step("OS runtime, CPU samples, scheduling")
+        self.os_runtime(cur)
+        self.cpu_samples(cur)
+        self.sched(cur)
+
+    def gpu_side(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self.step("CUDA API calls")
+        self.cuda_api(cur)
+        self.step("kernels")
+        self.kernels(cur)
+        self.step("memcpy, memset, sync")
+        self.memcpy(cur)
+        self.memset(cur)
+        self.sync(cur)
+        self.step("CUDA graphs, device memory, UVM faults")
+        self.graph_exec(cur)
+        self.memory_usage(cur)
+        self.uvm_faults(cur)
+
+
+def both_sides(b: Builder) -> None:
+    """The host side and the GPU side of the model, written at once on two cursors of the build's connection."""
+    cursors = [b.con.cursor(), b.con.cursor()]
+    for cur in cursors:
+        cur.execute(NO_PROGRESS_BAR)
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for future in [pool.submit(fn, cur) for fn, cur in zip((b.host_side, b.gpu_side), cursors, strict=True)]:
+                future.result()
+    finally:
+        for cur in cursors:
+            cur.close()
+
 
 def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None = None,
           cancelled: threading.Event | None = None) -> None:
@@ -293,41 +332,7 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
         b.enums()
         b.processes_threads()
         b.diagnostics()
-
-        def host_side(cur: duckdb.DuckDBPyConnection) -> None:
-            b.step("NVTX ranges")
-            nvtx_build.stage(b, cur)
-            b.step("NVTX nesting")
-            nvtx_build.write(b, cur)
-            b.step("OS runtime, CPU samples, scheduling")
-            b.os_runtime(cur)
-            b.cpu_samples(cur)
-            b.sched(cur)
-
-        def gpu_side(cur: duckdb.DuckDBPyConnection) -> None:
-            b.step("CUDA API calls")
-            b.cuda_api(cur)
-            b.step("kernels")
-            b.kernels(cur)
-            b.step("memcpy, memset, sync")
-            b.memcpy(cur)
-            b.memset(cur)
-            b.sync(cur)
-            b.step("CUDA graphs, device memory, UVM faults")
-            b.graph_exec(cur)
-            b.memory_usage(cur)
-            b.uvm_faults(cur)
-
-        cursors = [b.con.cursor(), b.con.cursor()]
-        for cur in cursors:
-            cur.execute(NO_PROGRESS_BAR)
-        try:
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                for future in [pool.submit(fn, cur) for fn, cur in zip((host_side, gpu_side), cursors, strict=True)]:
-                    future.result()
-        finally:
-            for cur in cursors:
-                cur.close()
+        both_sides(b)
         checks.clean(b.con, raw.notes)
         b.step("devices, metadata, capabilities")
         b.gpus()

@@ -1,6 +1,6 @@
 """What a damaged or altered export may lack, and the notes the model keeps about what was left out.
 
-A raw table missing a column that ingest reads is treated as absent (its capability then reads as
+A raw table missing a column that the nsys build reads is treated as absent (its capability then reads as
 missing) and noted; StringIds, which names everything, is essential. Rows whose times cannot be
 placed on the timeline are dropped from the model after the scan and counted in a note. Notes are
 rows of the model's `diagnostics` table with source LOAD_SOURCE; profile_summary shows them first
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import duckdb
 
+from stallhound.formats.derive import LOAD_SOURCE
 from stallhound.model.duck import one_row
 
-# Columns ingest reads from each raw table without checking for them first.
+# Columns the nsys build reads from each raw table without checking for them first.
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "StringIds": ("id", "value"),
     "CUPTI_ACTIVITY_KIND_RUNTIME": ("globalTid", "correlationId", "nameId", "start", "end"),
@@ -51,7 +52,6 @@ TIMED: dict[str, tuple[str, str | None]] = {
     "os_runtime": ("start_ns", "end_ns"), "nvtx": ("start_ns", None), "cpu_samples": ("time_ns", None),
     "sched": ("time_ns", None), "memory_usage": ("time_ns", None), "uvm_faults": ("start_ns", None),
 }
-LOAD_SOURCE = "stallhound"  # diagnostics.source of the notes written here
 LOAD_SEVERITY = "warning"  # figures still stand for the rest of the data
 
 # Text read by DuckDB's SQLite scanner as it is; bytes that are not UTF-8 become \xNN escapes (instead of
@@ -60,7 +60,7 @@ UTF8_TEXT_SQL = "coalesce(try(decode(encode({col}))), CAST(encode({col}) AS VARC
 
 
 def missing_columns(table: str, columns: list[str]) -> list[str]:
-    """The columns ingest needs from `table` that the export's table lacks."""
+    """The columns the nsys build needs from `table` that the export's table lacks."""
     return [c for c in REQUIRED_COLUMNS.get(table, ()) if c not in columns]
 
 

@@ -1,5 +1,5 @@
 """The NVTX part of an export's build: NVTX_EVENTS scanned once into the model's nvtx table, then the push/pop
-depths computed from narrow reads of it, window by window of time (profiles.nvtx_depth), and filled in by row id.
+depths computed from narrow reads of it, window by window of time (formats.nsys.nvtx_depth), and filled in by row id.
 
 It runs on the build's host-side thread, beside the GPU tables, on that thread's cursor.
 """
@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import numpy as np
 
-from stallhound.formats import nvtx_depth
-from stallhound.formats.nsys import checks
+from stallhound.formats.nsys import checks, nvtx_depth
 from stallhound.model.duck import one_row
 
 if TYPE_CHECKING:
@@ -108,7 +107,7 @@ def _update(cur: duckdb.DuckDBPyConnection, batch: list[tuple[np.ndarray, np.nda
 
 
 def depths(cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-    """Per window of time [lo, hi) (see profiles.nvtx_depth): lo, hi, and the row ids and depths of nvtx's closed
+    """Per window of time [lo, hi) (see formats.nsys.nvtx_depth): lo, hi, and the row ids and depths of nvtx's closed
     push/pop ranges starting in it."""
     threads = cur.execute(f"SELECT DISTINCT {THREAD} AS thread FROM nvtx WHERE {CLOSED} ORDER BY 1"
                           ).fetchnumpy()["thread"]

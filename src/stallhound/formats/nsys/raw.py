@@ -81,7 +81,7 @@ def is_wal_mode(path: Path) -> bool:
 class RawExport:
     """The raw export, opened read-only (immutable: nothing, not even a lock, is written).
 
-    Tables lacking a column ingest reads are hidden (see profiles.checks) and named in `notes`;
+    Tables lacking a column the nsys build reads are hidden (see formats.nsys.checks) and named in `notes`;
     `scan_path` is the file DuckDB's scanner reads (a private copy when the export is in WAL mode).
     """
 
