@@ -6,7 +6,7 @@ INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
 DEMO := out/demo.sqlite
 
-.PHONY: demo test lint docs bench bench-job loadtest clean install dev inspector chromium
+.PHONY: demo test test-heavy lint docs bench bench-job loadtest clean install dev inspector chromium
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "stallhound needs Python >= 3.11")'
@@ -44,6 +44,9 @@ test: $(VENV)/.dev $(INSPECTOR) chromium
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+
+test-heavy: $(VENV)/.dev  # the slower variants make test leaves out (pytest -m heavy), minutes
+	$(BIN)/python -m pytest -m heavy
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check src tests bench

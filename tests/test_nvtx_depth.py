@@ -108,8 +108,17 @@ def _export_rows(path) -> list[tuple]:
     return [(tid, start, end, NVTX_KIND.get(names.get(code), "other")) for tid, start, end, code in events]
 
 
-@pytest.mark.parametrize("window", [nvtx_build.WINDOW_RANGES, 1000])
-@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.stem)
+SMALL_WINDOW_BYTES = 2_000_000  # past this, a fixture's 1,000-range windows add minutes of reference SQL to make test
+
+
+def _windows(path) -> list:
+    """The default window on every fixture; 1,000 ranges (many windows) on the small ones here, on all in test-heavy."""
+    heavy = [pytest.mark.heavy] if path.stat().st_size > SMALL_WINDOW_BYTES else []
+    return [pytest.param(path, nvtx_build.WINDOW_RANGES, id=f"{path.stem}-{nvtx_build.WINDOW_RANGES}"),
+            pytest.param(path, 1000, id=f"{path.stem}-1000", marks=heavy)]
+
+
+@pytest.mark.parametrize(("path", "window"), [p for path in FIXTURE_FILES for p in _windows(path)])
 def test_profiles_nvtx_depth_equals_the_reference_sql_on_every_fixture(path, window, monkeypatch):
     monkeypatch.setattr(nvtx_build, "WINDOW_RANGES", window)  # 1000: the fixtures' ranges over up to 20 windows
     got, expected = _compared(_staged(_export_rows(path)))
