@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from types import ModuleType
 
 from stallhound import tools
 from stallhound.analysis.contracts import run_skill
 from stallhound.cli.arguments import Subcommands, add_profile_options, parse_params, print_fitted
 from stallhound.cli.docs import tool_summaries
 from stallhound.formats import open_profile
-from stallhound.model.errors import UnknownTool
 from stallhound.model.limits import model_memory
 from stallhound.server.wording import profile_files
 
@@ -36,16 +34,9 @@ def register(sub: Subcommands) -> None:
     triage.set_defaults(run=run_triage)
 
 
-def _skill(name: str) -> ModuleType:
-    modules = tools.skills()
-    if name not in modules:
-        raise UnknownTool(f"there is no tool {name!r} (tools: {', '.join(modules)})")
-    return modules[name]
-
-
 def _run(args: argparse.Namespace, name: str, pairs: list[str], form: str) -> None:
     """Run the tool `name` on the profile and print its result as `form` (see print_fitted)."""
-    module = _skill(name)
+    module = tools.skill(name)
     params = parse_params(module, args.profile, pairs)
     profile = open_profile(args.profile, cache_dir=args.cache_dir, use_cache=not args.no_cache)
     try:

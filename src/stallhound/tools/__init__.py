@@ -7,6 +7,7 @@ from importlib import import_module
 from types import ModuleType
 
 from stallhound.analysis.contracts import SOLE, TriageHow, TriageRole
+from stallhound.model.errors import UnknownTool
 
 TOOL_NAMES = (
     "profile_summary",
@@ -33,9 +34,17 @@ PAIR_TOOL_NAMES = ("diff_profiles", "verify_fix")  # tools comparing two profile
 JOB_TOOL_NAMES = ("rank_imbalance", "triage_job")  # tools reading every rank of a job (Params.job; a job connection)
 
 
+def skill(name: str) -> ModuleType:
+    """The module of the single-profile tool `name`, imported alone (a command runs one tool: importing them all
+    would cost every start)."""
+    if name not in TOOL_NAMES:
+        raise UnknownTool(f"there is no tool {name!r} (tools: {', '.join(TOOL_NAMES)})")
+    return import_module(f"stallhound.tools.{name}")
+
+
 def skills() -> dict[str, ModuleType]:
     """name -> module for every skill (each has Params, Result, run, render)."""
-    return {name: import_module(f"stallhound.tools.{name}") for name in TOOL_NAMES}
+    return {name: skill(name) for name in TOOL_NAMES}
 
 
 def pair_tools() -> dict[str, ModuleType]:
