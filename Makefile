@@ -6,7 +6,8 @@ INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
 DEMO := out/demo.sqlite
 
-.PHONY: demo test test-heavy lint docs bench bench-job loadtest clean install dev inspector chromium
+.PHONY: demo test test-heavy lint docs bench bench-job loadtest clean install dev inspector chromium \
+	corpus-restore corpus-review corpus-manifest
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "stallhound needs Python >= 3.11")'
@@ -41,7 +42,7 @@ demo: $(VENV)/.installed
 	$(BIN)/stallhound triage $(DEMO)
 
 test: $(VENV)/.dev $(INSPECTOR) chromium
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench corpus
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
@@ -49,7 +50,7 @@ test-heavy: $(VENV)/.dev  # the slower variants make test leaves out (pytest -m 
 	$(BIN)/python -m pytest -m heavy
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench corpus
 	$(BIN)/mypy
 
 docs: $(VENV)/.installed  # the README's tool table, from the tools the server registers
@@ -61,6 +62,17 @@ bench: $(VENV)/.installed loadtest
 
 bench-job: $(VENV)/.dev  # minutes: 8 ranks of ~250 MB built serial and in parallel (psutil comes with distributed)
 	$(BIN)/python bench/job.py
+
+# The corpus of real profiles (corpus/MANIFEST.md). MIRROR=DIR restores from bare git mirrors DIR/<owner>+<name>/;
+# the public profiles go to $STALLHOUND_CORPUS (default ~/.cache/stallhound-corpus).
+corpus-restore: $(VENV)/.installed
+	$(BIN)/python -m corpus.restore $(if $(MIRROR),--mirror-root $(MIRROR))
+
+corpus-review: $(VENV)/.installed  # triage every corpus profile that is here: out/corpus-review.md
+	$(BIN)/python -m corpus.review $(if $(MIRROR),--mirror-root $(MIRROR))
+
+corpus-manifest: $(VENV)/.installed  # corpus/MANIFEST.md from corpus/sources and corpus/expect
+	$(BIN)/python -m corpus.manifest
 
 loadtest: $(VENV)/.installed
 	$(BIN)/python bench/load.py
