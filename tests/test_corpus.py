@@ -31,14 +31,20 @@ WITH_EXPECT = [name for name in HERE if name in EXPECTATIONS]
 def triaged(cache_root):
     """triaged(name) -> Triaged of a corpus profile, once per module; a file that is not the one the sources name
     fails (sources.CorpusError), it is never used."""
-    done: dict[str, Triaged] = {}
+    done: dict[str, Triaged | Exception] = {}
 
     def _triaged(name: str) -> Triaged:
         if name not in done:
             path = sources.resolve(BY_NAME[name])
             assert path is not None, f"{name} went away during the run"
-            done[name] = triage_file(path, cache_root)
-        return done[name]
+            try:
+                done[name] = triage_file(path, cache_root)
+            except Exception as exc:  # noqa: BLE001 - a crash fails every test of the profile, triaged once
+                done[name] = exc
+        found = done[name]
+        if isinstance(found, Exception):
+            raise found
+        return found
 
     return _triaged
 
