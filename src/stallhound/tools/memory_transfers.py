@@ -6,7 +6,8 @@ time_ns; window_pct = time_ns / (window x devices). Host memory kind: pageable w
 pageable, else pinned when either side is pinned. exposed_time_ns = copy time during which the copying
 device ran no kernel (copy interval minus the union of that device's kernels). Synchronous copy APIs:
 traced copy calls whose name lacks 'Async' (cudaMemcpy, ...): distinct calls and their host duration.
-Small D2H: D2H copies of <= 1 KiB; blocking when the call blocks the host (synchronous, or from pageable
+Small D2H: D2H copies of rules.SMALL_READ_BYTES (1 KiB) or less, as the idle attribution's read-backs; blocking when
+the call blocks the host (synchronous, or from pageable
 memory: analysis/rules.py), or is followed by a sync call on the same thread starting within 100 us after it
 returns (the .item() pattern; the idle attribution uses the same two rules);
 blocked_ns = the copy call's duration, plus that sync's for an asynchronous copy (the idle time such reads
@@ -43,7 +44,6 @@ from stallhound.analysis.common import (
 from stallhound.analysis.contracts import TriageRole
 from stallhound.model.duck import one_row
 
-SMALL_D2H_BYTES = 1024  # a scalar or a handful of values read back: .item(), .cpu() of a metric
 PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
 PAGEABLE_MIN_BYTES = 1 << 20  # ... moving enough data for staging to matter
 LARGE_COPY_PCT = 5.0  # one pageable copy this long (share of the window) matters however few there are
@@ -91,7 +91,7 @@ class Result(Output):
     total_rows: int
     sync_copy_calls: int = Field(description="traced copy calls without 'Async' in the name")
     sync_copy_api_ns: int
-    small_d2h_count: int = Field(description=f"D2H copies of <= {SMALL_D2H_BYTES} bytes")
+    small_d2h_count: int = Field(description=f"D2H copies of <= {rules.SMALL_READ_BYTES} bytes")
     small_d2h_blocking: int = Field(description="those whose call blocked the host (synchronous or followed by a sync)")
     small_d2h_blocked_ns: int = Field(description="host time in those copy calls and their syncs")
     findings: list[Finding] = []
@@ -247,7 +247,7 @@ def _exposed(con: duckdb.DuckDBPyConnection, args: dict, rows: int, first: int, 
 
 def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
     """(small D2H copies, blocking ones, host ns blocked) in scope."""
-    args = {**scope_args(scope), "small_bytes": SMALL_D2H_BYTES, "follow": rules.READBACK_FOLLOW_NS}
+    args = {**scope_args(scope), "small_bytes": rules.SMALL_READ_BYTES, "follow": rules.READBACK_FOLLOW_NS}
     row = one_row(con.execute(SMALL_D2H_SQL, args))
     count, blocking, blocked = row
     return count, blocking, int(blocked)
