@@ -217,7 +217,8 @@ def _finding(d: DeviceRow, result: Result) -> Finding:
     stake = _stake(d)
     memsets = (f"; {d.faulting_memsets} memsets on managed memory wait on them ({ms(d.faulting_memset_ns)})"
                if d.faulting_memsets else "")
-    calls = (f"; the program prefetches ({result.prefetch_calls:,} prefetch calls) but these pages still fault"
+    calls = (f"; the program prefetches ({result.prefetch_calls:,} prefetch call"
+             f"{'s' if result.prefetch_calls > 1 else ''}) but these pages still fault"
              if result.prefetch_calls else "; no prefetch or advice calls in the window")
     evidence: dict[str, int | float | str] = {
         "on_demand_count": d.on_demand_count, "on_demand_bytes": d.on_demand_bytes, "on_demand_ns": d.on_demand_ns,
