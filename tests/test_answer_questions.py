@@ -105,3 +105,19 @@ def test_answer_questions_steps_in_window_equal_the_iterations_found_inside_it(r
     evidence = Evidence(profile.con, sample)
     assert w.window_basis == "steady_state"
     assert evidence.steps_in_window() == inside.iteration_count > 0
+
+
+def test_answer_questions_q18_and_the_readback_finding_count_the_same_small_reads(demo):
+    """The demo plants .item() reads (4 bytes, then a synchronize): the answer counts them with the definition the
+    blocking-d2h-sync finding uses (rules.SMALL_READ_BYTES, blocking by the same rules), so a finding about small
+    reads never stands beside "0 small D2H copies"."""
+    profile, truth = demo
+    answer = _answers(profile.con, "demo")["q18-unexpected-d2h"]
+    result = triage.run(profile.con, triage.Params(profile="demo", limit=100))
+    reads = [f for f in result.findings if f.root_cause == "blocking-d2h-sync"]
+    assert reads and answer.status == "answered"
+    figures = answer.evidence
+    calls = sum(f.evidence["calls"] for f in reads)
+    assert figures["readback_calls"] == calls and figures["readback_idle_ns"] == sum(f.time_at_stake_ns for f in reads)
+    assert 0 < calls <= figures["small_d2h_blocking"] <= figures["small_d2h"]
+    assert f"after {calls:,} of those reads" in answer.value

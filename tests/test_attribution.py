@@ -98,19 +98,21 @@ def test_attribution_window_clips_gaps_and_adds_the_edges():
                                                           "host_untraced": 2_000}
 
 
-@pytest.mark.parametrize("returned_before_ns, copy_between, cause, sync_start", [
-    (rules.READBACK_FOLLOW_NS, False, "readback", 190_000),  # the synchronize began right after the D2H copy returned
-    (rules.READBACK_FOLLOW_NS + 1, False, "sync", 190_000),  # ... too long after it
-    (1_000, True, "sync", 190_000),  # a pinned H2D copy call returned after the D2H one, before the synchronize
-    (1_000, True, "sync", 200_000),  # ... in the READBACK_FOLLOW_NS bucket before the synchronize's
+@pytest.mark.parametrize("returned_before_ns, copy_between, cause, sync_start, nbytes", [
+    (rules.READBACK_FOLLOW_NS, False, "readback", 190_000, 4),  # the synchronize began right after the D2H returned
+    (rules.READBACK_FOLLOW_NS, False, "readback", 190_000, rules.SMALL_READ_BYTES),  # a small read, at the limit
+    (rules.READBACK_FOLLOW_NS, False, "sync", 190_000, rules.SMALL_READ_BYTES + 1),  # data, not a value: a plain sync
+    (rules.READBACK_FOLLOW_NS + 1, False, "sync", 190_000, 4),  # ... too long after it
+    (1_000, True, "sync", 190_000, 4),  # a pinned H2D copy call returned after the D2H one, before the synchronize
+    (1_000, True, "sync", 200_000, 4),  # ... in the READBACK_FOLLOW_NS bucket before the synchronize's
 ])
-def test_attribution_a_sync_is_a_readback_when_the_last_call_returned_before_it_is_a_d2h_copy(
-        returned_before_ns, copy_between, cause, sync_start):
+def test_attribution_a_sync_is_a_readback_when_the_last_call_returned_before_it_is_a_small_d2h_copy(
+        returned_before_ns, copy_between, cause, sync_start, nbytes):
     # the device goes idle at 200-201 us inside this synchronize, until k2 at 400 us
     d2h_end = sync_start - returned_before_ns
     calls = [call("cudaMemcpyAsync", "memcpy", d2h_end - 1_000, d2h_end, 50),
              call("cudaStreamSynchronize", "sync", sync_start, 300_000)]
-    copies = [copy(50, 200_000, 201_000, "D2H", "device", "pinned", 4)]
+    copies = [copy(50, 200_000, 201_000, "D2H", "device", "pinned", nbytes)]
     if copy_between:
         calls.append(call("cudaMemcpyAsync", "memcpy", sync_start - 600, sync_start - 500, 51))
         copies.append(copy(51, 195_000, 196_000, "H2D", "pinned", "device", 4))
@@ -119,7 +121,7 @@ def test_attribution_a_sync_is_a_readback_when_the_last_call_returned_before_it_
                      k["correlation_id"]) for k in kernels]
     con = make_model(kernels=kernels, memcpy=copies, cuda_api=calls + launches)
     [idle] = attribution.attribute(con, scope(con)).devices.values()
-    assert {c: t.ns for c, t in idle.causes.items()} == {cause: 199_000}
+    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == {cause: (199_000, 1)}
 
 
 def test_attribution_a_late_launch_after_a_little_untraced_host_work_is_launch_overhead():
@@ -143,6 +145,24 @@ def test_attribution_operations_starting_or_ending_together_are_judged_together(
     assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == {"launch_tiny": (10_000, 1), "queued": (20_000, 2)}
 
 
+@pytest.mark.parametrize("direction, cause, queued", [
+    ("UVM_D2H", "user_prefetch", True),  # a prefetch the host asked for before it began to wait
+    ("UVM_H2D", "speculative_prefetch", True),  # the driver's, around a fault of GPU work
+    ("UVM_D2H", "page_fault", False),  # a host thread touched the page: the host's doing, as any copy it starts
+])
+def test_attribution_a_gap_inside_a_sync_before_a_driver_migration_is_queued(direction, cause, queued):
+    """The device finishes k1 at 100 us inside a cudaStreamSynchronize (50-400 us); a migration no call launched runs
+    at 180-200 us, the sync returns at 400 us and k2 follows at 450 us. The 80 us before the migration are the
+    driver's (queued) unless the host caused it; the 250 us after it are the sync's, one call."""
+    migration = {**copy(None, 180_000, 200_000, direction, "unknown", "unknown", 4096), "tid": None,
+                 "migration_cause": cause}
+    con = make_model(kernels=[kernel(1, 0, 100_000, (-5_000, -1_000)), kernel(2, 450_000, 460_000, (420_000, 425_000))],
+                     memcpy=[migration], cuda_api=[call("cudaStreamSynchronize", "sync", 50_000, 400_000)])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    expected = {"queued": (80_000, 1, 0), "sync": (250_000, 1, 1)} if queued else {"sync": (330_000, 2, 1)}
+    assert {c: (t.ns, t.gaps, t.calls) for c, t in idle.causes.items()} == expected
+
+
 def late_resume(**tables) -> tuple[attribution.DeviceIdle, list[attribution.Gap]]:
     """The device runs dry at 10 us inside a cudaDeviceSynchronize (5-11 us); the host launches again only at
     5.99 ms, for a kernel at 6 ms: a 5.99 ms gap begun inside the sync, its host resuming 5 ms late."""
@@ -156,10 +176,10 @@ def late_resume(**tables) -> tuple[attribution.DeviceIdle, list[attribution.Gap]
 
 def test_attribution_a_late_resume_after_a_sync_keeps_the_syncs_share():
     """The sync drained the queue, so it keeps the gap up to SYNC_RESUME_MAX_NS after it returned (1 ms + the 1 us
-    it ran on after the device went idle); the 4.989 ms past that the host was late, with nothing traced."""
+    it ran on after the device went idle); the 4.989 ms past that the host was late, with nothing traced. One call."""
     idle, [gap] = late_resume()
-    assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == {"sync": (1_001_000, 1),
-                                                                   "host_untraced": (4_989_000, 1)}
+    assert {c: (t.ns, t.gaps, t.calls) for c, t in idle.causes.items()} == {"sync": (1_001_000, 1, 1),
+                                                                             "host_untraced": (4_989_000, 1, 0)}
     assert (gap.cause, gap.blocked_in, gap.late_ns, gap.late_cause) == ("sync", "cudaDeviceSynchronize", 4_989_000,
                                                                         "host_untraced")
     assert idle.idle_ns == gap.end_ns - gap.start_ns == 5_990_000
@@ -264,7 +284,8 @@ def test_attribution_gap_ids_are_unique_and_sort_by_device_and_time():
 
 def _random_timeline(seed: int):
     """Two devices, two launching threads, short gaps mostly: launches traced, untraced (no thread) or queued,
-    tiny kernels, synchronizes and copies of every kind (D2H, pageable, pinned, blocking or async) in between."""
+    tiny kernels, synchronizes and copies of every kind (D2H, pageable, pinned, blocking or async) in between, and
+    unified-memory migrations (by prefetch or page fault, to either side) after some of those calls."""
     rng = random.Random(seed)
     kernels, calls, copies, corr = [], [], [], 1000
     for device in (0, 1):
@@ -293,6 +314,11 @@ def _random_timeline(seed: int):
                     copies.append({**copy(corr, s + 100, s + 600, direction, src, dst, 4), "device_id": device,
                                    "tid": tid})
                 corr += 1
+                if rng.random() < 0.5:  # a unified-memory migration no call launched: the driver's, or the host's
+                    at = t + length + rng.choice([500, 3_000, 20_000, 70_000])
+                    copies.append({**copy(None, at, at + 700, rng.choice(["UVM_H2D", "UVM_D2H"]), "unknown",
+                                          "unknown", 4096), "device_id": device, "tid": None,
+                                   "migration_cause": rng.choice(["user_prefetch", "page_fault"])})
             t += length
     return make_model(kernels=kernels, memcpy=copies, cuda_api=calls)
 

@@ -162,6 +162,7 @@ DETECTOR_TAGS = {
     "cpu-bottleneck": {"launch", "host-cpu"},
     # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
     "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
+    "unified-memory-migration": {"memset", "host-touch", "prefetching"},
 }
 PYTORCH_WORDS = re.compile(r"torch|DataLoader|\.item\(\)|(?<![\w.])nn\.|autocast|FSDP|\bDDP\b|DistributedDataParallel|"
                            r"TrainingArguments|Hugging Face|pin_memory=|non_blocking|num_workers|Inductor|Dynamo|"

@@ -124,8 +124,8 @@ def test_contracts_a_triage_role_is_either_run_by_triage_or_points_elsewhere():
 
 FIRING = {"iterations": "demo", "nccl_breakdown": "demo", "top_kernels": "clue_t4_report4", "gpu_idle_gaps": "demo",
           "sync_analysis": "demo", "kernel_launch_overhead": "demo", "thread_utilization": "clue_t4_report4",
-          "memory_transfers": "demo"}  # where each detector finds something (rank_imbalance needs a job:
-# tests/test_rank_imbalance.py checks it the same way)
+          "memory_transfers": "demo", "unified_memory": "clue_t4_report4"}  # where each detector finds something
+# (rank_imbalance needs a job: tests/test_rank_imbalance.py checks it the same way)
 
 
 @pytest.mark.parametrize("name", sorted(FIRING))

@@ -6,8 +6,9 @@ import sqlite3
 
 import pytest
 from conftest import FIXTURE_IDS, FIXTURES, planted
-from modeldb import make_model
+from modeldb import make_model, union_ns
 
+from stallhound.analysis import copy_exposure
 from stallhound.analysis.contracts import run_skill
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import memory_transfers as mt
@@ -199,7 +200,7 @@ def test_memory_transfers_figures_do_not_depend_on_the_copy_chunks(open_fixture,
     con = open_fixture(fixture).con
     whole = run(con, per_device=True, limit=100)
     assert whole.copy_count > 3 * 2
-    monkeypatch.setattr(mt, "ROWS_PER_CHUNK", 3)
+    monkeypatch.setattr(copy_exposure, "ROWS_PER_CHUNK", 3)
     assert run(con, per_device=True, limit=100) == whole
 
 
@@ -254,3 +255,71 @@ def test_memory_transfers_empty_export_has_no_window(open_fixture):
 def test_memory_transfers_default_result_is_small(open_fixture, stem):
     result = run(open_fixture(stem).con)
     assert len(result.model_dump_json()) < 20_000 and mt.render(result)
+
+
+# --- savings never exceed the copies they are about; one owner per nanosecond -------------------------------------
+def test_memory_transfers_pinned_saving_never_exceeds_the_pageable_copies_and_their_calls():
+    """A synchronous pageable upload: the call runs 10-2,000 ns, the transfer 1,000-1,900. The device idles from 20
+    (inside the call) to 1,000 and from 1,900 to the next kernel at 2,900 (the host's turnaround after the call):
+    half the 900 ns exposed transfer plus 1,980 ns of idle would be 2,430 ns, more than the 1,990 ns the copy and
+    its call take, which is all pinning can save."""
+    con = make_model(kernels=[k(0, 20), {**k(2_900, 3_000), "tid": 1, "correlation_id": 9}],
+                     memcpy=[copy(1_000, 1_900, "H2D", 10**6, "pageable", "device", 1, "cudaMemcpy")],
+                     cuda_api=[call(10, 2_000, "cudaMemcpy", 1),
+                               {**call(2_850, 2_890, "cudaLaunchKernel", 9), "kind": "launch"}])
+    [f, *_] = run(con).findings
+    assert (f.root_cause, f.time_at_stake_ns, f.evidence["pageable_span_ns"]) == ("pageable-host-memory", 1_990, 1_990)
+    assert (f.evidence["pageable_time_ns"], f.evidence["idle_in_pageable_copies_ns"]) == (900, 1_980)
+
+
+def test_memory_transfers_h2d_finding_owns_the_copies_pinning_is_not_claimed_for():
+    """Two small pageable uploads (not recurring enough, nor long, no idle while the host was in them) beside a
+    pinned one, 42% of the window together: no pageable-host-memory finding, so excessive-h2d-transfers claims all the
+    exposed upload time and cites nothing."""
+    con = make_model(kernels=[k(0, 10), k(990, 1_000)],
+                     memcpy=[copy(100, 110, "H2D", 100, "pageable", "device", 1, "cudaMemcpyAsync"),
+                             copy(200, 210, "H2D", 100, "pageable", "device", 2, "cudaMemcpyAsync"),
+                             copy(300, 700, "H2D", 4000, "pinned", "device", 3, "cudaMemcpyAsync")],
+                     cuda_api=[call(90, 95, "cudaMemcpyAsync", 1), call(190, 195, "cudaMemcpyAsync", 2),
+                               call(290, 295, "cudaMemcpyAsync", 3)])
+    [f] = run(con).findings
+    assert (f.root_cause, f.time_at_stake_ns, f.evidence["pinned_saving_ns"]) == ("excessive-h2d-transfers", 420, 0)
+    assert "pageable-host-memory" not in f.title
+
+
+def test_memory_transfers_pipit_pageable_and_h2d_findings_share_no_copy_time(open_fixture):
+    """pipit's saxpy uploads x and y (pageable, 250 MB each) and reads y back every step, no kernel running. On
+    triage's window, checked on the raw export: pinning saves half of each pageable copy (no pinned copy to compare)
+    plus the idle the host spent in them, never more than the copies and their calls take; excessive-h2d-transfers
+    claims the other half of the uploads and cites pageable-host-memory for the first."""
+    from stallhound.tools import triage
+    con = open_fixture("pipit_saxpy_mpi_a100").con
+    w = triage.run(con, triage.Params(profile="p")).window
+    raw = sqlite3.connect(f"file:{FIXTURES / 'pipit_saxpy_mpi_a100.sqlite'}?mode=ro", uri=True)
+    # each copy with its call: the outer one (cudaMemcpy holds a cudaMemcpy_v3020 of the same correlation id)
+    copies = raw.execute("""SELECT m.copyKind, m.start, m."end", min(r.start), max(r."end")
+        FROM CUPTI_ACTIVITY_KIND_MEMCPY m JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = m.correlationId
+        WHERE m.srcKind = 0 OR m.dstKind = 0 GROUP BY m.rowid""").fetchall()
+    mine = [c for c in copies if w.start_ns <= c[1] < w.end_ns]
+    h2d = sum(e - s for kind, s, e, _, _ in mine if kind == 1)
+    d2h = sum(e - s for kind, s, e, _, _ in mine if kind == 2)
+    span = union_ns([(max(min(s, a), w.start_ns), min(max(e, b), w.end_ns)) for _, s, e, a, b in mine])
+    result = run(con, start_ns=w.start_ns, end_ns=w.end_ns)
+    pinned, uploads = result.findings
+    assert (len(mine), pinned.evidence["pageable_span_ns"], pinned.evidence["pageable_time_ns"]) == (
+        12, span, h2d + d2h)
+    idle = pinned.evidence["idle_in_pageable_copies_ns"]
+    assert pinned.time_at_stake_ns == h2d // 2 + d2h // 2 + idle <= span
+    assert uploads.time_at_stake_ns == h2d - h2d // 2 == h2d - uploads.evidence["pinned_saving_ns"]
+    assert "pageable-host-memory" in uploads.title
+
+
+def test_memory_transfers_counts_memsets_and_those_on_managed_memory(open_fixture):
+    raw = sqlite3.connect(f"file:{FIXTURES / 'clue_t4_report4.sqlite'}?mode=ro", uri=True)
+    expected = raw.execute("""SELECT count(*), sum(bytes), sum("end" - start),
+        count(*) FILTER (WHERE k.name LIKE '%MANAGED%'), sum("end" - start) FILTER (WHERE k.name LIKE '%MANAGED%')
+        FROM CUPTI_ACTIVITY_KIND_MEMSET s JOIN ENUM_CUDA_MEM_KIND k ON k.id = s.memKind""").fetchone()
+    r = run(open_fixture("clue_t4_report4").con)
+    assert (r.memset_count, r.memset_bytes, r.memset_time_ns, r.managed_memset_count, r.managed_memset_time_ns) == (
+        expected) == (160, 1_606_008_080, 26_033_081, 100, 19_204_027)
+    assert "100 on managed memory" in mt.render(r)

@@ -90,6 +90,28 @@ def test_profiles_bytes_per_copy_direction_match_raw(open_fixture, stem):
     assert sorted(got) == expected
 
 
+def test_profiles_unified_memory_migrations_keep_their_cause(open_fixture):
+    """clue's 500 copies are all unified-memory migrations: decoded by the export's own ENUM tables, each keeps its
+    direction and the driver's reason for it; other copies have no cause."""
+    raw = _raw("clue_t4_report4")
+    expected = raw.execute("""SELECT o.name, c.name, count(*), sum(m.bytes), sum(m."end" - m.start)
+        FROM CUPTI_ACTIVITY_KIND_MEMCPY m JOIN ENUM_CUDA_MEMCPY_OPER o ON o.id = m.copyKind
+        JOIN ENUM_CUDA_UNIF_MEM_MIGRATION c ON c.id = m.migrationCause GROUP BY 1, 2""").fetchall()
+    words = {"CUDA_MEMCPY_KIND_UVM_HTOD": "UVM_H2D", "CUDA_MEMCPY_KIND_UVM_DTOH": "UVM_D2H",
+             "CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_USER": "user_prefetch",
+             "CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_COHERENCE": "page_fault",
+             "CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_PREFETCH": "speculative_prefetch"}
+    got = open_fixture("clue_t4_report4").con.execute(
+        "SELECT direction, migration_cause, count(*), sum(bytes), sum(duration_ns) FROM memcpy GROUP BY 1, 2"
+    ).fetchall()
+    assert sorted(got) == sorted((words[o], words[c], n, b, t) for o, c, n, b, t in expected)
+    assert sum(n for *_, n, _, _ in got) == 500 and {c for _, c, *_ in got} == {
+        "user_prefetch", "page_fault", "speculative_prefetch"}
+    other = open_fixture("pipit_saxpy_mpi_a100").con.execute(
+        "SELECT count(*) FILTER (WHERE migration_cause IS NOT NULL), count(*) FROM memcpy").fetchone()
+    assert other == (0, 15)
+
+
 @pytest.mark.parametrize("stem", ["nsysai_h100_2gpu_1s", "fuser_h200_crossentropy", "pipit_saxpy_mpi_a100"])
 def test_profiles_nvtx_and_api_counts_match_raw(open_fixture, stem):
     raw = _raw(stem)

@@ -162,3 +162,62 @@ def test_sync_analysis_empty_export_has_no_window(open_fixture):
 def test_sync_analysis_default_result_is_small(open_fixture, stem):
     result = run(open_fixture(stem).con)
     assert len(result.model_dump_json()) < 20_000 and sa.render(result)
+
+
+# --- clue_t4_report4: the syncs' count and time, checked against the raw export ------------------------------------
+CLUE_WORK_SQL = """SELECT k.start, k."end", NULL, NULL, r."end" FROM CUPTI_ACTIVITY_KIND_KERNEL k
+  JOIN CUPTI_ACTIVITY_KIND_RUNTIME r USING (correlationId)
+UNION ALL SELECT m.start, m."end", NULL, NULL, r."end" FROM CUPTI_ACTIVITY_KIND_MEMSET m
+  JOIN CUPTI_ACTIVITY_KIND_RUNTIME r USING (correlationId)
+UNION ALL SELECT m.start, m."end", o.name, c.name, NULL FROM CUPTI_ACTIVITY_KIND_MEMCPY m
+  JOIN ENUM_CUDA_MEMCPY_OPER o ON o.id = m.copyKind JOIN ENUM_CUDA_UNIF_MEM_MIGRATION c ON c.id = m.migrationCause"""
+CLUE_SYNCS_SQL = """SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+WHERE s.value LIKE 'cudaStreamSynchronize%' ORDER BY 1"""
+
+
+def _clue_sync_share(lo: int, hi: int) -> tuple[int, int, int, int]:
+    """From the raw export (one process), over [lo, hi): (the idle the cudaStreamSynchronize calls explain, the calls
+    it lies in, the idle inside those calls, the part of that before a migration the driver issued). Each idle gap
+    that begins in a call is the call's from its start to the call's return plus SYNC_RESUME_MAX_NS (or to its end),
+    unless what ends it was queued before it began: a kernel or memset whose launch call had returned, or, with the
+    gap inside the call, a migration the host did not start (every migration here but a page fault to the host, or
+    the driver's speculation around one): then the device waited on the driver."""
+    from stallhound.analysis.attribution import SYNC_RESUME_MAX_NS
+    raw = sqlite3.connect(f"file:{FIXTURES / 'clue_t4_report4.sqlite'}?mode=ro", uri=True)
+    work = sorted((max(s, lo), min(e, hi), o, c, le) for s, e, o, c, le in raw.execute(CLUE_WORK_SQL)
+                  if e > lo and s < hi)
+    driver = {s for s, _, o, c, _ in work if o and not (o.endswith("UVM_DTOH") and c.endswith(("COHERENCE",
+                                                                                                  "_CAUSE_PREFETCH")))}
+    launched = {}  # an operation's start -> when the first launch call of the operations starting then returned
+    for s, _, _, _, le in work:
+        launched[s] = min(launched.get(s, le or hi), le or hi)
+    gaps, reach = [], lo
+    for s, e, *_ in [*work, (hi, hi, None, None, None)]:
+        if s > reach:
+            gaps.append((reach, s))
+        reach = max(reach, e)
+    share, calls, inside, waited = 0, set(), 0, 0
+    for g0, g1 in gaps:
+        for c0, c1 in raw.execute(CLUE_SYNCS_SQL):
+            inside += max(0, min(g1, c1) - max(g0, c0))
+            if not c0 <= g0 < c1 or launched.get(g1, hi) <= g0:
+                continue
+            if g1 in driver and g1 <= c1:
+                waited += g1 - g0
+            else:
+                share, calls = share + min(g1, c1 + SYNC_RESUME_MAX_NS) - g0, calls | {c0}
+    return share, len(calls), inside, waited
+
+
+def test_sync_analysis_clue_counts_the_calls_and_claims_the_idle_they_explain(open_fixture):
+    """CLUE syncs once per iteration (20 calls). The device idles 10.76 ms inside those calls, 10.1 ms of it waiting
+    on the driver between the prefetches back to the host: not the syncs'. The finding counts calls, not gaps, and
+    claims the drain inside each call plus the turnaround after it."""
+    con = open_fixture("clue_t4_report4").con
+    [f] = [f for f in run(con).findings if f.root_cause == "excessive-synchronization"]
+    s = run(con).scope
+    share, calls, inside, waited = _clue_sync_share(s.start_ns, s.end_ns)
+    assert (calls, round(inside / 1e6, 2), round(waited / 1e6, 1)) == (20, 10.76, 10.1)
+    assert f.time_at_stake_ns == share and f.evidence["calls"] == calls
+    assert "20 cudaStreamSynchronize calls" in f.title
+    assert share <= inside - waited + calls * 1_000_000  # the drain inside the calls, and a turnaround per call

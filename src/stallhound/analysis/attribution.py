@@ -7,15 +7,17 @@ gap gets one cause, or two for a late resume after a blocking call (below), so c
 nanoseconds and their sum is the device's idle time:
 
 - queued: the operation after the gap had been launched before the gap began (its launch call returned
-  first): the device waited on something other than the host (an event, another stream or device).
+  first), or is a unified-memory migration the driver issued (rules.DRIVER_MIGRATION_SQL): the device waited on
+  something other than the host (an event, another stream or device, the driver).
 - sync / readback / pageable_copy / sync_copy: the host was inside a blocking call when the device ran dry,
   so nothing more was queued: a synchronize call; a device-to-host copy, or a synchronize right after one
   (the .item() pattern); a copy from pageable host memory, or a synchronize right after one; another
-  synchronous copy. The call is why the device ran dry however late the host resumes: it keeps the gap up
-  to SYNC_RESUME_MAX_NS after it returned (the host's turnaround, which work queued ahead would have
-  hidden); what lies past that is the late resume (late_ns), judged by what the host did in the gap like a
-  gap without a blocking call (sync, launch, host_cpu, host_untraced). A synchronize call covering most of
-  a longer gap also counts as sync (the host waited on other work meanwhile).
+  synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call is why the
+  device ran dry however late the host resumes: it keeps the gap up to SYNC_RESUME_MAX_NS after it returned
+  (the host's turnaround, which work queued ahead would have hidden); what lies past that is the late resume
+  (late_ns), judged by what the host did in the gap like a gap without a blocking call (sync, launch,
+  host_cpu, host_untraced). A synchronize call covering most of a longer gap also counts as sync (the host
+  waited on other work meanwhile). Each blocking cause counts the distinct calls whose gaps it holds (calls).
 - launch_tiny / launch: a short gap (<= LAUNCH_GAP_MAX_NS) before a work item the host launched only after
   the device had gone idle: the cost of launching, between tiny kernels or not. A gap of up to
   OP_OVERHEAD_MAX_NS before such a late launch, with no other host activity seen, counts too: the host was
@@ -81,7 +83,8 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
     """Bound parameters of LABELLED for a scope (callers add their own)."""
     kinds = range_kinds(con)
     return {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices,
-            "follow": rules.READBACK_FOLLOW_NS, "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
+            "follow": rules.READBACK_FOLLOW_NS, "small_read": rules.SMALL_READ_BYTES,
+            "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
             "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS}
@@ -108,7 +111,7 @@ class ShortGaps:
 
     def __init__(self, spans: dict[str, np.ndarray], main_threads: dict[int, tuple[int, int]], below_ns: int):
         self.below_ns, self.main_threads = below_ns, main_threads
-        self.labels = sorted(set(spans["cause"].tolist()) | set(spans["name"].tolist()) - {None})
+        self.labels = sorted(set(spans["cause"].tolist()) | set(spans["name"].tolist()) - {None} | {"queued"})
         ids = {label: i for i, label in enumerate(self.labels)}  # a call with no name: -1, as no call (NULL)
         self.spans: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         cause = np.array([ids[c] for c in spans["cause"].tolist()], dtype=np.int64)
@@ -118,8 +121,10 @@ class ShortGaps:
         for lo, hi in zip(np.concatenate(([0], edges)), np.concatenate((edges, [len(thread)])), strict=True):
             if hi > lo:
                 self.spans[int(thread[lo, 0]), int(thread[lo, 1])] = (
-                    spans["start_ns"][lo:hi], spans["until_ns"][lo:hi], cause[lo:hi], name[lo:hi])
+                    spans["start_ns"][lo:hi], spans["until_ns"][lo:hi], spans["end_ns"][lo:hi], cause[lo:hi],
+                    name[lo:hi])
         self.counted: dict[tuple[int, str, str | None], list[int]] = {}
+        self.calls: dict[tuple[int, str], set[tuple[int, int, int]]] = {}  # (device, cause) -> (pid, tid, call start)
 
     def __call__(self, device: int, gaps: dict[str, np.ndarray]) -> np.ndarray:
         start, end, launch_end = gaps["start_ns"], gaps["end_ns"], gaps["launch_end_ns"]
@@ -129,16 +134,22 @@ class ShortGaps:
             return judged
         at = np.flatnonzero(judged)
         pid, tid = self._threads(device, {k: gaps[k][at] for k in ("pid", "tid", "prev_pid", "prev_tid")})
-        cause = np.where(launch_end[at] == gap_pass.NO_TIME, -1, np.where(gaps["tiny"][at], -2, -3))  # UNBLOCKED
+        untraced = launch_end[at] >= gap_pass.DRIVER_TIME
+        cause = np.where(untraced, -1, np.where(gaps["tiny"][at], -2, -3))  # UNBLOCKED
         call = np.full(len(at), -1)
-        begins = start[at]
-        for key, (starts, untils, causes, names) in self.spans.items():
+        begins, ends, driver = start[at], end[at], launch_end[at] == gap_pass.DRIVER_TIME
+        for key, (starts, untils, call_ends, causes, names) in self.spans.items():
             mine = np.flatnonzero((pid == key[0]) & (tid == key[1]))
             if not len(mine):
                 continue
             span = np.searchsorted(starts, begins[mine], side="right") - 1
             inside = (span >= 0) & (begins[mine] < untils[np.maximum(span, 0)])
             cause[mine[inside]], call[mine[inside]] = causes[span[inside]], names[span[inside]]
+            waited = inside & driver[mine] & (ends[mine] <= call_ends[np.maximum(span, 0)])  # gap_causes.sql: queued
+            cause[mine[waited]], call[mine[waited]] = self.labels.index("queued"), -1
+            blocked = inside & ~waited
+            for c, at_call in set(zip(causes[span[blocked]].tolist(), starts[span[blocked]].tolist(), strict=True)):
+                self.calls.setdefault((device, self.labels[c]), set()).add((*key, at_call))
         for c, n in set(zip(cause.tolist(), call.tolist(), strict=True)):
             these = (cause == c) & (call == n)
             label = UNBLOCKED[-c - 1] if c < 0 else self.labels[c]
@@ -190,6 +201,7 @@ class CauseTime:
     periodic_gaps: int = 0
     period_ns: int | None = None
     api: str | None = None  # for the blocking causes: the API whose gaps hold the most of their idle time
+    calls: int = 0  # for the blocking causes: the distinct blocking calls whose gaps they are
 
 
 @dataclass(frozen=True)
@@ -248,7 +260,8 @@ def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
     for t in totals or []:
         found[t["device_id"]][t["cause"]] = CauseTime(
             ns=int(t["ns"]), gaps=t["gaps"], long_ns=int(t["long_ns"]), periodic_ns=int(t["periodic_ns"]),
-            periodic_gaps=t["periodic_gaps"], period_ns=t["period_ns"], api=t["api"])
+            periodic_gaps=t["periodic_gaps"], period_ns=t["period_ns"], api=t["api"],
+            calls=len({tuple(c) for c in t["calls"] or []} | short.calls.get((t["device_id"], t["cause"]), set())))
     devices = {d: DeviceIdle(device=d, window_ns=scope.duration_ns, idle_ns=sum(c.ns for c in causes.values()),
                              causes=causes) for d, causes in found.items()}
     return Attribution(devices=devices, long_gaps=[Gap(**g) for g in long_gaps or []])

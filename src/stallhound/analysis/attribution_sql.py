@@ -23,17 +23,18 @@ threads_in AS (SELECT DISTINCT pid, tid FROM gap_work_threads),"""
 WORK = THREADS + """
 gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with its thread; recomputed for each reader,
   -- which costs less than writing every gap (that spills on the largest exports)
-  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny,
+  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny, g.driver,
          CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
          CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
   FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),"""
 
 # Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
 BLOCKING = """
-copies AS (  -- the copies a call's cause depends on: device-to-host, or pageable (any other copy is a plain copy)
-  SELECT pid, correlation_id, any_value(direction) AS direction,
+copies AS (  -- the copies a call's cause depends on: a small device-to-host read ($small_read bytes or less), or
+  -- pageable (any other copy is a plain copy)
+  SELECT pid, correlation_id, bool_or(direction = 'D2H' AND bytes <= $small_read) AS small_read,
          bool_or('pageable' IN (src_kind, dst_kind)) AS pageable
-  FROM memcpy WHERE direction = 'D2H' OR 'pageable' IN (src_kind, dst_kind) GROUP BY ALL),
+  FROM memcpy WHERE (direction = 'D2H' AND bytes <= $small_read) OR 'pageable' IN (src_kind, dst_kind) GROUP BY ALL),
 thread_calls AS (
   SELECT a.* FROM cuda_api a JOIN threads_in t ON t.pid = a.pid AND t.tid = a.tid
   WHERE a.kind IN ('sync', 'memcpy') AND a.end_ns > $start AND a.start_ns < $end),
@@ -41,20 +42,21 @@ reach AS (  -- the (thread, bucket of $follow) in which a call returning can be 
   SELECT DISTINCT pid, tid, start_ns // $follow - unnest([0, 1]) AS bucket FROM thread_calls WHERE kind = 'sync'),
 calls0 AS (  -- the syncs, and the copy calls that can block (below) or that a sync can follow: a small share of
   -- the copy calls, so the others are never numbered or joined
-  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, m.direction, coalesce(m.pageable, false) AS pageable
+  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, coalesce(m.small_read, false) AS small_read,
+         coalesce(m.pageable, false) AS pageable
   FROM thread_calls a LEFT JOIN copies m ON m.pid = a.pid AND m.correlation_id = a.correlation_id
   WHERE a.kind = 'sync' OR m.pid IS NOT NULL OR a.name NOT LIKE '%Async%'
      OR (a.pid, a.tid, a.end_ns // $follow) IN (SELECT (pid, tid, bucket) FROM reach)),
 bcopies AS (
   SELECT pid, tid, start_ns, end_ns, name, CASE
-    WHEN direction = 'D2H' AND """ + rules.blocking_copy_sql("name", "pageable") + """ THEN 'readback'
+    WHEN small_read AND """ + rules.blocking_copy_sql("name", "pageable") + """ THEN 'readback'
     WHEN pageable THEN 'pageable_copy'
     WHEN name NOT LIKE '%Async%' THEN 'sync_copy' END AS cause
   FROM calls0 WHERE kind = 'memcpy'),
 syncs AS (SELECT row_number() OVER () AS sync_id, pid, tid, start_ns, end_ns, name FROM calls0 WHERE kind = 'sync'),
 returns AS (  -- the calls' returns in buckets of $follow: one a sync follows is in its start's bucket or the one before
   SELECT pid, tid, start_ns, end_ns, end_ns // $follow AS bucket, CASE WHEN kind = 'sync' THEN 'sync'
-    WHEN direction = 'D2H' THEN 'D2H' WHEN pageable THEN 'pageable' ELSE 'copy' END AS what FROM calls0),
+    WHEN small_read THEN 'D2H' WHEN pageable THEN 'pageable' ELSE 'copy' END AS what FROM calls0),
 followed AS (  -- what the call that returned last, up to $follow before a sync began, was
   SELECT s.pid, s.tid, s.start_ns, s.end_ns, s.name, arg_max(r.what, [r.end_ns, r.start_ns]) AS what
   FROM (SELECT *, unnest([0, 1]) AS back FROM syncs) s
@@ -80,7 +82,8 @@ bspans AS (  -- cut in buckets for an equality join of the few calls with the ma
   SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket
   FROM gap_blocking_calls),
 at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps)
-  SELECT g.*, b.cause AS blocked_cause, b.name AS blocked_in, b.end_ns AS b_end FROM gap_thread g
+  SELECT g.*, b.cause AS blocked_cause, b.name AS blocked_in, b.start_ns AS b_start, b.end_ns AS b_end
+  FROM gap_thread g
   LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
       WHEN g.duration_ns >= $min_gap OR NOT coalesce(g.launch_end_ns <= g.start_ns, false)
       THEN g.start_ns // $bucket_ns END  -- a NULL bucket joins nothing
@@ -139,5 +142,5 @@ TOTALS_SQL = (LABELLED + "," + sql_beside(__package__, "idle_pieces.sql")
 
 MAIN_THREAD_SQL = "WITH " + THREADS.rstrip().rstrip(",") + """
 SELECT device_id, pid, tid FROM main_thread WHERE pid IS NOT NULL AND tid IS NOT NULL"""
-SPANS_SQL = """SELECT pid, tid, cause, name, start_ns, until_ns FROM gap_blocking_calls
+SPANS_SQL = """SELECT pid, tid, cause, name, start_ns, until_ns, end_ns FROM gap_blocking_calls
 WHERE pid IS NOT NULL AND tid IS NOT NULL ORDER BY pid, tid, start_ns"""

@@ -1,11 +1,12 @@
--- Each gap's cause (judged): queued; for a short gap its blocking call, else its launch; for a longer one jit, or
--- alloc, host communication or waits covering most of it, else the blocking call it began in; else what the host
--- did meanwhile (host_cause). The late resume past a blocking call's share (split); the result as labelled.
+-- Each gap's cause (judged): queued (also a gap inside a blocking call before a migration the driver issued); for a
+-- short gap its blocking call, else its launch; for a longer one jit, or alloc, host communication or waits covering
+-- most of it, else the blocking call it began in; else what the host did meanwhile (host_cause). The late resume past a blocking call's share (split); the result as labelled.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
 -- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max.
 judged AS (
   SELECT g.*, CASE
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
+    WHEN g.driver AND g.end_ns <= g.b_end THEN 'queued'  -- the host sat in a call: the driver's migration, asked before
     WHEN g.duration_ns <= $launch_gap_max AND g.blocked_cause IS NOT NULL THEN g.blocked_cause
     WHEN g.duration_ns <= $launch_gap_max AND g.launch_end_ns IS NULL THEN 'host_untraced'
     WHEN g.duration_ns <= $launch_gap_max THEN
@@ -27,6 +28,7 @@ split AS (
          CASE WHEN early_cause = blocked_cause AND host_cause <> early_cause
               THEN greatest(0, end_ns - (b_end + $resume_max)) ELSE 0 END AS late_ns
   FROM judged),
-labelled AS (
+labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls
   SELECT gap_id, device_id, start_ns, end_ns, duration_ns, pid, tid, blocked_in, cause, late_ns,
-         CASE WHEN late_ns > 0 THEN host_cause END AS late_cause FROM split)
+         CASE WHEN late_ns > 0 THEN host_cause END AS late_cause,
+         CASE WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call FROM split)

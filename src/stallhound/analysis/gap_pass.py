@@ -5,12 +5,14 @@ A gap runs from the latest end so far (operations in (start, end) order, the win
 the next start when that is later; the window's end closes the last one. Per gap: gap_id (the device x
 GAP_ID_STRIDE + the row of the operation before it in that order, the window's start being row 1, so ids sort by
 device and time), device_id, start_ns, end_ns, duration_ns, launch_end_ns (when the launch call of the operation
-after it returned; of operations starting together, the first returned), tiny (an operation just before or just
-after it is a tiny kernel), pid/tid of the thread that launched the operation after it (of operations starting
-together, the one whose launch returned first; NULL: not traced), and prev_pid/prev_tid of the thread that launched
-an operation ending where the gap begins (of several, the last in that order; NULL: none traced). DuckDB's window
-operator over millions of operations costs several times the sort it needs, and spills on the largest exports; the
-pass reads at most device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
+after it returned; of operations starting together, the first returned; NULL when none was traced), tiny (an
+operation just before or just after it is a tiny kernel), pid/tid of the thread that launched the operation after
+it (of operations starting together, the one whose launch returned first; NULL: not traced), and prev_pid/prev_tid
+of the thread that launched an operation ending where the gap begins (of several, the last in that order; NULL:
+none traced), and driver (the operation after it is a unified-memory migration the driver issued,
+rules.DRIVER_MIGRATION_SQL, and none starting with it was launched by a traced call). DuckDB's window operator over
+millions of operations costs several times the sort it needs, and spills on the largest exports; the pass reads at
+most device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 
-from stallhound.analysis import device_pass
+from stallhound.analysis import device_pass, rules
 from stallhound.analysis.common import Scope
 from stallhound.analysis.fetch_ahead import FetchAhead
 from stallhound.analysis.intervals import CATEGORY_LABELS
@@ -30,6 +32,7 @@ from stallhound.model import allocator
 
 GAP_ID_STRIDE = 2**32  # a device in a window has far fewer operations than this
 NO_TIME = np.iinfo(np.int64).max  # a launch end not traced (sorts after every traced one)
+DRIVER_TIME = NO_TIME - 1  # the "launch end" of a migration the driver issued: no call launched it either
 NO_THREAD = -1  # pid/tid not traced
 
 KERNEL_CAT, COPY_CAT, _, GRAPH_CAT = CATEGORY_LABELS
@@ -38,7 +41,9 @@ OPS = f"""ops AS (
          stream_id, cat
   FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid, stream_id,
                {KERNEL_CAT} AS cat FROM kernels
-        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {COPY_CAT} FROM memcpy
+        UNION ALL SELECT device_id, start_ns, end_ns,
+                         CASE WHEN {rules.DRIVER_MIGRATION_SQL} THEN $driver_time ELSE launch_end_ns END,
+                         false, pid, tid, stream_id, {COPY_CAT} FROM memcpy
         UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {COPY_CAT} FROM memset
         UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {GRAPH_CAT}
           FROM graph_exec)
@@ -51,10 +56,11 @@ SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(tiny, false) AS t
 FROM ops"""
 CREATE_SQL = """CREATE OR REPLACE TEMP TABLE idle_gaps (gap_id BIGINT, device_id INTEGER, start_ns BIGINT,
   end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT, prev_pid BIGINT,
-  prev_tid BIGINT)"""
+  prev_tid BIGINT, driver BOOLEAN)"""
 INSERT_SQL = """INSERT INTO idle_gaps SELECT gap_id, $device, start_ns, end_ns, end_ns - start_ns,
-  nullif(launch_end_ns, $no_time), tiny, nullif(pid, $no_thread), nullif(tid, $no_thread),
-  nullif(prev_pid, $no_thread), nullif(prev_tid, $no_thread) FROM gap_chunk"""
+  CASE WHEN launch_end_ns < $driver_time THEN launch_end_ns END, tiny, nullif(pid, $no_thread),
+  nullif(tid, $no_thread), nullif(prev_pid, $no_thread), nullif(prev_tid, $no_thread), launch_end_ns = $driver_time
+FROM gap_chunk"""
 
 
 class _Device:
@@ -158,7 +164,8 @@ def _walk(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, passes: di
     """Each device's work in start-time chunks, each read while the one before it is worked on: its gaps written to
     idle_gaps (but those the judge counted) and, with `slices`, its device figures added up."""
     chunks = device_pass.chunk_params(con, scope, {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns,
-                                                   "no_time": NO_TIME, "no_thread": NO_THREAD})
+                                                   "no_time": NO_TIME, "no_thread": NO_THREAD,
+                                                   "driver_time": DRIVER_TIME})
     figures = {device: device_pass.DevicePass() for device, _ in chunks}
     with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
         for (device, _), cols in zip(chunks, ahead, strict=True):
@@ -183,6 +190,6 @@ def _insert(con: duckdb.DuckDBPyConnection, device: int, gaps: dict[str, np.ndar
         return
     con.register("gap_chunk", gaps)
     try:
-        con.execute(INSERT_SQL, {"device": device, "no_time": NO_TIME, "no_thread": NO_THREAD})
+        con.execute(INSERT_SQL, {"device": device, "no_thread": NO_THREAD, "driver_time": DRIVER_TIME})
     finally:
         con.unregister("gap_chunk")

@@ -29,6 +29,7 @@ BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the wi
 RECURRING_MIN_GAPS = 3  # outside a steady window, a cost paid three times or more recurs; once or twice is setup
 TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launches, not a handful
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
+BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy"}  # causes that name a blocking call (they count calls)
 UNEXPLAINED = ("host_untraced", "queued")  # causes no specific finding claims (pageable_copy: memory_transfers')
 GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-generation pass, which fires on every
 # 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
@@ -96,13 +97,18 @@ def _gaps(d: DeviceIdle, *causes: str) -> int:
     return sum(d.causes[c].gaps for c in causes if c in d.causes)
 
 
+def _calls(d: DeviceIdle, *causes: str) -> int:
+    return sum(d.causes[c].calls for c in causes if c in d.causes)
+
+
 CLAIMS: tuple[Claim, ...] = (
     Claim("excessive-synchronization", ("sync", "sync_copy"), lambda d, p, loop: True,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} after {_api(d, 'sync')} calls drained its queue "
-                        f"({_gaps(d, 'sync', 'sync_copy')} times)", _sync_tags),
+          lambda d, ns: f"device {d.device} idles {ms(ns)} in and right after {_calls(d, 'sync', 'sync_copy'):,} "
+                        f"{_api(d, 'sync' if 'sync' in d.causes else 'sync_copy')} calls that drained its queue",
+          _sync_tags),
     Claim("blocking-d2h-sync", ("readback",), lambda d, p, loop: True,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} after {_gaps(d, 'readback')} device-to-host reads "
-                        f"({_api(d, 'readback')}) drained its queue"),
+          lambda d, ns: f"device {d.device} idles {ms(ns)} after {_calls(d, 'readback'):,} small device-to-host "
+                        f"reads ({_api(d, 'readback')}) drained its queue"),
     Claim("small-kernel-overhead", ("launch_tiny",), lambda d, p, loop: _gaps(d, "launch_tiny") >= TINY_MIN_GAPS,
           lambda d, ns: f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny "
                         "kernels, waiting for their launches"),
@@ -151,7 +157,8 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
                 continue
             fired.add(claim.root_cause)
             out.append(_finding(d, root, ns, claim.title(d, ns), claim.tags(d, program),
-                                {"gaps": _gaps(d, *claim.causes)}))
+                                {"gaps": _gaps(d, *claim.causes),
+                                 **({"calls": _calls(d, *claim.causes)} if BLOCKING & set(claim.causes) else {})}))
         out.extend(_bubbles(d, fired))
     return out
 

@@ -13,7 +13,8 @@ totals AS (
          coalesce(sum(l.ns) FILTER (WHERE l.duration_ns >= $bubble_min), 0)::BIGINT AS long_ns,
          coalesce(sum(l.ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
          count(*) FILTER (WHERE p.periodic) AS periodic_gaps,
-         median(p.period_ns) FILTER (WHERE p.periodic)::BIGINT AS period_ns, any_value(a.api) AS api
+         median(p.period_ns) FILTER (WHERE p.periodic)::BIGINT AS period_ns, any_value(a.api) AS api,
+         list_distinct(flatten(list(l.calls) FILTER (WHERE l.calls IS NOT NULL))) AS calls
   FROM pieces l LEFT JOIN pauses p ON p.gap_id = l.host_id
   LEFT JOIN apis a ON a.device_id = l.device_id AND a.cause = l.cause
   GROUP BY l.device_id, l.cause)

@@ -2,10 +2,11 @@
 
 Kernels: what is tiny (TINY_KERNEL_NS) and what is a hotspot (HOTSPOT_PCT). Host calls: which synchronize
 calls reach the whole device, a stream or an event (sync_scope, SYNC_SCOPE_SQL); which copy calls block the
-host (BLOCKING_COPY_SQL) and which synchronize belongs to the device-to-host copy before it (READBACK_FOLLOW_NS);
-which OS-runtime calls are waits (WAIT_CALLS). Findings: the least time at stake worth reporting
-(MIN_STAKE_PCT) and the severity cutoff by share of the window (severity). Capture: what the profile lacks and
-the capture option that records it (Missing, missing).
+host (BLOCKING_COPY_SQL), which synchronize belongs to the device-to-host copy before it (READBACK_FOLLOW_NS) and
+how small such a read is (SMALL_READ_BYTES); which OS-runtime calls are waits (WAIT_CALLS). Unified memory: which
+migrations the driver issued rather than the host (DRIVER_MIGRATION_SQL). Findings: the least time at stake worth
+reporting (MIN_STAKE_PCT) and the severity cutoff by share of the window (severity). Capture: what the profile lacks
+and the capture option that records it (Missing, missing).
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ SYNC_SCOPE_SQL = ("CASE " + " ".join(f"WHEN regexp_matches({{name}}, '{pattern}'
 # driver stages through a pinned buffer before the call returns, Async or not.
 BLOCKING_COPY_SQL = "({name} NOT LIKE '%Async%' OR {pageable})"
 READBACK_FOLLOW_NS = 100_000  # 100 us: a synchronize this soon after a device-to-host copy waits for its result
+SMALL_READ_BYTES = 1024  # a device-to-host copy this small reads back a scalar or a handful of values (.item(), a
+# metric): the host wants a value, not data; larger blocking copies are plain synchronous copies
+# A unified-memory migration the host did not start at that moment: a prefetch it asked for earlier, the driver's answer
+# to a fault of GPU work, an eviction. Only pages a host thread itself touched (to the host, by a fault or the driver's
+# speculation around it; an unknown cause may be one) are the host's doing. Before the others the device waits on the
+# driver, not on the host.
+DRIVER_MIGRATION_SQL = ("(direction LIKE 'UVM%' AND NOT (direction = 'UVM_D2H' AND coalesce(migration_cause, "
+                        "'unknown') IN ('page_fault', 'speculative_prefetch', 'unknown')))")
 # OS-runtime calls in which a thread waits (for input, a lock, a child, a peer) rather than works.
 WAIT_CALLS = "wait|poll|select|sleep|futex|pause|sem_|pthread_join|pthread_cond|accept|recv|read|epoll"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 10  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 11  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,10 @@ TABLES: tuple[Table, ...] = (
         ("api_name", "VARCHAR", "CUDA API call that issued it, e.g. cudaMemcpyAsync"),
         ("launch_start_ns", "BIGINT", "start of that API call"),
         ("launch_end_ns", "BIGINT", "end of that API call"),
+        ("migration_cause", "VARCHAR", "UVM_* rows: why the driver migrated the pages: user_prefetch "
+                                       "(cudaMemPrefetchAsync), page_fault (a kernel or host thread touched a page "
+                                       "not resident), speculative_prefetch (the driver's, around a fault), eviction, "
+                                       "access_counters, unknown; NULL for other copies"),
     )),
     Table("memset", "Memory sets (CUPTI_ACTIVITY_KIND_MEMSET).", (
         ("device_id", "INTEGER", ""), ("stream_id", "INTEGER", ""), ("pid", "BIGINT", ""),

@@ -16,6 +16,7 @@ TOOL_NAMES = (
     "gpu_idle_gaps",
     "kernel_launch_overhead",
     "memory_transfers",
+    "unified_memory",
     "sync_analysis",
     "nccl_breakdown",
     "thread_utilization",

@@ -6,15 +6,19 @@ time_ns; window_pct = time_ns / (window x devices). Host memory kind: pageable w
 pageable, else pinned when either side is pinned. exposed_time_ns = copy time during which the copying
 device ran no kernel (copy interval minus the union of that device's kernels). Synchronous copy APIs:
 traced copy calls whose name lacks 'Async' (cudaMemcpy, ...): distinct calls and their host duration.
-Small D2H: D2H copies of <= 1 KiB; blocking when the call blocks the host (synchronous, or from pageable
+Small D2H: D2H copies of rules.SMALL_READ_BYTES (1 KiB) or less, as the idle attribution's read-backs; blocking when
+the call blocks the host (synchronous, or from pageable
 memory: analysis/rules.py), or is followed by a sync call on the same thread starting within 100 us after it
 returns (the .item() pattern; the idle attribution uses the same two rules);
 blocked_ns = the copy call's duration, plus that sync's for an asynchronous copy (the idle time such reads
 cost the devices is blocking-d2h-sync in gpu_idle_gaps).
+Memsets (memset rows starting in the window): count, bytes, time, and those on managed memory (unified_memory
+says whether page faults stall them); they count in triage's transfer share.
 Findings, per device and disjoint: pageable-host-memory claims the exposed pageable copy time that pinned
 memory would save (at the pinned bandwidth measured for that direction on the device, or half of it when
-none is measured) plus the idle time of gaps the host spent in pageable copies (analysis/attribution.py);
-excessive-h2d-transfers claims the rest of the exposed H2D time.
+none is measured) plus the idle time of gaps the host spent in pageable copies (analysis/attribution.py),
+never more than those copies take: the union of their transfers and their calls (pageable_span_ns);
+excessive-h2d-transfers claims the rest of the exposed H2D time, and says which part pinning would save.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import duckdb
 import numpy as np
 from pydantic import BaseModel, Field, PrivateAttr
 
-from stallhound.analysis import attribution, cover, device_pass, rules
+from stallhound.analysis import attribution, copy_exposure, cover, rules
 from stallhound.analysis.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -43,7 +47,6 @@ from stallhound.analysis.common import (
 from stallhound.analysis.contracts import TriageRole
 from stallhound.model.duck import one_row
 
-SMALL_D2H_BYTES = 1024  # a scalar or a handful of values read back: .item(), .cpu() of a metric
 PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
 PAGEABLE_MIN_BYTES = 1 << 20  # ... moving enough data for staging to matter
 LARGE_COPY_PCT = 5.0  # one pageable copy this long (share of the window) matters however few there are
@@ -91,9 +94,14 @@ class Result(Output):
     total_rows: int
     sync_copy_calls: int = Field(description="traced copy calls without 'Async' in the name")
     sync_copy_api_ns: int
-    small_d2h_count: int = Field(description=f"D2H copies of <= {SMALL_D2H_BYTES} bytes")
+    small_d2h_count: int = Field(description=f"D2H copies of <= {rules.SMALL_READ_BYTES} bytes")
     small_d2h_blocking: int = Field(description="those whose call blocked the host (synchronous or followed by a sync)")
     small_d2h_blocked_ns: int = Field(description="host time in those copy calls and their syncs")
+    memset_count: int
+    memset_bytes: int
+    memset_time_ns: int
+    managed_memset_count: int = Field(description="memsets on managed (unified) memory: see unified_memory")
+    managed_memset_time_ns: int
     findings: list[Finding] = []
     _basis: _Basis | None = PrivateAttr(None)  # what findings() reads beyond the rows shown
 
@@ -107,15 +115,18 @@ class _Pageable(BaseModel):
 @dataclass(frozen=True)
 class _Basis:
     """The figures the findings are decided on: every (direction, device) row, the pageable copies' figures beyond
-    a row, and each device's idle time in pageable copies (analysis/attribution.py)."""
+    a row, each device's idle time in pageable copies (analysis/attribution.py) and the time its pageable copies take
+    (the union of their transfers and calls: no saving exceeds it)."""
     rows: list[DirectionRow]
     pageable: dict[tuple[int, str], _Pageable]
     idle_ns: dict[int, int]
+    span_ns: dict[int, int]
 
 
 COPIES = """
 WITH c AS (
-  SELECT device_id, pid, correlation_id, direction, bytes, start_ns, end_ns, duration_ns, api_name,
+  SELECT device_id, pid, correlation_id, direction, bytes, start_ns, end_ns, duration_ns, api_name, launch_start_ns,
+         launch_end_ns,
          CASE WHEN 'pageable' IN (src_kind, dst_kind) THEN 'pageable'
               WHEN 'pinned' IN (src_kind, dst_kind) THEN 'pinned' END AS host_kind
   FROM memcpy WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end)"""
@@ -129,27 +140,22 @@ SELECT direction, device_id, count(*), sum(bytes), sum(duration_ns),
        coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pinned'), 0)
 FROM c GROUP BY ALL
 """
-# A copy's exposed time is its length less the union of its device's kernels inside it (analysis/cover.py), one device
-# and one time chunk of copies at a time: the copies (first, last start) and the kernels starting among them.
-CHUNKS_SQL = """
-SELECT device_id, count(*), min(start_ns), max(start_ns) FROM memcpy
-WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end GROUP BY ALL
-"""
-KERNELS_AMONG_SQL = "SELECT count(*) FROM kernels WHERE device_id = $device AND start_ns BETWEEN $lo AND $hi"
-CHUNK_COPIES_SQL = """
-SELECT start_ns AS s, end_ns AS e, (list_position($directions, direction) - 1) * 2
-       + coalesce('pageable' IN (src_kind, dst_kind), false)::INTEGER AS g
-FROM memcpy WHERE device_id = $device AND start_ns >= $start AND start_ns < $end AND start_ns BETWEEN $lo AND $hi
-"""
-CHUNK_KERNELS_SQL = """
-SELECT start_ns AS s, end_ns AS e FROM kernels
-WHERE device_id = $device AND end_ns > $lo AND start_ns < $until AND end_ns > start_ns
-"""
-ROWS_PER_CHUNK = 1_000_000  # copies and kernels read at a time: memory stays flat on the largest exports
-
 PAGEABLE_SQL = COPIES + """
 SELECT device_id, direction, max(duration_ns), count(*) FILTER (WHERE api_name LIKE '%Async%') FROM c
 WHERE host_kind = 'pageable' GROUP BY ALL
+"""
+
+# Each pageable copy from its call's start (or its own) to its end (or the call's), clipped to the window.
+PAGEABLE_SPANS_SQL = COPIES + """
+SELECT device_id, greatest(least(start_ns, coalesce(launch_start_ns, start_ns)), $start) AS s,
+       least(greatest(end_ns, coalesce(launch_end_ns, end_ns)), $end) AS e
+FROM c WHERE host_kind = 'pageable' ORDER BY 1
+"""
+MEMSETS_SQL = """
+SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(least(end_ns, $end) - start_ns), 0),
+       count(*) FILTER (WHERE mem_kind IN ('managed', 'managed_static')),
+       coalesce(sum(least(end_ns, $end) - start_ns) FILTER (WHERE mem_kind IN ('managed', 'managed_static')), 0)
+FROM memset WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end
 """
 
 SYNC_COPY_SQL = COPIES + """
@@ -218,36 +224,13 @@ def _directions(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[str, i
     """DIRECTIONS_SQL's figures per (direction, device), then the exposed time and its pageable part."""
     sums = {(direction, device): tuple(int(v) for v in figures)
             for direction, device, *figures in con.execute(DIRECTIONS_SQL, args).fetchall()}
-    directions = sorted({direction for direction, _ in sums})
-    for device, n, first, last in con.execute(CHUNKS_SQL, args).fetchall():
-        among = one_row(con.execute(KERNELS_AMONG_SQL, {"device": device, "lo": first, "hi": last}))
-        exposed = _exposed(con, {"start": args["start"], "end": args["end"], "device": device,
-                                 "directions": directions}, n + among[0], first, last)
-        for i, direction in enumerate(directions):
-            if (direction, device) in sums:
-                pair = exposed[2 * i:2 * i + 2]
-                sums[direction, device] += (int(pair.sum()), int(pair[1]))
-    return sums
-
-
-def _exposed(con: duckdb.DuckDBPyConnection, args: dict, rows: int, first: int, last: int) -> np.ndarray:
-    """One device's exposed copy time per group (direction index x 2 + pageable), over chunks of copies."""
-    total = np.zeros(2 * len(args["directions"]), dtype=np.int64)
-    for lo, hi in device_pass.chunk_edges(rows, first, last, ROWS_PER_CHUNK):
-        c = con.execute(CHUNK_COPIES_SQL, {**args, "lo": lo, "hi": hi}).fetchnumpy()
-        if not len(c["s"]):
-            continue
-        k = con.execute(CHUNK_KERNELS_SQL, {"device": args["device"], "lo": lo, "until": int(c["e"].max())}
-                        ).fetchnumpy()
-        exposed = c["e"] - c["s"] - cover.covered(c["s"], c["e"], k["s"], k["e"])
-        for g in np.unique(c["g"]).tolist():  # a few groups: integer sums, exact
-            total[g] += int(exposed[c["g"] == g].sum())
-    return total
+    exposed = copy_exposure.exposed(con, args, sorted({direction for direction, _ in sums}))
+    return {key: figures + exposed[key] for key, figures in sums.items()}
 
 
 def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
     """(small D2H copies, blocking ones, host ns blocked) in scope."""
-    args = {**scope_args(scope), "small_bytes": SMALL_D2H_BYTES, "follow": rules.READBACK_FOLLOW_NS}
+    args = {**scope_args(scope), "small_bytes": rules.SMALL_READ_BYTES, "follow": rules.READBACK_FOLLOW_NS}
     row = one_row(con.execute(SMALL_D2H_SQL, args))
     count, blocking, blocked = row
     return count, blocking, int(blocked)
@@ -265,23 +248,37 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     sync = one_row(con.execute(SYNC_COPY_SQL, args))
     sync_calls, sync_ns = sync
     small, blocking, blocked = small_d2h(con, scope)
+    sets, set_bytes, set_ns, managed, managed_ns = (int(v) for v in one_row(con.execute(MEMSETS_SQL, args)))
     result = Result(
         scope=scope, copy_count=count, copy_bytes=int(nbytes), copy_time_ns=int(ns), rows=shown[:params.limit],
         truncated=len(shown) > params.limit, total_rows=len(shown), sync_copy_calls=sync_calls,
         sync_copy_api_ns=int(sync_ns), small_d2h_count=small, small_d2h_blocking=blocking,
-        small_d2h_blocked_ns=blocked)
+        small_d2h_blocked_ns=blocked, memset_count=sets, memset_bytes=set_bytes, memset_time_ns=set_ns,
+        managed_memset_count=managed, managed_memset_time_ns=managed_ns)
     pageable = {(d, dr): _Pageable(largest_ns=n, async_count=a)
                 for d, dr, n, a in con.execute(PAGEABLE_SQL, args).fetchall()}
     idle = attribution.attribute(con, scope).devices if count else {}
-    result._basis = _Basis(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()})
+    result._basis = _Basis(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()},
+                           _spans(con, args))
     return result
+
+
+def _spans(con: duckdb.DuckDBPyConnection, args: dict) -> dict[int, int]:
+    """Per device, the union of its pageable copies' transfers and calls in the window (PAGEABLE_SPANS_SQL)."""
+    spans = con.execute(PAGEABLE_SPANS_SQL, args).fetchnumpy()
+    out = {}
+    for device in np.unique(spans["device_id"]).tolist():
+        mine = spans["device_id"] == device
+        starts, ends = cover.islands(spans["s"][mine].astype(np.int64), spans["e"][mine].astype(np.int64))
+        out[int(device)] = int((ends - starts).sum())
+    return out
 
 
 def findings(result: Result) -> list[Finding]:
     """Per device: pageable-host-memory (recurring pageable copies, or one long one, or idle spent in them),
     then excessive-h2d-transfers (H2D time above 5% of the window) for the exposed H2D time left."""
     b = result._basis
-    return _findings(b.rows, b.pageable, b.idle_ns, result.scope.duration_ns) if b else []
+    return _findings(b, result.scope.duration_ns) if b else []
 
 
 def _pageable_saving(row: DirectionRow) -> int:
@@ -292,24 +289,27 @@ def _pageable_saving(row: DirectionRow) -> int:
     return int(exposed * (1 - 1 / speedup))
 
 
-def _findings(rows: list[DirectionRow], pageable: dict[tuple[int, str], _Pageable], idle_ns: dict[int, int],
-             window_ns: int) -> list[Finding]:
+def _findings(b: _Basis, window_ns: int) -> list[Finding]:
     out = []
-    for device, mine in _by_device(rows):
+    idle_ns = b.idle_ns
+    for device, mine in _by_device(b.rows):
         host = [r for r in mine if r.direction in HOST_SIDE and r.pageable_count]
         saving = {r.direction: _pageable_saving(r) for r in host}
-        stake = sum(saving.values()) + idle_ns.get(device, 0)
-        extra = [pageable.get((device, r.direction)) for r in host]
+        stake = min(sum(saving.values()) + idle_ns.get(device, 0), b.span_ns.get(device, 0))
+        extra = [b.pageable.get((device, r.direction)) for r in host]
         largest = max((x.largest_ns for x in extra if x), default=0)
         recurring = any(r.pageable_count >= PAGEABLE_MIN_COUNT and r.pageable_bytes >= PAGEABLE_MIN_BYTES for r in host)
         large = pct(largest, window_ns) >= LARGE_COPY_PCT
-        if (recurring or large or idle_ns.get(device, 0)) and rules.worth_reporting(stake, window_ns):
+        pinned = (recurring or large or idle_ns.get(device, 0)) and rules.worth_reporting(stake, window_ns)
+        if pinned:
             tags = (["large-single"] if large and not recurring else []) + (
                 ["async-blocking"] if any(x and x.async_count for x in extra) else [])
-            out.append(_pageable_finding(device, host, stake, idle_ns.get(device, 0), largest, tags))
-        out += [_h2d_finding(device, r, saving.get("H2D", 0), window_ns) for r in mine
+            out.append(_pageable_finding(device, host, stake, idle_ns.get(device, 0), largest, tags,
+                                         b.span_ns.get(device, 0)))
+        owned = saving.get("H2D", 0) if pinned else 0  # pageable-host-memory owns what pinning saves of these copies
+        out += [_h2d_finding(device, r, owned, window_ns) for r in mine
                 if r.direction == "H2D" and r.window_pct >= H2D_WINDOW_PCT
-                and rules.worth_reporting(r.exposed_time_ns - saving.get("H2D", 0), window_ns)]
+                and rules.worth_reporting(r.exposed_time_ns - owned, window_ns)]
     return out
 
 
@@ -323,28 +323,32 @@ def _by_device(rows: list[DirectionRow]) -> list[tuple[int, list[DirectionRow]]]
 
 
 def _pageable_finding(device: int, host: list[DirectionRow], stake: int, idle: int, largest: int,
-                      tags: list[str]) -> Finding:
+                      tags: list[str], span: int) -> Finding:
     count, nbytes = sum(r.pageable_count for r in host), sum(r.pageable_bytes for r in host)
     return Finding(
         root_cause="pageable-host-memory", severity="high" if stake and idle >= IDLE_HIGH_SHARE * stake else "medium",
         title=f"device {device}: {count} copies ({nbytes / 2**20:,.1f} MiB) from pageable memory at "
               f"{', '.join(f'{r.direction} {r.pageable_bandwidth_gb_per_s} GB/s' for r in host)}; pinned memory "
-              f"would save ~{ms(stake)}",
+              f"would save ~{ms(stake)} of the {ms(span)} these copies and their calls take",
         evidence={"pageable_count": count, "pageable_bytes": nbytes, "largest_copy_ns": largest,
-                  "idle_in_pageable_copies_ns": idle,
+                  "idle_in_pageable_copies_ns": idle, "pageable_time_ns": sum(r.pageable_time_ns for r in host),
+                  "pageable_span_ns": span,
                   "pinned_bandwidth_gb_per_s": max((r.pinned_bandwidth_gb_per_s or 0 for r in host), default=0)},
         time_at_stake_ns=stake, device=device, tags=tags)
 
 
-def _h2d_finding(device: int, r: DirectionRow, pageable_saving: int, window_ns: int) -> Finding:
-    stake = r.exposed_time_ns - pageable_saving
+def _h2d_finding(device: int, r: DirectionRow, pinned_ns: int, window_ns: int) -> Finding:
+    """pinned_ns: the part of the exposed H2D time that pageable-host-memory claims on this device."""
+    stake = r.exposed_time_ns - pinned_ns
+    cited = (f"; pinning saves ~{ms(pinned_ns)} of it (pageable-host-memory), moving less data the rest"
+             if pinned_ns else "")
     return Finding(
         root_cause="excessive-h2d-transfers", severity="high" if r.exposed_pct >= 100 * EXPOSED_SHARE else "medium",
         title=f"device {device}: H2D copies take {r.window_pct:.1f}% of the window ({r.bytes / 2**30:,.2f} GiB at "
-              f"{r.bandwidth_gb_per_s} GB/s), {r.exposed_pct:.0f}% of it with no kernel running",
+              f"{r.bandwidth_gb_per_s} GB/s), {r.exposed_pct:.0f}% of it with no kernel running{cited}",
         evidence={"count": r.count, "bytes": r.bytes, "time_ns": r.time_ns, "window_pct": r.window_pct,
                   "exposed_time_ns": r.exposed_time_ns, "pinned_bytes": r.pinned_bytes,
-                  "pageable_bytes": r.pageable_bytes},
+                  "pageable_bytes": r.pageable_bytes, "pinned_saving_ns": pinned_ns},
         time_at_stake_ns=stake, device=device, tags=["pinned" if r.pinned_bytes >= r.pageable_bytes else "pageable"])
 
 
@@ -361,5 +365,9 @@ def render(result: Result) -> str:
         lines.extend(more_rows(result, result.total_rows - len(result.rows), "rows"))
     lines.append(f"synchronous copy calls: {result.sync_copy_calls} ({ms(result.sync_copy_api_ns)}); small D2H: "
                  f"{result.small_d2h_count}, {result.small_d2h_blocking} blocking ({ms(result.small_d2h_blocked_ns)})")
+    if result.memset_count:
+        lines.append(f"memsets: {result.memset_count:,}, {result.memset_bytes / 2**20:,.1f} MiB, "
+                     f"{ms(result.memset_time_ns)}; {result.managed_memset_count:,} on managed memory "
+                     f"({ms(result.managed_memset_time_ns)}: unified_memory says whether page faults stall them)")
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)
     return "\n".join(lines)

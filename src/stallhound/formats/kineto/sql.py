@@ -60,7 +60,7 @@ MEMCPY = f"""INSERT INTO memcpy SELECT g.device_id, g.stream_id, coalesce(a.pid,
     g.start_ns, g.end_ns, g.end_ns - g.start_ns, g.bytes,
     coalesce(nullif(regexp_replace(regexp_extract(g.name, '^Memcpy ([A-Z]to[A-Z])', 1), 'to', '2'), ''), 'unknown'),
     {MEMORY_KIND.format(pattern=COPY_KINDS, group=1)}, {MEMORY_KIND.format(pattern=COPY_KINDS, group=2)},
-    NULL, NULL, a.name, a.start_ns, a.end_ns
+    NULL, NULL, a.name, a.start_ns, a.end_ns, NULL
 FROM _k_gpu g {_api('memcpy')} WHERE g.kind = 'memcpy'"""
 
 MEMSET = f"""INSERT INTO memset SELECT g.device_id, g.stream_id, coalesce(a.pid, {HOST_PID}), a.tid, g.correlation_id,

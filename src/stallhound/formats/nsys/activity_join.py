@@ -25,7 +25,7 @@ TID_SQL = "({col} & 16777215)"  # globalTid -> OS tid
 
 # Columns read where the export has them (checks.REQUIRED_COLUMNS lists those read without checking).
 OPTIONAL_COLUMNS = {"CUPTI_ACTIVITY_KIND_KERNEL": ("graphId", "graphNodeId"),
-                    "CUPTI_ACTIVITY_KIND_MEMCPY": ("srcDeviceId", "dstDeviceId"),
+                    "CUPTI_ACTIVITY_KIND_MEMCPY": ("srcDeviceId", "dstDeviceId", "migrationCause"),
                     "CUPTI_ACTIVITY_KIND_MEMSET": ("memKind",),
                     "CUPTI_ACTIVITY_KIND_GRAPH_TRACE": ("graphId", "graphExecId")}
 

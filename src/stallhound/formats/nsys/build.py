@@ -40,6 +40,15 @@ def _unknown_or_lower(name: str) -> str:
     return "unknown" if name.startswith("Unknown") else name.lower()
 
 
+# Why the driver migrated unified memory (CUPTI's migration causes), in the words the tools use.
+MIGRATION_CAUSES = {"USER": "user_prefetch", "COHERENCE": "page_fault", "PREFETCH": "speculative_prefetch"}
+
+
+def _migration_cause(name: str) -> str:
+    short = name.removeprefix("CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_")
+    return MIGRATION_CAUSES.get(short, short.lower())
+
+
 def _direction(name: str) -> str:
     short = name.removeprefix("CUDA_MEMCPY_KIND_")
     return "unknown" if short == "UNKNOWN" else re.sub(r"([A-Z])TO([A-Z])", r"\g<1>2\g<2>", short)
@@ -76,6 +85,7 @@ class Builder(ActivityJoins):
         labels = {
             "ENUM_CUDA_MEMCPY_OPER": _direction,
             "ENUM_CUDA_MEM_KIND": lambda n: _label(n, "CUDA_MEMOPR_MEMORY_KIND_"),
+            "ENUM_CUDA_UNIF_MEM_MIGRATION": _migration_cause,
             "ENUM_CUPTI_SYNC_TYPE": lambda n: _label(n, "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_"),
             "ENUM_NSYS_EVENT_TYPE": lambda n: n,
             "ENUM_CUDA_DEV_MEM_EVENT_OPER": lambda n: _label(n, "CUDA_DEV_MEM_EVENT_OPR_"),
@@ -91,6 +101,9 @@ class Builder(ActivityJoins):
 
     def needs_enum(self, table: str) -> bool:
         """Whether the export has rows that this ENUM table decodes."""
+        if table == "ENUM_CUDA_UNIF_MEM_MIGRATION":  # only the unified-memory rows of a copy table carry a cause
+            return "migrationCause" in self.cols("CUPTI_ACTIVITY_KIND_MEMCPY") and self.raw.nonempty(
+                "CUPTI_ACTIVITY_KIND_MEMCPY")
         users = {"ENUM_CUDA_MEMCPY_OPER": "CUPTI_ACTIVITY_KIND_MEMCPY",
                  "ENUM_CUDA_MEM_KIND": "CUPTI_ACTIVITY_KIND_MEMCPY",
                  "ENUM_CUPTI_SYNC_TYPE": "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "ENUM_NSYS_EVENT_TYPE": "NVTX_EVENTS",
@@ -173,9 +186,11 @@ class Builder(ActivityJoins):
             SELECT r.deviceId, r.streamId, {PID_SQL.format(col='r.globalPid')},
                 a.tid, r.correlationId, r.start, r."end", r."end" - r.start, r.bytes,
                 coalesce(op.label, 'unknown'), coalesce(sk.label, 'unknown'), coalesce(dk.label, 'unknown'),
-                {self.col(t, 'srcDeviceId')}, {self.col(t, 'dstDeviceId')}, a.name, a.start_ns, a.end_ns
+                {self.col(t, 'srcDeviceId')}, {self.col(t, 'dstDeviceId')}, a.name, a.start_ns, a.end_ns,
+                CASE WHEN op.label LIKE 'UVM%' THEN coalesce(mc.label, 'unknown') END
             FROM {src} r
             LEFT JOIN enums op ON op.enum = 'ENUM_CUDA_MEMCPY_OPER' AND op.code = r.copyKind
+            LEFT JOIN enums mc ON mc.enum = 'ENUM_CUDA_UNIF_MEM_MIGRATION' AND mc.code = {self.col(t, 'migrationCause')}
             LEFT JOIN enums sk ON sk.enum = 'ENUM_CUDA_MEM_KIND' AND sk.code = r.srcKind
             LEFT JOIN enums dk ON dk.enum = 'ENUM_CUDA_MEM_KIND' AND dk.code = r.dstKind
             {calls('memcpy')}""", cur)

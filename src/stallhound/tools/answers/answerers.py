@@ -15,7 +15,7 @@ from typing import Any
 
 from stallhound.analysis import attribution
 from stallhound.analysis.common import ms, pct
-from stallhound.analysis.rules import HOTSPOT_PCT
+from stallhound.analysis.rules import HOTSPOT_PCT, SMALL_READ_BYTES
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import (
     gpu_utilization,
@@ -221,10 +221,14 @@ def _d2h(e: Evidence) -> Answer:
     m = e.tool("memory_transfers", memory_transfers.Result)
     if not m or not m.copy_count:
         return None
-    reads = e.finding("blocking-d2h-sync")
+    reads = e.finding("blocking-d2h-sync")  # the same reads: SMALL_READ_BYTES, blocking by the same rules
     cost = sum(f.time_at_stake_ns for f in reads)
-    return (f"{m.small_d2h_count} small D2H copies, {m.small_d2h_blocking} of them blocking the host; the devices "
-            f"idle {ms(cost)} after read-backs", {"small_d2h": m.small_d2h_count, "readback_idle_ns": cost})
+    calls = sum(int(f.evidence.get("calls", 0)) for f in reads)
+    after = f" after {calls:,} of those reads" if reads else " after small read-backs"
+    return (f"{m.small_d2h_count:,} small D2H copies (<= {SMALL_READ_BYTES:,} bytes: values, not data), "
+            f"{m.small_d2h_blocking:,} of them blocking the host; the devices idle {ms(cost)}{after}",
+            {"small_d2h": m.small_d2h_count, "small_d2h_blocking": m.small_d2h_blocking, "readback_idle_ns": cost,
+             "readback_calls": calls})
 
 
 def _nccl(field: Callable[[Any], Answer]) -> Callable[[Evidence], Answer]:
