@@ -48,6 +48,8 @@ def model(process: str | None = "app", kernels: tuple[str, ...] = ("my_kernel",)
     ({"process": None, "threads": ("python",), "kernels": ("void cudf::detail::gather_kernel(int)",),
       "nvtx": ("join",), "domain": "libcudf"}, "cudf", "cuDF (RAPIDS)"),
     ({"process": "julia", "kernels": ("julia_broadcast_kernel_1234",)}, "julia", "CUDA.jl (Julia)"),
+    ({"process": None, "kernels": ("broadcast_kernel(CuKernelContext, CuDeviceArray<Float32, (int)3, (int)1>)",),
+      "launch": "cuLaunchKernel"}, "julia", "CUDA.jl (Julia)"),  # trixicuda_jl_broadcast's kernel, no process
     ({"process": "./stencil", "kernels": ("nvkernel_main_F1L42_2",)}, "offload", "OpenMP offload"),
     ({"process": "./jacobi", "kernels": ("main_88_gpu",)}, "offload", "OpenACC (nvc/nvfortran)"),
     ({"process": "./infer", "kernels": ("void at::native::reduce_kernel<512>(int)",)}, "cuda", "PyTorch (ATen)"),

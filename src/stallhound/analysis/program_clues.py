@@ -54,7 +54,7 @@ KERNEL_FAMILIES: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("CuPy", r"^cupy_|cupy::", None, "cupy"),
     ("Numba", r"cudapy::|numba", None, "numba"),
     ("cuDF (RAPIDS)", r"\bcudf::", None, "cudf"),
-    ("CUDA.jl (Julia)", r"julia_", None, "julia"),
+    ("CUDA.jl (Julia)", r"julia_|CuKernelContext|CuDeviceArray", None, "julia"),
     ("OpenACC (nvc/nvfortran)", r"_\d+_gpu(__red)?$|_gpu_\d+$", None, "offload"),
     ("OpenMP offload", r"^nvkernel_|__omp_offloading_", None, "offload"),
     ("NVHPC runtime", r"^__pgi_uacc_", None, "offload"),
