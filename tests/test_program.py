@@ -52,6 +52,8 @@ def model(process: str | None = "app", kernels: tuple[str, ...] = ("my_kernel",)
       "launch": "cuLaunchKernel"}, "julia", "CUDA.jl (Julia)"),  # trixicuda_jl_broadcast's kernel, no process
     ({"process": "./stencil", "kernels": ("nvkernel_main_F1L42_2",)}, "offload", "OpenMP offload"),
     ({"process": "./jacobi", "kernels": ("main_88_gpu",)}, "offload", "OpenACC (nvc/nvfortran)"),
+    ({"process": "./a.out", "kernels": ("function_11_gpu(std::array<double, 100000ul>&)", "BooArray::add_56_gpu()")},
+     "offload", "OpenACC (nvc/nvfortran)"),  # demangled names carry their parameters
     ({"process": "./infer", "kernels": ("void at::native::reduce_kernel<512>(int)",)}, "cuda", "PyTorch (ATen)"),
     ({"process": "./saxpy", "kernels": ("saxpy(int, float *)",), "nvtx": ("MPI_Send",), "domain": "MPI"}, "cuda",
      "MPI"),

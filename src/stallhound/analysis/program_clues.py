@@ -55,9 +55,9 @@ KERNEL_FAMILIES: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("Numba", r"cudapy::|numba", None, "numba"),
     ("cuDF (RAPIDS)", r"\bcudf::", None, "cudf"),
     ("CUDA.jl (Julia)", r"julia_|CuKernelContext|CuDeviceArray", None, "julia"),
-    ("OpenACC (nvc/nvfortran)", r"_\d+_gpu(__red)?$|_gpu_\d+$", None, "offload"),
+    ("OpenACC (nvc/nvfortran)", r"_\d+_gpu(__red)?(\(|$)|_gpu_\d+(\(|$)", r"__pgi_uacc_", "offload"),
     ("OpenMP offload", r"^nvkernel_|__omp_offloading_", None, "offload"),
-    ("NVHPC runtime", r"^__pgi_uacc_", None, "offload"),
+    ("NVHPC runtime", r"__pgi_uacc_", None, "offload"),  # its fill and copy kernels, in OpenACC and OpenMP codes
     ("CUB/Thrust", r"\bcub::|\bthrust::", None, None),
 )
 STDPAR_FAMILY = "CUB/Thrust"  # nvc++ -stdpar runs the parallel algorithms as these kernels (see _stdpar)
@@ -96,7 +96,7 @@ MODULES: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("cuDF (RAPIDS)", r"(^|/)libcudf\.so", "cudf", None),
     ("JAX", r"(^|/)(xla_extension\.so|jaxlib/)", "jax", "python"),
     ("TensorRT", r"(^|/)libnvinfer\.so", "tensorrt", None),
-    ("OpenACC runtime", r"(^|/)libacc(host|device|devaux)\.so", "offload", None),
+    ("NVHPC OpenACC/OpenMP runtime", r"(^|/)libacc(host|device|devaux)\.so", "offload", None),
     ("NVHPC compiler runtime", r"(^|/)lib(nvc|nvf|nvcpumath[-\w]*|nvhpcatm)\.so", None, "native"),
 )
 
