@@ -139,6 +139,9 @@ def test_program_stdpar_is_thrust_kernels_on_data_the_program_never_copies():
                                           cuda_api=_managed(), memcpy=copies))
     assert thrust_in_cuda.kind == "cuda"  # a CUDA program that copies its data itself and calls Thrust
     assert program.detect(model(process="./lulesh", kernels=(THRUST,))).kind == "cuda"
+    # HMM systems (-gpu=mem:unified) allocate nothing managed: the NVHPC compiler's runtime in the stacks tells
+    built = program.detect(model(process="./lulesh", kernels=(THRUST,), modules=("/opt/nvhpc/lib/libnvc.so",)))
+    assert built.kind == "stdpar" and any("NVHPC compiler runtime" in e for e in built.evidence)
 
 
 @pytest.mark.parametrize("stem, kind, language, frameworks", [

@@ -85,6 +85,7 @@ PYTHON_THREAD = re.compile(r"^(python[\d.]*|pt_main_thread)$")  # Python's main 
 JULIA_PROCESS = re.compile(r"(^|/)julia( |$)", re.I)
 TRT_PROCESS = re.compile(r"(^|/)trtexec( |$)", re.I)
 PYTORCH_THREADS = re.compile(r"^pt_(autograd|nccl|main_thread|thread_pool|tcpstore)")
+NVHPC_RUNTIME = "NVHPC compiler runtime"  # nvc, nvc++ and nvfortran's own libraries: the program was built by them
 # Host modules (RE2 on the path nsys recorded): (label, pattern, framework or None, language or None). Patterns name
 # the file, or a package folder only where its modules are Python extensions: an install path says nothing.
 MODULES: tuple[tuple[str, str, str | None, str | None], ...] = (
@@ -97,7 +98,7 @@ MODULES: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("JAX", r"(^|/)(xla_extension\.so|jaxlib/)", "jax", "python"),
     ("TensorRT", r"(^|/)libnvinfer\.so", "tensorrt", None),
     ("NVHPC OpenACC/OpenMP runtime", r"(^|/)libacc(host|device|devaux)\.so", "offload", None),
-    ("NVHPC compiler runtime", r"(^|/)lib(nvc|nvf|nvcpumath[-\w]*|nvhpcatm)\.so", None, "native"),
+    (NVHPC_RUNTIME, r"(^|/)lib(nvc|nvf|nvcpumath[-\w]*|nvhpcatm)\.so", None, "native"),
 )
 
 
@@ -126,7 +127,7 @@ def gather(con: duckdb.DuckDBPyConnection) -> Facts:
                             "AND stacks >= $min", MODULES, {"pid": pid, "min": MIN_MODULE_STACKS})
     threads = [t for (t,) in con.execute("SELECT DISTINCT name FROM threads WHERE pid = $pid AND name IS NOT NULL "
                                          "ORDER BY 1", {"pid": pid}).fetchall()]
-    clues = [*_host(process, command, threads), *_kernels(kernels), *_stdpar(con, kernels),
+    clues = [*_host(process, command, threads), *_kernels(kernels), *_stdpar(con, kernels, modules),
              *(Clue(f"NVTX ranges of {label}: {n:,}", NVTX_FRAMEWORKS.get(label), None,
                     NVTX_WEIGHT if label in NVTX_FRAMEWORKS else 0.0) for label, n in nvtx.items()),
              *(Clue(f"NVTX domain of {label}", fw, lang, NVTX_WEIGHT if fw or lang else 0.0)
@@ -194,7 +195,8 @@ def _only_language(framework: str | None) -> str | None:
     return {"cupy": "python", "numba": "python", "jax": "python", "julia": "julia"}.get(framework or "")
 
 
-def _stdpar(con: duckdb.DuckDBPyConnection, kernels: dict[str, tuple[int, float]]) -> list[Clue]:
+def _stdpar(con: duckdb.DuckDBPyConnection, kernels: dict[str, tuple[int, float]],
+            modules: set[tuple[str, str | None, str | None]]) -> list[Clue]:
     """nvc++ -stdpar runs the C++ parallel algorithms as CUB/Thrust kernels on data the program never copies
     itself: the heap is managed memory that migrates on demand. CUB/Thrust kernels count for stdpar, by their
     time, only beside that way of moving data (managed memory, no explicit host-device copy calls) or the NVHPC
@@ -202,8 +204,7 @@ def _stdpar(con: duckdb.DuckDBPyConnection, kernels: dict[str, tuple[int, float]
     if STDPAR_FAMILY not in kernels:
         return []
     managed, explicit = one_row(con.execute(sql_beside(__package__, "program_memory.sql")))
-    nvhpc = _matches(con, "SELECT DISTINCT module FROM host_modules", MODULES)
-    compiled_by_nvhpc = any(label == "NVHPC compiler runtime" for label, _, _ in nvhpc)
+    compiled_by_nvhpc = any(label == NVHPC_RUNTIME for label, _, _ in modules)
     if not (managed and not explicit) and not compiled_by_nvhpc:
         return []
     why = (f"managed memory ({managed:,} allocations or migrations) and no explicit host-device copy"
