@@ -90,9 +90,10 @@ def test_program_a_torch_profiler_trace_is_pytorch_whatever_its_process_is_named
     found = program.detect(model(process="pyper:trainer:0:0", threads=("python3.8",), kernels=(ATEN, "my_kernel"),
                                  durations=(10, 90), platform=KINETO))
     assert (found.kind, found.language) == ("pytorch", "python")
-    assert found.decided_by == "PyTorch weighs 1.10; language python weighs 1.50 against native 0.50"
-    native = program.detect(model(process="pyper:trainer:0:0", kernels=("my_kernel",)))
-    assert (native.kind, native.language) == ("cuda", "native")
+    assert found.decided_by == "PyTorch weighs 1.10; language python weighs 1.50"
+    assert "the process named itself (pyper:trainer:0:0): no evidence of its language" in found.evidence
+    native = program.detect(model(process="./trainer", kernels=(ATEN, "my_kernel"), durations=(10, 90)))
+    assert (native.kind, native.language) == ("cuda", "native")  # libtorch in a C++ program: CUDA C++ fixes
 
 
 def test_program_the_process_without_gpu_work_still_tells_its_language():

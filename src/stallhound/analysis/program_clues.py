@@ -80,7 +80,10 @@ NVTX_DOMAINS: tuple[tuple[str, str, str | None, str | None], ...] = (
 )
 
 PYTHON_PROCESS = re.compile(r"(^|/)(python[\d.]*|pytest|torchrun|accelerate|deepspeed|ipython|jupyter.*|uvicorn|"
-                            r"gunicorn|ray|vllm)( |$)", re.I)
+                            r"gunicorn|ray|vllm|pt_main_thread)( |$)", re.I)
+# A title a program gave its own process (setproctitle: 'VLLM::EngineCore', 'ray::Worker', 'pyper:trainer:0:0'):
+# interpreters do that, executables rarely, so such a name is no evidence of native code.
+RENAMED_PROCESS = re.compile(r"\w:")
 PYTHON_THREAD = re.compile(r"^(python[\d.]*|pt_main_thread)$")  # Python's main thread, or the one torch renames
 JULIA_PROCESS = re.compile(r"(^|/)julia( |$)", re.I)
 TRT_PROCESS = re.compile(r"(^|/)trtexec( |$)", re.I)
@@ -172,6 +175,8 @@ def _host(process: str | None, command: str | None, threads: list[str]) -> list[
         clues.append(Clue(f"the Julia runtime runs it ({program})", "julia", "julia", PROCESS_WEIGHT))
     elif TRT_PROCESS.search(names):
         clues.append(Clue(f"TensorRT's own tool runs it ({program})", "tensorrt", "native", PROCESS_WEIGHT))
+    elif program and RENAMED_PROCESS.search(program):
+        clues.append(Clue(f"the process named itself ({program}): no evidence of its language"))
     elif program:
         clues.append(Clue(f"the process is no interpreter ({program})", None, "native", NATIVE_PROCESS_WEIGHT))
     python_threads = [t for t in threads if PYTHON_THREAD.search(t)]
