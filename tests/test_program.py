@@ -94,6 +94,8 @@ def test_program_a_torch_profiler_trace_is_pytorch_whatever_its_process_is_named
     assert "the process named itself (pyper:trainer:0:0): no evidence of its language" in found.evidence
     native = program.detect(model(process="./trainer", kernels=(ATEN, "my_kernel"), durations=(10, 90)))
     assert (native.kind, native.language) == ("cuda", "native")  # libtorch in a C++ program: CUDA C++ fixes
+    windows = program.detect(model(process="C:\\bench\\ParallelKernelsTest.exe"))
+    assert (windows.kind, windows.language) == ("cuda", "native")
 
 
 def test_program_the_process_without_gpu_work_still_tells_its_language():

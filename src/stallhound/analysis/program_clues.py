@@ -82,8 +82,8 @@ NVTX_DOMAINS: tuple[tuple[str, str, str | None, str | None], ...] = (
 PYTHON_PROCESS = re.compile(r"(^|/)(python[\d.]*|pytest|torchrun|accelerate|deepspeed|ipython|jupyter.*|uvicorn|"
                             r"gunicorn|ray|vllm|pt_main_thread)( |$)", re.I)
 # A title a program gave its own process (setproctitle: 'VLLM::EngineCore', 'ray::Worker', 'pyper:trainer:0:0'):
-# interpreters do that, executables rarely, so such a name is no evidence of native code.
-RENAMED_PROCESS = re.compile(r"\w:")
+# interpreters do that, executables rarely, so such a name is no evidence of native code (a drive letter is no title).
+RENAMED_PROCESS = re.compile(r"\w:(?![\\/])")
 PYTHON_THREAD = re.compile(r"^(python[\d.]*|pt_main_thread)$")  # Python's main thread, or the one torch renames
 JULIA_PROCESS = re.compile(r"(^|/)julia( |$)", re.I)
 TRT_PROCESS = re.compile(r"(^|/)trtexec( |$)", re.I)
