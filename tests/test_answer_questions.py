@@ -4,8 +4,10 @@ and the answers it derives from triage's work equal what the tools themselves re
 from __future__ import annotations
 
 import pytest
+from fixture_guard import FIXTURES_ROOT
 
-from stallhound.analysis import common
+from stallhound.analysis import common, program
+from stallhound.formats import open_profile
 from stallhound.tools import (
     answer_questions,
     gpu_idle_gaps,
@@ -121,3 +123,21 @@ def test_answer_questions_q18_and_the_readback_finding_count_the_same_small_read
     assert figures["readback_calls"] == calls and figures["readback_idle_ns"] == sum(f.time_at_stake_ns for f in reads)
     assert 0 < calls <= figures["small_d2h_blocking"] <= figures["small_d2h"]
     assert f"after {calls:,} of those reads" in answer.value
+
+
+@pytest.mark.parametrize("name", ["hta_sampled_rank0", "hta_a100_nccl_rank0"])
+def test_answer_questions_gc_question_agrees_with_the_program_kind_on_torch_profiler_traces(cache_root, name):
+    """q26 said 'not a Python program (cuda)' for hta_sampled, a PyTorch trace whose process is 'pyper:trainer'."""
+    profile = open_profile(FIXTURES_ROOT / "kineto" / f"{name}.json.gz", cache_dir=cache_root)
+    try:
+        answer = _answers(profile.con, name)["q26-gc-pauses"]
+        kind = program.detect(profile.con)
+    finally:
+        profile.close()
+    assert (kind.kind, kind.language) == ("pytorch", "python")
+    assert answer.status == "answered" and not answer.value.startswith("not a Python program"), answer.value
+
+
+def test_answer_questions_gc_question_on_a_native_program_names_its_kind_and_language(open_fixture):
+    answer = _answers(open_fixture("clue_t4_report4").con, "clue")["q26-gc-pauses"]
+    assert answer.value == "not a Python program (cuda, native host code): no Python collector"

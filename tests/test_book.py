@@ -8,6 +8,7 @@ from importlib.resources import files
 import pytest
 
 from stallhound import book
+from stallhound.analysis import program
 from stallhound.model.errors import StallhoundError
 from stallhound.tools import JOB_TOOL_NAMES, TOOL_NAMES
 
@@ -146,9 +147,16 @@ def test_book_questions_for_unknown_phase_names_valid_phases():
 # Fix families tried per program kind, most specific first, as triage tries them (analysis/program.py FIX_CHAINS).
 CHAINS = {
     "pytorch": ("pytorch", "python", "generic"),
+    "jax": ("python", "generic"),
+    "cupy": ("python", "generic"),
+    "numba": ("python", "generic"),
+    "cudf": ("python", "generic"),
     "python": ("python", "generic"),
-    "cuda": ("cuda", "generic"),
+    "tensorrt": ("generic",),
+    "julia": ("julia", "generic"),
+    "stdpar": ("stdpar", "cuda", "generic"),
     "offload": ("offload", "generic"),
+    "cuda": ("cuda", "generic"),
     "unknown": ("generic",),
 }
 # The `when` tags the detectors put on their findings, per root cause; a fix for any other tag is never shown.
@@ -174,12 +182,25 @@ FAMILY_API = re.compile(r"\bcuda[A-Z]\w*|\bcu[A-Z][a-z]\w*|\bcublas\w*|\bcudnn[A
                         r"\bnvcc\b|#pragma|\$acc|-gpu=|-Minfo|<<<")
 CUDA_VOCABULARY = re.compile(r"\bcuda[A-Z]\w*|\bcu[A-Z][a-z]\w*|\bcublas|\bcuBLAS|\bCUDA_[A-Z_]+|\bcuDNN|\bcudnn|"
                              r"\bnccl[A-Z]|\bNVRTC|\bnvcc\b|\bncu\b|CUDA graph|\bCUB\b|cub::|NVTX|__\w+|<cuda|\bMPI_")
+STDPAR_VOCABULARY = re.compile(r"std::|par_unseq|-stdpar|nvc\+\+|parallel.algorithm")
+JULIA_VOCABULARY = re.compile(r"CUDA\.|CuArray|@cuda|@\.|\bJulia\b|\bjulia\b|NVTX\.|MPI\.")
 OFFLOAD_VOCABULARY = re.compile(r"OpenACC|OpenMP|#pragma (acc|omp)|\basync\b|\bnowait\b|\b(target )?data\b|\bpresent\b|"
                                 r"-gpu=|-Minfo|\bcollapse\b|\bupdate\b|\bacc_\w+")
 # Entries for every program that rely on the generic fix for a native family, and why that is enough.
 NO_OWN_FIX = {
     ("nccl-straggler", "cuda"): "what makes one rank late shows in its own profile; the generic steps say where",
     ("nccl-straggler", "offload"): "what makes one rank late shows in its own profile; the generic steps say where",
+    ("nccl-straggler", "stdpar"): "what makes one rank late shows in its own profile; the generic steps say where",
+    ("nccl-straggler", "julia"): "what makes one rank late shows in its own profile; the generic steps say where",
+    ("compute-communication-imbalance", "stdpar"): "balancing a partition does not depend on how kernels are written",
+    ("compute-communication-imbalance", "julia"): "balancing a partition does not depend on how kernels are written",
+    ("nccl-serialization", "stdpar"): "NCCL calls in stdpar code are CUDA code on a stream: the CUDA fix holds",
+    ("nccl-on-compute-stream", "stdpar"): "NCCL calls in stdpar code are CUDA code on a stream: the CUDA fix holds",
+    ("nccl-serialization", "julia"): "CUDA.jl programs reach NCCL through its own bindings; the generic fix holds",
+    ("nccl-on-compute-stream", "julia"): "CUDA.jl programs reach NCCL through its own bindings; the generic fix holds",
+    ("fp32-gemm-no-tensor-cores", "stdpar"): "GEMM kernels in stdpar code are cuBLAS calls: the CUDA fix holds",
+    ("unfused-attention", "stdpar"): "parallel algorithms do not implement attention; the CUDA fused-kernel fix holds",
+    ("unfused-attention", "julia"): "attention in CUDA.jl comes from a library; the generic fused-kernel fix holds",
     ("compute-communication-imbalance", "offload"): "balancing a partition does not depend on how kernels are written",
     ("nccl-serialization", "offload"): "directive codes reach NCCL through a queue's stream: nccl-on-compute-stream",
     ("unfused-attention", "offload"): "directive codes do not implement attention; the generic fused-kernel fix holds",
@@ -205,7 +226,7 @@ def test_book_fix_outside_pytorch_uses_no_pytorch_vocabulary(entry, fix):
     assert not PYTORCH_WORDS.search(fix.text), fix.text
 
 
-@_by_fix(lambda family: family in ("cuda", "offload", "generic"))
+@_by_fix(lambda family: family in ("cuda", "offload", "stdpar", "julia", "generic"))
 def test_book_fix_outside_python_uses_no_python_vocabulary(entry, fix):
     assert not PYTHON_WORDS.search(fix.text), fix.text
 
@@ -225,6 +246,29 @@ def test_book_offload_fix_speaks_directives(entry, fix):
     assert OFFLOAD_VOCABULARY.search(fix.text), fix.text
 
 
+@_by_fix(lambda family: family == "stdpar")
+def test_book_stdpar_fix_speaks_parallel_algorithms(entry, fix):
+    assert STDPAR_VOCABULARY.search(fix.text), fix.text
+
+
+@_by_fix(lambda family: family == "julia")
+def test_book_julia_fix_speaks_cuda_jl(entry, fix):
+    assert JULIA_VOCABULARY.search(fix.text), fix.text
+
+
+EXPLICIT_CUDA_DATA = re.compile(r"cudaMallocHost|cudaMemcpyAsync|cudaStream|cudaGraph|cudaMallocAsync")
+
+
+@_by_id(ENTRIES)
+def test_book_stdpar_programs_are_never_told_to_manage_data_explicitly(item):
+    """Under -stdpar the heap is managed memory that the runtime moves: a fix that allocates pinned buffers,
+    copies on streams or builds CUDA graphs asks for code the program does not have. The CUDA fixes it falls back
+    to (NCCL entries) are exempt: NCCL calls are stream code in any program."""
+    for kind, tags, fix in _shown(item):
+        if kind == "stdpar" and (item.id, "stdpar") not in NO_OWN_FIX:
+            assert not EXPLICIT_CUDA_DATA.search(fix.text), (tags, fix.family, fix.text)
+
+
 @_by_id(ENTRIES)
 def test_book_when_tags_are_ones_the_detectors_emit(item):
     used = {f.when for f in item.fixes if f.when}
@@ -237,7 +281,7 @@ def test_book_every_program_is_shown_a_fix_of_its_own_chain_in_its_own_words(ite
         assert fix.family in CHAINS[kind], (kind, tags, fix.family)
         if kind != "pytorch":
             assert not PYTORCH_WORDS.search(fix.text), (kind, tags, fix.text)
-        if kind not in ("pytorch", "python"):
+        if "python" not in CHAINS[kind]:
             assert not PYTHON_WORDS.search(fix.text), (kind, tags, fix.text)
 
 
@@ -265,7 +309,7 @@ def test_book_entry_for_some_families_has_no_generic_fix(item):
 @_by_id([e for e in ENTRIES if "generic" in e.applies_to])
 def test_book_entry_for_every_program_has_native_fixes_or_says_why_not(item):
     families = {f.family for f in item.fixes}
-    for family in ("pytorch", "cuda", "offload"):
+    for family in ("pytorch", "cuda", "offload", "stdpar", "julia"):
         assert (family in families) != ((item.id, family) in NO_OWN_FIX), (item.id, family)
 
 
@@ -273,6 +317,20 @@ def test_book_entry_for_every_program_has_native_fixes_or_says_why_not(item):
 def test_book_title_and_symptom_of_an_entry_for_every_program_are_framework_neutral(item):
     for text in (item.title, item.symptom):
         assert not PYTORCH_WORDS.search(text) and not PYTHON_WORDS.search(text), text
+
+
+def test_book_chains_are_the_programs_chains():
+    assert CHAINS == program.FIX_CHAINS
+
+
+def test_book_stdpar_program_is_not_told_to_pin_buffers_or_stream_copies():
+    """The CUDA fix (cudaMallocHost, cudaMemcpyAsync) is impossible advice for C++ parallel algorithms on managed
+    memory; each tag of the entry gets the stdpar variant."""
+    entry = book.get_entry("pageable-host-memory")
+    for tags in ((), ("async-blocking",), ("large-single",)):
+        fix = entry.fix_for(CHAINS["stdpar"], tags)
+        assert fix.family == "stdpar" and "cudaMallocHost" not in fix.text and fix.when == (tags[0] if tags else None)
+    assert "cudaMallocHost" in entry.fix_for(CHAINS["cuda"]).text
 
 
 def test_book_alloc_in_loop_fits_each_family():

@@ -16,6 +16,7 @@ import pytest
 from conftest import FIXTURE_FILES, FIXTURE_IDS, FIXTURES
 from modeldb import make_model
 
+from stallhound.analysis import program
 from stallhound.analysis.common import records
 from stallhound.analysis.intervals import BUSY, GPU_WORK
 from stallhound.formats import open_profile
@@ -326,6 +327,27 @@ def test_profiles_uvm_faults_and_old_gpu_table(tmp_path):
     profile.close()
 
 
+def test_profiles_openacc_and_library_calls_become_library_api_rows(tmp_path):
+    """Columns as nsys writes them (the OpenACC tables' extra columns left out); an OpenACC-traced run of an OpenACC
+    program is an offload program even when no kernel name says so."""
+    acc = "start INTEGER, end INTEGER, eventKind INTEGER, globalTid INTEGER, nameId INTEGER, lineNo INTEGER"
+    path = _export(tmp_path / "acc.sqlite", {
+        "CUPTI_ACTIVITY_KIND_OPENACC_LAUNCH": (acc, [(100, 130, 11, GPID + 4301, 1, 42)]),
+        "CUPTI_ACTIVITY_KIND_OPENACC_DATA": (acc, [(90, 95, 8, GPID + 4301, 2, 40)]),
+        "CUBLAS_EVENTS": ("start INTEGER, end INTEGER, eventClass INTEGER, globalTid INTEGER, nameId INTEGER",
+                          [(200, 260, 1, GPID + 4300, 3)]),
+        "CUPTI_ACTIVITY_KIND_RUNTIME": (RUNTIME, [(100, 110, 1, GPID + 4300, 7, 4, 0, None)]),
+    }, strings=[(1, "acc_enqueue_launch"), (2, "acc_enqueue_upload"), (3, "cublasSgemm_v2"), (4, "cuLaunchKernel")])
+    profile = open_profile(path, cache_dir=tmp_path / "cache")
+    con = profile.con
+    assert con.execute("SELECT * FROM library_api ORDER BY start_ns").fetchall() == [
+        (4300, 4301, "openacc", "acc_enqueue_upload", 90, 95, 5),
+        (4300, 4301, "openacc", "acc_enqueue_launch", 100, 130, 30),
+        (4300, 4300, "cublas", "cublasSgemm_v2", 200, 260, 60)]
+    assert program.detect(con).kind == "offload"
+    profile.close()
+
+
 @pytest.mark.parametrize("make, error, words", [
     (lambda d: d / "missing.sqlite", ProfileNotFound, "does not exist"),
     (lambda d: d, NotAProfile, "is a directory"),
@@ -428,3 +450,20 @@ def test_profiles_cli_output_cut_short_by_the_reader_ends_quietly():
     proc.stdout.close()  # before the CLI has started to write
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in stderr, stderr
+
+
+def test_profiles_host_modules_count_the_call_stacks_through_each_module(open_fixture):
+    """pipit has all three kinds of call stacks: CPU samples, OS runtime calls and CUDA API calls."""
+    con = open_fixture("pipit_saxpy_mpi_a100").con
+    with _raw("pipit_saxpy_mpi_a100") as raw:
+        expected = raw.execute("""
+            SELECT pid, s.value, count(*) FROM (
+              SELECT DISTINCT (e.globalTid >> 24) & 16777215 AS pid, 'cpu', c.id, c.module FROM SAMPLING_CALLCHAINS c
+                JOIN COMPOSITE_EVENTS e ON e.id = c.id
+              UNION ALL SELECT DISTINCT (o.globalTid >> 24) & 16777215, 'osrt', c.id, c.module FROM OSRT_CALLCHAINS c
+                JOIN OSRT_API o ON o.callchainId = c.id
+              UNION ALL SELECT DISTINCT (o.globalTid >> 24) & 16777215, 'cuda', c.id, c.module FROM CUDA_CALLCHAINS c
+                JOIN CUPTI_ACTIVITY_KIND_RUNTIME o ON o.callchainId = c.id) x
+            JOIN StringIds s ON s.id = x.module GROUP BY 1, 2 ORDER BY 1, 2""").fetchall()
+    assert con.execute("SELECT pid, module, stacks FROM host_modules ORDER BY 1, 2").fetchall() == expected
+    assert len(expected) == 19 and any("saxpy-mpi-cuda" in m for _, m, _ in expected)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from stallhound.model.errors import BookError, UnknownEntry, UnknownPhase
 
-Family = Literal["pytorch", "python", "cuda", "offload", "generic"]
+Family = Literal["pytorch", "python", "cuda", "offload", "stdpar", "julia", "generic"]
 Phase = Literal["orientation", "gpu-utilization", "kernels", "memory", "communication", "system",
                 "hypothesis", "verification", "meta"]
 PHASES: tuple[str, ...] = get_args(Phase)

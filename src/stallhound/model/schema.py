@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 11  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 12  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -229,6 +229,22 @@ TABLES: tuple[Table, ...] = (
         ("end_ns", "BIGINT", "gpu: end of the fault group; NULL for cpu faults"),
         ("address", "BIGINT", "virtual address of the faulting page"),
         ("faults", "BIGINT", "page faults in this row (gpu rows group faults on one page; cpu rows are one)"),
+    )),
+    Table("host_modules", "Host libraries and executables the processes ran, from the call stacks nsys recorded: "
+                          "CPU samples (SAMPLING_CALLCHAINS, captured with -s cpu) and OS runtime and CUDA API calls "
+                          "traced with backtraces (OSRT_CALLCHAINS, CUDA_CALLCHAINS). A module shows what code a "
+                          "process loaded and used, e.g. libpython3.12.so, libjulia.so, libcudf.so.", (
+        ("pid", "BIGINT", "process whose call stacks pass through it"),
+        ("module", "VARCHAR", "module path as nsys recorded it (or its marks such as [Unknown])"),
+        ("stacks", "BIGINT", "call stacks of that process (samples and traced calls) with a frame in it"),
+    )),
+    Table("library_api", "Calls into GPU libraries and directive runtimes that nsys traces apart from the CUDA API: "
+                         "openacc (CUPTI_ACTIVITY_KIND_OPENACC_DATA/LAUNCH/OTHER, --trace=openacc), cublas "
+                         "(CUBLAS_EVENTS, --trace=cublas), cudnn (CUDNN_EVENTS, --trace=cudnn).", (
+        ("pid", "BIGINT", ""), ("tid", "BIGINT", ""),
+        ("library", "VARCHAR", "openacc | cublas | cudnn"),
+        ("name", "VARCHAR", "the call or event, e.g. cublasSgemm_v2, acc_enqueue_launch"),
+        ("start_ns", "BIGINT", ""), ("end_ns", "BIGINT", ""), ("duration_ns", "BIGINT", ""),
     )),
     Table("diagnostics", "Messages nsys recorded about the capture itself (DIAGNOSTIC_EVENT), e.g. 'CUDA profiling "
                          "might have not been started correctly'; severity and source decoded by the export's "

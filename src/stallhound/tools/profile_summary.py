@@ -29,7 +29,8 @@ from pydantic import BaseModel, Field
 
 from stallhound.analysis import program, rules, trace_quality
 from stallhound.analysis.common import Output, ProfileParams, Window, fetch_capped, ms, pct
-from stallhound.analysis.program import KERNEL_FAMILIES, Program
+from stallhound.analysis.program import Program
+from stallhound.analysis.program_clues import KERNEL_FAMILIES
 from stallhound.analysis.rules import Missing
 from stallhound.formats.derive import LOAD_SOURCE
 from stallhound.formats.registry import by_platform

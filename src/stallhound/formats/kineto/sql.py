@@ -85,5 +85,5 @@ FROM r JOIN depth d USING (rid)"""
 MAPPING: tuple[tuple[str, str | None], ...] = (
     ("cuda_api", CUDA_API), ("kernels", KERNELS), ("memcpy", MEMCPY), ("memset", MEMSET), ("nvtx", NVTX),
     ("sync", None), ("graph_exec", None), ("os_runtime", None), ("cpu_samples", None), ("sched", None),
-    ("memory_usage", None), ("uvm_faults", None),
+    ("memory_usage", None), ("uvm_faults", None), ("host_modules", None), ("library_api", None),
 )

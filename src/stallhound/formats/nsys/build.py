@@ -17,7 +17,7 @@ import duckdb
 
 from stallhound.formats.build_steps import NO_PROGRESS_BAR, Progress, insert_rows
 from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL, NCCL_COLLECTIVES, WINDOW_SQL
-from stallhound.formats.nsys import checks
+from stallhound.formats.nsys import checks, libraries
 from stallhound.formats.nsys import nvtx as nvtx_build
 from stallhound.formats.nsys.activity_join import PID_SQL, TID_SQL, ActivityJoins
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range
@@ -56,8 +56,8 @@ def _direction(name: str) -> str:
 
 # The steps of an export's build as progress reports them; host and GPU tables build side by side, so the middle
 # steps report in either order.
-STEPS = ("strings and enums", "NVTX ranges", "OS runtime, CPU samples, scheduling", "CUDA API calls", "kernels",
-         "memcpy, memset, sync", "CUDA graphs, device memory, UVM faults", "NVTX nesting",
+STEPS = ("strings and enums", "NVTX ranges", "OS runtime, CPU samples, scheduling, libraries", "CUDA API calls",
+         "kernels", "memcpy, memset, sync", "CUDA graphs, device memory, UVM faults", "NVTX nesting",
          "devices, metadata, capabilities", "writing the model")
 
 
@@ -300,10 +300,12 @@ class Builder(ActivityJoins):
         nvtx_build.stage(self, cur)
         self.step("NVTX nesting")
         nvtx_build.write(self, cur)
-        self.step("OS runtime, CPU samples, scheduling")
+        self.step("OS runtime, CPU samples, scheduling, libraries")
         self.os_runtime(cur)
         self.cpu_samples(cur)
         self.sched(cur)
+        libraries.host_modules(self, cur)
+        libraries.library_api(self, cur)
 
     def gpu_side(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.step("CUDA API calls")

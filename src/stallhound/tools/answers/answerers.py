@@ -266,8 +266,13 @@ def _hot_thread(e: Evidence) -> Answer:
 
 
 def _gc(e: Evidence) -> Answer:
-    if "python" not in e.triage.program.fix_chain:
-        return f"not a Python program ({e.triage.program.kind}): no Python collector", {}
+    p = e.triage.program
+    if p.language == "unknown":
+        return None  # nothing says which language drives the GPU
+    if p.language != "python":
+        return f"not a Python program ({p.kind}, {p.language} host code): no Python collector", {}
+    if "python" not in p.fix_chain:
+        return f"a Python program whose GPU work is {p.kind}'s: its collector pauses are not looked for", {}
     found = e.finding("gc-pauses")
     if found:
         return f"likely: {found[0].title}", {"gc_like_ns": sum(f.time_at_stake_ns for f in found)}
