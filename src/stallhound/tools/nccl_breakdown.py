@@ -1,7 +1,8 @@
 """Where does each device's NCCL time go: hidden under compute, exposed, or waiting for a rank that arrives last?
 
-Time: NCCL kernels (kernels.category = 'nccl') of the devices in scope, clipped to the window (default:
-GPU-active). Rows per (collective type, stream) over those devices: count, total_ns (sum of clipped
+Time: communication kernels (kernels.category = 'nccl': NCCL's, and those of the other libraries of
+formats/comm_kernels.py, listed in `families`; "NCCL" below means all of them) of the devices in scope, clipped to
+the window (default: GPU-active). Rows per (collective type, stream) over those devices: count, total_ns (sum of clipped
 durations), mean_ns, window_pct = total_ns / (window x devices in scope). overlapped_ns = time of each
 NCCL kernel during which its device also ran a non-NCCL kernel (intersection with the union of the
 other kernels' intervals on that device); overlapped_pct = overlapped_ns / total_ns; exposed_ns =
@@ -49,7 +50,7 @@ from __future__ import annotations
 import duckdb
 from pydantic import BaseModel, Field
 
-from stallhound.analysis import nccl_arrival, nccl_sizes, rules
+from stallhound.analysis import nccl_arrival, nccl_sizes, rules, shares
 from stallhound.analysis.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -136,6 +137,8 @@ class Result(Output):
     arrival: nccl_arrival.Arrival | None = Field(description="per-collective arrival across devices; null without NCCL")
     message_sizes: nccl_sizes.Sizes | None = Field(None, description="message sizes and algorithm bandwidth per "
                                                    "(collective, size, group), where recorded; null without NCCL")
+    families: list[shares.FamilyTime] = Field(default_factory=list, description=(
+        "libraries of the communication kernels counted here (NCCL, expert-parallel, custom all-reduce, ...)"))
     findings: list[Finding] = []
 
 
@@ -201,7 +204,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                                              exposed_ns=stream_exposed.get((r[0], r[1]), 0))
                                 for r in con.execute(SHARED_SQL, args).fetchall()],
         arrival=nccl_arrival.measure(con, args, scope, params.limit) if devices else None,
-        message_sizes=nccl_sizes.run(con, args, params.limit) if devices else None)
+        message_sizes=nccl_sizes.run(con, args, params.limit) if devices else None,
+        families=shares.families(con, args) if devices else [])
 
 
 def findings(result: Result) -> list[Finding]:
@@ -224,6 +228,11 @@ def findings(result: Result) -> list[Finding]:
 
 def _tags(d: DeviceNccl) -> list[str]:
     return [c.lower() for c in d.collectives if c != "other"]
+
+
+def label(result: Result) -> str:
+    """What the figures count: 'NCCL', or 'communication' when other libraries' kernels are among them."""
+    return "NCCL" if {f.family for f in result.families} <= {"NCCL"} else "communication"
 
 
 def _straggler(result: Result, arrival: nccl_arrival.Arrival) -> list[Finding]:
@@ -254,7 +263,7 @@ def _shared(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
     streams = ", ".join(str(s.stream) for s in shared)
     return Finding(
         root_cause="nccl-on-compute-stream", severity="medium",
-        title=f"device {d.device}: NCCL shares stream {streams} with "
+        title=f"device {d.device}: {label(result)} shares stream {streams} with "
               f"{sum(s.compute_kernels for s in shared):,} compute kernels, so they can only take turns; "
               f"{ms(stake)} exposed",
         evidence={"streams": streams, "nccl_kernels": sum(s.nccl_kernels for s in shared),
@@ -272,7 +281,7 @@ def _imbalance(result: Result, arrival: nccl_arrival.Arrival, d: DeviceNccl, wai
         return None
     return Finding(
         root_cause="compute-communication-imbalance", severity="medium",
-        title=f"device {d.device}: NCCL takes {d.window_pct:.1f}% of the window and ranks arrive "
+        title=f"device {d.device}: {label(result)} takes {d.window_pct:.1f}% of the window and ranks arrive "
               f"{ms(arrival.median_skew_ns)} apart (median) with no fixed late rank; {ms(stake)} waiting",
         evidence={"window_pct": d.window_pct, "nccl_ns": d.nccl_ns, "wait_ns": wait.wait_ns,
                   "median_skew_ns": arrival.median_skew_ns, "last_share_pct": wait.last_share_pct},
@@ -285,7 +294,8 @@ def _serialization(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
         return None
     return Finding(
         root_cause="nccl-serialization", severity="high" if exposed_pct >= NCCL_SHARE_PCT else "medium",
-        title=f"device {d.device}: only {d.overlapped_pct:.1f}% of NCCL time overlaps compute; {ms(pool)} exposed",
+        title=f"device {d.device}: only {d.overlapped_pct:.1f}% of {label(result)} time overlaps compute; "
+              f"{ms(pool)} exposed",
         evidence={"overlapped_pct": d.overlapped_pct, "exposed_ns": pool, "exposed_window_pct": exposed_pct},
         time_at_stake_ns=pool, device=d.device, tags=_tags(d))
 
@@ -293,19 +303,21 @@ def _serialization(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
 def render(result: Result) -> str:
     if not result.has_nccl:
         return f"No NCCL kernels on device(s) {result.scope.devices}: {result.note}"
-    lines = [f"NCCL: {result.nccl_count:,} kernels, {ms(result.nccl_ns)} ({result.window_pct:.1f}% of the window "
+    families = f" ({', '.join(f.family for f in result.families)})" if label(result) != "NCCL" else ""
+    lines = [f"{label(result)}{families}: {result.nccl_count:,} kernels, {ms(result.nccl_ns)} "
+             f"({result.window_pct:.1f}% of the window "
              f"per device); {result.overlapped_pct:.1f}% overlapped with compute, {ms(result.exposed_ns)} exposed"]
     lines.extend(f"  {r.collective:<14} stream {r.stream}: x{r.count:<6,} {ms(r.total_ns):>14} mean {ms(r.mean_ns)}, "
                  f"{r.window_pct:.1f}% of window, overlapped {r.overlapped_pct:.1f}%" for r in result.rows)
     if result.truncated:
         lines.extend(f"  {line}" for line in more_rows(result, result.total_rows - len(result.rows), "rows"))
-    lines.extend(f"  device {d.device}: {ms(d.nccl_ns)} NCCL ({d.window_pct:.1f}%), exposed {ms(d.exposed_ns)}"
-                 for d in result.devices)
+    lines.extend(f"  device {d.device}: {ms(d.nccl_ns)} {label(result)} ({d.window_pct:.1f}%), exposed "
+                 f"{ms(d.exposed_ns)}" for d in result.devices)
     a, sizes = result.arrival, result.message_sizes
     assert a is not None and sizes is not None  # both are measured whenever there is NCCL
     lines.extend(nccl_sizes.render(sizes))
-    lines.extend(f"shared stream: device {s.device} stream {s.stream} ({s.nccl_kernels} NCCL, {s.compute_kernels} "
-                 f"compute, {ms(s.exposed_ns)} NCCL exposed)" for s in result.nccl_on_compute_stream)
+    lines.extend(f"shared stream: device {s.device} stream {s.stream} ({s.nccl_kernels} {label(result)}, "
+                 f"{s.compute_kernels} compute, {ms(s.exposed_ns)} exposed)" for s in result.nccl_on_compute_stream)
     lines.append(f"arrival: {a.matched:,} collectives matched ({a.unmatched_kernels:,} kernels unmatched); skew median "
                  f"{ms(a.median_skew_ns)}, p90 {ms(a.p90_skew_ns)}; transfer median {ms(a.median_transfer_ns)}")
     lines.extend(f"  device {d.device}: last to {d.last_count} of {d.collectives} ({d.last_share_pct:.1f}%), "
