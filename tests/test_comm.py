@@ -1,9 +1,12 @@
-"""Communication beyond NCCL.
+"""Communication beyond NCCL, and the fix that follows the collective and the framework.
 
 formats/comm_kernels.py: the kernel families that move data between GPUs (NCCL, MSCCL, DeepEP-style expert
 parallel, NVSHMEM, custom all-reduce), on planted names (and the compute kernels no rule may catch), in a built
 Kineto trace, and on real traces: DeepEP's dispatch/combine of an expert-parallel run and PyTorch's multimem
 all-reduce of a TP8 vLLM run count as communication, checked against an independent reading of the JSON.
+analysis/comm_context.py: the collective pattern (kernel name, or the c10d `nccl:<op>` range around the launch), the
+frameworks seen and the variant that picks the book's fix, on planted models and real profiles (the 2-GPU FSDP run
+whose SendRecv kernels are all-to-alls, DDP, a hand-written all-reduce loop, TorchRec), with the fix triage shows.
 """
 
 from __future__ import annotations
@@ -11,25 +14,31 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sqlite3
 from contextlib import closing
 from decimal import Decimal
 from pathlib import Path
 
 import duckdb
 import pytest
-from modeldb import union_ns
+from conftest import FIXTURES
+from modeldb import make_model, union_ns
 from test_kineto import read_json, span, xs
 
-from stallhound.analysis import common, shares
+from stallhound.analysis import comm_context, common, shares
 from stallhound.analysis.contracts import run_skill
 from stallhound.analysis.kernel_kinds import kind_of
 from stallhound.formats import comm_kernels, open_profile
 from stallhound.formats.derive import KERNEL_CATEGORY_SQL
-from stallhound.tools import triage
+from stallhound.tools import nccl_breakdown, triage
 
 CORPUS = Path(os.environ.get("STALLHOUND_CORPUS", "/work/corpus-cache"))  # restored by corpus/restore.py
 DEEPEP = CORPUS / "deepseek_ep64_train_rank0.json"  # rank 0 of a 64-rank expert-parallel (DeepEP) training run
 VLLM_TP8 = CORPUS / "tl_b200_vllm_moe_tp8.json.gz"  # rank 0 of a TP8 vLLM MoE decode: multimem all-reduce
+DDP_MI300 = CORPUS / "tl_mi300_ddp_act_ckpt.json.gz"  # DDP on 8 MI300 (RCCL's ncclDevKernel_Generic)
+MANUAL_AR = CORPUS / "hta_ddp_v100_rank1.json.gz"  # 2,020 all_reduce calls and no DDP range: a hand-written loop
+TORCHREC = CORPUS / "hta_torchrec_a100_ws8_rank3.json.gz"  # TorchRec: KJT all-to-all as SendRecv kernels
+MFU = FIXTURES / "nsysai_mfu_2gpu_before.sqlite"
 
 
 def corpus(path: Path):
@@ -157,3 +166,124 @@ def test_comm_real_traces_count_other_families_as_communication(cache_root, path
         expected_all = union_ns([(max(a, s), min(b, e)) for a, b in ours + nccl if b > s and a < e])
         assert c.communication_pct == round(100 * expected_all / scope.duration_ns, 2) > 0
         assert family in c.communication_families and expected > 0
+
+
+# --- the pattern, the frameworks and the variant: planted ------------------------------------------------------------
+def _nccl(s: int, e: int, coll: str | None, family: str = "NCCL", device: int = 0) -> dict:
+    return {"device_id": device, "stream_id": 21, "pid": 1, "tid": 1, "start_ns": s, "end_ns": e,
+            "launch_start_ns": s - 5, "launch_end_ns": s - 2, "name": f"k_{coll}", "short_name": f"k_{coll}",
+            "category": "nccl", "nccl_collective": coll, "comm_family": family}
+
+
+def _range(s: int, e: int, text: str) -> dict:
+    return {"pid": 1, "tid": 1, "start_ns": s, "end_ns": e, "text": text}
+
+
+@pytest.mark.parametrize("family, collective, op, pattern", [
+    ("NCCL", "SendRecv", "all_to_all", comm_context.ALL_TO_ALL),  # NCCL's all-to-all runs as SendRecv
+    ("NCCL", "SendRecv", "send", comm_context.POINT_TO_POINT),
+    ("NCCL", "SendRecv", "batch_isend_irecv", comm_context.POINT_TO_POINT),
+    ("NCCL", "SendRecv", None, comm_context.SEND_RECV),  # no op recorded: either
+    ("NCCL", "SendRecv", "all_reduce", comm_context.SEND_RECV),  # an op that contradicts the kernel: the kernel
+    ("NCCL", "AllReduce", "all_reduce", comm_context.ALL_REDUCE),
+    ("NCCL", "AllGather", None, comm_context.SHARDED),
+    ("NCCL", None, "_reduce_scatter_base", comm_context.SHARDED),  # RCCL's Generic kernel: the op names it
+    ("NCCL", "Broadcast", "broadcast", comm_context.BROADCAST),
+    ("NCCL", None, None, comm_context.OTHER),
+    ("expert-parallel", "Dispatch", None, comm_context.ALL_TO_ALL),
+    ("expert-parallel", None, None, comm_context.ALL_TO_ALL),  # DeepEP's notify step
+    ("custom all-reduce", "AllReduce", None, comm_context.ALL_REDUCE),
+])
+def test_comm_pattern_of_a_kernel(family, collective, op, pattern):
+    assert comm_context.pattern_of(family, collective, op) == pattern
+
+
+@pytest.mark.parametrize("kernels, ranges, variant", [
+    ([_nccl(100, 200, "AllReduce")], [_range(90, 99, "nccl:all_reduce"), _range(0, 1000, "DistributedDataParallel"
+                                                                                  ".forward")], "ddp-allreduce"),
+    ([_nccl(100, 200, "AllReduce")], [_range(90, 99, "nccl:all_reduce")], "manual-allreduce"),
+    ([_nccl(100, 200, "AllReduce")], [], None),  # no range at all: nothing says who issues it
+    ([_nccl(100, 200, "AllGather")], [_range(0, 1000, "FSDP::pre_forward")], "fsdp"),
+    ([_nccl(100, 200, "ReduceScatter")], [_range(0, 1000, "DeepSpeedEngine.backward")], "zero"),
+    ([_nccl(100, 200, "SendRecv")], [_range(90, 99, "nccl:all_to_all, op_id = 7"),
+                                     _range(0, 1000, "FSDP::pre_forward")], "alltoall"),  # FSDP does not decide
+    ([_nccl(100, 200, "SendRecv")],
+     [_range(90, 99, "nccl:all_to_all"), _range(0, 1000, "## KJTAllToAllSplitsAwaitable wait() ##")],
+     "alltoall-embeddings"),
+    ([_nccl(100, 200, "Dispatch", "expert-parallel")], [], "alltoall-experts"),
+    ([_nccl(100, 200, "SendRecv")], [_range(90, 99, "nccl:send")], "pipeline-p2p"),
+    ([_nccl(100, 200, "AllReduce", "custom all-reduce")], [_range(0, 1000, "DistributedDataParallel.forward")],
+     "tp-allreduce"),
+    # most time decides: 300 ns of all-to-all over 100 ns of DDP all-reduce; unnamed kernels do not
+    ([_nccl(100, 200, "AllReduce"), _nccl(300, 600, "SendRecv"), _nccl(700, 1500, None)],
+     [_range(290, 299, "nccl:all_to_all"), _range(0, 2000, "DistributedDataParallel.forward")], "alltoall"),
+])
+def test_comm_variant_follows_collective_and_framework(kernels, ranges, variant):
+    con = make_model(kernels=kernels, nvtx=ranges)
+    ctx = comm_context.measure(con, {"start": 0, "end": 10_000, "devices": [0]})
+    assert comm_context.variant(ctx, 0) == variant
+    expected_tags = [] if variant is None else [variant] + (["alltoall"] if variant.startswith("alltoall-") else [])
+    assert comm_context.tags(ctx, 0) == expected_tags
+
+
+# --- the fix triage shows, on real profiles --------------------------------------------------------------------------
+def _comm_findings(path: Path, cache_root: Path) -> list:
+    with closing(open_profile(path, cache_dir=cache_root)) as profile:
+        result = run_skill(profile.con, triage, triage.Params(profile="p"))
+    return [f for f in result.findings if f.root_cause.startswith("nccl-")
+            or f.root_cause == "compute-communication-imbalance"]
+
+
+def test_comm_fsdp_run_sendrecv_kernels_are_all_to_all_and_get_the_all_to_all_fix(cache_root):
+    with closing(sqlite3.connect(f"file:{MFU}?mode=ro", uri=True)) as raw:
+        # SendRecv kernels whose launch call runs inside a `nccl:all_to_all` range of its own thread, per device
+        inside = dict(raw.execute("""SELECT k.deviceId, count(DISTINCT k.correlationId)
+            FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+            JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
+              AND (r.globalTid >> 24) = (k.globalPid >> 24)
+            JOIN NVTX_EVENTS n ON n.globalTid = r.globalTid AND n.start <= r.start AND n."end" >= r."end"
+              AND n.text LIKE 'nccl:all_to_all%'
+            WHERE s.value LIKE 'ncclDevKernel_SendRecv%' GROUP BY 1""").fetchall())
+        fsdp = raw.execute("SELECT count(*) FROM NVTX_EVENTS WHERE text LIKE 'FSDP::%'").fetchone()[0]
+    assert inside == {0: 32, 1: 32} and fsdp > 0  # of 33 per device: one launched before the cut
+    with closing(open_profile(MFU, cache_dir=cache_root)) as profile:
+        result = run_skill(profile.con, nccl_breakdown, nccl_breakdown.Params(profile="p"))
+    assert result.context is not None and result.context.frameworks == ["FSDP"]
+    assert [(d.device, d.pattern, d.ops) for d in result.context.devices] == [
+        (0, "all-to-all", ["all_to_all"]), (1, "all-to-all", ["all_to_all"])]
+    found = _comm_findings(MFU, cache_root)
+    assert [f.root_cause for f in found] == ["nccl-on-compute-stream"] * 2
+    for f in found:
+        assert f.tags == ["alltoall"] and "async_op=True" in f.fix
+        assert "DistributedDataParallel" not in f.fix and "FSDP" not in f.fix  # it runs FSDP; the collective is a2a
+
+
+@pytest.mark.parametrize("path, root, tags, words, absent", [
+    # DDP ranges (DistributedDataParallel.forward, the reducer's ops) and RCCL all-reduce kernels
+    (corpus(DDP_MI300).values[0], "nccl-serialization", ["ddp-allreduce"], "bucket_cap_mb", "all_to_all"),
+    # 2,020 all_reduce calls in 5 steps and no DDP range: a hand-written per-parameter all-reduce
+    (corpus(MANUAL_AR).values[0], "nccl-serialization", ["manual-allreduce"], "DistributedDataParallel(model)",
+     "bucket_cap_mb"),
+    # TorchRec: SendRecv kernels launched by all_to_all, FBGEMM embedding ops
+    (corpus(TORCHREC).values[0], "nccl-serialization", ["alltoall-embeddings", "alltoall"],
+     "TrainPipelineSparseDist", "bucket_cap_mb"),
+])
+def test_comm_fix_follows_collective_and_framework_on_real_traces(cache_root, path, root, tags, words, absent):
+    if not path.exists():
+        pytest.skip(f"{path.name} is not restored (corpus/restore.py)")
+    found = [f for f in _comm_findings(path, cache_root) if f.root_cause == root]
+    assert found and all(f.tags == tags and words in f.fix and absent not in f.fix for f in found)
+
+
+def test_comm_evidence_of_the_real_traces_is_what_the_variants_say():
+    """An independent reading of each trace's JSON: the evidence the variants above rest on."""
+    def names(path: Path) -> list[str]:
+        return [e.get("name", "") for e in _json(path)["traceEvents"]]
+    for path in (DDP_MI300, MANUAL_AR, TORCHREC):
+        if not path.exists():
+            pytest.skip(f"{path.name} is not restored (corpus/restore.py)")
+    ddp, manual, rec = names(DDP_MI300), names(MANUAL_AR), names(TORCHREC)
+    assert "DistributedDataParallel.forward" in ddp and ddp.count("nccl:all_reduce") > 0
+    assert manual.count("nccl:all_reduce") == 2_020 and not any("DistributedDataParallel" in n or "reducer" in n
+                                                                for n in manual)
+    assert rec.count("nccl:all_to_all") == 42 and any(n.startswith("fbgemm::split_embedding") for n in rec)
