@@ -7,6 +7,7 @@ all-reduce of a TP8 vLLM run count as communication, checked against an independ
 analysis/comm_context.py: the collective pattern (kernel name, or the c10d `nccl:<op>` range around the launch), the
 frameworks seen and the variant that picks the book's fix, on planted models and real profiles (the 2-GPU FSDP run
 whose SendRecv kernels are all-to-alls, DDP, a hand-written all-reduce loop, TorchRec), with the fix triage shows.
+Question 2 says how many GPUs the profile traced of how large a job (torch.profiler's distributedInfo).
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ import duckdb
 import pytest
 from conftest import FIXTURES
 from modeldb import make_model, union_ns
-from test_kineto import read_json, span, xs
+from test_kineto import KINETO, read_json, span, xs
 
 from stallhound.analysis import comm_context, common, shares
 from stallhound.analysis.contracts import run_skill
 from stallhound.analysis.kernel_kinds import kind_of
 from stallhound.formats import comm_kernels, open_profile
 from stallhound.formats.derive import KERNEL_CATEGORY_SQL
-from stallhound.tools import nccl_breakdown, triage
+from stallhound.tools import answer_questions, nccl_breakdown, profile_summary, triage
 
 CORPUS = Path(os.environ.get("STALLHOUND_CORPUS", "/work/corpus-cache"))  # restored by corpus/restore.py
 DEEPEP = CORPUS / "deepseek_ep64_train_rank0.json"  # rank 0 of a 64-rank expert-parallel (DeepEP) training run
@@ -168,6 +169,18 @@ def test_comm_real_traces_count_other_families_as_communication(cache_root, path
         assert family in c.communication_families and expected > 0
 
 
+def test_comm_deepep_run_is_one_gpu_of_a_64_rank_expert_parallel_job(cache_root):
+    if not DEEPEP.exists():
+        pytest.skip(f"{DEEPEP.name} is not restored (corpus/restore.py)")
+    info = _json(DEEPEP)["distributedInfo"]
+    with closing(open_profile(DEEPEP, cache_dir=cache_root)) as profile:
+        answer = answer_questions.run(profile.con, answer_questions.Params(profile="p")).answers
+    q02 = next(a for a in answer if a.id == "q02-gpu-count-parallelism")
+    assert info["world_size"] == 64 and "single" not in q02.value
+    assert q02.value.startswith("1 GPU(s) traced of a job of 64 rank(s) (rank 0, from distributedInfo")
+    assert "expert parallel" in q02.value and q02.evidence["world_size"] == 64
+
+
 # --- the pattern, the frameworks and the variant: planted ------------------------------------------------------------
 def _nccl(s: int, e: int, coll: str | None, family: str = "NCCL", device: int = 0) -> dict:
     return {"device_id": device, "stream_id": 21, "pid": 1, "tid": 1, "start_ns": s, "end_ns": e,
@@ -287,3 +300,36 @@ def test_comm_evidence_of_the_real_traces_is_what_the_variants_say():
     assert manual.count("nccl:all_reduce") == 2_020 and not any("DistributedDataParallel" in n or "reducer" in n
                                                                 for n in manual)
     assert rec.count("nccl:all_to_all") == 42 and any(n.startswith("fbgemm::split_embedding") for n in rec)
+
+
+# --- question 2: the GPUs traced and the job --------------------------------------------------------------------
+@pytest.mark.parametrize("path", [pytest.param(KINETO / f"{n}.json.gz", id=n)
+                                  for n in ("hta_sampled_rank0", "hta_a100_nccl_rank0")])
+def test_comm_question_2_says_one_gpu_of_the_job(cache_root, path):
+    info = read_json(path)["distributedInfo"]
+    with closing(open_profile(path, cache_dir=cache_root)) as profile:
+        answers = {a.id: a for a in answer_questions.run(profile.con, answer_questions.Params(profile="p")).answers}
+    q02 = answers["q02-gpu-count-parallelism"]
+    assert q02.value.startswith(f"1 GPU(s) traced of a job of {info['world_size']} rank(s) (rank {info['rank']}, "
+                                "from distributedInfo, backend nccl")
+    assert "single-GPU" not in q02.value and q02.evidence["world_size"] == info["world_size"]
+    groups = [g["pg_size"] for g in info.get("pg_config", [])]
+    assert (f"process groups of {', '.join(map(str, sorted(set(groups), reverse=True)))} ranks" in q02.value) == bool(
+        groups)
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in sorted(KINETO.glob("*.json.gz"))])
+def test_comm_distributed_info_lands_in_meta_and_the_summary(cache_root, path):
+    info = read_json(path).get("distributedInfo", {})
+    groups = [g["pg_size"] for g in info.get("pg_config", [])] or None
+    with closing(open_profile(path, cache_dir=cache_root)) as profile:
+        meta = profile.con.execute("SELECT rank, world_size, comm_backend, process_group_sizes FROM meta").fetchone()
+        summary = run_skill(profile.con, profile_summary, profile_summary.Params(profile="p")).distributed
+    assert meta == (info.get("rank"), info.get("world_size"), info.get("backend"), groups)
+    assert summary is not None and (summary.rank, summary.world_size, summary.backend, summary.process_group_sizes,
+                                    summary.source) == (*meta[:3], groups or [], "distributedInfo")
+
+
+def test_comm_nsys_export_records_no_job():
+    con = make_model(kernels=[_nccl(100, 200, "AllReduce")])
+    assert profile_summary.run(con, profile_summary.Params(profile="t")).distributed is None

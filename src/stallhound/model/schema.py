@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 11  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 12  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ TABLES: tuple[Table, ...] = (
         ("world_size", "INTEGER", "ranks in that job; NULL when not recorded"),
         ("rank_source", "VARCHAR", "where rank and world_size come from: 'distributedInfo' (a torch.profiler "
                                    "trace's own block); NULL when unknown (nsys exports record no rank)"),
+        ("comm_backend", "VARCHAR", "torch.distributed backend of the job (distributedInfo.backend: nccl, gloo, ...); "
+                                    "NULL when not recorded"),
+        ("process_group_sizes", "INTEGER[]", "ranks in each of the job's process groups (distributedInfo.pg_config, "
+                                             "in its order); NULL when not recorded"),
     )),
     Table("capabilities", "Which data this profile has; for what it lacks, the capture option that records it.", (
         ("data", "VARCHAR", "kernels, memcpy, memset, cuda_api, sync, nvtx, os_runtime, cpu_samples, "
