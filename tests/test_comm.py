@@ -32,6 +32,7 @@ from stallhound.analysis.kernel_kinds import kind_of
 from stallhound.formats import comm_kernels, open_profile
 from stallhound.formats.derive import KERNEL_CATEGORY_SQL
 from stallhound.tools import answer_questions, nccl_breakdown, profile_summary, triage
+from stallhound.tools.answers import parallelism
 
 CORPUS = Path(os.environ.get("STALLHOUND_CORPUS", "/work/corpus-cache"))  # restored by corpus/restore.py
 DEEPEP = CORPUS / "deepseek_ep64_train_rank0.json"  # rank 0 of a 64-rank expert-parallel (DeepEP) training run
@@ -333,3 +334,8 @@ def test_comm_distributed_info_lands_in_meta_and_the_summary(cache_root, path):
 def test_comm_nsys_export_records_no_job():
     con = make_model(kernels=[_nccl(100, 200, "AllReduce")])
     assert profile_summary.run(con, profile_summary.Params(profile="t")).distributed is None
+
+
+def test_comm_question_2_has_a_hint_for_every_pattern():
+    assert set(parallelism.BY_PATTERN) == set(comm_context.PATTERNS)
+    assert set(parallelism.BY_FAMILY) <= {f.name for f in comm_kernels.FAMILIES}
