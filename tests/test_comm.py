@@ -339,3 +339,14 @@ def test_comm_nsys_export_records_no_job():
 def test_comm_question_2_has_a_hint_for_every_pattern():
     assert set(parallelism.BY_PATTERN) == set(comm_context.PATTERNS)
     assert set(parallelism.BY_FAMILY) <= {f.name for f in comm_kernels.FAMILIES}
+
+
+@pytest.mark.parametrize("devices, measured", [((0,), False), ((0, 1), True)])
+def test_comm_serialization_says_when_one_device_cannot_measure_waiting(devices, measured):
+    # each device: 1 ms of exposed all-reduce in every 2 ms, both ending together (no wait between them)
+    kernels = [{**_nccl(i * 2_000_000, i * 2_000_000 + 1_000_000, "AllReduce", device=d), "stream_id": 21}
+               for i in range(12) for d in devices]
+    result = run_skill(make_model(kernels=kernels), nccl_breakdown, nccl_breakdown.Params(profile="t"))
+    found = [f for f in result.findings if f.root_cause == "nccl-serialization"]
+    assert len(found) == len(devices) and all(f.evidence["wait_measured"] == measured for f in found)
+    assert all((nccl_breakdown.ALONE in f.title) != measured for f in found)

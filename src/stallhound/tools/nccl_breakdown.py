@@ -85,8 +85,7 @@ COMPUTE_STREAM_MIN_PCT = 25.0
 BUCKET_NS = 1_000_000  # overlap join buckets: NCCL kernels span a few, most compute kernels fit in one
 
 
-ALONE = (" (one device in scope: time waiting for other ranks inside the kernels is counted here; trace every rank "
-         "and run rank_imbalance to separate it)")
+ALONE = " (one device in scope: this includes any wait for other ranks; compare every rank to separate it)"
 NO_NCCL = ("no NCCL kernels in this window (a single-GPU run, or communication not captured: trace every rank "
            "with {capture})")
 
