@@ -224,7 +224,7 @@ def render(result: Result) -> str:
     lines = [f"trace: {q}" for q in result.quality]
     lines += [f"{c.bound}: {c.reason}",
              f"  compute {c.compute_pct:.1f}%  transfer {c.transfer_pct:.1f}%  communication {c.communication_pct:.1f}%"
-             f"  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
+             f"{shares.families_note(c)}  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
              (f"window: {ms(result.window.duration_ns)} on device(s) {result.window.devices}, {result.window_note}"
               if result.window else f"window: none ({result.window_note})"),
              f"program: {p.kind} ({p.decided_by}); fixes for {p.fix_chain[0]}", ""]
@@ -249,7 +249,8 @@ def render_markdown(result: Result) -> str:
              f"Program: {result.program.kind}. Window: "
              f"{ms(result.window.duration_ns) + ', ' if result.window else ''}{result.window_note}.", "",
              "| share | % |", "|---|---|", f"| compute | {c.compute_pct:.1f} |", f"| transfer | {c.transfer_pct:.1f} |",
-             f"| communication | {c.communication_pct:.1f} |", f"| idle | {c.idle_pct:.1f} |", ""]
+             f"| communication{shares.families_note(c)} | {c.communication_pct:.1f} |",
+             f"| idle | {c.idle_pct:.1f} |", ""]
     if result.findings:
         lines += ["| # | severity | finding | at stake | root cause | fix |", "|---|---|---|---|---|---|"]
         for f in result.findings:

@@ -159,7 +159,7 @@ def meta_row(raw: RawExport, path: Path, size: int, fingerprint: str, model_vers
     return (str(path), size, fingerprint, model_version, raw.nsys_version, meta.get("EXPORT_SCHEMA_VERSION"), table,
             enum_source, meta.get("EXPORT_PLATFORM"), meta.get("EXPORT_HOST"), _command_line(raw), session,
             cap_start, cap_end, duration, gpu_start, gpu_end, machine_gpus(raw), derived_from(raw),
-            None, None, None)  # nsys records no distributed rank
+            None, None, None, None, None)  # nsys records no distributed rank
 
 
 def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
