@@ -152,7 +152,7 @@ def test_idle_causes_the_window_edges_are_no_bubbles_outside_the_loop(in_loop, e
 def test_idle_causes_operators_without_launches_are_host_work():
     d = device(launch=CauseTime(2 * MS, 90), host_op=CauseTime(9 * MS, 4, long_ns=9 * MS))
     [f] = idle_causes.findings({0: d}, prog("pytorch"))
-    assert (f.root_cause, f.time_at_stake_ns, f.tags) == ("cpu-bottleneck", 11 * MS, ["host-cpu"])
+    assert (f.root_cause, f.time_at_stake_ns, f.tags) == ("cpu-bottleneck", 11 * MS, ["host-ops"])
     assert f.title.endswith("launching 2.000 ms, inside framework operators that launched no GPU work 9.000 ms")
 
 

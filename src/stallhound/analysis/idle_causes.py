@@ -130,6 +130,13 @@ def _host_title(d: DeviceIdle, ns: int, _: Context) -> str:
     return f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: {', '.join(parts)}"
 
 
+def _host_tag(d: DeviceIdle) -> str:
+    """What holds most of the host's time: launching, its own CPU work, or the framework's operators (host_op)."""
+    if d.ns("launch") >= d.ns("host_cpu", "host_op"):
+        return "launch"
+    return "host-ops" if d.ns("host_op") > d.ns("host_cpu") else "host-cpu"
+
+
 def _count(n: int, what: str) -> str:
     return f"{n:,} {what}{'' if n == 1 else 's'}"
 
@@ -168,7 +175,7 @@ CLAIMS: tuple[Claim, ...] = (
           lambda d, ns, c: f"device {d.device}: periodic idle gaps ({ms(ns)}) with the host outside CUDA calls: "
                            "garbage-collection-like pauses", ns=_periodic),
     Claim("cpu-bottleneck", ("launch", "host_cpu", "host_op"), lambda d, c: d.busy_pct < STARVED_BUSY_PCT,
-          _host_title, lambda d, c: ["launch" if d.ns("launch") >= d.ns("host_cpu", "host_op") else "host-cpu"]),
+          _host_title, lambda d, c: [_host_tag(d)]),
     Claim("host-communication", ("host_comm",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} while its launching thread communicates "
                            f"({_gaps(d, 'host_comm')} gaps inside MPI or other communication ranges)"),
