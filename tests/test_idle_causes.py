@@ -136,7 +136,20 @@ def test_idle_causes_a_cost_paid_once_outside_the_loop_is_setup(in_loop, expecte
     d = device(alloc=CauseTime(3 * MS, 2, long_ns=3 * MS), jit=CauseTime(30 * MS, 1, long_ns=30 * MS))
     got = idle_causes.findings({0: d}, prog(), in_loop)
     assert [(f.root_cause, f.severity, f.time_at_stake_ns, f.tags) for f in got] == expected
-    assert in_loop or "allocating or freeing device memory 3.000 ms in 2 gaps" in got[0].title
+    assert in_loop or "allocating or freeing device or pinned memory 3.000 ms in 2 gaps" in got[0].title
+
+
+@pytest.mark.parametrize("longest, expected", [
+    # one 30 ms gap of 40 ms of allocation outside the loop: paid once (setup); the other 4 gaps recur
+    (30 * MS, [("alloc-in-loop", "high", 10 * MS, []), ("profiler-window-on-warmup", "high", 30 * MS, ["setup"])]),
+    (19 * MS, [("alloc-in-loop", "high", 40 * MS, [])]),  # no gap holds half of it: all of it recurs
+])
+def test_idle_causes_a_recurring_cost_with_one_dominant_gap_is_setup_once(longest, expected):
+    d = replace(device(alloc=CauseTime(40 * MS, 5, long_ns=40 * MS)), longest={"alloc": longest})
+    got = idle_causes.findings({0: d}, prog())
+    assert [(f.root_cause, f.severity, f.time_at_stake_ns, f.tags) for f in got] == expected
+    assert got[0].title.endswith(f"({5 - (longest == 30 * MS)} gaps)")
+    assert found(d, in_loop=True) == [("alloc-in-loop", "high", 40 * MS, [])]  # in the loop every gap is the loop's
 
 
 @pytest.mark.parametrize("in_loop, expected", [

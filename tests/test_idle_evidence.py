@@ -250,3 +250,52 @@ def test_julia_capture_whose_cuda_trace_failed_says_so(cache_root):
     assert any("CUDA tracing did not start" in q for q in result.quality)
     cuda = [m for m in result.missing if m.data in ("kernels", "cuda_api", "memcpy")]
     assert len(cuda) == 3 and all("did not start" in m.capture_flag and "--trace" not in m.capture_flag for m in cuda)
+
+
+def test_pinned_allocation_before_the_first_kernel_is_setup_under_its_name(cache_root):
+    """dtuhpc_omp_matmult_mnk (OpenMP offload on an H100): between the first copy and the first kernel the host
+    spends 1.14 s, 651 ms of it in cuMemHostAlloc and cudaMallocHost (pinned host memory, SQL), with one 0.5 ms
+    cuModuleLoadDataEx: one-time setup by allocation, not a bubble the trace cannot explain, nor module loading."""
+    path = corpus_profile("dtuhpc_omp_matmult_mnk", "ade9459cfeaa84478c49e8a124245e2e0b0c2b5eb8f694cac4a1e8ba130969a0")
+    raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    (copied,) = raw.execute("SELECT min(\"end\") FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchone()
+    (kernel,) = raw.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+    pinned, module = raw.execute("""
+        SELECT sum(min(r."end", ?2) - max(r.start, ?1)) FILTER (WHERE s.value LIKE '%HostAlloc%'
+                                                                 OR s.value LIKE 'cudaMallocHost%'),
+               sum(min(r."end", ?2) - max(r.start, ?1)) FILTER (WHERE s.value LIKE 'cuModuleLoad%')
+        FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+        WHERE r."end" > ?1 AND r.start < ?2""", (copied, kernel)).fetchone()
+    assert pinned > 0.5 * (kernel - copied) and module < 1_000_000
+    profile = open_profile(path, cache_dir=cache_root)
+    try:
+        result = triage.run(profile.con, triage.Params(profile="dtu"))
+    finally:
+        profile.close()
+    [setup] = [f for f in result.findings if f.root_cause == "profiler-window-on-warmup"]
+    assert "allocating or freeing device or pinned memory" in setup.title and "compiling" not in setup.title
+    assert kernel - copied <= setup.time_at_stake_ns <= result.window.duration_ns
+    assert {"gpu-bubbles", "module-loading-hot-path"}.isdisjoint(f.root_cause for f in result.findings)
+
+
+def test_hip_launches_link_their_kernels_so_allocator_waits_are_seen(cache_root):
+    """tl_mi300_resnet18_nopool (ROCm, caching allocator off): kernels are launched by hipLaunchKernel and
+    hipExtModuleLaunchKernel (JSON), and hipFree calls on the launching thread take most of the idle time; the
+    kernels link to their launches, so the idle is the allocator's, within the allocator calls' time (JSON)."""
+    path = corpus_profile("tl_mi300_resnet18_nopool",
+                          "0e9ad539e9d802f76f88c88c4780ad76489626382707d91b7dfcf19c364764b7")
+    with gzip.open(path) as f:
+        evs = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    launches = {e["name"] for e in evs if e.get("cat") == "cuda_runtime" and "Launch" in e["name"]}
+    alloc_us = sum(e["dur"] for e in evs if e.get("cat") == "cuda_runtime" and e["name"] in ("hipMalloc", "hipFree"))
+    assert launches == {"hipLaunchKernel", "hipExtModuleLaunchKernel"}
+    profile = open_profile(path, cache_dir=cache_root)
+    try:
+        linked = profile.con.execute("SELECT count(*), count(launch_api) FROM kernels").fetchone()
+        result = triage.run(profile.con, triage.Params(profile="mi300"))
+    finally:
+        profile.close()
+    assert linked[0] == linked[1] > 0
+    [alloc] = [f for f in result.findings if f.root_cause == "alloc-in-loop"]
+    assert 0.8 * result.window.duration_ns * (100 - alloc.evidence["device_busy_pct"]) / 100 <= alloc.time_at_stake_ns
+    assert alloc.time_at_stake_ns <= alloc_us * US

@@ -22,8 +22,9 @@ nanoseconds and their sum is the device's idle time:
   the device had gone idle: the cost of launching, between tiny kernels or not. A gap of up to
   OP_OVERHEAD_MAX_NS before such a late launch, with no other host activity seen, counts too: the host was
   busy issuing work (a framework's per-operation overhead), not waiting.
-- jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges) inside the gap.
-- alloc: device-memory allocation or free calls cover most of the gap.
+- alloc: memory allocation or free calls (device, or pinned host memory) cover most of the gap.
+- jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges) inside the gap, unless
+  allocation, communication, a loader or waits (below) cover most of it.
 - host_comm: the launching threads were inside communication NVTX ranges (MPI_*, SHMEM) for most of the gap.
 - input_wait: the launching threads were inside a data loader's NVTX ranges (DataLoader, _next_data, collate,
   get_batch, ...: nvtx_texts.LOADER_RANGES) for most of the gap.
@@ -218,6 +219,8 @@ class DeviceIdle:
     # per cause, the time in the window's edges: the stretches before the device's first work and after its last in
     # the window, when they last BUBBLE_MIN_NS or more (their gaps, all long)
     edges: dict[str, CauseTime] = field(default_factory=dict)
+    # per cause, its longest piece of a gap of BUBBLE_MIN_NS or more between the edges: a cost paid once
+    longest: dict[str, int] = field(default_factory=dict)
 
     def ns(self, *causes: str) -> int:
         return sum(self.causes[c].ns for c in causes if c in self.causes)
@@ -284,17 +287,22 @@ def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
             calls=len({tuple(c) for c in t["calls"] or []} | short.calls.get((t["device_id"], t["cause"]), set())))
     gaps = [Gap(**g) for g in long_gaps or []]
     devices = {d: DeviceIdle(device=d, window_ns=scope.duration_ns, idle_ns=sum(c.ns for c in causes.values()),
-                             causes=causes, edges=_edges(gaps, d, scope)) for d, causes in found.items()}
+                             causes=causes, **_edges(gaps, d, scope)) for d, causes in found.items()}
     return Attribution(devices=devices, long_gaps=gaps)
 
 
-def _edges(gaps: list[Gap], device: int, scope: Scope) -> dict[str, CauseTime]:
-    """A device's time per cause in the long gaps at the window's edges (Gap.at_edge)."""
-    pieces: dict[str, list[int]] = {}
-    for g in gaps:
-        if g.device == device and g.at_edge(scope):
-            for cause, ns in ((g.cause, g.end_ns - g.start_ns - g.late_ns), (g.late_cause, g.late_ns)):
-                if cause is not None and ns > 0:
-                    sums = pieces.setdefault(cause, [0, 0])
-                    sums[0], sums[1] = sums[0] + ns, sums[1] + 1
-    return {c: CauseTime(ns=ns, gaps=n, long_ns=ns) for c, (ns, n) in pieces.items()}
+def _edges(gaps: list[Gap], device: int, scope: Scope) -> dict[str, dict]:
+    """A device's time per cause in the long gaps at the window's edges (Gap.at_edge), and each cause's longest piece
+    of a long gap between them (DeviceIdle's edges and longest)."""
+    edges: dict[str, list[int]] = {}
+    longest: dict[str, int] = {}
+    for g in (g for g in gaps if g.device == device):
+        for cause, ns in ((g.cause, g.end_ns - g.start_ns - g.late_ns), (g.late_cause, g.late_ns)):
+            if cause is None or ns <= 0:
+                continue
+            if g.at_edge(scope):
+                sums = edges.setdefault(cause, [0, 0])
+                sums[0], sums[1] = sums[0] + ns, sums[1] + 1
+            else:
+                longest[cause] = max(longest.get(cause, 0), ns)
+    return {"edges": {c: CauseTime(ns=ns, gaps=n, long_ns=ns) for c, (ns, n) in edges.items()}, "longest": longest}

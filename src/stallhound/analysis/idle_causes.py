@@ -33,6 +33,7 @@ from stallhound.analysis.trace_quality import LostKernels
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
 RECURRING_MIN_GAPS = 3  # outside a steady window, a cost paid three times or more recurs; once or twice is setup
+ONCE_SHARE = 0.5  # ... and a gap holding half a recurring cost's time or more is that cost paid once (setup)
 TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launches, not a handful
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
 BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy"}  # causes that name a blocking call (they count calls)
@@ -166,11 +167,13 @@ CLAIMS: tuple[Claim, ...] = (
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny "
                            "kernels, waiting for their launches"),
     Claim("alloc-in-loop", ("alloc",), lambda d, c: True,
-          lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host allocates or frees device memory "
-                           f"({_gaps(d, 'alloc')} gaps)", recurs=True, doing="allocating or freeing device memory"),
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host allocates or frees device or pinned "
+                           f"memory ({_count(_gaps(d, 'alloc'), 'gap')})", recurs=True,
+          doing="allocating or freeing device or pinned memory"),
     Claim("module-loading-hot-path", ("jit",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host loads or compiles GPU code "
-                           f"({_gaps(d, 'jit')} gaps)", _jit_tags, recurs=True, doing="loading or compiling GPU code"),
+                           f"({_count(_gaps(d, 'jit'), 'gap')})", _jit_tags, recurs=True,
+          doing="loading or compiling GPU code"),
     Claim("gc-pauses", ("host_untraced", "host_cpu"), lambda d, c: _python(c.program),
           lambda d, ns, c: f"device {d.device}: periodic idle gaps ({ms(ns)}) with the host outside CUDA calls: "
                            "garbage-collection-like pauses", ns=_periodic),
@@ -200,45 +203,64 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
     context = Context(program, in_loop, seen)
     out: list[Finding] = []
     for d in (_off_step(d if in_loop else d.without_edges(), step_ns) for d in idle.values()):
-        found, fired, setup = _claimed(d, context)
+        d, setup = _one_time(d, in_loop)
+        found, fired = _claimed(d, context)
         found += _setup(d, setup) + _bubbles(d, fired, context)
         out += [_demoted(f, seen.lost) for f in found] if seen.lost and seen.lost.significant else found
     return out
 
 
-def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str], list[tuple[Claim, int]]]:
-    """The claims' findings on a device, the root causes that fired, and the claims whose cost was one-time setup
-    (recurs, outside the loop, in fewer than RECURRING_MIN_GAPS gaps) with their time."""
+SetupCost = tuple[Claim, int, int]  # a recurring claim's one-time part: (claim, ns, gaps)
+
+
+def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost]]:
+    """Outside the loop, the one-time part of each recurring claim's cause taken out of d: all of it when seen in
+    fewer than RECURRING_MIN_GAPS gaps, else its longest gap when that one holds ONCE_SHARE of its time (a cost paid
+    once, and the rest recurring)."""
+    if in_loop:
+        return d, []
+    causes, setup = dict(d.causes), []
+    for claim in (claim for claim in CLAIMS if claim.recurs):
+        [cause] = claim.causes
+        if cause not in causes:
+            continue
+        t, longest = causes[cause], d.longest.get(cause, 0)
+        ns, gaps = ((t.ns, t.gaps) if t.gaps < RECURRING_MIN_GAPS else
+                    (longest, 1) if longest >= ONCE_SHARE * t.ns else (0, 0))
+        if ns:
+            setup.append((claim, ns, gaps))
+            causes[cause] = replace(t, ns=t.ns - ns, gaps=t.gaps - gaps, long_ns=max(0, t.long_ns - ns))
+    return replace(d, causes={c: t for c, t in causes.items() if t.ns > 0}), setup
+
+
+def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
+    """The claims' findings on a device, and the root causes that fired."""
     out: list[Finding] = []
     fired: set[str] = set()
-    setup: list[tuple[Claim, int]] = []
     for claim in CLAIMS:
         root = _jit_cause(c.program) if claim.root_cause == "module-loading-hot-path" else claim.root_cause
         ns = (_cpu_ns(d, claim.causes, "gc-pauses" in fired) if claim.root_cause == "cpu-bottleneck"
               else claim.ns(d, claim.causes, c))
-        if claim.recurs and not c.in_loop and _gaps(d, *claim.causes) < RECURRING_MIN_GAPS:
-            setup += [(claim, ns)] if ns else []
-            continue
-        if not rules.worth_reporting(ns, d.window_ns) or not claim.applies(d, c):
+        recurs = not claim.recurs or c.in_loop or _gaps(d, *claim.causes) >= RECURRING_MIN_GAPS
+        if not (recurs and rules.worth_reporting(ns, d.window_ns) and claim.applies(d, c)):
             continue
         fired.add(claim.root_cause)
         out.append(_finding(d, root, ns, claim.title(d, ns, c), claim.tags(d, c), {
             "gaps": _gaps(d, *claim.causes),
             **({"calls": _calls(d, *claim.causes)} if BLOCKING & set(claim.causes) else {})}))
-    return out, fired, setup
+    return out, fired
 
 
-def _setup(d: DeviceIdle, setup: list[tuple[Claim, int]]) -> list[Finding]:
-    """One-time costs the attribution names (allocation, loading or compiling code, once or twice in a window that
-    is not the loop's steady state): the window holds the program's setup (book profiler-window-on-warmup)."""
-    ns = sum(n for _, n in setup)
+def _setup(d: DeviceIdle, setup: list[SetupCost]) -> list[Finding]:
+    """One-time costs the attribution names (allocation, loading or compiling code, paid once in a window that is
+    not the loop's steady state): the window holds the program's setup (book profiler-window-on-warmup)."""
+    ns = sum(n for _, n, _ in setup)
     if not rules.worth_reporting(ns, d.window_ns):
         return []
-    parts = ", ".join(f"{claim.doing} {ms(n)} in {_count(_gaps(d, *claim.causes), 'gap')}" for claim, n in setup)
+    parts = ", ".join(f"{claim.doing} {ms(n)} in {_count(gaps, 'gap')}" for claim, n, gaps in setup)
     title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts}), not in a "
              "loop: a window over the steady state leaves it out")
-    return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup"], {"gaps": sum(
-        _gaps(d, *claim.causes) for claim, _ in setup)})]
+    return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup"], {"gaps": sum(g for _, _, g in setup)})]
 
 
 def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
