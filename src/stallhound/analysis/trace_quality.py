@@ -38,7 +38,7 @@ FROM api, launched
 # and its next cudaStreamEndCapture only record graph nodes, so no kernel runs for them.
 CAPTURES = """
 WITH marks AS (SELECT pid, tid, start_ns, end_ns, name LIKE '%BeginCapture%' AS opens FROM cuda_api
-               WHERE kind = 'other' AND regexp_matches(name, '^(cu|hip)\w*Stream(Begin|End)Capture')),
+               WHERE kind = 'other' AND regexp_matches(name, '^(cu|hip)[A-Za-z]*Stream(Begin|End)Capture')),
 spans AS (SELECT pid, tid, opens, start_ns, lead(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) AS end_ns
           FROM marks)"""
 LAUNCHES_SQL = CAPTURES + """
