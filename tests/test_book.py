@@ -167,7 +167,7 @@ DETECTOR_TAGS = {
     "excessive-h2d-transfers": {"pinned", "pageable"},
     "pageable-host-memory": {"async-blocking", "large-single"},
     "module-loading-hot-path": {"jit", "module-load"},
-    "cpu-bottleneck": {"launch", "host-cpu"},
+    "cpu-bottleneck": {"launch", "host-cpu", "host-ops"},
     # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
     "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
     "unified-memory-migration": {"memset", "host-touch", "prefetching"},

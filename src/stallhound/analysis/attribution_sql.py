@@ -92,7 +92,15 @@ at_start AS (  -- each gap with the call its start falls in (a queued gap's call
 # What the launching threads did during the gaps that are neither queued nor short.
 HOST = sql_beside(__package__, "gap_host_events.sql") + overlaps(
     "touch", "long_gaps", "host_events", "pid, tid", "what") + """,
+nested AS (  -- ranges that nest (operators, loader ranges) cover a gap once: a piece adds what lies past the
+  -- latest end before it
+  SELECT probe_id, sum(ns) FILTER (WHERE what = 'op') AS op_ns, sum(ns) FILTER (WHERE what = 'loader') AS loader_ns
+  FROM (SELECT probe_id, what, greatest(0, end_ns - greatest(start_ns, coalesce(max(end_ns) OVER (
+          PARTITION BY probe_id, what ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+          start_ns))) AS ns FROM touch WHERE what IN ('op', 'loader'))
+  GROUP BY probe_id),
 host AS (
+  SELECT h.*, n.op_ns, n.loader_ns FROM (
   SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'alloc') AS alloc_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'jit') AS jit_ns,
          count(*) FILTER (WHERE what IN ('module', 'lazy')) AS modules,
@@ -103,7 +111,7 @@ host AS (
          sum(end_ns - start_ns) FILTER (WHERE what = 'cpu') AS cpu_ns,
          sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api'))
            AS api_ns
-  FROM touch GROUP BY probe_id),"""
+  FROM touch GROUP BY probe_id) h LEFT JOIN nested n ON n.probe_id = h.gap_id),"""
 
 HOST_SQL = "CREATE TEMP TABLE gap_host AS WITH " + WORK + HOST.rstrip().rstrip(",") + """
 SELECT * FROM host"""

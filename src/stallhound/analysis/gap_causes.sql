@@ -1,6 +1,8 @@
 -- Each gap's cause (judged): queued (also a gap inside a blocking call before a migration the driver issued); for a
--- short gap its blocking call, else its launch; for a longer one jit, or alloc, host communication or waits covering
--- most of it, else the blocking call it began in; else what the host did meanwhile (host_cause). The late resume past a blocking call's share (split); the result as labelled.
+-- short gap its blocking call, else its launch; for a longer one alloc, host communication, a data loader's ranges
+-- or OS waits covering most of it, else any compile or module load in it (a load need not cover the gap to explain
+-- it, but one of 0.5 ms does not explain a second of allocation), else the blocking call it began in; else what the
+-- host did meanwhile (host_cause). The late resume past a blocking call's share (split); the result as labelled.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
 -- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max.
 judged AS (
@@ -11,16 +13,18 @@ judged AS (
     WHEN g.duration_ns <= $launch_gap_max AND g.launch_end_ns IS NULL THEN 'host_untraced'
     WHEN g.duration_ns <= $launch_gap_max THEN
       CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
-    WHEN h.jit_ns > 0 OR h.modules > 0 THEN 'jit'
     WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'
     WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
+    WHEN h.loader_ns >= $dominant * g.duration_ns THEN 'input_wait'
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
+    WHEN h.jit_ns > 0 OR h.modules > 0 THEN 'jit'
     WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
     WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
     WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN
       CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
+    WHEN h.op_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_op'  -- past one op's overhead
     ELSE 'host_untraced' END AS host_cause
   FROM at_start g LEFT JOIN gap_host h USING (gap_id)),
 split AS (

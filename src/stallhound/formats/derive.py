@@ -20,8 +20,8 @@ CASE WHEN value IS NULL THEN 'other'
      WHEN regexp_matches(lower(value), 'memcpy|memset|copy|fill_kernel') THEN 'copy'
      ELSE 'compute' END"""
 API_KIND_SQL = """
-CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
-     WHEN regexp_matches(name, '^(cuda|cu)Launch') THEN 'launch'
+CASE WHEN regexp_matches(name, '^(cuda|cu|hip)Graph(Exec)?Launch') THEN 'graph'
+     WHEN regexp_matches(name, '^(cuda|cu|hip)(Ext)?(Module)?Launch') THEN 'launch'
      WHEN name ILIKE '%synchronize%' THEN 'sync'
      WHEN name ILIKE '%memcpy%' OR name ILIKE '%MemPrefetch%' THEN 'memcpy'
      WHEN name ILIKE '%memset%' THEN 'memset'

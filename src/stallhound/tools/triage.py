@@ -108,10 +108,17 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
         return gpu, f"GPU-active window ({why})", []
     scope = gpu.model_copy(update={"start_ns": steady[0], "end_ns": steady[1], "duration_ns": steady[1] - steady[0],
                                    "window_basis": "steady_state"})
-    left = steady[0] - gpu.start_ns
-    note = (f"{how}: {found.iteration_count} iterations by {found.method}; left out {ms(left)} before "
-            f"the first steady iteration (setup and warmup)")
+    note = f"{how}: {found.iteration_count} iterations by {found.method}; {_left_out(steady[0], gpu.start_ns)}"
     return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns)
+
+
+def _left_out(steady_start_ns: int, gpu_start_ns: int) -> str:
+    """What the steady window leaves out of the GPU-active time before it. A first steady iteration may begin before
+    the first GPU work (its host part comes first, as torch.profiler's step ranges do): then nothing is left out."""
+    if steady_start_ns <= gpu_start_ns:
+        return (f"nothing left out before the first steady iteration (it begins {ms(gpu_start_ns - steady_start_ns)} "
+                "before the first GPU work)")
+    return f"left out {ms(steady_start_ns - gpu_start_ns)} before the first steady iteration (setup and warmup)"
 
 
 def _setup_compile(con: duckdb.DuckDBPyConnection, gpu: Scope, scope: Scope, loop_start_ns: int) -> list[Finding]:

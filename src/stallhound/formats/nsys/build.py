@@ -22,7 +22,7 @@ from stallhound.formats.nsys import checks, libraries
 from stallhound.formats.nsys import nvtx as nvtx_build
 from stallhound.formats.nsys.activity_join import PID_SQL, TID_SQL, ActivityJoins
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range
-from stallhound.formats.nsys.hardware import capability_rows, gpu_rows, meta_row
+from stallhound.formats.nsys.hardware import capability_rows, cuda_not_started, gpu_rows, meta_row, not_started_note
 from stallhound.formats.nsys.raw import RawExport
 from stallhound.model.duck import load_sqlite_scanner, one_row
 from stallhound.model.limits import build_memory_mb
@@ -291,6 +291,8 @@ class Builder(ActivityJoins):
         self.load_list("meta", [row])
 
     def capabilities(self) -> None:
+        if (diagnostic := cuda_not_started(self.con)) is not None:
+            checks.record(self.con, [not_started_note(diagnostic)])
         self.load_list("capabilities", capability_rows(self.con))
 
     # --- the two sides the build writes at once, each on its own cursor --------------------------
