@@ -20,7 +20,7 @@ def k(s: int, e: int, stream: int = 7) -> dict:
     return {"device_id": 0, "stream_id": stream, "pid": 1, "start_ns": s, "end_ns": e, "short_name": "k", "name": "k"}
 
 
-def copy(s: int, e: int, direction: str, nbytes: int, src: str, dst: str, corr: int | None = None,
+def copy(s: int, e: int, direction: str, nbytes: int | None, src: str, dst: str, corr: int | None = None,
          api: str | None = None, device: int = 0) -> dict:
     return {"device_id": device, "stream_id": 3, "pid": 1, "tid": 1 if api else None, "correlation_id": corr,
             "start_ns": s, "end_ns": e, "bytes": nbytes, "direction": direction, "src_kind": src, "dst_kind": dst,
@@ -323,3 +323,12 @@ def test_memory_transfers_counts_memsets_and_those_on_managed_memory(open_fixtur
     assert (r.memset_count, r.memset_bytes, r.memset_time_ns, r.managed_memset_count, r.managed_memset_time_ns) == (
         expected) == (160, 1_606_008_080, 26_033_081, 100, 19_204_027)
     assert "100 on managed memory" in mt.render(r)
+
+
+def test_memory_transfers_copies_without_a_byte_count_have_no_bandwidth():
+    """ROCm torch.profiler traces record gpu_memcpy events without 'bytes': the copies still count, with their time,
+    and no bandwidth is made up from the unknown size (this crashed on int(None))."""
+    con = make_model(kernels=[k(0, 50)], memcpy=[copy(100, 300, "H2D", None, "pinned", "device"),
+                                                 copy(400, 500, "H2D", None, "pinned", "device")])
+    (h2d,) = [r for r in run(con).rows if r.direction == "H2D"]
+    assert (h2d.count, h2d.bytes, h2d.time_ns, h2d.bandwidth_gb_per_s) == (2, 0, 300, None)

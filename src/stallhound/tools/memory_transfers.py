@@ -133,7 +133,7 @@ WITH c AS (
 
 # Per (direction, device), for the copies starting in [$start, $end); exposed time comes from _exposed.
 DIRECTIONS_SQL = COPIES + """
-SELECT direction, device_id, count(*), sum(bytes), sum(duration_ns),
+SELECT direction, device_id, count(*), coalesce(sum(bytes), 0), sum(duration_ns),
        count(*) FILTER (WHERE host_kind = 'pageable'), coalesce(sum(bytes) FILTER (WHERE host_kind = 'pageable'), 0),
        coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pageable'), 0),
        count(*) FILTER (WHERE host_kind = 'pinned'), coalesce(sum(bytes) FILTER (WHERE host_kind = 'pinned'), 0),
@@ -186,7 +186,8 @@ FROM (SELECT *, name LIKE '%Async%' AS is_async,
 
 
 def _bandwidth(nbytes: int, ns: int) -> float | None:
-    return round(nbytes / ns, 3) if ns else None
+    """GB/s, None when unknown: no time, or no byte count (ROCm traces record copies without their size)."""
+    return round(nbytes / ns, 3) if ns and nbytes else None
 
 
 def _row(direction: str, device: int | None, sums: tuple, capacity: int) -> DirectionRow:
