@@ -204,6 +204,8 @@ NO_OWN_FIX = {
     ("compute-communication-imbalance", "offload"): "balancing a partition does not depend on how kernels are written",
     ("nccl-serialization", "offload"): "directive codes reach NCCL through a queue's stream: nccl-on-compute-stream",
     ("unfused-attention", "offload"): "directive codes do not implement attention; the generic fused-kernel fix holds",
+    **{("profiler-overhead", family): "the profiler's own work: nothing to change in any program"
+       for family in ("pytorch", "cuda", "offload")},
 }
 FAMILY_FIXES = [(e, f) for e in ENTRIES for f in e.fixes]
 

@@ -41,18 +41,20 @@ def found(d: DeviceIdle, p: Program | None = None, in_loop: bool = False) -> lis
     ({"alloc": CauseTime(5 * MS, 3)}, [("alloc-in-loop", "medium", 5 * MS, [])]),
     ({"host_comm": CauseTime(30 * MS, 4)}, [("host-communication", "high", 30 * MS, [])]),
     ({"host_wait": CauseTime(8 * MS, 4)}, [("dataloader-starvation", "medium", 8 * MS, [])]),
-    ({"jit": CauseTime(40 * MS, 2)}, []),  # twice in a window not known to be the loop: setup
     ({"jit": CauseTime(40 * MS, 3)}, [("module-loading-hot-path", "high", 40 * MS, ["module-load"])]),
+    ({"jit": CauseTime(MS // 2, 3)}, []),  # half a percent of the window
+    ({"profiler": CauseTime(6 * MS, 1)}, [("profiler-overhead", "medium", 6 * MS, [])]),
 ])
 def test_idle_causes_each_cause_claims_its_idle(causes, expected):
     assert found(device(**causes)) == expected
 
 
-@pytest.mark.parametrize("in_loop, expected", [(True, [("module-loading-hot-path", "high", 40 * MS, ["module-load"])]),
-                                               (False, [])])
-def test_idle_causes_a_single_compile_counts_only_inside_the_loop(in_loop, expected):
+@pytest.mark.parametrize("in_loop", [True, False])
+def test_idle_causes_a_single_compile_inside_the_window_is_a_finding(in_loop):
     """One compile in a steady-state window happened between steps (a recompilation); in a window that may hold
-    the setup, once is the program's start."""
+    the setup it is the program's first-use cost, which the window measures all the same (a test or benchmark that
+    compiles for 313 ms around a few ms of GPU work is slow because of it)."""
+    expected = [("module-loading-hot-path", "high", 40 * MS, ["module-load"])]
     assert found(device(jit=CauseTime(40 * MS, 1)), in_loop=in_loop) == expected
 
 

@@ -22,7 +22,12 @@ nanoseconds and their sum is the device's idle time:
   the device had gone idle: the cost of launching, between tiny kernels or not. A gap of up to
   OP_OVERHEAD_MAX_NS before such a late launch, with no other host activity seen, counts too: the host was
   busy issuing work (a framework's per-operation overhead), not waiting.
-- jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges) inside the gap.
+- jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges, the first launch of a kernel
+  when that call is long: lazy loading) inside the gap, for the time they run (their union within the gap); the rest
+  of the gap is judged like a gap without them (late_ns, late_cause). A long launch of a kernel launched before loads
+  nothing.
+- profiler: the profiler's own work in the launching process (profiler_overhead: CUPTI buffer flushes, which stall the
+  process's CUDA calls) inside the gap, for the time it runs; the rest of the gap likewise.
 - alloc: device-memory allocation or free calls cover most of the gap.
 - host_comm: the launching threads were inside communication NVTX ranges (MPI_*, SHMEM) for most of the gap.
 - host_wait: the launching threads sat in OS-runtime waits (poll, read, futex, ...) or inside data-loading
@@ -70,6 +75,7 @@ FOLD_BELOW_NS = min(BUBBLE_MIN_NS, SYNC_RESUME_MAX_NS + 1)  # queued gaps this s
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 DEVICE_PASS_SLICES = DEFAULT_SLICES  # the device pass the gap pass fills
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
+SHARE_CAUSES = ("jit", "profiler")  # charged only while their activity runs inside the gap (gap_causes.sql)
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
 
 
@@ -230,7 +236,8 @@ class Gap:
     blocked_in: str | None
     pid: int | None
     tid: int | None
-    late_ns: int = 0  # a gap begun inside a blocking call: the host's late resume past its share (cause: late_cause)
+    late_ns: int = 0  # the part with a second cause (late_cause): a blocking call's late resume past its share, or
+    # the time of a SHARE_CAUSES gap in which its activity did not run
     late_cause: str | None = None
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stallhound.analysis import rules
-from stallhound.analysis.intervals import overlaps
+from stallhound.analysis.intervals import covered, overlaps
 from stallhound.model.sql_files import sql_beside
 
 THREADS_SQL = """CREATE TEMP TABLE gap_work_threads AS  -- the work's launching threads, operations per device
@@ -89,13 +89,17 @@ at_start AS (  -- each gap with the call its start falls in (a queued gap's call
       THEN g.start_ns // $bucket_ns END  -- a NULL bucket joins nothing
     AND g.start_ns >= b.start_ns AND g.start_ns < b.until_ns),"""
 
-# What the launching threads did during the gaps that are neither queued nor short.
+# What the launching threads did during the gaps that are neither queued nor short; for the activities a gap is
+# charged to only while they run (loading or compiling GPU code, the profiler's overhead), the union of their time
+# inside it (nested compile ranges, a load inside a compile range, count once).
 HOST = sql_beside(__package__, "gap_host_events.sql") + overlaps(
     "touch", "long_gaps", "host_events", "pid, tid", "what") + """,
+jit_touch AS (SELECT * FROM touch WHERE what IN ('jit', 'module', 'lazy')),
+profiler_touch AS (SELECT * FROM touch WHERE what = 'profiler'),
+""" + covered("jit_cover", "jit_touch") + ",\n" + covered("profiler_cover", "profiler_touch") + """,
 host AS (
   SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'alloc') AS alloc_ns,
-         sum(end_ns - start_ns) FILTER (WHERE what = 'jit') AS jit_ns,
-         count(*) FILTER (WHERE what IN ('module', 'lazy')) AS modules,
+         any_value(j.ns) AS jit_ns, any_value(p.ns) AS profiler_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'wait') AS wait_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'comm') AS comm_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,
@@ -103,7 +107,7 @@ host AS (
          sum(end_ns - start_ns) FILTER (WHERE what = 'cpu') AS cpu_ns,
          sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api'))
            AS api_ns
-  FROM touch GROUP BY probe_id),"""
+  FROM touch LEFT JOIN jit_cover j USING (probe_id) LEFT JOIN profiler_cover p USING (probe_id) GROUP BY probe_id),"""
 
 HOST_SQL = "CREATE TEMP TABLE gap_host AS WITH " + WORK + HOST.rstrip().rstrip(",") + """
 SELECT * FROM host"""

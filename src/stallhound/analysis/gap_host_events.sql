@@ -1,6 +1,9 @@
 -- What the launching threads did around the long gaps (neither queued nor at most $launch_gap_max): their CUDA
 -- calls near those gaps (each with its kind: jit, module, alloc, lazy load, sync, launch or other API), OS-runtime
--- waits, NVTX ranges of a known kind, and time on a CPU (scheduler data, else CPU samples), as host_events.
+-- waits, NVTX ranges of a known kind, time on a CPU (scheduler data, else CPU samples), and the profiler's own
+-- overhead in their process (profiler_overhead: CUPTI buffer flushes stall the process's CUDA calls), as host_events.
+-- A lazy load is a launch call of at least $lazy that launched the first kernel of its name in its process: a
+-- long launch of a kernel launched before loads nothing (the driver waited on something else).
 -- CTEs of attribution_sql.HOST, after gap_thread (WORK) and before `touch` (intervals.overlaps).
 -- Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds.
 long_gaps AS MATERIALIZED (
@@ -20,10 +23,18 @@ sample_period AS (
     SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
     FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
 range_kinds AS (SELECT unnest($range_texts) AS text, unnest($range_kinds) AS what),  -- kinds(), once per model
+long_launched AS (  -- the kernels of the long launch calls (few): only they can be lazy loads
+  SELECT k.pid, k.correlation_id, coalesce(k.name, k.short_name) AS name, k.start_ns FROM kernels k
+  JOIN cuda_api a ON a.pid = k.pid AND a.correlation_id = k.correlation_id
+  WHERE a.kind = 'launch' AND a.end_ns - a.start_ns >= $lazy AND a.end_ns > $start AND a.start_ns < $end),
+lazy_loads AS (  -- those that launched the first kernel of their name in their process
+  SELECT l.pid, l.correlation_id FROM long_launched l WHERE NOT EXISTS (
+    SELECT 1 FROM kernels k WHERE k.pid = l.pid AND coalesce(k.name, k.short_name) = l.name AND k.start_ns < l.start_ns)),
 host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed, as written once it spills on the largest exports
   SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
-                           WHEN a.kind IN ('launch', 'graph') AND a.end_ns - a.start_ns >= $lazy THEN 'lazy'
+                           WHEN a.kind = 'launch' AND (a.pid, a.correlation_id) IN (SELECT pid, correlation_id
+                                                                                  FROM lazy_loads) THEN 'lazy'
                            WHEN a.kind = 'sync' THEN 'sync'
                            WHEN a.kind IN ('launch', 'graph', 'memcpy', 'memset') THEN 'launch'
                            ELSE 'api' END AS what, a.start_ns, a.end_ns
@@ -35,6 +46,9 @@ host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed,
   UNION ALL
   SELECT n.pid, n.tid, t.what, n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
   JOIN range_kinds t ON t.text = n.text WHERE n.end_ns > $start AND n.start_ns < $end
+  UNION ALL
+  SELECT t.pid, t.tid, 'profiler', o.start_ns, o.end_ns FROM profiler_overhead o JOIN threads_in t ON t.pid = o.pid
+  WHERE o.end_ns > $start AND o.start_ns < $end
   UNION ALL
   SELECT pid, tid, 'cpu', start_ns, end_ns FROM sched_on
   UNION ALL

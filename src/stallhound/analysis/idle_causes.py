@@ -101,6 +101,10 @@ def _calls(d: DeviceIdle, *causes: str) -> int:
     return sum(d.causes[c].calls for c in causes if c in d.causes)
 
 
+def _counted(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 CLAIMS: tuple[Claim, ...] = (
     Claim("excessive-synchronization", ("sync", "sync_copy"), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} in and right after {_calls(d, 'sync', 'sync_copy'):,} "
@@ -115,9 +119,13 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("alloc-in-loop", ("alloc",), lambda d, p, loop: _gaps(d, "alloc") >= RECURRING_MIN_GAPS,
           lambda d, ns: f"device {d.device} idles {ms(ns)} while the host allocates or frees device memory "
                         f"({_gaps(d, 'alloc')} gaps)"),
-    Claim("module-loading-hot-path", ("jit",), lambda d, p, loop: loop or _gaps(d, "jit") >= RECURRING_MIN_GAPS,
+    Claim("module-loading-hot-path", ("jit",), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} while the host loads or compiles GPU code "
-                        f"({_gaps(d, 'jit')} gaps)", _jit_tags),
+                        f"(inside {_counted(_gaps(d, 'jit'), 'gap')})", _jit_tags),
+    Claim("profiler-overhead", ("profiler",), lambda d, p, loop: True,
+          lambda d, ns: f"device {d.device} idles {ms(ns)} while the profiler flushes its buffers in the launching "
+                        f"process (inside {_counted(_gaps(d, 'profiler'), 'gap')}): the capture's overhead, not the "
+                        "program's"),
     Claim("gc-pauses", ("host_untraced", "host_cpu"), _gc_applies,
           lambda d, ns: f"device {d.device}: periodic idle gaps ({ms(ns)}) with the host outside CUDA calls: "
                         "garbage-collection-like pauses", ns=_periodic),

@@ -22,7 +22,9 @@ NVTX_FAMILIES: tuple[tuple[str, str], ...] = (
     ("Megatron-LM", r"(?i)megatron"),
     ("DeepSpeed", r"(?i)deepspeed"),
 )
-JIT_RANGES = (r"(?i)(^|[^a-z])(jit|nvrtc|ptxas)|Xla(Emit|Optimize|Compile|Autotun)|compile(Fusion|Kernel|_fx)|"
+# A range that says it compiles (compileFusion, compileNewKRT, compile_fx, CompiledKernel::compile), not one that
+# runs compiled code (CompiledFunction, Torch-Compiled Region): "compile" not followed by "d".
+JIT_RANGES = (r"(?i)(^|[^a-z])(jit|nvrtc|ptxas)|Xla(Emit|Optimize|Compile|Autotun)|compile([^d]|$)|"
               r"triton\.compile|inductor")
 DATA_RANGES = r"(?i)data|fetch|collate|prefetch|get_batch|next_batch"  # input-pipeline NVTX ranges
 COMM_RANGES = r"^(MPI_|PMPI_|shmem_|nvshmem_|UCX|ucp_)"  # host-side communication libraries' NVTX ranges

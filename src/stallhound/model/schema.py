@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 12  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 13  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -244,6 +244,14 @@ TABLES: tuple[Table, ...] = (
         ("pid", "BIGINT", ""), ("tid", "BIGINT", ""),
         ("library", "VARCHAR", "openacc | cublas | cudnn"),
         ("name", "VARCHAR", "the call or event, e.g. cublasSgemm_v2, acc_enqueue_launch"),
+        ("start_ns", "BIGINT", ""), ("end_ns", "BIGINT", ""), ("duration_ns", "BIGINT", ""),
+    )),
+    Table("profiler_overhead", "The profiler's own work inside the profiled process (PROFILER_OVERHEAD): CUPTI "
+                               "buffer flushes and the like, during which the process's CUDA calls can stall; time "
+                               "the program does not spend without the profiler.", (
+        ("pid", "BIGINT", "process whose profiling it was"),
+        ("tid", "BIGINT", "thread that did it (the profiler's own thread, not the program's)"),
+        ("name", "VARCHAR", "what it was, e.g. CUPTI Buffer flush"),
         ("start_ns", "BIGINT", ""), ("end_ns", "BIGINT", ""), ("duration_ns", "BIGINT", ""),
     )),
     Table("diagnostics", "Messages nsys recorded about the capture itself (DIAGNOSTIC_EVENT), e.g. 'CUDA profiling "

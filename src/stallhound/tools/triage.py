@@ -9,7 +9,8 @@ time in the window that the fix could recover, per device; causes never share na
 findings add up to at most the window (the warmup findings count time outside it: the first iteration's
 excess, and compilation before the first iteration when it outlasts the window).
 The fix shown is the book's first fix for the detected program's family (analysis/program.py), or generic.
-The run is classified by analysis/shares.py.
+The run is classified by analysis/shares.py; with no or too little GPU activity to classify, only the findings of
+GPU code compiled or loaded inside the window stay (ANY_GPU_SHARE: they may be why the GPU did so little).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from stallhound.tools import declared, detectors, skills
 DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
 # the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
 MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
+ANY_GPU_SHARE = {"module-loading-hot-path", "torch-compile-recompilation"}  # compiling or loading GPU code inside
+# the window is a finding however little GPU work there is: it may be why there is so little
 SETUP_OVER_LOOP = 1.0  # irregular steps still bound the loop when more GPU-active time precedes them than they
 # span: a window over both would describe the setup (compilation, loading), not the loop; and compiling before
 # the loop for longer than the window lasts makes the capture mostly one-time warmup
@@ -206,7 +209,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     found, skipped = _gathered(con, params, scope, warmup)
     classification = shares.classify(con, scope, {f.root_cause for _, f in found})
     if classification.bound in ("no GPU activity", "too little GPU activity"):
-        found = []
+        found = [tf for tf in found if tf[1].root_cause in ANY_GPU_SHARE]
     foreign = [(t, f) for t, f in found if not book.get_entry(f.root_cause).applies(chain)]
     skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
     found = [tf for tf in found if tf not in foreign]
