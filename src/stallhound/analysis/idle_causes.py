@@ -20,7 +20,7 @@ import duckdb
 
 from stallhound.analysis import attribution, program, rules
 from stallhound.analysis.attribution import DeviceIdle
-from stallhound.analysis.common import Finding, Scope, ScopedParams, ms, pct, resolve_scope
+from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
 
@@ -101,10 +101,6 @@ def _calls(d: DeviceIdle, *causes: str) -> int:
     return sum(d.causes[c].calls for c in causes if c in d.causes)
 
 
-def _counted(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
 CLAIMS: tuple[Claim, ...] = (
     Claim("excessive-synchronization", ("sync", "sync_copy"), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} in and right after {_calls(d, 'sync', 'sync_copy'):,} "
@@ -121,10 +117,10 @@ CLAIMS: tuple[Claim, ...] = (
                         f"({_gaps(d, 'alloc')} gaps)"),
     Claim("module-loading-hot-path", ("jit",), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} while the host loads or compiles GPU code "
-                        f"(inside {_counted(_gaps(d, 'jit'), 'gap')})", _jit_tags),
+                        f"(inside {counted(_gaps(d, 'jit'), 'gap')})", _jit_tags),
     Claim("profiler-overhead", ("profiler",), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} while the profiler flushes its buffers in the launching "
-                        f"process (inside {_counted(_gaps(d, 'profiler'), 'gap')}): the capture's overhead, not the "
+                        f"process (inside {counted(_gaps(d, 'profiler'), 'gap')}): the capture's overhead, not the "
                         "program's"),
     Claim("gc-pauses", ("host_untraced", "host_cpu"), _gc_applies,
           lambda d, ns: f"device {d.device}: periodic idle gaps ({ms(ns)}) with the host outside CUDA calls: "

@@ -73,6 +73,10 @@ TABLES: tuple[Table, ...] = (
         ("clock_rate_hz", "BIGINT", "SM clock"),
         ("compute_capability", "VARCHAR", "e.g. 9.0"),
         ("bus_location", "VARCHAR", "PCI bus id"),
+        ("max_warps_per_sm", "INTEGER", "warps resident on one SM at most (occupancy's denominator)"),
+        ("max_blocks_per_sm", "INTEGER", "thread blocks resident on one SM at most"),
+        ("max_registers_per_sm", "INTEGER", "32-bit registers of one SM"),
+        ("max_shared_per_sm_bytes", "BIGINT", "shared memory one SM holds for its resident blocks"),
     )),
     Table("processes", "Processes in the capture.", (
         ("pid", "BIGINT", "OS process id"),
