@@ -3,15 +3,14 @@ and the answers it derives from triage's work equal what the tools themselves re
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from fixture_guard import FIXTURES_ROOT
 
+from corpus import sources
 from stallhound.analysis import common, program
 from stallhound.formats import open_profile
 from stallhound.tools import (
@@ -113,7 +112,7 @@ def test_answer_questions_hot_thread_is_answered_by_busy_time_and_says_where_it_
     assert text.startswith(verdict) and figures == {"busy_pct": busy, "net_busy_pct": net}
 
 
-CORPUS = Path(os.environ.get("STALLHOUND_CORPUS", "/work/corpus-cache"))
+CORPUS = {p.name: p for p in sources.load()}
 
 
 @pytest.mark.parametrize("name, q25, q28", [
@@ -123,9 +122,9 @@ CORPUS = Path(os.environ.get("STALLHOUND_CORPUS", "/work/corpus-cache"))
     ("sc23omp_heat_mapeveryiter.sqlite", "inside blocking CUDA calls", 0),
 ])
 def test_answer_questions_corpus_hot_thread_and_device_syncs_agree_with_the_export(cache_root, name, q25, q28):
-    path = CORPUS / name
-    if not path.is_file():
-        pytest.skip(f"corpus profile {name} is not restored in {CORPUS}")
+    path = sources.resolve(CORPUS[name.removesuffix(".sqlite")])
+    if path is None:
+        pytest.skip(f"corpus profile {name} is not restored in {sources.cache_dir()} (make corpus-restore)")
     raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     names = raw.execute("SELECT s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId")
     device_wide = sum(1 for (v,) in names if re.match(r"(cuda|cu)(Device|Ctx|Thread)Synchronize", v))

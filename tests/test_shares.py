@@ -38,9 +38,9 @@ def test_shares_are_unions_and_overlap_is_reported_once():
     ([(i * 200_000, i * 200_000 + 100_000) for i in range(20)], ("cpu-bottleneck",), "host-bound"),
     ([(i * 200_000, i * 200_000 + 100_000) for i in range(20)], ("kernel-hotspot",), "idle-dominated"),
     ([(i * 1_000, i * 1_000 + 500) for i in range(20)], (), "too little GPU activity"),  # 10 us of work
-    ([(i * 100_000_000, i * 100_000_000 + 1_000_000) for i in range(5)], (), "too little GPU activity"),  # five 1 ms
-    # operations in 400 ms
-    ([(0, 5_000_000)] * 5, (), "compute-bound"),  # five operations that keep the device busy: the workload
+    ([(0, 5_000_000)] * 5, (), "too little GPU activity"),  # five operations, 5 ms of GPU work: a one-shot run
+    ([(i * 6_000_000, i * 6_000_000 + 5_000_000) for i in range(5)], (), "compute-bound"),  # five adding up to
+    # 25 ms: a workload (one long kernel, a few GEMMs)
 ])
 def test_shares_classification(kernels, fired, bound):
     assert classify(make_model(kernels=[k(s, e) for s, e in kernels]), fired).bound == bound

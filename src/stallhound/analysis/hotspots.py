@@ -10,10 +10,10 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
   compute. Any other kernel gets its launch configuration, its theoretical occupancy and an honest statement: a
   timeline holds no FLOP or byte counts, so whether the kernel runs near the GPU's limits cannot be told without
   Nsight Compute, whose command for this kernel the finding gives. No time at stake (nothing measured says how much
-  could be saved); severity by its share of the window and the evidence of under-use: high when it takes most of the
-  window (DOMINANT_WINDOW_PCT) and its launches leave most of the GPU unused (occupancy at most LOW_OCCUPANCY_PCT,
-  warps partly empty, or fewer blocks than SMs), medium when it takes most of the window, else info. A kernel with
-  an undersized-grid finding gets no second finding.
+  could be saved), so never high; severity by its share of the window and the evidence of under-use: medium when it
+  takes most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT) with launches that leave
+  most of the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer blocks than SMs), else
+  info. A kernel with an undersized-grid finding gets no second finding.
 """
 
 from __future__ import annotations
@@ -110,15 +110,18 @@ def undersized(kernels: list[KernelFill], window_ns: int, command: str | None) -
                   f"could save at most {ms(stake)} (an upper bound); measure it with `{ncu}`",
             evidence={"kernel": k.short_name, "blocks": f.blocks, "sm_count": f.sm_count,
                       "launches": k.undersized_launches, "kernel_ns": k.undersized_ns,
-                      "threads_per_block": f.threads_per_block, "occupancy_pct": f.occupancy_pct, "ncu": ncu},
+                      "threads_per_block": f.threads_per_block, "ncu": ncu,
+                      **({"occupancy_pct": f.occupancy_pct} if f.occupancy_pct is not None else {})},
             time_at_stake_ns=stake, device=k.device, tags=[]))
     return out
 
 
 def _severity(hot: Hot, kernel: KernelFill | None) -> Severity:
-    if hot.window_pct < DOMINANT_WINDOW_PCT:
-        return "info"
-    return "high" if kernel is not None and _under_used(kernel) else "medium"
+    """medium when it runs most of the window, or a tenth of it with its launch showing under-use; else info. Never
+    high: nothing measured is at stake."""
+    evidence = kernel is not None and _under_used(kernel)
+    worth = hot.window_pct >= DOMINANT_WINDOW_PCT or (evidence and hot.window_pct >= rules.HIGH_STAKE_PCT)
+    return "medium" if worth else "info"
 
 
 def statement(hot: Hot, kernels: list[KernelFill], command: str | None) -> Finding:

@@ -21,8 +21,8 @@ from stallhound.analysis import attribution, device_pass
 from stallhound.analysis.common import Scope, pct
 
 IDLE_DOMINATED_PCT = 40.0  # idle above this share of the window outweighs any kernel-level tuning
-MIN_GPU_OPS = 10  # fewer kernels, copies and memsets than this say nothing about a workload, unless they keep the
-MOSTLY_BUSY_PCT = 50.0  # devices busy most of the window: then they are the workload (one long kernel, a few GEMMs)
+MIN_GPU_OPS = 10  # fewer kernels, copies and memsets than this say nothing about a workload, unless they add up to
+FEW_OPS_MIN_BUSY_NS = 10_000_000  # 10 ms of GPU work or more: then they are the workload (one long kernel, a few GEMMs)
 MIN_BUSY_NS = 1_000_000  # less than 1 ms of GPU work says nothing either
 HOST_CAUSES = {"cpu-bottleneck", "small-kernel-overhead", "excessive-synchronization", "blocking-d2h-sync",
                "alloc-in-loop", "module-loading-hot-path", "torch-compile-recompilation", "gc-pauses",
@@ -73,7 +73,7 @@ def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> C
 def _bound(share: dict[str, float], idle: float, ops: int, busy_ns: int, fired: set[str]) -> tuple[Bound, str]:
     if not ops:
         return "no GPU activity", "no kernel, copy or memset in the window"
-    if busy_ns < MIN_BUSY_NS or (ops < MIN_GPU_OPS and share["busy"] < MOSTLY_BUSY_PCT):
+    if busy_ns < MIN_BUSY_NS or (ops < MIN_GPU_OPS and busy_ns < FEW_OPS_MIN_BUSY_NS):
         return "too little GPU activity", (f"only {ops} GPU operations ({busy_ns / 1e6:.3f} ms of GPU work) in the "
                                            "window: too little to classify")
     if idle >= IDLE_DOMINATED_PCT:
