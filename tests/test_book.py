@@ -167,7 +167,7 @@ DETECTOR_TAGS = {
     "excessive-h2d-transfers": {"pinned", "pageable"},
     "pageable-host-memory": {"async-blocking", "large-single"},
     "module-loading-hot-path": {"jit", "module-load"},
-    "cpu-bottleneck": {"launch", "host-cpu"},
+    "cpu-bottleneck": {"launch", "host-cpu", "input-pipeline"},
     # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
     "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
     "unified-memory-migration": {"memset", "host-touch", "prefetching"},
@@ -205,7 +205,7 @@ NO_OWN_FIX = {
     ("nccl-serialization", "offload"): "directive codes reach NCCL through a queue's stream: nccl-on-compute-stream",
     ("unfused-attention", "offload"): "directive codes do not implement attention; the generic fused-kernel fix holds",
     **{("profiler-overhead", family): "the profiler's own work: nothing to change in any program"
-       for family in ("pytorch", "cuda", "offload")},
+       for family in ("pytorch", "cuda", "offload", "stdpar", "julia")},
 }
 FAMILY_FIXES = [(e, f) for e in ENTRIES for f in e.fixes]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from stallhound import book
 from stallhound.analysis import idle_causes
 from stallhound.analysis.attribution import CauseTime, DeviceIdle
 from stallhound.analysis.program import FIX_CHAINS, Program
@@ -66,6 +67,17 @@ def test_idle_causes_a_single_compile_inside_the_window_is_a_finding(in_loop):
 def test_idle_causes_cpu_bottleneck_needs_a_starved_device(busy, launch, cpu, expected):
     d = device(busy, launch=CauseTime(launch, 500), host_cpu=CauseTime(cpu, 3, long_ns=cpu))
     assert found(d) == expected
+
+
+@pytest.mark.parametrize("frameworks, tags, dataloader", [
+    (("PyTorch (ATen)",), ["host-cpu"], False),  # a benchmark or test with no input pipeline: no DataLoader advice
+    (("PyTorch (ATen)", "PyTorch DataLoader"), ["host-cpu", "input-pipeline"], True),  # its loader's ranges show one
+])
+def test_idle_causes_cpu_bottleneck_fix_fits_the_programs_input_pipeline(frameworks, tags, dataloader):
+    [f] = idle_causes.findings({0: device(50.0, host_cpu=CauseTime(20 * MS, 3, long_ns=20 * MS))},
+                               prog("pytorch", frameworks))
+    fix = book.get_entry(f.root_cause).fix_for(tuple(FIX_CHAINS["pytorch"]), f.tags)
+    assert (f.root_cause, f.tags, "DataLoader" in fix.text) == ("cpu-bottleneck", tags, dataloader)
 
 
 @pytest.mark.parametrize("p, root, tags", [

@@ -28,6 +28,7 @@ STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this ove
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
 RECURRING_MIN_GAPS = 3  # outside a steady window, a cost paid three times or more recurs; once or twice is setup
 TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launches, not a handful
+INPUT_PIPELINE = "PyTorch DataLoader"  # the NVTX family (analysis/nvtx_texts.py) that shows an input pipeline
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
 BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy"}  # causes that name a blocking call (they count calls)
 UNEXPLAINED = ("host_untraced", "queued")  # causes no specific finding claims (pageable_copy: memory_transfers')
@@ -65,6 +66,13 @@ def _jit_cause(program: Program) -> str:
 def _jit_tags(_: DeviceIdle, program: Program) -> list[str]:
     jit = JIT_FRAMEWORKS & set(program.frameworks) or any("driver API" in e for e in program.evidence)
     return ["jit" if jit else "module-load"]
+
+
+def _cpu_tags(d: DeviceIdle, program: Program) -> list[str]:
+    """launch or host-cpu, whichever took more; and input-pipeline when the program shows one (its loader's NVTX
+    ranges), so that only a program with an input pipeline is told to move work into it."""
+    pipeline = ["input-pipeline"] if INPUT_PIPELINE in program.frameworks else []
+    return ["launch" if d.ns("launch") >= d.ns("host_cpu") else "host-cpu", *pipeline]
 
 
 def _periodic(d: DeviceIdle, causes: tuple[str, ...]) -> int:
@@ -128,7 +136,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("cpu-bottleneck", ("launch", "host_cpu"), lambda d, p, loop: d.busy_pct < STARVED_BUSY_PCT,
           lambda d, ns: f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: "
                         f"launching {ms(d.ns('launch'))}, CPU work {ms(d.ns('host_cpu'))}",
-          lambda d, p: ["launch" if d.ns("launch") >= d.ns("host_cpu") else "host-cpu"]),
+          _cpu_tags),
     Claim("host-communication", ("host_comm",), lambda d, p, loop: True,
           lambda d, ns: f"device {d.device} idles {ms(ns)} while its launching thread communicates "
                         f"({_gaps(d, 'host_comm')} gaps inside MPI or other communication ranges)"),

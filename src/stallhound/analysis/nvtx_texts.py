@@ -21,6 +21,8 @@ NVTX_FAMILIES: tuple[tuple[str, str], ...] = (
     ("MPI", r"^MPI_"),
     ("Megatron-LM", r"(?i)megatron"),
     ("DeepSpeed", r"(?i)deepspeed"),
+    # an input pipeline named as one: torch.utils.data's iterators (enumerate(DataLoader)#_...DataLoaderIter.__next__)
+    ("PyTorch DataLoader", r"DataLoader"),
 )
 # A range that says it compiles (compileFusion, compileNewKRT, compile_fx, CompiledKernel::compile), not one that
 # runs compiled code (CompiledFunction, Torch-Compiled Region): "compile" not followed by "d".
