@@ -10,7 +10,8 @@ findings add up to at most the window (the warmup findings count time outside it
 excess, and compilation before the first iteration when it outlasts the window).
 The fix shown is the book's first fix for the detected program's family (analysis/program.py), or generic.
 The run is classified by analysis/shares.py; with no or too little GPU activity to classify, only the findings of
-GPU code compiled or loaded inside the window stay (ANY_GPU_SHARE: they may be why the GPU did so little).
+GPU code compiled or loaded inside the window for 1 ms or more stay (ANY_GPU_SHARE: they may be why the GPU did so
+little).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_sa
 MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
 ANY_GPU_SHARE = {"module-loading-hot-path", "torch-compile-recompilation"}  # compiling or loading GPU code inside
 # the window is a finding however little GPU work there is: it may be why there is so little
+ANY_GPU_SHARE_MIN_NS = 1_000_000  # ... once it costs 1 ms: in a one-shot run's short window less is noise
 SETUP_OVER_LOOP = 1.0  # irregular steps still bound the loop when more GPU-active time precedes them than they
 # span: a window over both would describe the setup (compilation, loading), not the loop; and compiling before
 # the loop for longer than the window lasts makes the capture mostly one-time warmup
@@ -209,7 +211,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     found, skipped = _gathered(con, params, scope, warmup)
     classification = shares.classify(con, scope, {f.root_cause for _, f in found})
     if classification.bound in ("no GPU activity", "too little GPU activity"):
-        found = [tf for tf in found if tf[1].root_cause in ANY_GPU_SHARE]
+        found = [tf for tf in found
+                 if tf[1].root_cause in ANY_GPU_SHARE and tf[1].time_at_stake_ns >= ANY_GPU_SHARE_MIN_NS]
     foreign = [(t, f) for t, f in found if not book.get_entry(f.root_cause).applies(chain)]
     skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
     found = [tf for tf in found if tf not in foreign]
