@@ -23,13 +23,16 @@ sample_period AS (
     SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
     FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
 range_kinds AS (SELECT unnest($range_texts) AS text, unnest($range_kinds) AS what),  -- kinds(), once per model
-long_launched AS (  -- the kernels of the long launch calls (few): only they can be lazy loads
-  SELECT k.pid, k.correlation_id, coalesce(k.name, k.short_name) AS name, k.start_ns FROM kernels k
-  JOIN cuda_api a ON a.pid = k.pid AND a.correlation_id = k.correlation_id
-  WHERE a.kind = 'launch' AND a.end_ns - a.start_ns >= $lazy AND a.end_ns > $start AND a.start_ns < $end),
-lazy_loads AS (  -- those that launched the first kernel of their name in their process
-  SELECT l.pid, l.correlation_id FROM long_launched l WHERE NOT EXISTS (
-    SELECT 1 FROM kernels k WHERE k.pid = l.pid AND coalesce(k.name, k.short_name) = l.name AND k.start_ns < l.start_ns)),
+long_launched AS MATERIALIZED (  -- the kernels of the long launch calls (few, from the kernels' own launch times, no
+  -- join): only they can be lazy loads
+  SELECT pid, correlation_id, coalesce(name, short_name) AS name, start_ns FROM kernels
+  WHERE launch_end_ns - launch_start_ns >= $lazy AND launch_end_ns > $start AND launch_start_ns < $end
+    AND NOT regexp_matches(launch_api, 'Graph')),
+firsts AS (  -- the first kernel of each of their names in their process
+  SELECT pid, coalesce(name, short_name) AS name, min(start_ns) AS first_ns FROM kernels
+  WHERE (pid, coalesce(name, short_name)) IN (SELECT pid, name FROM long_launched) GROUP BY ALL),
+lazy_loads AS (  -- the long launches that launched it
+  SELECT l.pid, l.correlation_id FROM long_launched l JOIN firsts f USING (pid, name) WHERE l.start_ns = f.first_ns),
 host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed, as written once it spills on the largest exports
   SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
