@@ -8,7 +8,7 @@ from importlib.resources import files
 import pytest
 
 from stallhound import book
-from stallhound.analysis import program
+from stallhound.analysis import comm_context, program
 from stallhound.model.errors import StallhoundError
 from stallhound.tools import JOB_TOOL_NAMES, TOOL_NAMES
 
@@ -167,10 +167,13 @@ DETECTOR_TAGS = {
     "excessive-h2d-transfers": {"pinned", "pageable"},
     "pageable-host-memory": {"async-blocking", "large-single"},
     "module-loading-hot-path": {"jit", "module-load"},
-    "cpu-bottleneck": {"launch", "host-cpu", "input-pipeline"},
+    "cpu-bottleneck": {"launch", "host-cpu", "host-ops", "input-pipeline"},
     # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
     "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
     "unified-memory-migration": {"memset", "host-touch", "prefetching"},
+    # nccl_breakdown: the variant of the device's communication (analysis/comm_context.py)
+    **{root: set(comm_context.VARIANTS) for root in ("nccl-serialization", "nccl-on-compute-stream",
+                                                     "compute-communication-imbalance")},
 }
 PYTORCH_WORDS = re.compile(r"torch|DataLoader|\.item\(\)|(?<![\w.])nn\.|autocast|FSDP|\bDDP\b|DistributedDataParallel|"
                            r"TrainingArguments|Hugging Face|pin_memory=|non_blocking|num_workers|Inductor|Dynamo|"

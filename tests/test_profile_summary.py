@@ -82,7 +82,7 @@ def test_profile_summary_whole_result_on_tiny_model():
     assert dumped == {
         "profile": "t", "has_gpu_activity": True, "note": None, "nsys_version": "2025.1.1",
         "schema_version": "3.17.1", "host": "node1", "platform": "linux", "command_line": "python train.py",
-        "machine_gpus": "NVIDIA H100 80GB HBM3", "derived_from": None, "rank": None,
+        "machine_gpus": "NVIDIA H100 80GB HBM3", "derived_from": None, "rank": None, "distributed": None,
         "capture": {"start_ns": 0, "end_ns": 300, "duration_ns": 300},
         "gpu_active": {"start_ns": 0, "end_ns": 210, "duration_ns": 210}, "gpu_active_pct": 70.0,
         "devices": [

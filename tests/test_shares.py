@@ -29,8 +29,17 @@ def test_shares_are_unions_and_overlap_is_reported_once():
     # window 0-300: compute (incl. the copy kernel) 0-150, communication 100-200, transfer 150-250 and 280-300
     assert c.model_dump() == {
         "bound": "too little GPU activity", "compute_pct": 50.0, "copy_kernel_pct": 33.33, "transfer_pct": 40.0,
-        "communication_pct": 33.33, "busy_pct": 90.0, "idle_pct": 10.0, "overlap_pct": 33.33, "gpu_ops": 5,
-        "reason": c.reason}
+        "communication_pct": 33.33, "communication_families": ["NCCL"], "busy_pct": 90.0, "idle_pct": 10.0,
+        "overlap_pct": 33.33, "gpu_ops": 5, "reason": c.reason}
+    assert shares.families_note(c) == ""
+
+
+def test_shares_name_the_communication_libraries_beside_nccl():
+    kernels = [k(0, 100), {**k(100, 400, "nccl"), "comm_family": "expert-parallel"},
+               {**k(400, 500, "nccl"), "comm_family": "NCCL"}]
+    c = classify(make_model(kernels=kernels))
+    assert (c.communication_pct, c.communication_families) == (80.0, ["expert-parallel", "NCCL"])
+    assert shares.families_note(c) == " (expert-parallel, NCCL)"
 
 
 @pytest.mark.parametrize("kernels, fired, bound", [

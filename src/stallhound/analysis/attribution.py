@@ -22,18 +22,22 @@ nanoseconds and their sum is the device's idle time:
   the device had gone idle: the cost of launching, between tiny kernels or not. A gap of up to
   OP_OVERHEAD_MAX_NS before such a late launch, with no other host activity seen, counts too: the host was
   busy issuing work (a framework's per-operation overhead), not waiting.
+- alloc: memory allocation or free calls (device, or pinned host memory) cover most of the gap.
 - jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges, the first launch of a kernel
-  when that call is long: lazy loading) inside the gap, for the time they run (their union within the gap); the rest
-  of the gap is judged like a gap without them (late_ns, late_cause). A long launch of a kernel launched before loads
-  nothing.
+  when that call is long: lazy loading) inside the gap, unless allocation, communication, a loader or waits (below)
+  cover most of it; charged for the time they run (their union within the gap), the rest of the gap judged like a
+  gap without them (late_ns, late_cause). A long launch of a kernel launched before loads nothing.
 - profiler: the profiler's own work in the launching process (profiler_overhead: CUPTI buffer flushes, which stall the
-  process's CUDA calls) inside the gap, for the time it runs; the rest of the gap likewise.
-- alloc: device-memory allocation or free calls cover most of the gap.
+  process's CUDA calls) inside the gap, under the same proviso, for the time it runs; the rest of the gap likewise.
 - host_comm: the launching threads were inside communication NVTX ranges (MPI_*, SHMEM) for most of the gap.
-- host_wait: the launching threads sat in OS-runtime waits (poll, read, futex, ...) or inside data-loading
-  NVTX ranges (data, fetch, collate, ...) for most of the gap.
+- input_wait: the launching threads were inside a data loader's NVTX ranges (DataLoader, _next_data, collate,
+  get_batch, ...: nvtx_texts.LOADER_RANGES) for most of the gap.
+- host_wait: the launching threads sat in OS-runtime waits (poll, read, futex, ...) for most of the gap; on
+  what, the trace alone does not say (idle_causes names a data loader only where the program has one).
 - host_cpu: scheduler data or CPU samples show the launching threads on a CPU, outside CUDA calls, for
   most of the gap.
+- host_op: with no CPU data in the trace, the launching threads were inside framework operators (torch.profiler's
+  CPU ops, nvtx_texts.OP_DOMAIN), outside CUDA calls, for most of the gap: the framework's own host work.
 - host_untraced: none of the above can be seen (no CUDA call, no host data).
 
 A gap is judged by one host thread: the one that launched the operation after it (else the one before it,
@@ -49,7 +53,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import duckdb
 import numpy as np
@@ -93,7 +97,8 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
             "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
-            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS}
+            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS,
+            "op_domain": nvtx_texts.OP_DOMAIN}
 
 
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}
@@ -216,9 +221,21 @@ class DeviceIdle:
     window_ns: int
     idle_ns: int
     causes: dict[str, CauseTime] = field(default_factory=dict)
+    # per cause, the time in the window's edges: the stretches before the device's first work and after its last in
+    # the window, when they last BUBBLE_MIN_NS or more (their gaps, all long)
+    edges: dict[str, CauseTime] = field(default_factory=dict)
+    # per cause, its longest piece of a gap of BUBBLE_MIN_NS or more between the edges: a cost paid once
+    longest: dict[str, int] = field(default_factory=dict)
 
     def ns(self, *causes: str) -> int:
         return sum(self.causes[c].ns for c in causes if c in self.causes)
+
+    def without_edges(self) -> DeviceIdle:
+        """The idle time between the device's first and last work in the window: the edges' time taken out of
+        their causes (the device still idles then: idle_ns stays)."""
+        causes = {c: replace(t, ns=t.ns - e.ns, gaps=t.gaps - e.gaps, long_ns=t.long_ns - e.long_ns)
+                  if (e := self.edges.get(c)) else t for c, t in self.causes.items()}
+        return replace(self, causes={c: t for c, t in causes.items() if t.ns > 0}, edges={})
 
     @property
     def busy_pct(self) -> float:
@@ -239,6 +256,11 @@ class Gap:
     late_ns: int = 0  # the part with a second cause (late_cause): a blocking call's late resume past its share, or
     # the time of a SHARE_CAUSES gap in which its activity did not run
     late_cause: str | None = None
+
+    def at_edge(self, scope: Scope) -> bool:
+        """The stretch before the device's first work in the window or after its last: only such a gap starts at
+        the window's start or ends at its end."""
+        return self.start_ns == scope.start_ns or self.end_ns == scope.end_ns
 
 
 @dataclass(frozen=True)
@@ -269,6 +291,24 @@ def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
             ns=int(t["ns"]), gaps=t["gaps"], long_ns=int(t["long_ns"]), periodic_ns=int(t["periodic_ns"]),
             periodic_gaps=t["periodic_gaps"], period_ns=t["period_ns"], api=t["api"],
             calls=len({tuple(c) for c in t["calls"] or []} | short.calls.get((t["device_id"], t["cause"]), set())))
+    gaps = [Gap(**g) for g in long_gaps or []]
     devices = {d: DeviceIdle(device=d, window_ns=scope.duration_ns, idle_ns=sum(c.ns for c in causes.values()),
-                             causes=causes) for d, causes in found.items()}
-    return Attribution(devices=devices, long_gaps=[Gap(**g) for g in long_gaps or []])
+                             causes=causes, **_edges(gaps, d, scope)) for d, causes in found.items()}
+    return Attribution(devices=devices, long_gaps=gaps)
+
+
+def _edges(gaps: list[Gap], device: int, scope: Scope) -> dict[str, dict]:
+    """A device's time per cause in the long gaps at the window's edges (Gap.at_edge), and each cause's longest piece
+    of a long gap between them (DeviceIdle's edges and longest)."""
+    edges: dict[str, list[int]] = {}
+    longest: dict[str, int] = {}
+    for g in (g for g in gaps if g.device == device):
+        for cause, ns in ((g.cause, g.end_ns - g.start_ns - g.late_ns), (g.late_cause, g.late_ns)):
+            if cause is None or ns <= 0:
+                continue
+            if g.at_edge(scope):
+                sums = edges.setdefault(cause, [0, 0])
+                sums[0], sums[1] = sums[0] + ns, sums[1] + 1
+            else:
+                longest[cause] = max(longest.get(cause, 0), ns)
+    return {"edges": {c: CauseTime(ns=ns, gaps=n, long_ns=ns) for c, (ns, n) in edges.items()}, "longest": longest}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stallhound.analysis import rules
-from stallhound.analysis.intervals import covered, overlaps
+from stallhound.analysis.intervals import overlaps
 from stallhound.model.sql_files import sql_beside
 
 THREADS_SQL = """CREATE TEMP TABLE gap_work_threads AS  -- the work's launching threads, operations per device
@@ -90,16 +90,24 @@ at_start AS (  -- each gap with the call its start falls in (a queued gap's call
     AND g.start_ns >= b.start_ns AND g.start_ns < b.until_ns),"""
 
 # What the launching threads did during the gaps that are neither queued nor short; for the activities a gap is
-# charged to only while they run (loading or compiling GPU code, the profiler's overhead), the union of their time
-# inside it (nested compile ranges, a load inside a compile range, count once).
+# charged to only while they run (loading or compiling GPU code, the profiler's overhead) and the ranges that nest
+# (framework operators, a loader's ranges), the union of their time inside it.
 HOST = sql_beside(__package__, "gap_host_events.sql") + overlaps(
     "touch", "long_gaps", "host_events", "pid, tid", "what") + """,
-jit_touch AS (SELECT * FROM touch WHERE what IN ('jit', 'module', 'lazy')),
-profiler_touch AS (SELECT * FROM touch WHERE what = 'profiler'),
-""" + covered("jit_cover", "jit_touch") + ",\n" + covered("profiler_cover", "profiler_touch") + """,
+nested AS (  -- per gap, the union of each activity's time in it: nested compile ranges, a load inside a compile
+  -- range, nested operators or loader ranges count once (a piece adds what lies past the latest end before it)
+  SELECT probe_id, sum(ns) FILTER (WHERE part = 'jit') AS jit_ns,
+         sum(ns) FILTER (WHERE part = 'profiler') AS profiler_ns, sum(ns) FILTER (WHERE part = 'op') AS op_ns,
+         sum(ns) FILTER (WHERE part = 'loader') AS loader_ns
+  FROM (SELECT probe_id, part, greatest(0, end_ns - greatest(start_ns, coalesce(max(end_ns) OVER (
+          PARTITION BY probe_id, part ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+          start_ns))) AS ns
+        FROM (SELECT probe_id, CASE WHEN what IN ('module', 'lazy') THEN 'jit' ELSE what END AS part, start_ns, end_ns
+              FROM touch WHERE what IN ('jit', 'module', 'lazy', 'profiler', 'op', 'loader')))
+  GROUP BY probe_id),
 host AS (
+  SELECT h.*, n.jit_ns, n.profiler_ns, n.op_ns, n.loader_ns FROM (
   SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'alloc') AS alloc_ns,
-         any_value(j.ns) AS jit_ns, any_value(p.ns) AS profiler_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'wait') AS wait_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'comm') AS comm_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,
@@ -107,7 +115,7 @@ host AS (
          sum(end_ns - start_ns) FILTER (WHERE what = 'cpu') AS cpu_ns,
          sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api'))
            AS api_ns
-  FROM touch LEFT JOIN jit_cover j USING (probe_id) LEFT JOIN profiler_cover p USING (probe_id) GROUP BY probe_id),"""
+  FROM touch GROUP BY probe_id) h LEFT JOIN nested n ON n.probe_id = h.gap_id),"""
 
 HOST_SQL = "CREATE TEMP TABLE gap_host AS WITH " + WORK + HOST.rstrip().rstrip(",") + """
 SELECT * FROM host"""

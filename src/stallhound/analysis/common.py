@@ -185,10 +185,12 @@ FINDINGS_SHOWN = 10  # findings a single tool lists: per-device repeats on an 8-
 
 def leads_first(items: list[T], finding: Callable[[T], Finding], limit: int) -> list[T]:
     """The `limit` costliest items in cost order, each root cause's costliest kept before any per-device repeat,
-    so eight devices with one problem cannot push a different cause off the list."""
+    so eight devices with one problem cannot push a different cause off the list. Findings of severity info come
+    after all others, whatever their time: they are for information (a figure the trace cannot vouch for)."""
     def cost(item: T) -> tuple:
         f = finding(item)
-        return -f.time_at_stake_ns, SEVERITY_RANK[f.severity], f.root_cause, -1 if f.device is None else f.device
+        return (f.severity == "info", -f.time_at_stake_ns, SEVERITY_RANK[f.severity], f.root_cause,
+                -1 if f.device is None else f.device)
     ordered = sorted(items, key=cost)
     leads: list[T] = []
     repeats: list[T] = []

@@ -1,34 +1,34 @@
 -- Each gap's cause (judged): queued (also a gap inside a blocking call before a migration the driver issued); for a
--- short gap its blocking call, else its launch; for a longer one jit or profiler (charged only while a load, compile
--- or profiler flush ran: the rest of the gap is judged as below), or alloc, host communication or waits covering
--- most of it, else the blocking call it began in; else what the host did meanwhile (host_cause). The late resume
+-- short gap its blocking call, else its launch; for a longer one alloc, host communication, a data loader's ranges
+-- or OS waits covering most of it (a load of 0.5 ms does not explain a second of allocation), else jit or profiler
+-- when a load, compile or profiler flush ran in it (charged only while it ran: the rest of the gap is what the host
+-- did meanwhile), else the blocking call it began in; else what the host did meanwhile (host_cause). The late resume
 -- past a blocking call's share, or a jit or profiler gap's time outside its activity (split); the result as labelled.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
 -- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max.
-hosted AS (
-  SELECT g.*, h.* EXCLUDE (gap_id), CASE
+judged AS (
+  SELECT g.*, h.jit_ns, h.profiler_ns, CASE
+    WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
+    WHEN g.driver AND g.end_ns <= g.b_end THEN 'queued'  -- the host sat in a call: the driver's migration, asked before
+    WHEN g.duration_ns <= $launch_gap_max AND g.blocked_cause IS NOT NULL THEN g.blocked_cause
+    WHEN g.duration_ns <= $launch_gap_max AND g.launch_end_ns IS NULL THEN 'host_untraced'
+    WHEN g.duration_ns <= $launch_gap_max THEN
+      CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
     WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'
     WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
-    WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait' END AS heavy_cause
-  FROM at_start g LEFT JOIN gap_host h USING (gap_id)),
-judged AS (
-  SELECT *, CASE
-    WHEN launch_end_ns <= start_ns THEN 'queued'
-    WHEN driver AND end_ns <= b_end THEN 'queued'  -- the host sat in a call: the driver's migration, asked before
-    WHEN duration_ns <= $launch_gap_max AND blocked_cause IS NOT NULL THEN blocked_cause
-    WHEN duration_ns <= $launch_gap_max AND launch_end_ns IS NULL THEN 'host_untraced'
-    WHEN duration_ns <= $launch_gap_max THEN
-      CASE WHEN tiny THEN 'launch_tiny' ELSE 'launch' END
-    WHEN jit_ns > 0 THEN 'jit'
-    WHEN profiler_ns > 0 THEN 'profiler'
-    ELSE coalesce(heavy_cause, blocked_cause) END AS early_cause, CASE
-    WHEN sync_ns >= $dominant * duration_ns THEN 'sync'
-    WHEN launch_ns >= $dominant * duration_ns THEN 'launch'
-    WHEN cpu_ns - coalesce(api_ns, 0) >= $dominant * duration_ns THEN 'host_cpu'
-    WHEN duration_ns <= $overhead_max AND launch_end_ns IS NOT NULL THEN
-      CASE WHEN tiny THEN 'launch_tiny' ELSE 'launch' END
+    WHEN h.loader_ns >= $dominant * g.duration_ns THEN 'input_wait'
+    WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
+    WHEN h.jit_ns > 0 THEN 'jit'
+    WHEN h.profiler_ns > 0 THEN 'profiler'
+    WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
+    WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
+    WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
+    WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
+    WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN
+      CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
+    WHEN h.op_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_op'  -- past one op's overhead
     ELSE 'host_untraced' END AS host_cause
-  FROM hosted),
+  FROM at_start g LEFT JOIN gap_host h USING (gap_id)),
 split AS (
   SELECT *, coalesce(early_cause, host_cause) AS cause, CASE
     WHEN early_cause = 'jit' THEN duration_ns - jit_ns
@@ -38,6 +38,5 @@ split AS (
   FROM judged),
 labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls
   SELECT gap_id, device_id, start_ns, end_ns, duration_ns, pid, tid, blocked_in, cause, late_ns,
-         CASE WHEN late_ns > 0 AND cause IN ('jit', 'profiler') THEN coalesce(heavy_cause, host_cause)
-              WHEN late_ns > 0 THEN host_cause END AS late_cause,
+         CASE WHEN late_ns > 0 THEN host_cause END AS late_cause,
          CASE WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call FROM split)

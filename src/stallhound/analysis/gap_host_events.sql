@@ -1,11 +1,12 @@
 -- What the launching threads did around the long gaps (neither queued nor at most $launch_gap_max): their CUDA
 -- calls near those gaps (each with its kind: jit, module, alloc, lazy load, sync, launch or other API), OS-runtime
--- waits, NVTX ranges of a known kind, time on a CPU (scheduler data, else CPU samples), and the profiler's own
--- overhead in their process (profiler_overhead: CUPTI buffer flushes stall the process's CUDA calls), as host_events.
+-- waits, NVTX ranges of a known kind (jit, comm, loader), framework operators (ranges of domain $op_domain) when the
+-- trace has no CPU data, time on a CPU (scheduler data, else CPU samples), and the profiler's own overhead in their
+-- process (profiler_overhead: CUPTI buffer flushes stall the process's CUDA calls), as host_events.
 -- A lazy load is a launch call of at least $lazy that launched the first kernel of its name in its process: a
 -- long launch of a kernel launched before loads nothing (the driver waited on something else).
 -- CTEs of attribution_sql.HOST, after gap_thread (WORK) and before `touch` (intervals.overlaps).
--- Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds.
+-- Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds, $op_domain.
 long_gaps AS MATERIALIZED (
   SELECT gap_id AS probe_id, pid, tid, start_ns, end_ns FROM gap_thread
   WHERE tid IS NOT NULL AND duration_ns > $launch_gap_max AND NOT coalesce(launch_end_ns <= start_ns, false)),
@@ -49,6 +50,10 @@ host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed,
   UNION ALL
   SELECT n.pid, n.tid, t.what, n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
   JOIN range_kinds t ON t.text = n.text WHERE n.end_ns > $start AND n.start_ns < $end
+  UNION ALL  -- an operator the thread was inside: host work of the framework, where no CPU data says more
+  SELECT n.pid, n.tid, 'op', n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
+  WHERE n.domain = $op_domain AND n.end_ns > $start AND n.start_ns < $end
+    AND NOT EXISTS (SELECT 1 FROM sched LIMIT 1) AND NOT EXISTS (SELECT 1 FROM cpu_samples LIMIT 1)
   UNION ALL
   SELECT t.pid, t.tid, 'profiler', o.start_ns, o.end_ns FROM profiler_overhead o JOIN threads_in t ON t.pid = o.pid
   WHERE o.end_ns > $start AND o.start_ns < $end

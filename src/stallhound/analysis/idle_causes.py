@@ -5,12 +5,17 @@ and kernel_launch_overhead the ones they measure), so the figures always agree. 
 idle time of its gap causes (analysis/attribution.py) on one device; causes never share nanoseconds, so
 findings never count the same nanoseconds twice and a device's findings never exceed its idle time. A finding
 fires only when its claim is worth reporting (rules.MIN_STAKE_PCT of the window) and its own precondition
-holds; gpu-bubbles takes what stays unexplained in gaps of 1 ms or more. gc-pauses (book gc-pauses) needs a
-Python program and periodic gaps of 1 ms or more in which the host did nothing traced (no blocking call, copy or
-launch), recurring less often than every step when the loop's step is known: a gap in every step is the step's
-own work.
+holds. dataloader-starvation needs evidence of a data loader: its ranges cover the gap (input_wait), or the
+launching thread waits in OS calls (host_wait) in a program whose trace shows a loader (input_pipeline). Outside the
+loop's steady state, the stretches before a device's first work and after its last are start-up and teardown, and an
+allocation or code load paid once or twice is one-time setup (profiler-window-on-warmup), never a bubble.
+gpu-bubbles takes the gaps of 1 ms or more that no cause explains: nothing traced on the host, waits on other
+work, OS waits in a program without a loader. gc-pauses (book gc-pauses) needs a Python program and periodic gaps
+of 1 ms or more in which the host did nothing traced (no blocking call, copy or launch), recurring less often than
+every step when the loop's step is known: a gap in every step is the step's own work. When the window lost a real
+share of its kernel records (trace_quality.lost_kernels), every idle finding is demoted to info, as part of its
+idle time ran kernels the trace does not show.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -18,40 +23,60 @@ from dataclasses import dataclass, replace
 
 import duckdb
 
-from stallhound.analysis import attribution, program, rules
+from stallhound.analysis import attribution, input_pipeline, program, rules, trace_quality
 from stallhound.analysis.attribution import DeviceIdle
 from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
+from stallhound.analysis.trace_quality import LostKernels
 
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
 RECURRING_MIN_GAPS = 3  # outside a steady window, a cost paid three times or more recurs; once or twice is setup
+ONCE_SHARE = 0.5  # ... and a gap holding half a recurring cost's time or more is that cost paid once (setup)
 TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launches, not a handful
-INPUT_PIPELINE = "PyTorch DataLoader"  # the NVTX family (analysis/nvtx_texts.py) that shows an input pipeline
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
 BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy"}  # causes that name a blocking call (they count calls)
-UNEXPLAINED = ("host_untraced", "queued")  # causes no specific finding claims (pageable_copy: memory_transfers')
+UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy: memory_transfers')
 GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-generation pass, which fires on every
 # 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
 
 
 @dataclass(frozen=True)
+class Seen:
+    """What the trace shows besides the idle attribution that the idle findings depend on."""
+    loader: tuple[str, ...] = ()  # what shows the program's data loader (input_pipeline.evidence; empty: none)
+    lost: LostKernels | None = None  # the window's launches whose kernel records were lost (trace_quality)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every claim is judged with besides its device: the program, whether the window lies inside its loop (a
+    steady state), and what else the trace shows."""
+    program: Program
+    in_loop: bool = False
+    seen: Seen = Seen()
+
+
+@dataclass(frozen=True)
 class Claim:
-    """One root cause's share of a device's idle time."""
+    """One root cause's share of a device's idle time. recurs: outside the loop, it fires only when seen in
+    RECURRING_MIN_GAPS gaps or more; fewer are one-time setup (`doing` words it for the setup finding)."""
     root_cause: str
     causes: tuple[str, ...]
-    applies: Callable[[DeviceIdle, Program, bool], bool]  # (device, program, window is inside the loop)
-    title: Callable[[DeviceIdle, int], str]
-    tags: Callable[[DeviceIdle, Program], list[str]] = lambda d, p: []
-    ns: Callable[[DeviceIdle, tuple[str, ...]], int] = lambda d, causes: d.ns(*causes)
+    applies: Callable[[DeviceIdle, Context], bool]
+    title: Callable[[DeviceIdle, int, Context], str]
+    tags: Callable[[DeviceIdle, Context], list[str]] = lambda d, c: []
+    ns: Callable[[DeviceIdle, tuple[str, ...], Context], int] = lambda d, causes, c: d.ns(*causes)
+    recurs: bool = False
+    doing: str = ""
 
 
 def _python(program: Program) -> bool:
     return "python" in program.fix_chain
 
 
-def _sync_tags(d: DeviceIdle, _: Program) -> list[str]:
+def _sync_tags(d: DeviceIdle, _: Context) -> list[str]:
     if d.ns("sync_copy") > d.ns("sync"):
         return ["sync-copy"]
     scope = rules.sync_scope(d.causes["sync"].api) if "sync" in d.causes else "other"
@@ -63,24 +88,13 @@ def _jit_cause(program: Program) -> str:
     return "torch-compile-recompilation" if torch_compile else "module-loading-hot-path"
 
 
-def _jit_tags(_: DeviceIdle, program: Program) -> list[str]:
-    jit = JIT_FRAMEWORKS & set(program.frameworks) or any("driver API" in e for e in program.evidence)
+def _jit_tags(_: DeviceIdle, c: Context) -> list[str]:
+    jit = JIT_FRAMEWORKS & set(c.program.frameworks) or any("driver API" in e for e in c.program.evidence)
     return ["jit" if jit else "module-load"]
 
 
-def _cpu_tags(d: DeviceIdle, program: Program) -> list[str]:
-    """launch or host-cpu, whichever took more; and input-pipeline when the program shows one (its loader's NVTX
-    ranges), so that only a program with an input pipeline is told to move work into it."""
-    pipeline = ["input-pipeline"] if INPUT_PIPELINE in program.frameworks else []
-    return ["launch" if d.ns("launch") >= d.ns("host_cpu") else "host-cpu", *pipeline]
-
-
-def _periodic(d: DeviceIdle, causes: tuple[str, ...]) -> int:
+def _periodic(d: DeviceIdle, causes: tuple[str, ...], _: Context | None = None) -> int:
     return sum(d.causes[c].periodic_ns for c in causes if c in d.causes)
-
-
-def _gc_applies(d: DeviceIdle, program: Program, _: bool) -> bool:
-    return _python(program)
 
 
 def _off_step(d: DeviceIdle, step_ns: int | None) -> DeviceIdle:
@@ -109,40 +123,72 @@ def _calls(d: DeviceIdle, *causes: str) -> int:
     return sum(d.causes[c].calls for c in causes if c in d.causes)
 
 
+def _host_title(d: DeviceIdle, ns: int, _: Context) -> str:
+    ops = d.ns("host_op")
+    parts = [f"launching {ms(d.ns('launch'))}", *([f"CPU work {ms(d.ns('host_cpu'))}"] if d.ns("host_cpu") or not ops
+                                                  else []),
+             *([f"inside framework operators that launched no GPU work {ms(ops)}"] if ops else [])]
+    return f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: {', '.join(parts)}"
+
+
+def _host_tag(d: DeviceIdle) -> str:
+    """What holds most of the host's time: launching, its own CPU work, or the framework's operators (host_op)."""
+    if d.ns("launch") >= d.ns("host_cpu", "host_op"):
+        return "launch"
+    return "host-ops" if d.ns("host_op") > d.ns("host_cpu") else "host-cpu"
+
+
+def _host_tags(d: DeviceIdle, c: Context) -> list[str]:
+    """_host_tag, and input-pipeline where the trace shows a data loader (input_pipeline.evidence): only a program
+    with one is told to move its CPU work into the loader's workers (book cpu-bottleneck)."""
+    return [_host_tag(d), *(["input-pipeline"] if c.seen.loader else [])]
+
+
+def _input_ns(d: DeviceIdle, _: tuple[str, ...], c: Context) -> int:
+    """The loader's ranges always; the launching thread's OS waits only in a program with a data loader."""
+    return d.ns("input_wait") + (d.ns("host_wait") if c.seen.loader else 0)
+
+
+def _input_title(d: DeviceIdle, ns: int, c: Context) -> str:
+    parts = [f"{ms(d.ns('input_wait'))} inside the data loader's ranges"] if d.ns("input_wait") else []
+    if c.seen.loader and d.ns("host_wait"):
+        parts.append(f"{ms(d.ns('host_wait'))} in OS waits")
+    return (f"device {d.device} idles {ms(ns)} while its launching thread waits for input ({', '.join(parts)}; the "
+            f"loader: {'; '.join(c.seen.loader) or 'its ranges'}): the next batch is late")
+
+
 CLAIMS: tuple[Claim, ...] = (
-    Claim("excessive-synchronization", ("sync", "sync_copy"), lambda d, p, loop: True,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} in and right after {_calls(d, 'sync', 'sync_copy'):,} "
-                        f"{_api(d, 'sync' if 'sync' in d.causes else 'sync_copy')} calls that drained its queue",
+    Claim("excessive-synchronization", ("sync", "sync_copy"), lambda d, c: True,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and right after {_calls(d, 'sync', 'sync_copy'):,} "
+                           f"{_api(d, 'sync' if 'sync' in d.causes else 'sync_copy')} calls that drained its queue",
           _sync_tags),
-    Claim("blocking-d2h-sync", ("readback",), lambda d, p, loop: True,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} after {_calls(d, 'readback'):,} small device-to-host "
-                        f"reads ({_api(d, 'readback')}) drained its queue"),
-    Claim("small-kernel-overhead", ("launch_tiny",), lambda d, p, loop: _gaps(d, "launch_tiny") >= TINY_MIN_GAPS,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny "
-                        "kernels, waiting for their launches"),
-    Claim("alloc-in-loop", ("alloc",), lambda d, p, loop: _gaps(d, "alloc") >= RECURRING_MIN_GAPS,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} while the host allocates or frees device memory "
-                        f"({_gaps(d, 'alloc')} gaps)"),
-    Claim("module-loading-hot-path", ("jit",), lambda d, p, loop: True,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} while the host loads or compiles GPU code "
-                        f"(inside {counted(_gaps(d, 'jit'), 'gap')})", _jit_tags),
-    Claim("profiler-overhead", ("profiler",), lambda d, p, loop: True,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} while the profiler flushes its buffers in the launching "
-                        f"process (inside {counted(_gaps(d, 'profiler'), 'gap')}): the capture's overhead, not the "
-                        "program's"),
-    Claim("gc-pauses", ("host_untraced", "host_cpu"), _gc_applies,
-          lambda d, ns: f"device {d.device}: periodic idle gaps ({ms(ns)}) with the host outside CUDA calls: "
-                        "garbage-collection-like pauses", ns=_periodic),
-    Claim("cpu-bottleneck", ("launch", "host_cpu"), lambda d, p, loop: d.busy_pct < STARVED_BUSY_PCT,
-          lambda d, ns: f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: "
-                        f"launching {ms(d.ns('launch'))}, CPU work {ms(d.ns('host_cpu'))}",
-          _cpu_tags),
-    Claim("host-communication", ("host_comm",), lambda d, p, loop: True,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} while its launching thread communicates "
-                        f"({_gaps(d, 'host_comm')} gaps inside MPI or other communication ranges)"),
-    Claim("dataloader-starvation", ("host_wait",), lambda d, p, loop: True,
-          lambda d, ns: f"device {d.device} idles {ms(ns)} while its launching thread waits for input (OS "
-                        "waits, data-loading ranges): the next batch or another thread is late"),
+    Claim("blocking-d2h-sync", ("readback",), lambda d, c: True,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} after {_calls(d, 'readback'):,} small device-to-host "
+                           f"reads ({_api(d, 'readback')}) drained its queue"),
+    Claim("small-kernel-overhead", ("launch_tiny",), lambda d, c: _gaps(d, "launch_tiny") >= TINY_MIN_GAPS,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny "
+                           "kernels, waiting for their launches"),
+    Claim("alloc-in-loop", ("alloc",), lambda d, c: True,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host allocates or frees device or pinned "
+                           f"memory ({counted(_gaps(d, 'alloc'), 'gap')})", recurs=True,
+          doing="allocating or freeing device or pinned memory"),
+    Claim("module-loading-hot-path", ("jit",), lambda d, c: True,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host loads or compiles GPU code "
+                           f"(inside {counted(_gaps(d, 'jit'), 'gap')})", _jit_tags, recurs=True,
+          doing="loading or compiling GPU code"),
+    Claim("profiler-overhead", ("profiler",), lambda d, c: True,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the profiler flushes its buffers in the launching "
+                           f"process (inside {counted(_gaps(d, 'profiler'), 'gap')}): the capture's overhead, not "
+                           "the program's"),
+    Claim("gc-pauses", ("host_untraced", "host_cpu"), lambda d, c: _python(c.program),
+          lambda d, ns, c: f"device {d.device}: periodic idle gaps ({ms(ns)}) with the host outside CUDA calls: "
+                           "garbage-collection-like pauses", ns=_periodic),
+    Claim("cpu-bottleneck", ("launch", "host_cpu", "host_op"), lambda d, c: d.busy_pct < STARVED_BUSY_PCT,
+          _host_title, _host_tags),
+    Claim("host-communication", ("host_comm",), lambda d, c: True,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} while its launching thread communicates "
+                           f"({_gaps(d, 'host_comm')} gaps inside MPI or other communication ranges)"),
+    Claim("dataloader-starvation", ("input_wait", "host_wait"), lambda d, c: True, _input_title, ns=_input_ns),
 )
 
 
@@ -153,41 +199,103 @@ def step_ns(con: duckdb.DuckDBPyConnection, profile: str, device: int | None) ->
 
 
 def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = False,
-             step_ns: int | None = None) -> list[Finding]:
-    """All idle findings, per device, in CLAIMS order; then gpu-bubbles for what stays unexplained. in_loop: the
-    window lies inside the program's loop (a steady state), so even a one-off cost recurs per run of it. step_ns:
-    the loop's steady step, when known (iterations), so that a gap recurring every step is not taken for a
-    collection pause."""
+             step_ns: int | None = None, seen: Seen = Seen()) -> list[Finding]:
+    """All idle findings, per device, in CLAIMS order; then one-time setup, and gpu-bubbles for what stays
+    unexplained. in_loop: the window lies inside the program's loop (a steady state), so even a one-off cost recurs
+    per run of it; outside it, the stretches before a device's first work and after its last are start-up and
+    teardown, no cause's at all. step_ns: the loop's steady step, when known (iterations), so that a gap recurring
+    every step is not taken for a collection pause. seen: the data loader, and the kernel records the window lost
+    (then every idle finding is demoted: part of the idle time ran kernels the trace does not show)."""
+    context = Context(program, in_loop, seen)
     out: list[Finding] = []
-    for d in (_off_step(d, step_ns) for d in idle.values()):
-        fired: set[str] = set()
-        for claim in CLAIMS:
-            root = _jit_cause(program) if claim.root_cause == "module-loading-hot-path" else claim.root_cause
-            ns = (_cpu_ns(d, claim.causes, "gc-pauses" in fired) if claim.root_cause == "cpu-bottleneck"
-                  else claim.ns(d, claim.causes))
-            if not rules.worth_reporting(ns, d.window_ns) or not claim.applies(d, program, in_loop):
-                continue
-            fired.add(claim.root_cause)
-            out.append(_finding(d, root, ns, claim.title(d, ns), claim.tags(d, program),
-                                {"gaps": _gaps(d, *claim.causes),
-                                 **({"calls": _calls(d, *claim.causes)} if BLOCKING & set(claim.causes) else {})}))
-        out.extend(_bubbles(d, fired))
+    for d in (_off_step(d if in_loop else d.without_edges(), step_ns) for d in idle.values()):
+        d, setup = _one_time(d, in_loop)
+        found, fired = _claimed(d, context)
+        found += _setup(d, setup) + _bubbles(d, fired, context)
+        out += [_demoted(f, seen.lost) for f in found] if seen.lost and seen.lost.significant else found
     return out
 
 
-def _bubbles(d: DeviceIdle, fired: set[str]) -> list[Finding]:
-    claimed = {c for claim in CLAIMS if claim.root_cause in fired and claim.ns is not _periodic for c in claim.causes}
-    mapped = [c for claim in CLAIMS for c in claim.causes]
-    causes = tuple(c for c in dict.fromkeys((*UNEXPLAINED, *mapped)) if c not in claimed)
-    ns = sum(d.causes[c].long_ns for c in causes if c in d.causes)
+SetupCost = tuple[Claim, int, int]  # a recurring claim's one-time part: (claim, ns, gaps)
+
+
+def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost]]:
+    """Outside the loop, the one-time part of each recurring claim's cause taken out of d: all of it when seen in
+    fewer than RECURRING_MIN_GAPS gaps, else its longest gap when that one holds ONCE_SHARE of its time (a cost paid
+    once, and the rest recurring)."""
+    if in_loop:
+        return d, []
+    causes, setup = dict(d.causes), []
+    for claim in (claim for claim in CLAIMS if claim.recurs):
+        [cause] = claim.causes
+        if cause not in causes:
+            continue
+        t, longest = causes[cause], d.longest.get(cause, 0)
+        ns, gaps = ((t.ns, t.gaps) if t.gaps < RECURRING_MIN_GAPS else
+                    (longest, 1) if longest >= ONCE_SHARE * t.ns else (0, 0))
+        if ns:
+            setup.append((claim, ns, gaps))
+            causes[cause] = replace(t, ns=t.ns - ns, gaps=t.gaps - gaps, long_ns=max(0, t.long_ns - ns))
+    return replace(d, causes={c: t for c, t in causes.items() if t.ns > 0}), setup
+
+
+def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
+    """The claims' findings on a device, and the root causes that fired."""
+    out: list[Finding] = []
+    fired: set[str] = set()
+    for claim in CLAIMS:
+        root = _jit_cause(c.program) if claim.root_cause == "module-loading-hot-path" else claim.root_cause
+        ns = (_cpu_ns(d, claim.causes, "gc-pauses" in fired) if claim.root_cause == "cpu-bottleneck"
+              else claim.ns(d, claim.causes, c))
+        recurs = not claim.recurs or c.in_loop or _gaps(d, *claim.causes) >= RECURRING_MIN_GAPS
+        if not (recurs and rules.worth_reporting(ns, d.window_ns) and claim.applies(d, c)):
+            continue
+        fired.add(claim.root_cause)
+        out.append(_finding(d, root, ns, claim.title(d, ns, c), claim.tags(d, c), {
+            "gaps": _gaps(d, *claim.causes),
+            **({"calls": _calls(d, *claim.causes)} if BLOCKING & set(claim.causes) else {})}))
+    return out, fired
+
+
+def _setup(d: DeviceIdle, setup: list[SetupCost]) -> list[Finding]:
+    """One-time costs the attribution names (allocation, loading or compiling code, paid once in a window that is
+    not the loop's steady state): the window holds the program's setup (book profiler-window-on-warmup)."""
+    ns = sum(n for _, n, _ in setup)
+    if not rules.worth_reporting(ns, d.window_ns):
+        return []
+    parts = ", ".join(f"{claim.doing} {ms(n)} in {counted(gaps, 'gap')}" for claim, n, gaps in setup)
+    title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts}), not in a "
+             "loop: a window over the steady state leaves it out")
+    loading = sum(n for claim, n, _ in setup if claim.causes == ("jit",))
+    return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup"],
+                     {"gaps": sum(g for _, _, g in setup), "loading_ns": loading})]
+
+
+def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
+    """The long gaps no cause explains: nothing traced on the host, or waits on other work (queued), or OS waits of
+    the launching thread in a program with no data loader (on what, the trace does not say)."""
+    causes = UNEXPLAINED if c.seen.loader else (*UNEXPLAINED, "host_wait")
+    ns = sum(d.causes[cause].long_ns for cause in causes if cause in d.causes)
     if "gc-pauses" in fired:
-        ns -= _periodic(d, tuple(c for c in causes if c in ("host_untraced", "host_cpu")))
+        ns -= _periodic(d, ("host_untraced",))
     worth_chasing = d.busy_pct < STARVED_BUSY_PCT or pct(ns, d.window_ns) >= BUBBLES_PCT
     if not (rules.worth_reporting(ns, d.window_ns) and worth_chasing):
         return []
+    waits = d.causes["host_wait"].long_ns if "host_wait" in causes and "host_wait" in d.causes else 0
+    seen = (f"{ms(waits)} of it with the launching thread in OS waits (futex, poll, read, ...), on what the trace "
+            "does not show: no data loader is seen" if waits else
+            "no blocking call, launch, load or wait seen on the host")
     title = (f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} in gaps of 1 ms or more that the trace "
-             "cannot explain (no blocking call, launch, load or wait seen on the host)")
+             f"cannot explain ({seen})")
     return [_finding(d, "gpu-bubbles", ns, title, [], {"device_idle_ns": d.idle_ns})]
+
+
+def _demoted(f: Finding, lost: LostKernels) -> Finding:
+    """An idle finding on a window whose kernel records were partly lost: not ranked as if its idle were real."""
+    why = (f"; not ranked: {lost.lost:,} of the {lost.launches:,} kernels launched in the window have no record "
+           "(lost by the trace), so part of this idle time ran kernels it does not show")
+    return f.model_copy(update={"severity": "info", "title": f.title + why, "evidence": {
+        **f.evidence, "lost_kernels": lost.lost, "window_launches": lost.launches}})
 
 
 def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], extra: dict) -> Finding:
@@ -199,13 +307,15 @@ def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], ext
 @dataclass(frozen=True)
 class IdleBasis:
     """What a window's idle findings follow from: its idle attribution per device, the program, the loop's step
-    (None: not used). A tool that lists idle findings keeps it in its Result for its findings(result)."""
+    (None: not used), what else the trace shows. A tool that lists idle findings keeps it in its Result for its
+    findings(result)."""
     devices: dict[int, DeviceIdle]
     program: Program
     step_ns: int | None = None
+    seen: Seen = Seen()
 
     def findings(self, in_loop: bool = False) -> list[Finding]:
-        return findings(self.devices, self.program, in_loop, self.step_ns)
+        return findings(self.devices, self.program, in_loop, self.step_ns, self.seen)
 
     def shown(self, causes: set[str]) -> list[Finding]:
         """The findings with these root causes: what a tool showing one part of the idle time (sync, launches,
@@ -216,4 +326,5 @@ class IdleBasis:
 def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = None) -> IdleBasis:
     """The idle basis of a window (no device in scope: nothing idles)."""
     idle = attribution.attribute(con, scope).devices if scope.devices else {}
-    return IdleBasis(idle, program.detect(con), step_ns)
+    seen = Seen(input_pipeline.evidence(con), trace_quality.lost_kernels(con, scope.start_ns, scope.end_ns))
+    return IdleBasis(idle, program.detect(con), step_ns, seen)

@@ -2,10 +2,10 @@
 
 kind_of(name, short_name) reads the naming conventions of the libraries that emit most GPU time
 (cuBLAS/cuBLASLt, CUTLASS, cuDNN, FlashAttention, PyTorch ATen, Triton/Inductor, nvFuser, XLA, CuPy,
-CUB, NCCL, the NVHPC runtime's helpers) from the demangled name without its parameter list, and returns one of
-KINDS; the first rule that matches wins, in the order of KINDS. GEMMs are split by precision: 'gemm-fp32' when the
-name marks FP32 FMA (SIMT) arithmetic, 'gemm-tensor' when it marks tensor-core math or a 16/8-bit or
-TF32 type, 'gemm' when the name does not tell.
+CUB, the communication libraries of formats/comm_kernels.py, the NVHPC runtime's helpers) from the demangled name
+without its parameter list, and returns one of KINDS; the first rule that matches wins, in the order of KINDS.
+GEMMs are split by precision: 'gemm-fp32' when the name marks FP32 FMA (SIMT) arithmetic, 'gemm-tensor'
+when it marks tensor-core math or a 16/8-bit or TF32 type, 'gemm' when the name does not tell.
 
 min_arch_of(name) is the lowest SM architecture (e.g. 80 for 8.0) a kernel name shows it was compiled
 for (sm80_..., ampere_..., cutlass_80_...): the device that ran it is at least that.
@@ -21,13 +21,15 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from stallhound.formats import comm_kernels
+
 NAME_CHARS = 200  # demangled names can run to kilobytes; the start identifies the kernel
 DISPLAY_CHARS = 160  # a display name stays one readable line
 
 KINDS = {
     "runtime": "a language runtime's own helper kernels (the NVHPC OpenACC/OpenMP runtime's fills): data set-up, not "
                "the program's compute",
-    "nccl": "NCCL communication kernels",
+    "nccl": "communication kernels: NCCL and the libraries beside it (MSCCL, DeepEP, NVSHMEM, custom all-reduce)",
     "attention": "fused attention (FlashAttention, fmha, cuDNN SDPA)",
     "conv": "convolutions (cuDNN fprop/dgrad/wgrad, implicit GEMM, Winograd)",
     "gemm-tensor": "GEMMs on tensor cores (TF32, FP16/BF16, FP8, INT8; hmma/wgmma, nvjet, CUTLASS tensorop)",
@@ -45,7 +47,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(patter
     # kernels an OpenMP/OpenACC compiler made from the program's loops: their names carry the program's own
     # function names (matmult, reduce), which say nothing about what kind of kernel the compiler generated
     ("custom", r"^nvkernel_|__omp_offloading_|_\d+_gpu(__red)?$"),
-    ("nccl", r"nccl"),
+    ("nccl", comm_kernels.ANY),
     ("attention", r"flash|fmha|sdpa|attention|attn|(?<![a-z])mha"),
     ("conv", r"convol|conv[123]d|(?<![a-z])conv(?![a-z])|depthwise|fprop|dgrad|wgrad|winograd|implicit_gemm"),
     ("gemm", r"gemm|nvjet|matmul|gemv|splitkreduce|cublaslt::epilogue|(?<![a-z])(b|add)?mm(?![a-z])"),

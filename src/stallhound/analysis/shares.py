@@ -2,9 +2,10 @@
 
 Per device over the window: busy = union of all its kernels, copies, memsets and CUDA graph executions (the
 complement of its idle time, analysis/attribution.py);
-compute = union of its non-NCCL kernels and graph executions (graphs recorded whole hide their kernels;
-copy-like kernels included, copy_kernel_pct shows their own union); communication = union
-of its NCCL kernels; transfer = union of its memcpy and memset. Each share is the sum over devices of that
+compute = union of its non-communication kernels and graph executions (graphs recorded whole hide their kernels;
+copy-like kernels included, copy_kernel_pct shows their own union); communication = union of its communication
+kernels (kernels.category 'nccl': NCCL's and those of the other libraries of formats/comm_kernels.py, named in
+communication_families); transfer = union of its memcpy and memset. Each share is the sum over devices of that
 union / (window x devices), so each lies in 0-100; idle_pct = 100 - busy_pct; overlap_pct = compute +
 transfer + communication - busy (time in which two kinds of work ran at once). One function serves triage and
 answer_questions, so both always agree.
@@ -18,7 +19,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis import attribution, device_pass
-from stallhound.analysis.common import Scope, pct
+from stallhound.analysis.common import Scope, pct, scope_args
 
 IDLE_DOMINATED_PCT = 40.0  # idle above this share of the window outweighs any kernel-level tuning
 MIN_GPU_OPS = 10  # fewer kernels, copies and memsets than this say nothing about a workload, unless they add up to
@@ -31,12 +32,21 @@ Bound = Literal["compute-bound", "transfer-bound", "communication-bound", "host-
                 "too little GPU activity", "no GPU activity"]
 
 
+class FamilyTime(BaseModel):
+    family: str = Field(description="kernels.comm_family")
+    count: int
+    ns: int = Field(description="summed kernel time clipped to the window (concurrent kernels count twice)")
+
+
 class Classification(BaseModel):
     bound: Bound
     compute_pct: float = Field(description="union of non-NCCL kernels / (window x devices)")
     copy_kernel_pct: float = Field(description="union of copy-like kernels (casts, copies): part of compute_pct")
     transfer_pct: float = Field(description="union of memcpy and memset / (window x devices)")
-    communication_pct: float = Field(description="union of NCCL kernels / (window x devices)")
+    communication_pct: float = Field(description="union of communication kernels / (window x devices)")
+    communication_families: list[str] = Field(default_factory=list, description=(
+        "libraries of the communication kernels in the window (kernels.comm_family: NCCL, expert-parallel, custom "
+        "all-reduce, ...), most time first"))
     busy_pct: float
     idle_pct: float
     overlap_pct: float = Field(description="time counted in more than one of the three shares")
@@ -44,6 +54,10 @@ class Classification(BaseModel):
     reason: str
 
 
+FAMILIES_SQL = """
+SELECT coalesce(comm_family, 'NCCL'), count(*), sum(least(end_ns, $end) - greatest(start_ns, $start))::BIGINT
+FROM kernels WHERE category = 'nccl' AND device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end
+GROUP BY 1 ORDER BY 3 DESC, 1"""
 SLICES = attribution.DEVICE_PASS_SLICES  # computed with the idle attribution shares reads anyway
 
 
@@ -52,6 +66,11 @@ def _unions(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[dict[str, int
     operations."""
     passes = device_pass.device_passes(con, scope, SLICES).values()
     return {kind: sum(p.kinds[kind] for p in passes) for kind in device_pass.KINDS}, sum(p.ops for p in passes)
+
+
+def families(con: duckdb.DuckDBPyConnection, args: dict[str, object]) -> list[FamilyTime]:
+    """The libraries of the communication kernels in scope (`args`: scope_args), most time first."""
+    return [FamilyTime(family=f, count=n, ns=ns) for f, n, ns in con.execute(FAMILIES_SQL, args).fetchall()]
 
 
 def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> Classification:
@@ -65,9 +84,16 @@ def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> C
     overlap = round(max(0.0, share["compute"] + share["transfer"] + share["communication"] - share["busy"]), 2)
     idle = round(100 - share["busy"], 2)
     bound, reason = _bound(share, idle, ops, ns.get("busy", 0), fired)
+    found = [f.family for f in families(con, scope_args(scope))]
     return Classification(bound=bound, compute_pct=share["compute"], copy_kernel_pct=share["copy_kernel"],
                           transfer_pct=share["transfer"], communication_pct=share["communication"],
+                          communication_families=found,
                           busy_pct=share["busy"], idle_pct=idle, overlap_pct=overlap, gpu_ops=ops, reason=reason)
+
+
+def families_note(c: Classification) -> str:
+    """' (expert-parallel, NCCL)' after the communication share when it holds more than NCCL, else ''."""
+    return f" ({', '.join(c.communication_families)})" if set(c.communication_families) - {"NCCL"} else ""
 
 
 def _bound(share: dict[str, float], idle: float, ops: int, busy_ns: int, fired: set[str]) -> tuple[Bound, str]:

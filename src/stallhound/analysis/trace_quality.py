@@ -36,18 +36,50 @@ FROM api, launched
 # Launch calls that should each have run a kernel: one per (pid, correlation id), since older exports record
 # the runtime and the driver call of one launch under one id; those between a thread's cudaStreamBeginCapture
 # and its next cudaStreamEndCapture only record graph nodes, so no kernel runs for them.
-LAUNCHES_SQL = """
+CAPTURES = """
 WITH marks AS (SELECT pid, tid, start_ns, end_ns, name LIKE '%BeginCapture%' AS opens FROM cuda_api
-               WHERE kind = 'other' AND (name LIKE 'cu%StreamBeginCapture%' OR name LIKE 'cu%StreamEndCapture%')),
+               WHERE kind = 'other' AND regexp_matches(name, '^(cu|hip)[A-Za-z]*Stream(Begin|End)Capture')),
 spans AS (SELECT pid, tid, opens, start_ns, lead(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) AS end_ns
-          FROM marks)
+          FROM marks)"""
+LAUNCHES_SQL = CAPTURES + """
 SELECT (SELECT count(*) FROM (SELECT DISTINCT pid, correlation_id FROM cuda_api WHERE kind = 'launch')),
        (SELECT count(*) FROM (SELECT DISTINCT a.pid, a.correlation_id FROM cuda_api a JOIN spans s ON a.pid = s.pid
         AND a.tid = s.tid WHERE s.opens AND a.kind = 'launch' AND a.start_ns BETWEEN s.start_ns AND s.end_ns))
 """
+# The launches in [$start, $end) (one per (pid, correlation id), none inside a stream capture) and those of them
+# whose kernel has no record although their thread launched a kernel that has one later: lost, not run after the
+# capture stopped (a capture's last launches, or a cut export's, lack their kernels for that reason alone).
+LOST_SQL = CAPTURES + """,
+launched AS (SELECT pid, tid, correlation_id, min(start_ns) AS start_ns FROM cuda_api WHERE kind = 'launch'
+             GROUP BY ALL),
+captured AS (SELECT DISTINCT a.pid, a.correlation_id FROM launched a JOIN spans s ON a.pid = s.pid AND a.tid = s.tid
+             WHERE s.opens AND a.start_ns BETWEEN s.start_ns AND s.end_ns),
+judged AS (SELECT l.*, k.pid IS NOT NULL AS recorded FROM launched l
+           LEFT JOIN (SELECT DISTINCT pid, correlation_id FROM kernels) k USING (pid, correlation_id)
+           ANTI JOIN captured c USING (pid, correlation_id)),
+last_recorded AS (SELECT pid, tid, max(start_ns) FILTER (WHERE recorded) AS last_ns FROM judged GROUP BY ALL)
+SELECT count(*) FILTER (WHERE NOT recorded AND j.start_ns < r.last_ns), count(*)
+FROM judged j JOIN last_recorded r USING (pid, tid) WHERE j.start_ns >= $start AND j.start_ns < $end
+"""
 LOAD_NOTES_SQL = f"SELECT text FROM diagnostics WHERE source = '{LOAD_SOURCE}' ORDER BY rowid"
 LAST_API_SQL = "SELECT name, end_ns FROM cuda_api ORDER BY end_ns DESC LIMIT 1"
 GPU_INFO_SQL = "SELECT capture_flag FROM capabilities WHERE data = 'gpu_info' AND NOT present"
+
+
+class LostKernels(NamedTuple):
+    """Kernel records a window lacks: its launches whose kernel was lost (LOST_SQL), of all its launches."""
+    lost: int
+    launches: int
+
+    @property
+    def significant(self) -> bool:
+        """Enough lost that the device timeline misses a real part of the work (MISSING_KERNEL_PCT)."""
+        return self.launches > 0 and pct(self.lost, self.launches) >= MISSING_KERNEL_PCT
+
+
+def lost_kernels(con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int) -> LostKernels:
+    """The launches in [start_ns, end_ns) whose kernel records were lost (LOST_SQL), and all of them."""
+    return LostKernels(*one_row(con.execute(LOST_SQL, {"start": start_ns, "end": end_ns})))
 
 
 class _Trace(NamedTuple):
@@ -80,34 +112,38 @@ def _launches(con: duckdb.DuckDBPyConnection, t: _Trace) -> int:
     return launches - captured
 
 
-def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture_end: int, derived: str | None) -> list[str]:
+def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture: Window, derived: str | None) -> list[str]:
     """Launches without kernels, whole-graph records, CUDA calls or copies without any kernel."""
     launches = _launches(con, t)
     if not (t.kernels or t.graph_execs):
         if launches + t.graph_calls:
             return [f"{launches + t.graph_calls:,} kernel launch calls were traced but the export holds no kernel "
                     "records: the program most likely stopped or crashed before its kernels ran or before nsys "
-                    f"flushed its CUDA trace buffers{_last_call(con, capture_end)}, unless kernels were filtered "
+                    f"flushed its CUDA trace buffers{_last_call(con, capture.end_ns)}, unless kernels were filtered "
                     "out of the trace; check the program's exit status and re-capture with "
                     f"{remedy(con, ('kernels',), bare=True)}, letting it exit normally (or calling "
                     "cudaProfilerStop() first)"]
         if t.memcpy or t.memset:
             return [f"the GPU ran {t.memcpy:,} copies and {t.memset:,} memsets but no kernel was launched in the "
-                    f"capture{_last_call(con, capture_end)}: if the program should compute on the GPU it stopped "
+                    f"capture{_last_call(con, capture.end_ns)}: if the program should compute on the GPU it stopped "
                     "before its first launch or launched outside the capture; check its output and exit status"]
         if t.api_calls:
             return [f"{t.api_calls:,} CUDA API calls were traced but the GPU recorded no work"
-                    f"{_last_call(con, capture_end)}: the program stopped before its GPU phase or ran it outside the "
-                    "capture; check its exit status and the capture range (--capture-range, --delay, --duration)"]
+                    f"{_last_call(con, capture.end_ns)}: the program stopped before its GPU phase or ran it outside "
+                    "the capture; check its exit status and the capture range (--capture-range, --delay, --duration)"]
         return []
     notes = []
     missing = max(0, launches - t.plain_launched_kernels)
     if launches and pct(missing, launches) >= MISSING_KERNEL_PCT:
         where = "fall outside this derived export's window, " if derived else ""
+        lost = lost_kernels(con, capture.start_ns, capture.end_ns + 1).lost
+        how = (f"; {lost:,} of them were launched before a later launch of their thread whose kernel was recorded: "
+               "lost by the trace (CUPTI dropped their records), so the device timeline has holes where they ran"
+               if lost else "")
         notes.append(f"{missing:,} of {launches:,} kernel launch calls ({pct(missing, launches)}%) have no kernel "
                      f"record: their kernels {where}ran after the capture stopped (the GPU was behind the CPU) or "
                      f"were lost, so per-kernel figures cover only the {t.kernels:,} recorded kernels; capture until "
-                     "the GPU drains (e.g. synchronize before cudaProfilerStop)")
+                     f"the GPU drains (e.g. synchronize before cudaProfilerStop){how}")
     if t.graph_execs:
         notes.append(f"{t.graph_execs:,} CUDA graph launches were recorded as whole graphs (--cuda-graph-trace=graph, "
                      "nsys' default), so the kernels inside them have no records: GPU time counts each graph as "
@@ -125,7 +161,7 @@ def notes(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Wi
     t = _Trace(*one_row(con.execute(TRACE_SQL)))
     notes = loading + ([f"nsys recorded {t.errors:,} error message(s) about this capture (see diagnostics): data "
                         "may be missing from it; read them before trusting absences"] if t.errors else [])
-    notes += _launch_notes(con, t, capture.end_ns, derived)
+    notes += _launch_notes(con, t, capture, derived)
     if derived:
         notes.append(f"this export was cut or rewritten by another tool ({derived}), so work crossing its edges is "
                      "partial (e.g. launches whose kernels fall outside it); analyse the original export when you can")

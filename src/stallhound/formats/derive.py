@@ -7,21 +7,21 @@ from collections.abc import Callable, Mapping
 
 import duckdb
 
+from stallhound.formats.comm_kernels import IS_COMM_SQL
 from stallhound.model.duck import one_row
 
 LOAD_SOURCE = "stallhound"  # diagnostics.source of the notes a build writes about what it left out
-NCCL_COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
-                    "AllToAll", "Send", "Recv")
-# Kernel categories, decided once per distinct name: NCCL by name prefix, copy-like by the
-# memcpy/memset/copy/fill wording PyTorch and CUDA use for data-movement kernels.
-KERNEL_CATEGORY_SQL = """
+# Kernel categories, decided once per distinct name: 'nccl' for communication kernels of every family of
+# formats/comm_kernels.py (NCCL and the libraries beside it), copy-like by the memcpy/memset/copy/fill wording
+# PyTorch and CUDA use for data-movement kernels.
+KERNEL_CATEGORY_SQL = f"""
 CASE WHEN value IS NULL THEN 'other'
-     WHEN value ILIKE '%nccl%' THEN 'nccl'
+     WHEN {IS_COMM_SQL} THEN 'nccl'
      WHEN regexp_matches(lower(value), 'memcpy|memset|copy|fill_kernel') THEN 'copy'
      ELSE 'compute' END"""
 API_KIND_SQL = """
-CASE WHEN regexp_matches(name, '^(cuda|cu)Graph(Exec)?Launch') THEN 'graph'
-     WHEN regexp_matches(name, '^(cuda|cu)Launch') THEN 'launch'
+CASE WHEN regexp_matches(name, '^(cuda|cu|hip)Graph(Exec)?Launch') THEN 'graph'
+     WHEN regexp_matches(name, '^(cuda|cu|hip)(Ext)?(Module)?Launch') THEN 'launch'
      WHEN name ILIKE '%synchronize%' THEN 'sync'
      WHEN name ILIKE '%memcpy%' OR name ILIKE '%MemPrefetch%' THEN 'memcpy'
      WHEN name ILIKE '%memset%' THEN 'memset'

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 13  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 15  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ TABLES: tuple[Table, ...] = (
         ("world_size", "INTEGER", "ranks in that job; NULL when not recorded"),
         ("rank_source", "VARCHAR", "where rank and world_size come from: 'distributedInfo' (a torch.profiler "
                                    "trace's own block); NULL when unknown (nsys exports record no rank)"),
+        ("comm_backend", "VARCHAR", "torch.distributed backend of the job (distributedInfo.backend: nccl, gloo, ...); "
+                                    "NULL when not recorded"),
+        ("process_group_sizes", "INTEGER[]", "ranks in each of the job's process groups (distributedInfo.pg_config, "
+                                             "in its order); NULL when not recorded"),
     )),
     Table("capabilities", "Which data this profile has; for what it lacks, the capture option that records it.", (
         ("data", "VARCHAR", "kernels, memcpy, memset, cuda_api, sync, nvtx, os_runtime, cpu_samples, "
@@ -106,9 +110,11 @@ TABLES: tuple[Table, ...] = (
         ("dynamic_shared_bytes", "BIGINT", "dynamic shared memory per block"),
         ("graph_id", "BIGINT", "CUDA graph id when launched from a graph (NULL otherwise or if not recorded)"),
         ("graph_node_id", "BIGINT", "CUDA graph node id, NULL when not in a graph"),
-        ("category", "VARCHAR", "compute | nccl | copy | other (see formats.derive.KERNEL_CATEGORY_SQL)"),
+        ("category", "VARCHAR", "compute | nccl | copy | other (see formats.derive.KERNEL_CATEGORY_SQL); 'nccl' is "
+                                "every communication kernel, NCCL's and those of the libraries in comm_family"),
         ("nccl_collective", "VARCHAR", "AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, SendRecv, "
-                                       "AllToAll, ... for NCCL kernels; NULL otherwise"),
+                                       "AllToAll, ... for communication kernels whose name or recorded metadata "
+                                       "says it; Dispatch and Combine for expert-parallel kernels; NULL otherwise"),
         ("launch_api", "VARCHAR", "name of the CUDA API call that launched it, e.g. cudaLaunchKernel"),
         ("launch_start_ns", "BIGINT", "start of that API call"),
         ("launch_end_ns", "BIGINT", "end of that API call"),
@@ -120,6 +126,9 @@ TABLES: tuple[Table, ...] = (
         ("nccl_group_size", "INTEGER", "NCCL kernels: ranks in that process group; NULL when not recorded"),
         ("nccl_rank", "INTEGER", "NCCL kernels: rank of the launching process within that group; NULL when not "
                                  "recorded"),
+        ("comm_family", "VARCHAR", "communication kernels: the library by name (formats.comm_kernels.FAMILIES): NCCL "
+                                   "(with RCCL), MSCCL, expert-parallel (DeepEP), NVSHMEM, custom all-reduce; NULL "
+                                   "for every other kernel"),
     )),
     Table("memcpy", "Memory copies (CUPTI_ACTIVITY_KIND_MEMCPY).", (
         ("device_id", "INTEGER", "device that executed the copy"),

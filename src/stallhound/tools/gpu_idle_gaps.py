@@ -23,7 +23,7 @@ from typing import Annotated
 import duckdb
 from pydantic import BaseModel, Field, PrivateAttr
 
-from stallhound.analysis import attribution, gap_stages, idle_causes, program
+from stallhound.analysis import attribution, gap_stages, idle_causes
 from stallhound.analysis.common import (
     FINDINGS_SHOWN,
     Finding,
@@ -60,7 +60,8 @@ class Params(ScopedParams):
 
 class CauseRow(BaseModel):
     cause: str = Field(description="see analysis/attribution.py: queued, sync, readback, pageable_copy, sync_copy, "
-                                   "launch_tiny, launch, jit, alloc, host_comm, host_wait, host_cpu, host_untraced")
+                                   "launch_tiny, launch, jit, alloc, host_comm, input_wait, host_wait, host_cpu, "
+                                   "host_op, host_untraced")
     idle_ns: int
     gaps: int
     api: str | None = Field(description="blocking API most often seen, for the blocking causes")
@@ -173,7 +174,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     gaps = [Gap(device=g.device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
                 cause=g.cause, blocked_in=g.blocked_in, late_ns=g.late_ns, late_cause=g.late_cause,
                 **around[g.gap_id], periodic=g.gap_id in periodic,
-                edge=g.start_ns == scope.start_ns or g.end_ns == scope.end_ns) for g in top]
+                edge=g.at_edge(scope)) for g in top]
     by_id = {g.gap_id: g for g in found}
     devices = [_device(attr.devices[d], [g for g in found if g.device == d]) for d in scope.devices]
     traced = one_row(con.execute(TRACED_SQL, scope_args(scope)))
@@ -192,8 +193,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
 
 def _basis(con: duckdb.DuckDBPyConnection, scope: Scope, device: int | None) -> IdleBasis:
     """The window's idle attribution, the program and its loop's step: what the idle findings follow from."""
-    return IdleBasis(attribution.attribute(con, scope).devices, program.detect(con),
-                     idle_causes.step_ns(con, scope.profile, device))
+    return idle_causes.basis(con, scope, idle_causes.step_ns(con, scope.profile, device))
 
 
 def window_findings(con: duckdb.DuckDBPyConnection, scope: Scope, device: int | None, in_loop: bool) -> list[Finding]:

@@ -1,14 +1,16 @@
 """Where does each device's NCCL time go: hidden under compute, exposed, or waiting for a rank that arrives last?
 
-Time: NCCL kernels (kernels.category = 'nccl') of the devices in scope, clipped to the window (default:
-GPU-active). Rows per (collective type, stream) over those devices: count, total_ns (sum of clipped
+Time: communication kernels (kernels.category = 'nccl': NCCL's, and those of the other libraries of
+formats/comm_kernels.py, listed in `families`; "NCCL" below means all of them) of the devices in scope, clipped to
+the window (default: GPU-active). Rows per (collective type, stream) over those devices: count, total_ns (sum of clipped
 durations), mean_ns, window_pct = total_ns / (window x devices in scope). overlapped_ns = time of each
 NCCL kernel during which its device also ran a non-NCCL kernel (intersection with the union of the
 other kernels' intervals on that device); overlapped_pct = overlapped_ns / total_ns; exposed_ns =
 total_ns - overlapped_ns (communication not hidden by compute). devices: the same per device, with
 window_pct = nccl_ns / window; spread_ns = max - min of per-device NCCL time, spread_pct = spread / mean
 (data only: the late rank is read from arrival, not from totals). nccl_on_compute_stream lists streams
-that carry both NCCL and non-NCCL kernels, with the exposed NCCL time on them.
+that carry both NCCL and non-NCCL kernels, with the exposed NCCL time on them and the share of the device's
+non-NCCL kernel time they carry (compute_share_pct, of clipped durations).
 
 Arrival (needs two or more devices in scope; omit `device` to compare all):
 - Matching, per collective type (nccl_collective, 'other' when unnamed): the NCCL kernels of each device
@@ -35,13 +37,18 @@ Arrival (needs two or more devices in scope; omit `device` to compare all):
 
 Findings, per device, with disjoint time at stake (each capped at the window): nccl-straggler on each
 waiting device (its straggler_wait_ns). The rest of its exposed NCCL time, pool = exposed_ns -
-straggler_wait_ns, goes to at most one finding, first match wins:
-1. nccl-on-compute-stream: shared streams hold >= SHARED_MIN_PCT of the device's exposed NCCL time; stake =
-   that time within the pool. First because a shared stream forbids overlap whatever else is tuned.
+straggler_wait_ns, goes to at most one finding, first match wins (the last two never claim time measured as
+waiting for other ranks, wait_ns: tuning a collective cannot recover it):
+1. nccl-on-compute-stream: shared streams that carry >= COMPUTE_STREAM_MIN_PCT of the device's non-NCCL kernel
+   time (compute streams) hold >= SHARED_MIN_PCT of its exposed NCCL time; stake = that time within the pool. First
+   because a shared stream forbids overlap whatever else is tuned.
 2. compute-communication-imbalance: no straggler, NCCL >= NCCL_SHARE_PCT of the window on the device and a
    median skew at or above the threshold; stake = wait_ns within the pool (waiting for varying late ranks).
-3. nccl-serialization: overlapped_pct < OVERLAP_MIN_PCT and pool >= EXPOSED_MIN_PCT of the window; stake = pool.
-Message sizes and algorithm bandwidth, where the profile records them: see analysis.nccl_sizes. Times in ns.
+3. nccl-serialization: overlapped_pct < OVERLAP_MIN_PCT and pool - wait_ns >= EXPOSED_MIN_PCT of the window;
+   stake = pool - wait_ns. With one device in scope the wait cannot be measured: the title says so.
+Each finding's tags name its variant (analysis/comm_context.py: the collective pattern and the parallel framework
+seen, in `context`), which picks the book's fix. Message sizes and algorithm bandwidth, where the profile records
+them: see analysis.nccl_sizes. Times in ns.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from __future__ import annotations
 import duckdb
 from pydantic import BaseModel, Field
 
-from stallhound.analysis import nccl_arrival, nccl_sizes, rules
+from stallhound.analysis import comm_context, nccl_arrival, nccl_sizes, rules, shares
 from stallhound.analysis.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -72,9 +79,13 @@ OVERLAP_MIN_PCT = 50.0  # book nccl-serialization: overlapped_pct well below 50%
 EXPOSED_MIN_PCT = 10.0  # ... and only when the exposed time is a sizeable share of the window
 NCCL_SHARE_PCT = 20.0  # book compute-communication-imbalance: NCCL above 20% of the window is a red flag
 SHARED_MIN_PCT = 50.0  # shared streams holding most of a device's exposed NCCL time: the stream layout decides
+# A stream carrying this share of the device's compute is a compute stream; a communication library's own stream
+# that runs a few helper kernels (DeepEP's layout and casts) is not one.
+COMPUTE_STREAM_MIN_PCT = 25.0
 BUCKET_NS = 1_000_000  # overlap join buckets: NCCL kernels span a few, most compute kernels fit in one
 
 
+ALONE = " (one device in scope: this includes any wait for other ranks; compare every rank to separate it)"
 NO_NCCL = ("no NCCL kernels in this window (a single-GPU run, or communication not captured: trace every rank "
            "with {capture})")
 
@@ -113,6 +124,7 @@ class SharedStream(BaseModel):
     stream: int | None
     nccl_kernels: int
     compute_kernels: int = Field(description="non-NCCL kernels on the same stream")
+    compute_share_pct: float = Field(description="their time / the device's non-NCCL kernel time (clipped)")
     exposed_ns: int = Field(description="exposed NCCL time on this stream")
 
 
@@ -136,6 +148,11 @@ class Result(Output):
     arrival: nccl_arrival.Arrival | None = Field(description="per-collective arrival across devices; null without NCCL")
     message_sizes: nccl_sizes.Sizes | None = Field(None, description="message sizes and algorithm bandwidth per "
                                                    "(collective, size, group), where recorded; null without NCCL")
+    families: list[shares.FamilyTime] = Field(default_factory=list, description=(
+        "libraries of the communication kernels counted here (NCCL, expert-parallel, custom all-reduce, ...)"))
+    context: comm_context.Context | None = Field(None, description=(
+        "per device the collective pattern with the most time and the c10d ops behind it, and the parallel "
+        "frameworks seen: what picks each finding's fix; null without NCCL"))
     findings: list[Finding] = []
 
 
@@ -160,10 +177,14 @@ FROM n GROUP BY GROUPING SETS ((coll, stream_id), (device_id), (device_id, strea
 """
 
 SHARED_SQL = """
-SELECT device_id, stream_id, count(*) FILTER (WHERE category = 'nccl'), count(*) FILTER (WHERE category <> 'nccl')
-FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end
-GROUP BY ALL HAVING count(*) FILTER (WHERE category = 'nccl') > 0 AND count(*) FILTER (WHERE category <> 'nccl') > 0
-ORDER BY ALL
+WITH s AS (
+  SELECT device_id, stream_id, count(*) FILTER (WHERE category = 'nccl') AS nccl,
+         count(*) FILTER (WHERE category <> 'nccl') AS compute,
+         coalesce(sum(least(end_ns, $end) - greatest(start_ns, $start)) FILTER (WHERE category <> 'nccl'), 0) AS ns
+  FROM kernels WHERE device_id IN (SELECT unnest($devices)) AND end_ns > $start AND start_ns < $end
+  GROUP BY device_id, stream_id)
+SELECT device_id, stream_id, nccl, compute, ns / nullif(sum(ns) OVER (PARTITION BY device_id), 0)
+FROM s QUALIFY nccl > 0 AND compute > 0 ORDER BY device_id, stream_id
 """
 
 def _spread(devices: list[DeviceNccl], scope: Scope) -> tuple[int, float]:
@@ -198,10 +219,13 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         rows=rows[:params.limit], truncated=len(rows) > params.limit, total_rows=len(rows), devices=devices,
         spread_ns=spread, spread_pct=spread_pct,
         nccl_on_compute_stream=[SharedStream(device=r[0], stream=r[1], nccl_kernels=r[2], compute_kernels=r[3],
+                                             compute_share_pct=round(100 * (r[4] or 0), 2),
                                              exposed_ns=stream_exposed.get((r[0], r[1]), 0))
                                 for r in con.execute(SHARED_SQL, args).fetchall()],
         arrival=nccl_arrival.measure(con, args, scope, params.limit) if devices else None,
-        message_sizes=nccl_sizes.run(con, args, params.limit) if devices else None)
+        message_sizes=nccl_sizes.run(con, args, params.limit) if devices else None,
+        families=shares.families(con, args) if devices else [],
+        context=comm_context.measure(con, args) if devices else None)
 
 
 def findings(result: Result) -> list[Finding]:
@@ -215,22 +239,28 @@ def findings(result: Result) -> list[Finding]:
         wait = waits.get(d.device)
         # concurrent NCCL kernels of one device can sum past the window: never claim more than it
         pool = min(max(0, d.exposed_ns - (wait.straggler_wait_ns if wait else 0)), result.scope.duration_ns)
+        other_wait = wait.wait_ns - wait.straggler_wait_ns if wait else 0
         chosen = (_shared(result, d, pool) or _imbalance(result, arrival, d, wait, pool)
-                  or _serialization(result, d, pool))
+                  or _serialization(result, d, max(0, pool - other_wait)))
         if chosen:
             found.append(chosen)
     return found
 
 
-def _tags(d: DeviceNccl) -> list[str]:
-    return [c.lower() for c in d.collectives if c != "other"]
+def _tags(result: Result, d: DeviceNccl) -> list[str]:
+    return comm_context.tags(result.context, d.device) if result.context else []
+
+
+def label(result: Result) -> str:
+    """What the figures count: 'NCCL', or 'communication' when other libraries' kernels are among them."""
+    return "NCCL" if {f.family for f in result.families} <= {"NCCL"} else "communication"
 
 
 def _straggler(result: Result, arrival: nccl_arrival.Arrival) -> list[Finding]:
     late = next((a for a in arrival.devices if a.device == arrival.straggler_device), None)
     if late is None:
         return []
-    tags = {d.device: _tags(d) for d in result.devices}
+    tags = {d.device: _tags(result, d) for d in result.devices}
     return [Finding(
         root_cause="nccl-straggler",
         severity=rules.severity(a.straggler_wait_ns, result.scope.duration_ns),
@@ -246,7 +276,8 @@ def _straggler(result: Result, arrival: nccl_arrival.Arrival) -> list[Finding]:
 
 
 def _shared(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
-    shared = [s for s in result.nccl_on_compute_stream if s.device == d.device]
+    shared = [s for s in result.nccl_on_compute_stream
+              if s.device == d.device and s.compute_share_pct >= COMPUTE_STREAM_MIN_PCT]
     exposed = sum(s.exposed_ns for s in shared)
     stake = min(pool, exposed)
     if not shared or pct(exposed, d.exposed_ns) < SHARED_MIN_PCT or stake <= 0:
@@ -254,12 +285,12 @@ def _shared(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
     streams = ", ".join(str(s.stream) for s in shared)
     return Finding(
         root_cause="nccl-on-compute-stream", severity="medium",
-        title=f"device {d.device}: NCCL shares stream {streams} with "
+        title=f"device {d.device}: {label(result)} shares stream {streams} with "
               f"{sum(s.compute_kernels for s in shared):,} compute kernels, so they can only take turns; "
               f"{ms(stake)} exposed",
         evidence={"streams": streams, "nccl_kernels": sum(s.nccl_kernels for s in shared),
                   "compute_kernels": sum(s.compute_kernels for s in shared), "exposed_ns": stake},
-        time_at_stake_ns=stake, device=d.device, tags=_tags(d))
+        time_at_stake_ns=stake, device=d.device, tags=_tags(result, d))
 
 
 def _imbalance(result: Result, arrival: nccl_arrival.Arrival, d: DeviceNccl, wait: nccl_arrival.DeviceArrival | None,
@@ -272,40 +303,46 @@ def _imbalance(result: Result, arrival: nccl_arrival.Arrival, d: DeviceNccl, wai
         return None
     return Finding(
         root_cause="compute-communication-imbalance", severity="medium",
-        title=f"device {d.device}: NCCL takes {d.window_pct:.1f}% of the window and ranks arrive "
+        title=f"device {d.device}: {label(result)} takes {d.window_pct:.1f}% of the window and ranks arrive "
               f"{ms(arrival.median_skew_ns)} apart (median) with no fixed late rank; {ms(stake)} waiting",
         evidence={"window_pct": d.window_pct, "nccl_ns": d.nccl_ns, "wait_ns": wait.wait_ns,
                   "median_skew_ns": arrival.median_skew_ns, "last_share_pct": wait.last_share_pct},
-        time_at_stake_ns=stake, device=d.device, tags=_tags(d))
+        time_at_stake_ns=stake, device=d.device, tags=_tags(result, d))
 
 
 def _serialization(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
     exposed_pct = pct(pool, result.scope.duration_ns)
     if d.overlapped_pct >= OVERLAP_MIN_PCT or exposed_pct < EXPOSED_MIN_PCT:
         return None
+    alone = len(result.scope.devices) < 2
     return Finding(
         root_cause="nccl-serialization", severity="high" if exposed_pct >= NCCL_SHARE_PCT else "medium",
-        title=f"device {d.device}: only {d.overlapped_pct:.1f}% of NCCL time overlaps compute; {ms(pool)} exposed",
-        evidence={"overlapped_pct": d.overlapped_pct, "exposed_ns": pool, "exposed_window_pct": exposed_pct},
-        time_at_stake_ns=pool, device=d.device, tags=_tags(d))
+        title=f"device {d.device}: only {d.overlapped_pct:.1f}% of {label(result)} time overlaps compute; {ms(pool)} "
+              f"exposed{ALONE if alone else ''}",
+        evidence={"overlapped_pct": d.overlapped_pct, "exposed_ns": pool, "exposed_window_pct": exposed_pct,
+                  "wait_measured": not alone},
+        time_at_stake_ns=pool, device=d.device, tags=_tags(result, d))
 
 
 def render(result: Result) -> str:
     if not result.has_nccl:
         return f"No NCCL kernels on device(s) {result.scope.devices}: {result.note}"
-    lines = [f"NCCL: {result.nccl_count:,} kernels, {ms(result.nccl_ns)} ({result.window_pct:.1f}% of the window "
+    families = f" ({', '.join(f.family for f in result.families)})" if label(result) != "NCCL" else ""
+    lines = [f"{label(result)}{families}: {result.nccl_count:,} kernels, {ms(result.nccl_ns)} "
+             f"({result.window_pct:.1f}% of the window "
              f"per device); {result.overlapped_pct:.1f}% overlapped with compute, {ms(result.exposed_ns)} exposed"]
     lines.extend(f"  {r.collective:<14} stream {r.stream}: x{r.count:<6,} {ms(r.total_ns):>14} mean {ms(r.mean_ns)}, "
                  f"{r.window_pct:.1f}% of window, overlapped {r.overlapped_pct:.1f}%" for r in result.rows)
     if result.truncated:
         lines.extend(f"  {line}" for line in more_rows(result, result.total_rows - len(result.rows), "rows"))
-    lines.extend(f"  device {d.device}: {ms(d.nccl_ns)} NCCL ({d.window_pct:.1f}%), exposed {ms(d.exposed_ns)}"
-                 for d in result.devices)
+    lines.extend(f"  device {d.device}: {ms(d.nccl_ns)} {label(result)} ({d.window_pct:.1f}%), exposed "
+                 f"{ms(d.exposed_ns)}" for d in result.devices)
     a, sizes = result.arrival, result.message_sizes
     assert a is not None and sizes is not None  # both are measured whenever there is NCCL
     lines.extend(nccl_sizes.render(sizes))
-    lines.extend(f"shared stream: device {s.device} stream {s.stream} ({s.nccl_kernels} NCCL, {s.compute_kernels} "
-                 f"compute, {ms(s.exposed_ns)} NCCL exposed)" for s in result.nccl_on_compute_stream)
+    lines.extend(f"shared stream: device {s.device} stream {s.stream} ({s.nccl_kernels} {label(result)}, "
+                 f"{s.compute_kernels} compute with {s.compute_share_pct:.1f}% of the device's compute time, "
+                 f"{ms(s.exposed_ns)} exposed)" for s in result.nccl_on_compute_stream)
     lines.append(f"arrival: {a.matched:,} collectives matched ({a.unmatched_kernels:,} kernels unmatched); skew median "
                  f"{ms(a.median_skew_ns)}, p90 {ms(a.p90_skew_ns)}; transfer median {ms(a.median_transfer_ns)}")
     lines.extend(f"  device {d.device}: last to {d.last_count} of {d.collectives} ({d.last_share_pct:.1f}%), "

@@ -94,6 +94,14 @@ class DiagnosticMessage(BaseModel):
     first_ns: int = Field(description="first time it was recorded")
 
 
+class Distributed(BaseModel):
+    rank: int | None = Field(description="global rank of the process that wrote the profile")
+    world_size: int | None = Field(description="ranks in its job")
+    backend: str | None = Field(description="torch.distributed backend (nccl, gloo, ...)")
+    process_group_sizes: list[int] = Field(description="ranks in each process group of the job")
+    source: str = Field(description="where the profile records it (meta.rank_source)")
+
+
 class Diagnostics(BaseModel):
     counts: dict[str, int] = Field(description="messages per severity")
     messages: list[DiagnosticMessage] = Field(description=f"errors, then warnings; at most {TOP_DIAGNOSTICS}")
@@ -113,6 +121,7 @@ class Result(Output):
     machine_gpus: str | None = Field(description="GPUs the export lists for the machine, used or not")
     derived_from: str | None = Field(description="set when another tool cut or rewrote the export")
     rank: str | None = Field(None, description="'rank R of world size W (source)' when the profile records its rank")
+    distributed: Distributed | None = Field(None, description="the job the profile is one rank of, where it records it")
     capture: Window | None
     gpu_active: Window | None
     gpu_active_pct: float | None = Field(description="gpu_active duration / capture duration, %")
@@ -153,6 +162,8 @@ SELECT k.pid, p.name, k.n, k.threads FROM k LEFT JOIN p USING (pid) ORDER BY k.n
 
 RANK_SQL = """SELECT CASE WHEN rank IS NOT NULL THEN format('rank {} of world size {} ({})', rank,
     coalesce(world_size::VARCHAR, '?'), rank_source) END FROM meta"""
+DISTRIBUTED_SQL = """SELECT rank, world_size, comm_backend, coalesce(process_group_sizes, []), rank_source FROM meta
+    WHERE rank_source IS NOT NULL"""
 COUNTED_TABLES = [t for t in TABLE_NAMES if t not in ("meta", "capabilities")]
 TABLE_ROWS_SQL = " UNION ALL ".join(f"SELECT '{t}', count(*) FROM {t}" for t in COUNTED_TABLES)
 PROCESS_COUNT_SQL = "SELECT count(DISTINCT pid) FROM processes"
@@ -252,7 +263,13 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   diagnostics=_diagnostics(con),
                   trace_quality=trace_quality.notes(con, capture, gpu_active, active_pct, bool(devices), meta[9],
                                                    meta[10]),
-                  rank=_value(con, RANK_SQL))
+                  rank=_value(con, RANK_SQL), distributed=_distributed(con))
+
+
+def _distributed(con: duckdb.DuckDBPyConnection) -> Distributed | None:
+    found = con.execute(DISTRIBUTED_SQL).fetchone()
+    return None if found is None else Distributed(rank=found[0], world_size=found[1], backend=found[2],
+                                                  process_group_sizes=found[3], source=found[4])
 
 
 def render(result: Result) -> str:

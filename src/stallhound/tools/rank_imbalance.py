@@ -4,9 +4,10 @@ Input: a job connection, where every model table is a view with a leading `rank`
 
 Per rank (its window: its own GPU-active span, gpu_start_ns..gpu_end_ns in its meta; capacity = window x the
 devices it ran work on): compute_ns = union of its non-NCCL kernels and CUDA graph executions, copy_ns = union
-of its memcpy and memset, communication_ns = union of its NCCL kernels, idle_ns = capacity - union of all of
-them; each *_pct is over capacity. step_ns: the iterations skill on the rank alone (ProfilerStep#N, a step-like
-NVTX range or a kernel rhythm): the median of its iterations 1..n-1 (the only one's duration when n = 1).
+of its memcpy and memset, communication_ns = union of its communication kernels (category 'nccl': NCCL's and the
+other families of formats/comm_kernels.py), idle_ns = capacity - union of all of them; each *_pct is over
+capacity. step_ns: the iterations skill on the rank alone (ProfilerStep#N, a step-like NVTX range or a kernel
+rhythm): the median of its iterations 1..n-1 (the only one's duration when n = 1).
 
 Clocks: 'same_host' when every rank's meta names the same host, 'different_hosts' when two name different
 ones, 'unknown' otherwise. Basis 'arrival' compares kernel start times on the ranks' clocks, unless the hosts

@@ -1,7 +1,8 @@
 """What does each GPU's timeline look like: its lanes of work, its idle gaps and the steps above them?
 
 Over the window (default: GPU-active), per device, one lane per kind of work that occurs: compute (kernels other
-than NCCL, and whole CUDA graph executions), nccl (NCCL kernels), h2d and d2h copies, other_copy (device to
+than NCCL, and whole CUDA graph executions), nccl (communication kernels: NCCL's and the other families of
+formats/comm_kernels.py), h2d and d2h copies, other_copy (device to
 device, peer, host to host, unified memory) and memset. The window is cut into `buckets` equal columns (as
 gpu_utilization's slices); a lane's `levels` holds one digit per column: 0 when nothing of the lane runs in
 it, else ceil(9 x busy share), busy being the union of the lane's intervals (overlap counts once), so a

@@ -10,8 +10,8 @@ findings add up to at most the window (the warmup findings count time outside it
 excess, and compilation before the first iteration when it outlasts the window).
 The fix shown is the book's first fix for the detected program's family (analysis/program.py), or generic.
 The run is classified by analysis/shares.py; with no or too little GPU activity to classify, only the findings of
-GPU code compiled or loaded inside the window for 1 ms or more stay (ANY_GPU_SHARE: they may be why the GPU did so
-little).
+GPU code compiled or loaded inside the window for 1 ms or more stay (ANY_GPU_SHARE, or one-time setup that loads
+code: they may be why the GPU did so little).
 """
 
 from __future__ import annotations
@@ -113,10 +113,17 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
         return gpu, f"GPU-active window ({why})", []
     scope = gpu.model_copy(update={"start_ns": steady[0], "end_ns": steady[1], "duration_ns": steady[1] - steady[0],
                                    "window_basis": "steady_state"})
-    left = steady[0] - gpu.start_ns
-    note = (f"{how}: {found.iteration_count} iterations by {found.method}; left out {ms(left)} before "
-            f"the first steady iteration (setup and warmup)")
+    note = f"{how}: {found.iteration_count} iterations by {found.method}; {_left_out(steady[0], gpu.start_ns)}"
     return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns)
+
+
+def _left_out(steady_start_ns: int, gpu_start_ns: int) -> str:
+    """What the steady window leaves out of the GPU-active time before it. A first steady iteration may begin before
+    the first GPU work (its host part comes first, as torch.profiler's step ranges do): then nothing is left out."""
+    if steady_start_ns <= gpu_start_ns:
+        return (f"nothing left out before the first steady iteration (it begins {ms(gpu_start_ns - steady_start_ns)} "
+                "before the first GPU work)")
+    return f"left out {ms(steady_start_ns - gpu_start_ns)} before the first steady iteration (setup and warmup)"
 
 
 def _setup_compile(con: duckdb.DuckDBPyConnection, gpu: Scope, scope: Scope, loop_start_ns: int) -> list[Finding]:
@@ -199,6 +206,14 @@ def _window_findings(con: duckdb.DuckDBPyConnection, module: ModuleType, params:
     return as_result(result, module.Result).findings
 
 
+def _loads_code(finding: Finding) -> bool:
+    """A finding of GPU code compiled or loaded inside the window for ANY_GPU_SHARE_MIN_NS or more: its own root cause,
+    or one-time setup (idle_causes) whose loading part is that long."""
+    loading_ns = (int(finding.evidence.get("loading_ns", 0)) if finding.root_cause == "profiler-window-on-warmup"
+                  else finding.time_at_stake_ns if finding.root_cause in ANY_GPU_SHARE else 0)
+    return loading_ns >= ANY_GPU_SHARE_MIN_NS
+
+
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     prog = program.detect(con)
     chain = tuple(prog.fix_chain)
@@ -211,8 +226,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     found, skipped = _gathered(con, params, scope, warmup)
     classification = shares.classify(con, scope, {f.root_cause for _, f in found})
     if classification.bound in ("no GPU activity", "too little GPU activity"):
-        found = [tf for tf in found
-                 if tf[1].root_cause in ANY_GPU_SHARE and tf[1].time_at_stake_ns >= ANY_GPU_SHARE_MIN_NS]
+        found = [tf for tf in found if _loads_code(tf[1])]
     foreign = [(t, f) for t, f in found if not book.get_entry(f.root_cause).applies(chain)]
     skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
     found = [tf for tf in found if tf not in foreign]
@@ -230,7 +244,7 @@ def render(result: Result) -> str:
     lines = [f"trace: {q}" for q in result.quality]
     lines += [f"{c.bound}: {c.reason}",
              f"  compute {c.compute_pct:.1f}%  transfer {c.transfer_pct:.1f}%  communication {c.communication_pct:.1f}%"
-             f"  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
+             f"{shares.families_note(c)}  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
              (f"window: {ms(result.window.duration_ns)} on device(s) {result.window.devices}, {result.window_note}"
               if result.window else f"window: none ({result.window_note})"),
              f"program: {p.kind} ({p.decided_by}); fixes for {p.fix_chain[0]}", ""]
@@ -255,7 +269,8 @@ def render_markdown(result: Result) -> str:
              f"Program: {result.program.kind}. Window: "
              f"{ms(result.window.duration_ns) + ', ' if result.window else ''}{result.window_note}.", "",
              "| share | % |", "|---|---|", f"| compute | {c.compute_pct:.1f} |", f"| transfer | {c.transfer_pct:.1f} |",
-             f"| communication | {c.communication_pct:.1f} |", f"| idle | {c.idle_pct:.1f} |", ""]
+             f"| communication{shares.families_note(c)} | {c.communication_pct:.1f} |",
+             f"| idle | {c.idle_pct:.1f} |", ""]
     if result.findings:
         lines += ["| # | severity | finding | at stake | root cause | fix |", "|---|---|---|---|---|---|"]
         for f in result.findings:

@@ -68,6 +68,18 @@ def distributed(head: dict) -> tuple[int | None, int | None, str | None]:
     return rank, world, RANK_SOURCE if rank is not None else None
 
 
+def process_groups(head: dict) -> tuple[str | None, list[int] | None]:
+    """(backend, the size of each process group in pg_config) from the trace's distributedInfo; Nones without."""
+    info = head.get("distributedInfo")
+    if not isinstance(info, dict):
+        return None, None
+    groups = info.get("pg_config")
+    sizes = [as_int(g.get("pg_size")) for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
+    backend = info.get("backend")
+    return (str(backend) if backend is not None else None,
+            [s for s in sizes if s is not None] or None)
+
+
 def started_utc(head: dict, capture_start_ns: int | None) -> str | None:
     """The capture's wall-clock start as nsys writes utcTime (UTC, to the second): Kineto's times count from
     baseTimeNanoseconds (Unix epoch ns; traces without it count from the epoch itself). None before
@@ -86,7 +98,7 @@ def meta_row(path: Path, fingerprint: str, head: dict, windows: tuple) -> tuple:
     return (str(path), path.stat().st_size, fingerprint, MODEL_VERSION, None, None if schema is None else str(schema),
             None, "profile", PLATFORM, None, None, started_utc(head, cap_start), cap_start,
             cap_end, duration, gpu_start, gpu_end, machine,
-            None, *distributed(head))
+            None, *distributed(head), *process_groups(head))
 
 
 def _gpu_info_flag(devices: int, named: int) -> str:

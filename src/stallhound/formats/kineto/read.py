@@ -24,7 +24,7 @@ from pathlib import Path
 
 import ijson
 
-from stallhound.formats.derive import NCCL_COLLECTIVES
+from stallhound.formats.comm_kernels import NCCL_COLLECTIVES
 from stallhound.formats.kineto import nccl as kineto_nccl
 from stallhound.formats.kineto.nccl import as_int
 from stallhound.model.errors import NotAProfile

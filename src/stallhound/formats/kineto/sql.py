@@ -7,7 +7,8 @@ Kineto gives copies and sets: 'Memcpy HtoD (Pageable -> Device)', 'Memset (Devic
 
 from __future__ import annotations
 
-from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL, NCCL_COLLECTIVES
+from stallhound.formats.comm_kernels import COLLECTIVE_SQL, FAMILY_SQL
+from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL
 from stallhound.formats.kineto import nccl as kineto_nccl
 
 # Staging tables, in the column order of kineto_read.gpu_row, host_row and comms_row.
@@ -41,9 +42,7 @@ CUDA_API = f"""INSERT INTO cuda_api SELECT pid, tid, correlation_id, name, start
 # short_name as nsys gives it: the function's own name, without return type, namespaces, templates or arguments.
 KERNELS = f"""INSERT INTO kernels
 WITH names AS (
-  SELECT value, {KERNEL_CATEGORY_SQL} AS category,
-         CASE WHEN value ILIKE '%nccl%' THEN nullif(regexp_extract(value, '({"|".join(NCCL_COLLECTIVES)})', 1), '')
-         END AS nccl_collective,
+  SELECT value, {KERNEL_CATEGORY_SQL} AS category, {COLLECTIVE_SQL} AS nccl_collective, {FAMILY_SQL} AS comm_family,
          coalesce(nullif(regexp_extract(regexp_extract(replace(value, '(anonymous namespace)', ''), '^[^<(]*', 0),
                                        '([^ :]+)\\s*$', 1), ''), value) AS short
   FROM (SELECT DISTINCT name AS value FROM _k_gpu WHERE kind = 'kernel'))
@@ -51,7 +50,7 @@ SELECT g.device_id, g.context_id, g.stream_id, coalesce(a.pid, {HOST_PID}), a.ti
        g.start_ns, g.end_ns, g.end_ns - g.start_ns, n.short, g.name, g.grid_x, g.grid_y, g.grid_z,
        g.block_x, g.block_y, g.block_z, g.registers, NULL, NULL, NULL, NULL, coalesce(n.category, 'other'),
        coalesce(n.nccl_collective, g.collective, c.collective), a.name, a.start_ns, a.end_ns,
-       {kineto_nccl.KERNEL_SQL}
+       {kineto_nccl.KERNEL_SQL}, n.comm_family
 FROM _k_gpu g LEFT JOIN names n ON n.value = g.name {_api('launch', 'graph')}
 {kineto_nccl.COMMS_JOIN}
 WHERE g.kind = 'kernel'"""

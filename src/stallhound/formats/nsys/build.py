@@ -16,12 +16,13 @@ from pathlib import Path
 import duckdb
 
 from stallhound.formats.build_steps import NO_PROGRESS_BAR, Progress, insert_rows
-from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL, NCCL_COLLECTIVES, WINDOW_SQL
+from stallhound.formats.comm_kernels import COLLECTIVE_SQL, FAMILY_SQL
+from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL, WINDOW_SQL
 from stallhound.formats.nsys import checks, libraries
 from stallhound.formats.nsys import nvtx as nvtx_build
 from stallhound.formats.nsys.activity_join import PID_SQL, TID_SQL, ActivityJoins
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range
-from stallhound.formats.nsys.hardware import capability_rows, gpu_rows, meta_row
+from stallhound.formats.nsys.hardware import capability_rows, cuda_not_started, gpu_rows, meta_row, not_started_note
 from stallhound.formats.nsys.raw import RawExport
 from stallhound.model.duck import load_sqlite_scanner, one_row
 from stallhound.model.limits import build_memory_mb
@@ -158,11 +159,9 @@ class Builder(ActivityJoins):
         self.create("kernels", cur)
         if not self.raw.has(t):
             return
-        pattern = "|".join(NCCL_COLLECTIVES)
         self.sql(f"""CREATE TABLE _kernel_names AS
-            SELECT id, value, {KERNEL_CATEGORY_SQL} AS category,
-                   CASE WHEN value ILIKE '%nccl%' THEN nullif(regexp_extract(value, '({pattern})', 1), '') END
-                     AS nccl_collective
+            SELECT id, value, {KERNEL_CATEGORY_SQL} AS category, {COLLECTIVE_SQL} AS nccl_collective,
+                   {FAMILY_SQL} AS comm_family
             FROM _strings WHERE id IN (SELECT DISTINCT unnest([shortName, demangledName])
                                       FROM {self.activity(t, cur)})""", cur)  # one pass over the kernels
         self.joined(t, "kernels", lambda src, calls: f"""INSERT INTO kernels SELECT r.deviceId, r.contextId, r.streamId,
@@ -171,7 +170,7 @@ class Builder(ActivityJoins):
                 r.registersPerThread, r.staticSharedMemory, r.dynamicSharedMemory,
                 {self.col(t, 'graphId')}, nullif({self.col(t, 'graphNodeId')}, 0),
                 coalesce(d.category, s.category), coalesce(d.nccl_collective, s.nccl_collective),
-                a.name, a.start_ns, a.end_ns, NULL, NULL, NULL, NULL
+                a.name, a.start_ns, a.end_ns, NULL, NULL, NULL, NULL, coalesce(d.comm_family, s.comm_family)
             FROM {src} r
             LEFT JOIN _kernel_names s ON s.id = r.shortName
             LEFT JOIN _kernel_names d ON d.id = r.demangledName
@@ -300,6 +299,8 @@ class Builder(ActivityJoins):
         self.load_list("meta", [row])
 
     def capabilities(self) -> None:
+        if (diagnostic := cuda_not_started(self.con)) is not None:
+            checks.record(self.con, [not_started_note(diagnostic)])
         self.load_list("capabilities", capability_rows(self.con))
 
     # --- the two sides the build writes at once, each on its own cursor --------------------------

@@ -35,6 +35,14 @@ FLAG_NOTES = {"nvtx": " (and mark each step of the program with an NVTX range)",
 # data -> what the capabilities table says records it; gpu_info's text comes from gpu_info_flag().
 CAPTURE_FLAGS: dict[str, str] = {data: OPTIONS[data] + FLAG_NOTES.get(data, "")
                                  for data in DATA_TABLES if data != "gpu_info"}
+# nsys's diagnostic, per process, when its CUDA injection did not start (so in nsys 2023 to 2026). Its companion,
+# 'No CUDA events collected. Does the process use CUDA?', comes as well from processes that never use CUDA.
+CUDA_NOT_STARTED = "CUDA profiling might have not been started"
+CUDA_DATA = ("kernels", "memcpy", "memset", "cuda_api", "sync", "graph_exec", "memory_usage", "uvm_faults")  # what
+# nsys records with its CUDA tracing
+NOT_STARTED_SQL = """SELECT min(text) FROM diagnostics WHERE contains(text, $words)
+  AND NOT EXISTS (SELECT 1 FROM cuda_api) AND NOT EXISTS (SELECT 1 FROM kernels)
+  AND NOT EXISTS (SELECT 1 FROM memcpy) AND NOT EXISTS (SELECT 1 FROM memset)"""
 # TARGET_INFO_GPU replaced TARGET_INFO_CUDA_GPU in nsys 2021.2: an older export without either can be
 # re-captured with a newer nsys; a newer one lacks it for a reason no capture option fixes.
 GPU_TABLE_SINCE = (2021, 2)
@@ -161,13 +169,30 @@ def meta_row(raw: RawExport, path: Path, size: int, fingerprint: str, model_vers
     return (str(path), size, fingerprint, model_version, raw.nsys_version, meta.get("EXPORT_SCHEMA_VERSION"), table,
             enum_source, meta.get("EXPORT_PLATFORM"), meta.get("EXPORT_HOST"), _command_line(raw), session,
             cap_start, cap_end, duration, gpu_start, gpu_end, machine_gpus(raw), derived_from(raw),
-            None, None, None)  # nsys records no distributed rank
+            None, None, None, None, None)  # nsys records no distributed rank
+
+
+def cuda_not_started(con: duckdb.DuckDBPyConnection) -> str | None:
+    """nsys's diagnostic that its CUDA tracing did not start, when the capture holds no CUDA call or GPU work at all
+    (a process beside the program's, with no CUDA in it, may carry the same message in a capture that has them)."""
+    return one_row(con.execute(NOT_STARTED_SQL, {"words": CUDA_NOT_STARTED}))[0]
+
+
+def not_started_note(diagnostic: str) -> str:
+    """The trace note for a capture whose CUDA tracing did not start (cuda_not_started)."""
+    return (f"nsys traced CUDA in this capture, but its CUDA tracing did not start (its diagnostics: {diagnostic!r}), "
+            "so the export holds no CUDA call and no GPU work: re-capturing with --trace=cuda alone will not help; "
+            "check in the program's output that it ran its GPU code in this run, and that nothing kept nsys's "
+            "injection out of the process (a launcher that resets LD_PRELOAD, a sandboxed runtime)")
 
 
 def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
     """The capability rows of an export's model in `con` (its meta row written), nsys options as what records each
-    kind of data."""
+    kind of data; a capture whose CUDA tracing did not start says so for the CUDA data instead."""
     version, derived = one_row(con.execute(
         "SELECT (SELECT nsys_version FROM meta), (SELECT derived_from FROM meta)"))
-    return derive_capabilities(con, CAPTURE_FLAGS,
-                               lambda devices, named: gpu_info_flag(version, derived, devices, named))
+    flags = CAPTURE_FLAGS
+    if cuda_not_started(con) is not None:
+        failed = "CUDA tracing was on but did not start in this capture: see the trace notes"
+        flags = {**flags, **dict.fromkeys(CUDA_DATA, failed)}
+    return derive_capabilities(con, flags, lambda devices, named: gpu_info_flag(version, derived, devices, named))

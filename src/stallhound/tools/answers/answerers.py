@@ -25,6 +25,7 @@ from stallhound.tools import (
     thread_utilization,
     top_kernels,
 )
+from stallhound.tools.answers import parallelism
 from stallhound.tools.answers.evidence import Evidence
 
 HOT_THREAD_PCT = 90.0  # veteran question 25
@@ -47,24 +48,6 @@ def _hardware(e: Evidence) -> Answer:
         return None
     return (f"{len(devices)} device(s), model not recorded in this export; their kernels were built for sm_{arch} "
             "or newer", {**ids, "min_arch": arch})
-
-
-def _parallelism(e: Evidence) -> Answer:
-    nccl, devices = e.tool("nccl_breakdown", nccl_breakdown.Result), e.summary.devices
-    if not devices:
-        return None
-    kinds = sorted({r.collective for r in nccl.rows}) if nccl else []
-    if not kinds:
-        hint = "no NCCL collectives: single-GPU work, or communication outside this capture"
-    elif set(kinds) <= {"AllReduce"}:
-        hint = "AllReduce only: plain data parallel (DDP)"
-    elif {"AllGather", "ReduceScatter"} & set(kinds):
-        hint = "AllGather/ReduceScatter: sharded data parallel (FSDP/ZeRO) or tensor parallel"
-    else:
-        hint = f"{', '.join(kinds)}: point-to-point or all-to-all (pipeline, sequence or expert parallel)"
-    gpu_processes = e.summary.launching_process_count
-    return (f"{len(devices)} device(s), {gpu_processes} process(es) launching kernels; {hint}",
-            {"collectives": kinds, "gpu_processes": gpu_processes})
 
 
 def _framework(e: Evidence) -> Answer:
@@ -343,7 +326,7 @@ def _enough_iterations(e: Evidence) -> Answer:
 
 
 ANSWERERS: dict[str, Callable[[Evidence], Answer]] = {
-    "q01-gpu-hardware": _hardware, "q02-gpu-count-parallelism": _parallelism, "q03-framework": _framework,
+    "q01-gpu-hardware": _hardware, "q02-gpu-count-parallelism": parallelism.answer, "q03-framework": _framework,
     "q05-profile-length": _length, "q06-warmup-or-steady": _warmup, "q07-gpu-utilization": _utilization,
     "q08-idle-gaps": _idle_gaps, "q09-idle-distribution": _idle_distribution, "q10-stream-balance": _streams,
     "q11-top-kernels": _top5, "q12-dominant-kernel": _dominant, "q13-small-kernels": _small,
