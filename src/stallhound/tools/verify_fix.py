@@ -54,6 +54,7 @@ VERIFY_FIGURES: dict[str, tuple[tuple[str, Direction], ...]] = {
     "torch-compile-recompilation": (("GPU idle", "down"),),
     "undersized-grid": (("kernel time", "down"),),
     "unfused-attention": (("kernel time", "down"),),
+    "unified-memory-migration": (("kernel time", "down"), ("GPU idle", "down")),  # faulting work and its stalls
     "unneeded-activation-checkpointing": (("kernel time", "down"),),
 }
 
