@@ -3,9 +3,14 @@ and the answers it derives from triage's work equal what the tools themselves re
 
 from __future__ import annotations
 
+import re
+import sqlite3
+from types import SimpleNamespace
+
 import pytest
 from fixture_guard import FIXTURES_ROOT
 
+from corpus import sources
 from stallhound.analysis import common, program
 from stallhound.formats import open_profile
 from stallhound.tools import (
@@ -18,6 +23,7 @@ from stallhound.tools import (
     thread_utilization,
     triage,
 )
+from stallhound.tools.answers import answerers
 from stallhound.tools.answers import figures as answer_figures
 from stallhound.tools.answers.evidence import Evidence
 
@@ -85,6 +91,51 @@ def test_answer_questions_device_syncs_are_all_of_the_windows(demo):
     assert every.device_sync_ns == sum(a.blocked_ns for a in device_wide)
     assert Evidence(con, "demo").device_syncs() == answer_figures.DeviceSyncs(
         count=every.device_sync_count, blocked_ns=every.device_sync_ns)
+
+
+@pytest.mark.parametrize("busy, net, verdict", [
+    (99.8, 99.5, "yes: the busiest, main, is busy 99.8% of the window, 99.5% outside blocking CUDA calls: work of its "
+                 "own on the CPU"),
+    (96.9, 13.8, "yes: the busiest, main, is busy 96.9% of the window, but 83.1 points of it inside blocking CUDA "
+                 "calls"),
+    (60.0, 60.0, "no: the busiest, main, is busy 60.0% of the window"),
+])
+def test_answer_questions_hot_thread_is_answered_by_busy_time_and_says_where_it_goes(monkeypatch, busy, net,
+                                                                                      verdict):
+    """Question 25 asks whether a thread is busy over 90% of the time: a thread at 96.9% is, even when most of it
+    sits in blocking CUDA calls; the answer then says so instead of denying a hot thread."""
+    row = thread_utilization.ThreadRow(pid=1, tid=1, name="main", busy_ns=0, busy_pct=busy, blocked_ns=0,
+                                       net_busy_pct=net)
+    e = SimpleNamespace(con=None, tool=lambda *a, **k: SimpleNamespace(rows=[row]))
+    monkeypatch.setattr(thread_utilization, "basis", lambda con: "sched")
+    text, figures = answerers.ANSWERERS["q25-hot-cpu-thread"](e)
+    assert text.startswith(verdict) and figures == {"busy_pct": busy, "net_busy_pct": net}
+
+
+CORPUS = {p.name: p for p in sources.load()}
+
+
+@pytest.mark.parametrize("name, q25, q28", [
+    # WSL2 capture of API calls alone: 5,123 cuCtxSynchronize (driver API) + 11 cudaDeviceSynchronize, no kernels
+    ("qcu_quda_wsl_apionly.sqlite", "83.1 points of it inside blocking CUDA calls", 5_134),
+    # OpenMP target heat stencil: the main thread sits in pageable cuMemcpy*Async calls
+    ("sc23omp_heat_mapeveryiter.sqlite", "inside blocking CUDA calls", 0),
+])
+def test_answer_questions_corpus_hot_thread_and_device_syncs_agree_with_the_export(cache_root, name, q25, q28):
+    path = sources.resolve(CORPUS[name.removesuffix(".sqlite")])
+    if path is None:
+        pytest.skip(f"corpus profile {name} is not restored in {sources.cache_dir()} (make corpus-restore)")
+    raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    names = raw.execute("SELECT s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId")
+    device_wide = sum(1 for (v,) in names if re.match(r"(cuda|cu)(Device|Ctx|Thread)Synchronize", v))
+    profile = open_profile(path, cache_dir=cache_root)
+    try:
+        answers = _answers(profile.con, name)
+    finally:
+        profile.close()
+    assert device_wide == q28 == answers["q28-device-synchronize"].evidence["count"]
+    assert answers["q28-device-synchronize"].value.startswith("yes" if q28 else "no")
+    assert answers["q25-hot-cpu-thread"].value.startswith("yes") and q25 in answers["q25-hot-cpu-thread"].value
 
 
 @pytest.mark.parametrize("stem", ["nsysai_h100_2gpu_1s", "clue_t4_report4"])

@@ -42,7 +42,7 @@ def timeline():
         kernel(4, 55_000, 58_000, (50_000, 52_000)),  # readback: a synchronize right after a 4-byte D2H copy
         kernel(5, 62_000, 100_000, (60_000, 61_000)),  # launch_tiny: k4 is a 3 us kernel
         kernel(6, 120_000, 150_000, (105_000, 108_000)),  # launch: a short gap before a late launch
-        kernel(7, 250_000, 300_000, (200_000, 210_000)),  # jit: a module load inside a long gap
+        kernel(7, 250_000, 300_000, (200_000, 210_000)),  # jit: a module load over the whole gap
         kernel(8, 400_000, 450_000, (390_000, 395_000)),  # alloc: cudaMalloc covers 80% of the gap
         kernel(9, 550_000, 600_000, (545_000, 548_000)),  # host_comm: inside an MPI_Send NVTX range
         kernel(10, 700_000, 750_000, (692_000, 695_000)),  # host_wait: inside poll()
@@ -57,7 +57,7 @@ def timeline():
     cuda_api = [call("cudaDeviceSynchronize", "sync", 25_000, 31_000),
                 call("cudaMemcpyAsync", "memcpy", 41_000, 42_000, 50),
                 call("cudaStreamSynchronize", "sync", 42_500, 47_000),
-                call("cuModuleLoadData", "module", 160_000, 170_000),
+                call("cuModuleLoadData", "module", 145_000, 250_000),
                 call("cudaMalloc", "alloc", 300_000, 380_000),
                 call("cudaMemcpy", "memcpy", 1_040_000, 1_080_000, 51),
                 call("cudaMemcpy", "memcpy", 1_125_000, 1_160_000, 52)]
@@ -161,6 +161,51 @@ def test_attribution_a_gap_inside_a_sync_before_a_driver_migration_is_queued(dir
     [idle] = attribution.attribute(con, scope(con)).devices.values()
     expected = {"queued": (80_000, 1, 0), "sync": (250_000, 1, 1)} if queued else {"sync": (330_000, 2, 1)}
     assert {c: (t.ns, t.gaps, t.calls) for c, t in idle.causes.items()} == expected
+
+
+def loading(*calls: dict, other: tuple[dict, ...] = (), **tables) -> tuple[attribution.DeviceIdle,
+                                                                           list[attribution.Gap]]:
+    """k1 (0-10 us), then k2 at 5 ms, launched at 4.9-4.95 ms: a 4.99 ms gap of device 0, with the host calls and the
+    `other` kernels (device 1) given."""
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 5_000_000, 5_010_000,
+                                                                             (4_900_000, 4_950_000)), *other],
+                     cuda_api=[call("cudaLaunchKernel", "launch", -5_000, -1_000, 1),
+                               call("cudaLaunchKernel", "launch", 4_900_000, 4_950_000, 2), *calls], **tables)
+    found = attribution.attribute(con, scope(con, device=0))
+    [idle] = found.devices.values()
+    return idle, found.long_gaps
+
+
+def test_attribution_a_jit_gap_is_jit_only_while_loads_and_compiles_run():
+    """Two 1 ms module loads and a 2 ms NVTX compile range holding one of them inside the 4.99 ms gap: jit for their
+    union (2.5 ms), the rest of the gap judged as if they were not there (nothing traced)."""
+    idle, [gap] = loading(call("cuModuleLoadData", "module", 1_000_000, 2_000_000),
+                          call("cuLibraryLoadData", "module", 2_500_000, 3_500_000),
+                          nvtx=[{"pid": 1, "tid": 7, "text": "FusionKernelRuntime::compileFusionParallel",
+                                 "start_ns": T + 1_500_000, "end_ns": T + 3_000_000, "kind": "push_pop", "depth": 0}])
+    assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == {"jit": (2_500_000, 1),
+                                                                   "host_untraced": (2_490_000, 1)}
+    assert (gap.cause, gap.late_ns, gap.late_cause) == ("jit", 2_490_000, "host_untraced")
+
+
+@pytest.mark.parametrize("earlier, cause", [(False, {"jit": 3_000_000, "host_untraced": 1_990_000}),
+                                            (True, {"launch": 4_990_000})])
+def test_attribution_a_long_launch_is_a_lazy_load_only_for_the_first_launch_of_its_kernel(earlier, cause):
+    """k3's 3 ms launch call (1-4 ms) inside the gap: its module loads on its first launch (jit for the call's time);
+    a kernel of the same name launched before had it loaded, so the long call waited on something else."""
+    k3 = {**kernel(3, 4_960_000, 4_970_000, (1_000_000, 4_000_000)), "device_id": 1, "name": "k1" if earlier else "k3"}
+    idle, _ = loading(call("cudaLaunchKernel", "launch", 1_000_000, 4_000_000, 3), other=(k3,))
+    assert {c: t.ns for c, t in idle.causes.items()} == cause
+
+
+def test_attribution_a_profiler_flush_in_the_launching_process_is_its_own_cause():
+    """A 3 ms CUPTI buffer flush on the profiler's thread of the launching process (pid 1) inside the gap: the
+    gap is the profiler's while it runs; another process's flush is nothing to this device."""
+    flushes = [{"pid": 1, "tid": 99, "name": "CUPTI Buffer flush", "start_ns": T + 1_000_000, "end_ns": T + 4_000_000},
+               {"pid": 2, "tid": 98, "name": "CUPTI Buffer flush", "start_ns": T + 500_000, "end_ns": T + 4_500_000}]
+    idle, [gap] = loading(profiler_overhead=[{**f, "duration_ns": f["end_ns"] - f["start_ns"]} for f in flushes])
+    assert {c: t.ns for c, t in idle.causes.items()} == {"profiler": 3_000_000, "host_untraced": 1_990_000}
+    assert (gap.cause, gap.late_ns, gap.late_cause) == ("profiler", 1_990_000, "host_untraced")
 
 
 def late_resume(**tables) -> tuple[attribution.DeviceIdle, list[attribution.Gap]]:

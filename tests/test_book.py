@@ -162,12 +162,12 @@ CHAINS = {
 # The `when` tags the detectors put on their findings, per root cause; a fix for any other tag is never shown.
 DETECTOR_TAGS = {
     "kernel-hotspot": {"gemm-fp32", "gemm-tensor", "attention", "conv", "elementwise", "reduction", "norm", "copy",
-                       "custom"},
+                       "custom", "runtime"},
     "fp32-gemm-no-tensor-cores": {"gemm-fp32"},
     "excessive-h2d-transfers": {"pinned", "pageable"},
     "pageable-host-memory": {"async-blocking", "large-single"},
     "module-loading-hot-path": {"jit", "module-load"},
-    "cpu-bottleneck": {"launch", "host-cpu", "host-ops"},
+    "cpu-bottleneck": {"launch", "host-cpu", "host-ops", "input-pipeline"},
     # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
     "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
     "unified-memory-migration": {"memset", "host-touch", "prefetching"},
@@ -207,6 +207,8 @@ NO_OWN_FIX = {
     ("compute-communication-imbalance", "offload"): "balancing a partition does not depend on how kernels are written",
     ("nccl-serialization", "offload"): "directive codes reach NCCL through a queue's stream: nccl-on-compute-stream",
     ("unfused-attention", "offload"): "directive codes do not implement attention; the generic fused-kernel fix holds",
+    **{("profiler-overhead", family): "the profiler's own work: nothing to change in any program"
+       for family in ("pytorch", "cuda", "offload", "stdpar", "julia")},
 }
 FAMILY_FIXES = [(e, f) for e in ENTRIES for f in e.fixes]
 

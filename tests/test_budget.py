@@ -35,6 +35,7 @@ WORST_ARGS = {  # each tool's largest answer: every limit at its maximum, the wi
     "query_sql": {"sql": "SELECT * FROM kernels", "limit": 1000},
     "triage": {"limit": 100},
     "show_timeline": {"buckets": 10_000, "limit": 500},
+    "unified_memory": {"limit": 500},
 }
 KEPT = re.compile(r"([\d,]+) of ([\d,]+) (\w+)")
 

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from stallhound import book
 from stallhound.analysis import idle_causes
 from stallhound.analysis.attribution import CauseTime, DeviceIdle
 from stallhound.analysis.program import FIX_CHAINS, Program
@@ -48,6 +49,8 @@ def found(d: DeviceIdle, p: Program | None = None, in_loop: bool = False) -> lis
     # twice in a window not known to be the loop: setup
     ({"jit": CauseTime(40 * MS, 2)}, [("profiler-window-on-warmup", "high", 40 * MS, ["setup"])]),
     ({"jit": CauseTime(40 * MS, 3)}, [("module-loading-hot-path", "high", 40 * MS, ["module-load"])]),
+    ({"jit": CauseTime(MS // 2, 3)}, []),  # half a percent of the window
+    ({"profiler": CauseTime(6 * MS, 1)}, [("profiler-overhead", "medium", 6 * MS, [])]),
 ])
 def test_idle_causes_each_cause_claims_its_idle(causes, expected):
     assert found(device(**causes)) == expected
@@ -69,6 +72,18 @@ def test_idle_causes_a_single_compile_counts_only_inside_the_loop(in_loop, expec
 def test_idle_causes_cpu_bottleneck_needs_a_starved_device(busy, launch, cpu, expected):
     d = device(busy, launch=CauseTime(launch, 500), host_cpu=CauseTime(cpu, 3, long_ns=cpu))
     assert found(d) == expected
+
+
+@pytest.mark.parametrize("loader, tags, dataloader", [
+    ((), ["host-cpu"], False),  # a benchmark or test with no input pipeline: no DataLoader advice
+    (("NVTX range 'enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__'",), ["host-cpu", "input-pipeline"],
+     True),  # the trace shows a loader (input_pipeline.evidence)
+])
+def test_idle_causes_cpu_bottleneck_fix_fits_the_programs_input_pipeline(loader, tags, dataloader):
+    [f] = idle_causes.findings({0: device(50.0, host_cpu=CauseTime(20 * MS, 3, long_ns=20 * MS))},
+                               prog("pytorch", ("PyTorch (ATen)",)), seen=idle_causes.Seen(loader=loader))
+    fix = book.get_entry(f.root_cause).fix_for(tuple(FIX_CHAINS["pytorch"]), f.tags)
+    assert (f.root_cause, f.tags, "DataLoader" in fix.text) == ("cpu-bottleneck", tags, dataloader)
 
 
 @pytest.mark.parametrize("p, root, tags", [

@@ -106,6 +106,13 @@ REAL = [
     ("stencil(int, const float *, float *)", "stencil", "custom"),
     ("smooth", "smooth", "custom"),
     ("k", "k", "custom"),
+    # NVHPC offload programs (corpus: dtuhpc_omp_matmult_mnk, openaccpol_fill_allocloop): the runtime's fill kernels
+    # are runtime helpers; the compiler's kernels are the program's own, whatever words of its source they carry
+    ("__pgi_uacc_cuda_fill_42_gpu", "__pgi_uacc_cuda_fill_42_gpu", "runtime"),
+    ("_21______src_cuda_fill_c___pgi_uacc_cuda_fill_44_gpu", "_21______src_cuda_fill_c___pgi_uacc_cuda_fill_44_gpu",
+     "runtime"),
+    ("nvkernel_matmult_mnk_offload_F1L115_7", "nvkernel_matmult_mnk_offload_F1L115_7", "custom"),
+    ("main_53_gpu__red", "main_53_gpu__red", "custom"),
 ]
 
 

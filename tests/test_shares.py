@@ -47,7 +47,9 @@ def test_shares_name_the_communication_libraries_beside_nccl():
     ([(i * 200_000, i * 200_000 + 100_000) for i in range(20)], ("cpu-bottleneck",), "host-bound"),
     ([(i * 200_000, i * 200_000 + 100_000) for i in range(20)], ("kernel-hotspot",), "idle-dominated"),
     ([(i * 1_000, i * 1_000 + 500) for i in range(20)], (), "too little GPU activity"),  # 10 us of work
-    ([(0, 5_000_000)] * 5, (), "too little GPU activity"),  # five operations
+    ([(0, 5_000_000)] * 5, (), "too little GPU activity"),  # five operations, 5 ms of GPU work: a one-shot run
+    ([(i * 6_000_000, i * 6_000_000 + 5_000_000) for i in range(5)], (), "compute-bound"),  # five adding up to
+    # 25 ms: a workload (one long kernel, a few GEMMs)
 ])
 def test_shares_classification(kernels, fired, bound):
     assert classify(make_model(kernels=[k(s, e) for s, e in kernels]), fired).bound == bound

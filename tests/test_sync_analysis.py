@@ -52,9 +52,13 @@ def api(name, kind, blocked, idle) -> sa.ApiRow:
 def test_sync_analysis_whole_result_on_tiny_model():
     result = run(tiny_model())
     assert (result.scope.start_ns, result.scope.end_ns) == (0, 700)
-    assert (result.call_count, result.blocked_ns, result.gpu_idle_ns) == (4, 800, 430)
+    # process 2 recorded no GPU work: with every device in scope its call counts, with no device and no GPU idle
+    assert (result.call_count, result.blocked_ns, result.gpu_idle_ns, result.no_device_calls) == (5, 850, 430, 1)
+    assert (result.device_sync_count, result.device_sync_ns) == (3, 450)
     assert result.apis == [  # copies are not synchronization calls: cudaMemcpy is left out
-        api("cudaDeviceSynchronize", "device", 300, 100),  # devices 0+1 busy 50-100, 150-250, 300-350
+        # devices 0+1 busy 50-100, 150-250, 300-350 in the first (300 ns); process 2's (50 ns) on no known device
+        sa.ApiRow(api_name="cudaDeviceSynchronize", scope_kind="device", count=2, blocked_ns=350, mean_ns=175.0,
+                  max_ns=300, gpu_idle_ns=100, gpu_idle_pct=28.57),
         api("cudaEventSynchronize", "event", 200, 200),  # device 0 ran nothing in 100-300
         api("cudaStreamSynchronize", "stream", 200, 130),  # copy 500-520 on 0, kernel 600-650 on 1
         api("cuCtxSynchronize", "device", 100, 0)]  # thread 3 counts with its process's devices
@@ -67,7 +71,9 @@ def test_sync_analysis_whole_result_on_tiny_model():
                      gpu_idle_ns=200),
         sa.ThreadRow(pid=1, tid=3, thread_name=None, devices=[0, 1], count=1, blocked_ns=100,
                      blocked_window_pct=14.29, device_syncs=1, steady_device_syncs=0,  # ends with the last kernel
-                     device_sync_ns=100, gpu_idle_ns=0)]
+                     device_sync_ns=100, gpu_idle_ns=0),
+        sa.ThreadRow(pid=2, tid=5, thread_name=None, devices=[], count=1, blocked_ns=50, blocked_window_pct=7.14,
+                     device_syncs=1, steady_device_syncs=0, device_sync_ns=50, gpu_idle_ns=0)]
     # idle attribution: device 0 drains inside the device sync (100-300) and the stream sync (520-700) and
     # after the synchronous copy (400-500); device 1 inside the device sync (250-600)
     assert [(f.root_cause, f.severity, f.device, f.time_at_stake_ns, f.tags) for f in result.findings] == [
@@ -77,8 +83,20 @@ def test_sync_analysis_whole_result_on_tiny_model():
 
 
 def test_sync_analysis_device_scope_keeps_threads_of_that_device():
-    result = run(tiny_model(), device=1)  # thread 2 launched only on device 0: out
+    result = run(tiny_model(), device=1)  # thread 2 launched only on device 0, process 2 on no known device: out
     assert [(t.tid, t.devices, t.gpu_idle_ns) for t in result.threads] == [(1, [1], 300 - 100 + 200 - 50), (3, [1], 0)]
+
+
+def test_sync_analysis_counts_device_syncs_of_a_capture_of_api_calls_alone():
+    """No kernel, copy or memset recorded (WSL2, or a failed activity trace): the driver's cuCtxSynchronize, the
+    runtime's cudaDeviceSynchronize and the deprecated cudaThreadSynchronize are all device-wide syncs."""
+    con = make_model(cuda_api=[call(0, 10, "cuCtxSynchronize", 1), call(20, 30, "cuCtxSynchronize", 1),
+                               call(40, 45, "cudaDeviceSynchronize", 1), call(50, 60, "cudaThreadSynchronize", 1),
+                               call(70, 90, "cuEventSynchronize", 1)])
+    result = run(con)
+    assert (result.call_count, result.device_sync_count, result.device_sync_ns, result.no_device_calls) == (
+        5, 4, 35, 5)
+    assert "GPU idle inside them is unknown" in sa.render(result)
 
 
 def test_sync_analysis_window_clips_calls():

@@ -54,6 +54,18 @@ def test_thread_utilization_discounts_time_spinning_in_blocking_calls():
     assert (row.busy_pct, row.blocked_ns, row.net_busy_pct) == (100.0, 50, 50.0)  # 10-60: one union
 
 
+def test_thread_utilization_a_pageable_copy_blocks_even_when_async():
+    """cudaMemcpyAsync from pageable memory stages the data through a pinned buffer before it returns: blocking;
+    from pinned memory it returns at once."""
+    copies = [{"device_id": 0, "stream_id": 7, "pid": 1, "correlation_id": c, "start_ns": s, "end_ns": s + 5,
+               "bytes": 8, "direction": "H2D", "src_kind": src, "dst_kind": "device"}
+              for c, s, src in ((1, 20, "pageable"), (2, 60, "pinned"))]
+    calls = [{**api(1, 10, 40, "cudaMemcpyAsync", "memcpy"), "correlation_id": 1},
+             {**api(1, 50, 80, "cudaMemcpyAsync", "memcpy"), "correlation_id": 2}]
+    [row] = run(make_model(sched=sched(1, (0, 100)), cuda_api=calls, memcpy=copies)).rows
+    assert (row.blocked_ns, row.net_busy_pct) == (30, 70.0)
+
+
 def test_thread_utilization_sched_clips_to_the_window():
     con = make_model(sched=sched(1, (0, 60), (70, 100)) + sched(2, (0, 10)), threads=THREADS)
     result = run(con, start_ns=50, end_ns=80)

@@ -109,16 +109,33 @@ def test_triage_irregular_loop_is_the_window_only_after_a_longer_setup(setup_ms,
         assert "vary widely" in result.window_note
 
 
+@pytest.mark.parametrize("load_us, kept", [(2_000, True), (500, False)])
+def test_triage_too_little_gpu_work_keeps_only_loading_of_a_millisecond_or_more(load_us, kept):
+    """Two tiny kernels 5 ms apart: too little GPU work to classify the run, but a module load in the gap between
+    them is a finding (it may be why the GPU did so little) once it costs 1 ms; half a millisecond is noise. Paid
+    once with no loop, it is one-time setup."""
+    kernels = [{"device_id": 0, "stream_id": 7, "pid": 1, "tid": 1, "correlation_id": c, "start_ns": s,
+                "end_ns": s + 5_000, "short_name": "k", "name": "k", "launch_start_ns": s - 3_000,
+                "launch_end_ns": s - 1_000} for c, s in ((1, 10_000), (2, 5_010_000))]
+    load = {"pid": 1, "tid": 1, "name": "cuModuleLoadData", "kind": "module", "start_ns": 1_000_000,
+            "end_ns": 1_000_000 + load_us * 1_000}
+    result = triage.run(make_model(kernels=kernels, cuda_api=[load]), triage.Params(profile="t"))
+    assert result.classification.bound == "too little GPU activity"
+    assert [(f.root_cause, f.time_at_stake_ns) for f in result.findings] == (
+        [("profiler-window-on-warmup", load_us * 1_000)] if kept else [])
+
+
 @pytest.mark.parametrize("compile_ms", [30, 0])
 def test_triage_compilation_before_the_loop_longer_than_the_window_is_warmup(compile_ms):
     """The window (steps 1-4, 10 ms) leaves out 100 ms of setup; idling on compilation for longer than the window
-    there makes the capture mostly one-time warmup. A module load inside the setup's one gap makes it a jit gap
-    (analysis/attribution.py), so all its 100.5 ms are at stake; without one, the gap is unexplained, not warmup."""
+    there makes the capture mostly one-time warmup. The setup's one gap (100.5 ms) is a jit gap for the 30 ms the
+    module load runs (analysis/attribution.py), and only those are at stake; without one, the gap is unexplained, not
+    warmup."""
     con, starts = irregular_loop(100, compile_ms=compile_ms)
     result = triage.run(con, triage.Params(profile="t"))
     assert result.window.duration_ns == starts[-1] - starts[1] == 10 * MS
     setup = [(f.root_cause, f.device, f.time_at_stake_ns) for f in result.findings if "setup-compile" in f.tags]
-    assert setup == ([("profiler-window-on-warmup", 0, 100 * MS + MS // 2)] if compile_ms else [])
+    assert setup == ([("profiler-window-on-warmup", 0, compile_ms * MS)] if compile_ms else [])
 
 
 def test_triage_ranks_by_time_at_stake_and_cites_the_book(demo_triage):
@@ -187,13 +204,13 @@ def test_answer_questions_from_a_real_profile(open_fixture):
 
 
 def test_answer_questions_expected_speedup_from_a_finding_inside_the_window():
-    """Compiling before the loop ranks first (100.5 ms), but that time lies outside the 10 ms window and speeds
+    """Compiling before the loop ranks first (30 ms), but that time lies outside the 10 ms window and speeds
     no step: the bound comes from the costliest finding inside the window (the loop's 1 ms host gaps)."""
     con, _ = irregular_loop(100, compile_ms=30)
     result = triage.run(con, triage.Params(profile="t", limit=100))
     answers = {a.id: a for a in answer_questions.run(con, answer_questions.Params(profile="t")).answers}
     assert [(f.root_cause, f.time_at_stake_ns) for f in result.findings] == [
-        ("profiler-window-on-warmup", 100 * MS + MS // 2), ("gpu-bubbles", 7 * MS),
+        ("profiler-window-on-warmup", 30 * MS), ("gpu-bubbles", 7 * MS),
         ("profiler-window-on-warmup", 3 * MS // 2)]
     assert answers["q35-expected-speedup"].evidence == {"time_at_stake_ns": 7 * MS, "window_ns": 10 * MS}
 

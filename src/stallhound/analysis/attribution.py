@@ -23,8 +23,12 @@ nanoseconds and their sum is the device's idle time:
   OP_OVERHEAD_MAX_NS before such a late launch, with no other host activity seen, counts too: the host was
   busy issuing work (a framework's per-operation overhead), not waiting.
 - alloc: memory allocation or free calls (device, or pinned host memory) cover most of the gap.
-- jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges) inside the gap, unless
-  allocation, communication, a loader or waits (below) cover most of it.
+- jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges, the first launch of a kernel
+  when that call is long: lazy loading) inside the gap, unless allocation, communication, a loader or waits (below)
+  cover most of it; charged for the time they run (their union within the gap), the rest of the gap judged like a
+  gap without them (late_ns, late_cause). A long launch of a kernel launched before loads nothing.
+- profiler: the profiler's own work in the launching process (profiler_overhead: CUPTI buffer flushes, which stall the
+  process's CUDA calls) inside the gap, under the same proviso, for the time it runs; the rest of the gap likewise.
 - host_comm: the launching threads were inside communication NVTX ranges (MPI_*, SHMEM) for most of the gap.
 - input_wait: the launching threads were inside a data loader's NVTX ranges (DataLoader, _next_data, collate,
   get_batch, ...: nvtx_texts.LOADER_RANGES) for most of the gap.
@@ -75,6 +79,7 @@ FOLD_BELOW_NS = min(BUBBLE_MIN_NS, SYNC_RESUME_MAX_NS + 1)  # queued gaps this s
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 DEVICE_PASS_SLICES = DEFAULT_SLICES  # the device pass the gap pass fills
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
+SHARE_CAUSES = ("jit", "profiler")  # charged only while their activity runs inside the gap (gap_causes.sql)
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
 
 
@@ -248,7 +253,8 @@ class Gap:
     blocked_in: str | None
     pid: int | None
     tid: int | None
-    late_ns: int = 0  # a gap begun inside a blocking call: the host's late resume past its share (cause: late_cause)
+    late_ns: int = 0  # the part with a second cause (late_cause): a blocking call's late resume past its share, or
+    # the time of a SHARE_CAUSES gap in which its activity did not run
     late_cause: str | None = None
 
     def at_edge(self, scope: Scope) -> bool:

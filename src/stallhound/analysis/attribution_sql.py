@@ -89,21 +89,25 @@ at_start AS (  -- each gap with the call its start falls in (a queued gap's call
       THEN g.start_ns // $bucket_ns END  -- a NULL bucket joins nothing
     AND g.start_ns >= b.start_ns AND g.start_ns < b.until_ns),"""
 
-# What the launching threads did during the gaps that are neither queued nor short.
+# What the launching threads did during the gaps that are neither queued nor short; for the activities a gap is
+# charged to only while they run (loading or compiling GPU code, the profiler's overhead) and the ranges that nest
+# (framework operators, a loader's ranges), the union of their time inside it.
 HOST = sql_beside(__package__, "gap_host_events.sql") + overlaps(
     "touch", "long_gaps", "host_events", "pid, tid", "what") + """,
-nested AS (  -- ranges that nest (operators, loader ranges) cover a gap once: a piece adds what lies past the
-  -- latest end before it
-  SELECT probe_id, sum(ns) FILTER (WHERE what = 'op') AS op_ns, sum(ns) FILTER (WHERE what = 'loader') AS loader_ns
-  FROM (SELECT probe_id, what, greatest(0, end_ns - greatest(start_ns, coalesce(max(end_ns) OVER (
-          PARTITION BY probe_id, what ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-          start_ns))) AS ns FROM touch WHERE what IN ('op', 'loader'))
+nested AS (  -- per gap, the union of each activity's time in it: nested compile ranges, a load inside a compile
+  -- range, nested operators or loader ranges count once (a piece adds what lies past the latest end before it)
+  SELECT probe_id, sum(ns) FILTER (WHERE part = 'jit') AS jit_ns,
+         sum(ns) FILTER (WHERE part = 'profiler') AS profiler_ns, sum(ns) FILTER (WHERE part = 'op') AS op_ns,
+         sum(ns) FILTER (WHERE part = 'loader') AS loader_ns
+  FROM (SELECT probe_id, part, greatest(0, end_ns - greatest(start_ns, coalesce(max(end_ns) OVER (
+          PARTITION BY probe_id, part ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+          start_ns))) AS ns
+        FROM (SELECT probe_id, CASE WHEN what IN ('module', 'lazy') THEN 'jit' ELSE what END AS part, start_ns, end_ns
+              FROM touch WHERE what IN ('jit', 'module', 'lazy', 'profiler', 'op', 'loader')))
   GROUP BY probe_id),
 host AS (
-  SELECT h.*, n.op_ns, n.loader_ns FROM (
+  SELECT h.*, n.jit_ns, n.profiler_ns, n.op_ns, n.loader_ns FROM (
   SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'alloc') AS alloc_ns,
-         sum(end_ns - start_ns) FILTER (WHERE what = 'jit') AS jit_ns,
-         count(*) FILTER (WHERE what IN ('module', 'lazy')) AS modules,
          sum(end_ns - start_ns) FILTER (WHERE what = 'wait') AS wait_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'comm') AS comm_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,

@@ -264,3 +264,8 @@ def pct(part: float, whole: float) -> float:
 def ms(ns: float | int | None) -> str:
     """ns as a short human string in ms, for render()."""
     return "-" if ns is None else f"{ns / 1e6:,.3f} ms"
+
+
+def counted(n: int, noun: str) -> str:
+    """'1 gap', '3 gaps', '2 launches': a count with its noun in the right number."""
+    return f"{n:,} {noun}{'' if n == 1 else 'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"

@@ -1,12 +1,13 @@
 -- Each gap's cause (judged): queued (also a gap inside a blocking call before a migration the driver issued); for a
 -- short gap its blocking call, else its launch; for a longer one alloc, host communication, a data loader's ranges
--- or OS waits covering most of it, else any compile or module load in it (a load need not cover the gap to explain
--- it, but one of 0.5 ms does not explain a second of allocation), else the blocking call it began in; else what the
--- host did meanwhile (host_cause). The late resume past a blocking call's share (split); the result as labelled.
+-- or OS waits covering most of it (a load of 0.5 ms does not explain a second of allocation), else jit or profiler
+-- when a load, compile or profiler flush ran in it (charged only while it ran: the rest of the gap is what the host
+-- did meanwhile), else the blocking call it began in; else what the host did meanwhile (host_cause). The late resume
+-- past a blocking call's share, or a jit or profiler gap's time outside its activity (split); the result as labelled.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
 -- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max.
 judged AS (
-  SELECT g.*, CASE
+  SELECT g.*, h.jit_ns, h.profiler_ns, CASE
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
     WHEN g.driver AND g.end_ns <= g.b_end THEN 'queued'  -- the host sat in a call: the driver's migration, asked before
     WHEN g.duration_ns <= $launch_gap_max AND g.blocked_cause IS NOT NULL THEN g.blocked_cause
@@ -17,7 +18,8 @@ judged AS (
     WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
     WHEN h.loader_ns >= $dominant * g.duration_ns THEN 'input_wait'
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
-    WHEN h.jit_ns > 0 OR h.modules > 0 THEN 'jit'
+    WHEN h.jit_ns > 0 THEN 'jit'
+    WHEN h.profiler_ns > 0 THEN 'profiler'
     WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
@@ -28,9 +30,11 @@ judged AS (
     ELSE 'host_untraced' END AS host_cause
   FROM at_start g LEFT JOIN gap_host h USING (gap_id)),
 split AS (
-  SELECT *, coalesce(early_cause, host_cause) AS cause,
-         CASE WHEN early_cause = blocked_cause AND host_cause <> early_cause
-              THEN greatest(0, end_ns - (b_end + $resume_max)) ELSE 0 END AS late_ns
+  SELECT *, coalesce(early_cause, host_cause) AS cause, CASE
+    WHEN early_cause = 'jit' THEN duration_ns - jit_ns
+    WHEN early_cause = 'profiler' THEN duration_ns - profiler_ns
+    WHEN early_cause = blocked_cause AND host_cause <> early_cause THEN greatest(0, end_ns - (b_end + $resume_max))
+    ELSE 0 END AS late_ns
   FROM judged),
 labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls
   SELECT gap_id, device_id, start_ns, end_ns, duration_ns, pid, tid, blocked_in, cause, late_ns,

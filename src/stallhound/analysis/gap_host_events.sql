@@ -1,7 +1,10 @@
 -- What the launching threads did around the long gaps (neither queued nor at most $launch_gap_max): their CUDA
 -- calls near those gaps (each with its kind: jit, module, alloc, lazy load, sync, launch or other API), OS-runtime
 -- waits, NVTX ranges of a known kind (jit, comm, loader), framework operators (ranges of domain $op_domain) when the
--- trace has no CPU data, and time on a CPU (scheduler data, else CPU samples), as host_events.
+-- trace has no CPU data, time on a CPU (scheduler data, else CPU samples), and the profiler's own overhead in their
+-- process (profiler_overhead: CUPTI buffer flushes stall the process's CUDA calls), as host_events.
+-- A lazy load is a launch call of at least $lazy that launched the first kernel of its name in its process: a
+-- long launch of a kernel launched before loads nothing (the driver waited on something else).
 -- CTEs of attribution_sql.HOST, after gap_thread (WORK) and before `touch` (intervals.overlaps).
 -- Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds, $op_domain.
 long_gaps AS MATERIALIZED (
@@ -21,10 +24,21 @@ sample_period AS (
     SELECT time_ns - lag(time_ns) OVER (PARTITION BY pid, tid ORDER BY time_ns) AS d
     FROM cpu_samples JOIN threads_in USING (pid, tid)) WHERE d > 0),
 range_kinds AS (SELECT unnest($range_texts) AS text, unnest($range_kinds) AS what),  -- kinds(), once per model
+long_launched AS MATERIALIZED (  -- the kernels of the long launch calls (few, from the kernels' own launch times, no
+  -- join): only they can be lazy loads
+  SELECT pid, correlation_id, coalesce(name, short_name) AS name, start_ns FROM kernels
+  WHERE launch_end_ns - launch_start_ns >= $lazy AND launch_end_ns > $start AND launch_start_ns < $end
+    AND NOT regexp_matches(launch_api, 'Graph')),
+firsts AS (  -- the first kernel of each of their names in their process
+  SELECT pid, coalesce(name, short_name) AS name, min(start_ns) AS first_ns FROM kernels
+  WHERE (pid, coalesce(name, short_name)) IN (SELECT pid, name FROM long_launched) GROUP BY ALL),
+lazy_loads AS (  -- the long launches that launched it
+  SELECT l.pid, l.correlation_id FROM long_launched l JOIN firsts f USING (pid, name) WHERE l.start_ns = f.first_ns),
 host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed, as written once it spills on the largest exports
   SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
-                           WHEN a.kind IN ('launch', 'graph') AND a.end_ns - a.start_ns >= $lazy THEN 'lazy'
+                           WHEN a.kind = 'launch' AND (a.pid, a.correlation_id) IN (SELECT pid, correlation_id
+                                                                                  FROM lazy_loads) THEN 'lazy'
                            WHEN a.kind = 'sync' THEN 'sync'
                            WHEN a.kind IN ('launch', 'graph', 'memcpy', 'memset') THEN 'launch'
                            ELSE 'api' END AS what, a.start_ns, a.end_ns
@@ -40,6 +54,9 @@ host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed,
   SELECT n.pid, n.tid, 'op', n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
   WHERE n.domain = $op_domain AND n.end_ns > $start AND n.start_ns < $end
     AND NOT EXISTS (SELECT 1 FROM sched LIMIT 1) AND NOT EXISTS (SELECT 1 FROM cpu_samples LIMIT 1)
+  UNION ALL
+  SELECT t.pid, t.tid, 'profiler', o.start_ns, o.end_ns FROM profiler_overhead o JOIN threads_in t ON t.pid = o.pid
+  WHERE o.end_ns > $start AND o.start_ns < $end
   UNION ALL
   SELECT pid, tid, 'cpu', start_ns, end_ns FROM sched_on
   UNION ALL

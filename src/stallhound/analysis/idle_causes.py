@@ -25,7 +25,7 @@ import duckdb
 
 from stallhound.analysis import attribution, input_pipeline, program, rules, trace_quality
 from stallhound.analysis.attribution import DeviceIdle
-from stallhound.analysis.common import Finding, Scope, ScopedParams, ms, pct, resolve_scope
+from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
 from stallhound.analysis.trace_quality import LostKernels
@@ -138,8 +138,10 @@ def _host_tag(d: DeviceIdle) -> str:
     return "host-ops" if d.ns("host_op") > d.ns("host_cpu") else "host-cpu"
 
 
-def _count(n: int, what: str) -> str:
-    return f"{n:,} {what}{'' if n == 1 else 's'}"
+def _host_tags(d: DeviceIdle, c: Context) -> list[str]:
+    """_host_tag, and input-pipeline where the trace shows a data loader (input_pipeline.evidence): only a program
+    with one is told to move its CPU work into the loader's workers (book cpu-bottleneck)."""
+    return [_host_tag(d), *(["input-pipeline"] if c.seen.loader else [])]
 
 
 def _input_ns(d: DeviceIdle, _: tuple[str, ...], c: Context) -> int:
@@ -168,17 +170,21 @@ CLAIMS: tuple[Claim, ...] = (
                            "kernels, waiting for their launches"),
     Claim("alloc-in-loop", ("alloc",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host allocates or frees device or pinned "
-                           f"memory ({_count(_gaps(d, 'alloc'), 'gap')})", recurs=True,
+                           f"memory ({counted(_gaps(d, 'alloc'), 'gap')})", recurs=True,
           doing="allocating or freeing device or pinned memory"),
     Claim("module-loading-hot-path", ("jit",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host loads or compiles GPU code "
-                           f"({_count(_gaps(d, 'jit'), 'gap')})", _jit_tags, recurs=True,
+                           f"(inside {counted(_gaps(d, 'jit'), 'gap')})", _jit_tags, recurs=True,
           doing="loading or compiling GPU code"),
+    Claim("profiler-overhead", ("profiler",), lambda d, c: True,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the profiler flushes its buffers in the launching "
+                           f"process (inside {counted(_gaps(d, 'profiler'), 'gap')}): the capture's overhead, not "
+                           "the program's"),
     Claim("gc-pauses", ("host_untraced", "host_cpu"), lambda d, c: _python(c.program),
           lambda d, ns, c: f"device {d.device}: periodic idle gaps ({ms(ns)}) with the host outside CUDA calls: "
                            "garbage-collection-like pauses", ns=_periodic),
     Claim("cpu-bottleneck", ("launch", "host_cpu", "host_op"), lambda d, c: d.busy_pct < STARVED_BUSY_PCT,
-          _host_title, lambda d, c: [_host_tag(d)]),
+          _host_title, _host_tags),
     Claim("host-communication", ("host_comm",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} while its launching thread communicates "
                            f"({_gaps(d, 'host_comm')} gaps inside MPI or other communication ranges)"),
@@ -257,10 +263,12 @@ def _setup(d: DeviceIdle, setup: list[SetupCost]) -> list[Finding]:
     ns = sum(n for _, n, _ in setup)
     if not rules.worth_reporting(ns, d.window_ns):
         return []
-    parts = ", ".join(f"{claim.doing} {ms(n)} in {_count(gaps, 'gap')}" for claim, n, gaps in setup)
+    parts = ", ".join(f"{claim.doing} {ms(n)} in {counted(gaps, 'gap')}" for claim, n, gaps in setup)
     title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts}), not in a "
              "loop: a window over the steady state leaves it out")
-    return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup"], {"gaps": sum(g for _, _, g in setup)})]
+    loading = sum(n for claim, n, _ in setup if claim.causes == ("jit",))
+    return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup"],
+                     {"gaps": sum(g for _, _, g in setup), "loading_ns": loading})]
 
 
 def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:

@@ -1,12 +1,12 @@
--- The labelled gaps the totals need: a row of its own for each gap that can be listed, resume late or be a pause,
--- the rest summed per device, cause and blocking call, with the gaps the pass only counted (kept); their time by
+-- The labelled gaps the totals need: a row of its own for each gap that can be listed, has two causes or can be a
+-- pause, the rest summed per device, cause and blocking call, with the gaps the pass only counted (kept); their time by
 -- cause (pieces), and the stretches of $gc_min to $gc_max in which the host did nothing traced (host_gaps).
 -- CTEs of attribution_sql.TOTALS_SQL, after LABELLED and before the pauses (periodic).
 -- Binds $bubble_min, $resume_max, $gc_min, $gc_max and the pass's counts $folded_devices, $folded_causes,
 -- $folded_calls, $folded_gaps, $folded_ns.
-kept AS MATERIALIZED (  -- a row of its own for each gap that can be listed, resume late or be a pause; the shorter
-  -- ones (most of them) summed into one row per device, cause and blocking call (gap_id NULL, gaps > 1), as their
-  -- count and time are all the totals need
+kept AS MATERIALIZED (  -- a row of its own for each gap that can be listed, has two causes or can be a pause;
+  -- the shorter ones (most of them) summed into one row per device, cause and blocking call (gap_id NULL, gaps > 1),
+  -- as their count and time are all the totals need
   SELECT gap_id, device_id, cause, blocked_in, count(*) AS gaps, sum(duration_ns) AS ns,
          CASE WHEN gap_id IS NOT NULL THEN any_value(start_ns) END AS start_ns,
          CASE WHEN gap_id IS NOT NULL THEN any_value(end_ns) END AS end_ns,
@@ -14,12 +14,13 @@ kept AS MATERIALIZED (  -- a row of its own for each gap that can be listed, res
          any_value(pid) AS pid, any_value(tid) AS tid, coalesce(any_value(late_ns), 0) AS late_ns,
          any_value(late_cause) AS late_cause, list(DISTINCT call) FILTER (WHERE call IS NOT NULL) AS calls
   FROM (SELECT * REPLACE (CASE WHEN duration_ns < least($bubble_min, $gc_min) AND duration_ns <= $resume_max
-                               THEN NULL ELSE gap_id END AS gap_id) FROM labelled)
+                                    AND late_ns = 0 THEN NULL ELSE gap_id END AS gap_id) FROM labelled)
   GROUP BY gap_id, device_id, cause, blocked_in
   UNION ALL  -- the short gaps the pass only counted: queued (gap_pass.Folded) or judged in passing (ShortGaps)
   SELECT NULL, unnest($folded_devices), unnest($folded_causes), unnest($folded_calls), unnest($folded_gaps),
          unnest($folded_ns), NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL),
-pieces0 AS (  -- a gap's time by cause: all of it, or its blocking call's share and the late resume after it
+pieces0 AS (  -- a gap's time by cause: all of it, or its cause's share and the rest (late_ns: a late resume after a
+  -- blocking call, or the time no load, compile or profiler flush ran)
   SELECT gap_id, device_id, cause, gaps, start_ns, ns - late_ns AS ns, duration_ns, calls FROM kept
   UNION ALL SELECT gap_id, device_id, late_cause, 1, end_ns - late_ns, late_ns, duration_ns, NULL FROM kept
   WHERE late_ns > 0),

@@ -2,8 +2,8 @@
 
 kind_of(name, short_name) reads the naming conventions of the libraries that emit most GPU time
 (cuBLAS/cuBLASLt, CUTLASS, cuDNN, FlashAttention, PyTorch ATen, Triton/Inductor, nvFuser, XLA, CuPy,
-CUB, and the communication libraries of formats/comm_kernels.py) from the demangled name without its
-parameter list, and returns one of KINDS; the first rule that matches wins, in the order of KINDS.
+CUB, the communication libraries of formats/comm_kernels.py, the NVHPC runtime's helpers) from the demangled name
+without its parameter list, and returns one of KINDS; the first rule that matches wins, in the order of KINDS.
 GEMMs are split by precision: 'gemm-fp32' when the name marks FP32 FMA (SIMT) arithmetic, 'gemm-tensor'
 when it marks tensor-core math or a 16/8-bit or TF32 type, 'gemm' when the name does not tell.
 
@@ -27,6 +27,8 @@ NAME_CHARS = 200  # demangled names can run to kilobytes; the start identifies t
 DISPLAY_CHARS = 160  # a display name stays one readable line
 
 KINDS = {
+    "runtime": "a language runtime's own helper kernels (the NVHPC OpenACC/OpenMP runtime's fills): data set-up, not "
+               "the program's compute",
     "nccl": "communication kernels: NCCL and the libraries beside it (MSCCL, DeepEP, NVSHMEM, custom all-reduce)",
     "attention": "fused attention (FlashAttention, fmha, cuDNN SDPA)",
     "conv": "convolutions (cuDNN fprop/dgrad/wgrad, implicit GEMM, Winograd)",
@@ -41,6 +43,10 @@ KINDS = {
 }
 
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(pattern)) for kind, pattern in (
+    ("runtime", r"__pgi_uacc_|__pgi_dev_"),
+    # kernels an OpenMP/OpenACC compiler made from the program's loops: their names carry the program's own
+    # function names (matmult, reduce), which say nothing about what kind of kernel the compiler generated
+    ("custom", r"^nvkernel_|__omp_offloading_|_\d+_gpu(__red)?$"),
     ("nccl", comm_kernels.ANY),
     ("attention", r"flash|fmha|sdpa|attention|attn|(?<![a-z])mha"),
     ("conv", r"convol|conv[123]d|(?<![a-z])conv(?![a-z])|depthwise|fprop|dgrad|wgrad|winograd|implicit_gemm"),

@@ -22,10 +22,12 @@ NVTX_FAMILIES: tuple[tuple[str, str], ...] = (
     ("Megatron-LM", r"(?i)megatron"),
     ("DeepSpeed", r"(?i)deepspeed"),
 )
-# Ranges of code compilation. "jit" alone names none: torch::jit:: operators run TorchScript graphs, and JAX's
-# jit_<fn> modules run compiled code; compiling shows as NVRTC, ptxas, a jit compile, XLA's and nvFuser's compile steps.
-JIT_RANGES = (r"(?i)nvrtc|ptxas|jit_?compil|Xla(Emit|Optimize|Compile|Autotun)|compile(Fusion|Kernel|_fx)|"
-              r"triton\.compile|inductor|backend_compile")
+# Ranges of code compilation: one that says it compiles (compileFusion, compileNewKRT, compile_fx, backend_compile,
+# CompiledKernel::compile), not one that runs compiled code (CompiledFunction, Torch-Compiled Region): "compile" not
+# followed by "d". "jit" alone names none: torch::jit:: operators run TorchScript graphs, and JAX's jit_<fn> modules
+# run compiled code; compiling shows as NVRTC, ptxas, a jit compile, XLA's and nvFuser's compile steps.
+JIT_RANGES = (r"(?i)nvrtc|ptxas|jit_?compil|Xla(Emit|Optimize|Compile|Autotun)|compile([^d]|$)|"
+              r"triton\.compile|inductor")
 # A data loader's own ranges: PyTorch's DataLoader iterator (torch.profiler's "enumerate(DataLoader)#...__next__"),
 # its _next_data and collate steps, a loop's batch fetch named as such, a "data_load" phase. A word alone names no
 # loader: cuDF's DATAFRAME_COLUMNS_GETTER, TorchRec's sparse_data_dist (an all-to-all), DDP's

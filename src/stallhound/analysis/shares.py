@@ -22,8 +22,9 @@ from stallhound.analysis import attribution, device_pass
 from stallhound.analysis.common import Scope, pct, scope_args
 
 IDLE_DOMINATED_PCT = 40.0  # idle above this share of the window outweighs any kernel-level tuning
-MIN_GPU_OPS = 10  # fewer kernels, copies and memsets than this say nothing about a workload
-MIN_BUSY_NS = 1_000_000  # ... and neither does less than 1 ms of GPU work
+MIN_GPU_OPS = 10  # fewer kernels, copies and memsets than this say nothing about a workload, unless they add up to
+FEW_OPS_MIN_BUSY_NS = 10_000_000  # 10 ms of GPU work or more: then they are the workload (one long kernel, a few GEMMs)
+MIN_BUSY_NS = 1_000_000  # less than 1 ms of GPU work says nothing either
 HOST_CAUSES = {"cpu-bottleneck", "small-kernel-overhead", "excessive-synchronization", "blocking-d2h-sync",
                "alloc-in-loop", "module-loading-hot-path", "torch-compile-recompilation", "gc-pauses",
                "dataloader-starvation", "host-communication", "pageable-host-memory"}
@@ -98,7 +99,7 @@ def families_note(c: Classification) -> str:
 def _bound(share: dict[str, float], idle: float, ops: int, busy_ns: int, fired: set[str]) -> tuple[Bound, str]:
     if not ops:
         return "no GPU activity", "no kernel, copy or memset in the window"
-    if ops < MIN_GPU_OPS or busy_ns < MIN_BUSY_NS:
+    if busy_ns < MIN_BUSY_NS or (ops < MIN_GPU_OPS and busy_ns < FEW_OPS_MIN_BUSY_NS):
         return "too little GPU activity", (f"only {ops} GPU operations ({busy_ns / 1e6:.3f} ms of GPU work) in the "
                                            "window: too little to classify")
     if idle >= IDLE_DOMINATED_PCT:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 14  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 15  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,10 @@ TABLES: tuple[Table, ...] = (
         ("clock_rate_hz", "BIGINT", "SM clock"),
         ("compute_capability", "VARCHAR", "e.g. 9.0"),
         ("bus_location", "VARCHAR", "PCI bus id"),
+        ("max_warps_per_sm", "INTEGER", "warps resident on one SM at most (occupancy's denominator)"),
+        ("max_blocks_per_sm", "INTEGER", "thread blocks resident on one SM at most"),
+        ("max_registers_per_sm", "INTEGER", "32-bit registers of one SM"),
+        ("max_shared_per_sm_bytes", "BIGINT", "shared memory one SM holds for its resident blocks"),
     )),
     Table("processes", "Processes in the capture.", (
         ("pid", "BIGINT", "OS process id"),
@@ -253,6 +257,14 @@ TABLES: tuple[Table, ...] = (
         ("pid", "BIGINT", ""), ("tid", "BIGINT", ""),
         ("library", "VARCHAR", "openacc | cublas | cudnn"),
         ("name", "VARCHAR", "the call or event, e.g. cublasSgemm_v2, acc_enqueue_launch"),
+        ("start_ns", "BIGINT", ""), ("end_ns", "BIGINT", ""), ("duration_ns", "BIGINT", ""),
+    )),
+    Table("profiler_overhead", "The profiler's own work inside the profiled process (PROFILER_OVERHEAD): CUPTI "
+                               "buffer flushes and the like, during which the process's CUDA calls can stall; time "
+                               "the program does not spend without the profiler.", (
+        ("pid", "BIGINT", "process whose profiling it was"),
+        ("tid", "BIGINT", "thread that did it (the profiler's own thread, not the program's)"),
+        ("name", "VARCHAR", "what it was, e.g. CUPTI Buffer flush"),
         ("start_ns", "BIGINT", ""), ("end_ns", "BIGINT", ""), ("duration_ns", "BIGINT", ""),
     )),
     Table("diagnostics", "Messages nsys recorded about the capture itself (DIAGNOSTIC_EVENT), e.g. 'CUDA profiling "

@@ -3,7 +3,8 @@
 Over the window (default: GPU-active), a device is idle where none of its kernels, copies or memsets runs
 (the union of their intervals); every idle stretch (a gap, including the stretches before the device's first
 and after its last operation) gets one cause from analysis/attribution.py, which says how each is decided (a gap
-begun inside a blocking call whose host resumed late gives that late part, late_ns, a second cause).
+begun inside a blocking call whose host resumed late gives that late part, late_ns, a second cause; so does the
+part of a jit or profiler gap in which no load, compile or profiler flush ran).
 devices: per device busy_pct = 1 - idle / window, idle by cause over all gaps (ns, gap count, the blocking
 API for the blocking causes), and the gaps of at least min_gap_ns (count, time, largest).
 gaps: the longest gaps of at least min_gap_ns, with the kernels before and after (within 1 s), the blocking
@@ -85,7 +86,8 @@ class Gap(BaseModel):
     cause: str
     blocked_in: str | None = Field(description="blocking API the host was inside when the device ran dry")
     late_ns: int = Field(description="for a gap begun inside a blocking call: the time the host resumed late, past "
-                                     "the call's share (its return + 1 ms turnaround), charged to late_cause")
+                                     "the call's share (its return + 1 ms turnaround); for a jit or profiler gap: "
+                                     "the time no load, compile or profiler flush ran; charged to late_cause")
     late_cause: str | None = Field(description="the cause of late_ns (what the host did meanwhile), else null")
     kernel_before: str | None
     kernel_after: str | None
@@ -221,7 +223,9 @@ def render(result: Result) -> str:
         lines.append(f"... {result.periodic_group_count - len(result.periodic_groups)} more periodic groups")
     for g in result.gaps:
         blocked = f" in {g.blocked_in}" if g.blocked_in else ""
-        if g.late_ns:
+        if g.late_ns and g.cause in attribution.SHARE_CAUSES:
+            blocked += f" for {ms(g.duration_ns - g.late_ns)}, {ms(g.late_ns)} {g.late_cause}"
+        elif g.late_ns:
             blocked += f", then {ms(g.late_ns)} late resume ({g.late_cause})"
         lines.append(f"{ms(g.duration_ns):>14} dev {g.device} at {g.start_ns}: {g.cause}{blocked}"
                      f"{' (periodic)' if g.periodic else ''}; {g.kernel_before or '-'} -> {g.kernel_after or '-'}"[:200]

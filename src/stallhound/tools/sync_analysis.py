@@ -3,7 +3,9 @@
 Synchronization calls: CUDA API calls of kind 'sync' (cudaDeviceSynchronize, cudaStreamSynchronize,
 cudaEventSynchronize, cuCtxSynchronize, ...; copies are not counted here, memory_transfers shows the
 synchronous ones) that overlap the window, clipped to it, made by threads that put GPU work on the devices
-in scope (a thread that launched nothing counts with its process's devices). blocked_ns sums call durations;
+in scope (a thread that launched nothing counts with its process's devices; with every device in scope, a process
+with no GPU work recorded, as in a capture of API calls alone, counts with no device: its calls are counted, the GPU
+idle inside them is unknown and counts 0). blocked_ns sums call durations;
 blocked_window_pct = blocked_ns / window. gpu_idle_ns = per call, the time inside it when none of the
 devices that thread (process) launched to ran a kernel, memcpy or memset (call interval minus the union
 of their work), summed. scope_kind (analysis/rules.py): device (device, context and the deprecated thread
@@ -26,6 +28,7 @@ from stallhound.analysis.common import (
     Output,
     Scope,
     ScopedParams,
+    devices_of,
     more_rows,
     ms,
     pct,
@@ -79,6 +82,8 @@ class Result(Output):
     gpu_idle_ns: int = Field(description="GPU idle time while the host waited, summed over calls")
     device_sync_count: int = Field(description="device/context-wide sync calls, all threads")
     device_sync_ns: int = Field(description="host time blocked in them")
+    no_device_calls: int = Field(description="calls of processes with no GPU work recorded: the GPU idle inside them "
+                                             "is unknown (counted 0)")
     apis: list[ApiRow] = Field(description="by blocked time, at most `limit`")
     threads: list[ThreadRow] = Field(description="by blocked time, at most `limit`")
     truncated: bool = Field(description="true when apis or threads were cut at `limit`")
@@ -106,15 +111,17 @@ call_devices AS (
     SELECT c.call_id, d.device_id FROM raw_calls c JOIN process_devices d ON d.pid = c.pid
     WHERE NOT EXISTS (SELECT 1 FROM thread_devices t WHERE t.pid = c.pid AND t.tid = c.tid))
   WHERE device_id IN (SELECT unnest($devices)))
-SELECT c.*, d.devs FROM raw_calls c
-JOIN (SELECT call_id, list_sort(list(device_id)) AS devs FROM call_devices GROUP BY call_id) d USING (call_id)
+SELECT c.*, coalesce(d.devs, []) AS devs FROM raw_calls c
+LEFT JOIN (SELECT call_id, list_sort(list(device_id)) AS devs FROM call_devices GROUP BY call_id) d USING (call_id)
+WHERE d.devs IS NOT NULL OR ($every_device AND c.pid NOT IN (SELECT pid FROM process_devices))
 """
 
 # Per call: the time inside it when none of its devices ran anything (one lane per distinct device set), and
 # whether it lies between the first and last GPU work of those devices (each device's first and last work
 # found once, then combined per set: no join of every operation with the sets).
 IDLE_SQL = "CREATE OR REPLACE TEMP TABLE sync_idle AS WITH " + GPU_WORK + """,
-sets AS (SELECT devs, row_number() OVER (ORDER BY devs) AS lane FROM (SELECT DISTINCT devs FROM sync_calls)),
+sets AS (SELECT devs, row_number() OVER (ORDER BY devs) AS lane FROM (
+  SELECT DISTINCT devs FROM sync_calls WHERE len(devs) > 0)),
 work AS (
   SELECT s.lane, w.start_ns, w.end_ns FROM gpu_work w JOIN (SELECT lane, unnest(devs) AS device_id FROM sets) s
     ON s.device_id = w.device_id
@@ -138,7 +145,8 @@ CALLS = """(SELECT c.*, c.end_ns - c.start_ns AS blocked_ns, i.idle_ns, i.inside
 TOTALS_SQL = f"""
 SELECT count(*) AS call_count, coalesce(sum(blocked_ns), 0) AS blocked_ns, coalesce(sum(idle_ns), 0) AS gpu_idle_ns,
        count(*) FILTER (WHERE scope_kind = 'device') AS device_sync_count,
-       coalesce(sum(blocked_ns) FILTER (WHERE scope_kind = 'device'), 0) AS device_sync_ns
+       coalesce(sum(blocked_ns) FILTER (WHERE scope_kind = 'device'), 0) AS device_sync_ns,
+       count(*) FILTER (WHERE len(devs) = 0) AS no_device_calls
 FROM {CALLS}"""
 APIS_SQL = f"""
 SELECT name AS api_name, any_value(scope_kind) AS scope_kind, count(*) AS count, sum(blocked_ns) AS blocked_ns,
@@ -159,7 +167,7 @@ STAGE_TABLES = ("sync_calls", "sync_idle")
 
 def find(con: duckdb.DuckDBPyConnection, scope: Scope) -> None:
     """Stage 1: the temp table sync_calls(call_id, pid, tid, name, scope_kind, start_ns, end_ns, devs)."""
-    con.execute(FIND_SQL, scope_args(scope))
+    con.execute(FIND_SQL, {**scope_args(scope), "every_device": scope.devices == devices_of(con)})
 
 
 def measure_idle(con: duckdb.DuckDBPyConnection, scope: Scope) -> None:
@@ -219,6 +227,9 @@ def render(result: Result) -> str:
     lines.extend(f"thread {t.pid}/{t.tid} {t.thread_name or ''} devices {t.devices}: x{t.count:,}, blocked "
                  f"{t.blocked_window_pct:.1f}% of window, {t.device_syncs} device syncs, GPU idle {ms(t.gpu_idle_ns)}"
                  for t in result.threads)
+    if result.no_device_calls:
+        lines.append(f"note: {result.no_device_calls:,} calls come from processes with no GPU work recorded (a capture "
+                     "of API calls alone): the GPU idle inside them is unknown, counted 0")
     if result.truncated:
         lines.extend(more_rows(result, None, "API names or threads"))
     lines.extend(f"finding [{f.severity}] {f.title}" for f in result.findings)

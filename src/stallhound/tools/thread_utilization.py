@@ -8,7 +8,8 @@ CUDA API calls except synchronization calls, plus OS-runtime calls that are not 
 sleep, ... excluded); a launch call that waits for a full launch queue still counts, so this basis is traced
 activity, not CPU time. busy_pct = busy_ns / window. With `device`, only threads of processes that launched
 kernels on it. blocked_ns = the thread's time inside blocking CUDA calls (a synchronize or a synchronous copy
-spins on a CPU by default, so it shows as busy); net_busy_pct discounts it. Findings: cpu-bottleneck as the
+spins on a CPU by default, and a copy from or to pageable memory copies through a staging buffer before it returns,
+so they show as busy); net_busy_pct discounts it. Findings: cpu-bottleneck as the
 idle attribution measures it (the devices' idle time while the host launches or works on the CPU outside
 CUDA calls, on a starved device; analysis/idle_causes.py).
 """
@@ -66,7 +67,8 @@ class ThreadRow(BaseModel):
     name: str | None = Field(description="thread name, null when the profile did not record it")
     busy_ns: int
     busy_pct: float
-    blocked_ns: int = Field(description="time inside blocking CUDA calls (syncs, synchronous copies) in the window")
+    blocked_ns: int = Field(description="time inside blocking CUDA calls (syncs, synchronous or pageable copies) in "
+                                        "the window")
     net_busy_pct: float = Field(description="(busy_ns - blocked_ns) / window: busy outside blocking calls, where a "
                                             "spinning wait would otherwise count as work")
 
@@ -116,12 +118,16 @@ busy AS (
   SELECT pid, tid, sum(greatest(0, end_ns - greatest(start_ns, coalesce(before_end, start_ns)))) AS busy_ns
   FROM reach GROUP BY pid, tid)"""
 
-# Time inside blocking CUDA calls (syncs, synchronous copies) per thread, as a union (nested runtime/driver
-# records of older exports would otherwise count twice).
+# Time inside blocking CUDA calls (syncs, and copies that block the host: synchronous ones and those from or to
+# pageable memory, analysis/rules.py) per thread, as a union (nested runtime/driver records of older exports would
+# otherwise count twice).
 TAIL_SQL = """,
+pageable AS (SELECT DISTINCT pid, correlation_id FROM memcpy WHERE 'pageable' IN (src_kind, dst_kind)),
 bcalls AS (
-  SELECT pid, tid, greatest(start_ns, $start) AS start_ns, least(end_ns, $end) AS end_ns FROM cuda_api
-  WHERE (kind = 'sync' OR (kind = 'memcpy' AND name NOT LIKE '%Async%')) AND end_ns > $start AND start_ns < $end),
+  SELECT a.pid, a.tid, greatest(a.start_ns, $start) AS start_ns, least(a.end_ns, $end) AS end_ns FROM cuda_api a
+  LEFT JOIN pageable p ON p.pid = a.pid AND p.correlation_id = a.correlation_id
+  WHERE (a.kind = 'sync' OR (a.kind = 'memcpy' AND """ + rules.blocking_copy_sql("a.name", "p.pid IS NOT NULL") + """))
+    AND a.end_ns > $start AND a.start_ns < $end),
 breach AS (
   SELECT pid, tid, start_ns, end_ns, max(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns, end_ns
          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end FROM bcalls),

@@ -10,7 +10,10 @@ name = the demangled name (cut; with short_name grouping, the variant with the m
 distinct demangled names in the row, display_name = short name plus the template arguments that set
 the name apart from the other demangled names with the same short name in the profile (see
 kernel_kinds.display_names), kind = kernel_kinds.kind_of of name. hotspots = rows (same grouping)
-above HOTSPOT_PCT of their kernel time, NCCL excluded, whatever `limit`.
+above HOTSPOT_PCT of their kernel time (with two names or more), or above hotspots.DOMINANT_WINDOW_PCT of the window
+(a single kernel running most of it), NCCL excluded, whatever `limit`. launch_fill: the launch configurations
+(analysis/launch_fill.py) of the hotspots' kernels and of every kernel launched with fewer blocks than its device has
+SMs long enough to leave SM time idle; findings from them (analysis/hotspots.py).
 
 gemms, per device with kernels in the window: kernel_time_ns (all its kernels), gemm_fp32_ns /
 gemm_tensor_ns / gemm_other_ns = time of kernels of kind 'gemm-fp32' / 'gemm-tensor' / 'gemm', and
@@ -22,14 +25,13 @@ it (basis 'compute_capability'), else by kernel names built for sm80+ on that de
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from typing import Annotated, Literal
 
 import duckdb
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
-from stallhound.analysis import quantiles
+from stallhound.analysis import hotspots, launch_fill, quantiles
 from stallhound.analysis.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -47,7 +49,9 @@ from stallhound.analysis.common import (
 )
 from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.kernel_kinds import KINDS, NAME_CHARS, display_names, kind_of, min_arch_of
+from stallhound.analysis.launch_fill import KernelFill, capability_number
 from stallhound.analysis.rules import HOTSPOT_PCT
+from stallhound.model.duck import one_row
 
 TRIAGE = TriageRole("window", order=4)
 MIN_NAMES_FOR_HOTSPOT = 2  # with a single kernel name its 100% share says nothing
@@ -115,8 +119,12 @@ class Result(Paged):
     total_rows: int = Field(description="rows before the limit")
     hotspots: list[KernelRow] = Field(description=f"rows above {HOTSPOT_PCT:.0f}% of kernel time, NCCL excluded")
     gemms: list[DeviceGemms] = Field(description="GEMM time by precision, per device with kernels")
+    launch_fill: list[KernelFill] = Field(description="per device, the launch configurations of the hotspots' kernels "
+                                                      "and of kernels whose launches on fewer blocks than SMs leave "
+                                                      "SM time worth reporting idle")
     notes: list[str] = []
     findings: list[Finding] = []
+    _command: str | None = PrivateAttr(None)  # the profiled command line, for the Nsight Compute command
 
 
 # Every (device, demangled name, short name) of the profile with its kernels in scope (n, t); names with
@@ -146,8 +154,8 @@ g AS (
 s AS (
   SELECT *, sum(total) OVER (PARTITION BY device) AS scope_total, count(*) OVER () AS total_rows,
          row_number() OVER (ORDER BY total DESC, key, device) AS rn,
-         total * 100.0 > $hot_pct * sum(total) OVER (PARTITION BY device)
-           AND count(*) OVER (PARTITION BY device) >= $min_names AS hot
+         (total * 100.0 > $hot_pct * sum(total) OVER (PARTITION BY device)
+           AND count(*) OVER (PARTITION BY device) >= $min_names) OR total * 100.0 >= $dominant_pct * $capacity AS hot
   FROM g)
 SELECT s.key, s.device, n, total, mean, m.median, lo, hi, sd, scope_total, total_rows, rn, hot
 FROM s LEFT JOIN med m ON m.key = s.key AND m.device IS NOT DISTINCT FROM s.device
@@ -201,14 +209,8 @@ def _rows(fetched: list[tuple], names: _Names, params: Params, scope: Scope) -> 
     return out
 
 
-def _capability(text: str | None) -> int | None:
-    """'9.0' -> 90."""
-    found = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text or "")
-    return int(found[1]) * 10 + int(found[2]) if found else None
-
-
 def _tensor_cores(capability: str | None, min_arch: int | None) -> tuple[bool | None, Basis]:
-    known = _capability(capability)
+    known = capability_number(capability)
     if known is not None:
         return known >= TF32_MIN_ARCH, "compute_capability"
     if min_arch is not None and min_arch >= TF32_MIN_ARCH:
@@ -256,8 +258,10 @@ def _notes(gemms: list[DeviceGemms]) -> list[str]:
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
     names = _Names(con.execute(NAMES_SQL, scope_args(scope)).fetchall())
+    capacity = scope.duration_ns * (1 if params.per_device else len(scope.devices))
     fetched = con.execute(ROWS_SQL, {**scope_args(scope), "by": params.group_by, "per_device": params.per_device,
                                      "hot_pct": HOTSPOT_PCT, "min_names": MIN_NAMES_FOR_HOTSPOT,
+                                     "dominant_pct": hotspots.DOMINANT_WINDOW_PCT, "capacity": capacity,
                                      "limit": params.limit, "offset": params.offset}).fetchall()
     total_rows = fetched[0][10] if fetched else 0
     shown = [r for r in fetched if params.offset < r[11] <= params.offset + params.limit]
@@ -266,22 +270,25 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     rows = _rows(shown + hot, names, params, scope)
     in_scope = [r for r in names.rows if r[3]]
     gemms = _gemms(con, names, scope)
-    return Result(scope=scope, group_by=params.group_by, kernel_count=sum(r[3] for r in in_scope),
-                  kernel_time_ns=sum(r[4] for r in in_scope),
-                  distinct_names=len({r[1] if params.group_by == "name" else r[2] for r in in_scope}),
-                  rows=rows[:len(shown)], truncated=more, total_rows=total_rows, offset=params.offset,
-                  next_offset=next_page(params.offset, len(shown), more),
-                  hotspots=[r for r in rows[len(shown):] if r.kind != "nccl"], gemms=gemms, notes=_notes(gemms))
+    hot_rows = [r for r in rows[len(shown):] if r.kind != "nccl"]
+    hot_names = {r.name for r in hot_rows if r.display_name != r.short_name} | {
+        r.short_name for r in hot_rows if r.display_name == r.short_name}
+    fills = launch_fill.numbered(con, hotspots.read(launch_fill.fills(con, scope), hot_names, scope.duration_ns))
+    result = Result(scope=scope, group_by=params.group_by, kernel_count=sum(r[3] for r in in_scope),
+                    kernel_time_ns=sum(r[4] for r in in_scope),
+                    distinct_names=len({r[1] if params.group_by == "name" else r[2] for r in in_scope}),
+                    rows=rows[:len(shown)], truncated=more, total_rows=total_rows, offset=params.offset,
+                    next_offset=next_page(params.offset, len(shown), more), hotspots=hot_rows, gemms=gemms,
+                    launch_fill=fills, notes=_notes(gemms))
+    result._command = one_row(con.execute("SELECT command_line FROM meta"))[0]
+    return result
 
 
-def _hotspot(row: KernelRow, scope: Scope) -> Finding:
+def _hot(row: KernelRow, scope: Scope) -> hotspots.Hot:
     device = row.device if row.device is not None else scope.devices[0] if len(scope.devices) == 1 else None
-    where = f" on device {device}" if device is not None else ""
-    return Finding(root_cause="kernel-hotspot", severity="info",
-                   title=f"{row.display_name} ({row.kind}) takes {row.kernel_time_pct:.1f}% of kernel time{where}",
-                   evidence={"kernel_time_pct": row.kernel_time_pct, "total_ns": row.total_ns, "count": row.count,
-                             "kind": row.kind, "kernel": row.display_name},
-                   time_at_stake_ns=0, device=device, tags=[row.kind])
+    return hotspots.Hot(display_name=row.display_name, name=row.name, short_name=row.short_name, kind=row.kind,
+                        kernel_time_pct=row.kernel_time_pct, window_pct=row.window_pct, total_ns=row.total_ns,
+                        count=row.count, device=device, by_short_name=row.display_name == row.short_name)
 
 
 def _basis(g: DeviceGemms) -> str:
@@ -306,10 +313,10 @@ def _fp32_gemm(g: DeviceGemms, scope: Scope) -> Finding:
 
 
 def findings(result: Result) -> list[Finding]:
-    hotspots = [_hotspot(row, result.scope) for row in result.hotspots]
     fp32 = [_fp32_gemm(g, result.scope) for g in result.gemms
             if g.tf32_tensor_cores and g.gemm_fp32_pct >= FP32_GEMM_MIN_PCT]
-    return fp32 + hotspots
+    hot = [_hot(row, result.scope) for row in result.hotspots]
+    return fp32 + hotspots.findings(hot, result.launch_fill, result.scope.duration_ns, result._command)
 
 
 def render(result: Result) -> str:

@@ -9,7 +9,9 @@ time in the window that the fix could recover, per device; causes never share na
 findings add up to at most the window (the warmup findings count time outside it: the first iteration's
 excess, and compilation before the first iteration when it outlasts the window).
 The fix shown is the book's first fix for the detected program's family (analysis/program.py), or generic.
-The run is classified by analysis/shares.py.
+The run is classified by analysis/shares.py; with no or too little GPU activity to classify, only the findings of
+GPU code compiled or loaded inside the window for 1 ms or more stay (ANY_GPU_SHARE, or one-time setup that loads
+code: they may be why the GPU did so little).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ from stallhound.tools import declared, detectors, skills
 DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
 # the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
 MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's context is the limit
+ANY_GPU_SHARE = {"module-loading-hot-path", "torch-compile-recompilation"}  # compiling or loading GPU code inside
+# the window is a finding however little GPU work there is: it may be why there is so little
+ANY_GPU_SHARE_MIN_NS = 1_000_000  # ... once it costs 1 ms: in a one-shot run's short window less is noise
 SETUP_OVER_LOOP = 1.0  # irregular steps still bound the loop when more GPU-active time precedes them than they
 # span: a window over both would describe the setup (compilation, loading), not the loop; and compiling before
 # the loop for longer than the window lasts makes the capture mostly one-time warmup
@@ -201,6 +206,14 @@ def _window_findings(con: duckdb.DuckDBPyConnection, module: ModuleType, params:
     return as_result(result, module.Result).findings
 
 
+def _loads_code(finding: Finding) -> bool:
+    """A finding of GPU code compiled or loaded inside the window for ANY_GPU_SHARE_MIN_NS or more: its own root cause,
+    or one-time setup (idle_causes) whose loading part is that long."""
+    loading_ns = (int(finding.evidence.get("loading_ns", 0)) if finding.root_cause == "profiler-window-on-warmup"
+                  else finding.time_at_stake_ns if finding.root_cause in ANY_GPU_SHARE else 0)
+    return loading_ns >= ANY_GPU_SHARE_MIN_NS
+
+
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     prog = program.detect(con)
     chain = tuple(prog.fix_chain)
@@ -213,7 +226,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     found, skipped = _gathered(con, params, scope, warmup)
     classification = shares.classify(con, scope, {f.root_cause for _, f in found})
     if classification.bound in ("no GPU activity", "too little GPU activity"):
-        found = []
+        found = [tf for tf in found if _loads_code(tf[1])]
     foreign = [(t, f) for t, f in found if not book.get_entry(f.root_cause).applies(chain)]
     skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
     found = [tf for tf in found if tf not in foreign]

@@ -47,11 +47,14 @@ VERIFY_FIGURES: dict[str, tuple[tuple[str, Direction], ...]] = {
     "nccl-serialization": (("NCCL exposed", "down"), ("communication share", "down")),
     "nccl-straggler": (("communication share", "down"),),
     "pageable-host-memory": (("pageable copies", "down"),),
+    "profiler-overhead": (("GPU idle", "down"),),
     "profiler-window-on-warmup": (),
     "small-kernel-overhead": (("tiny kernels", "down"), ("launch API", "down")),
     "tokenization-on-critical-path": (("idle share", "down"),),
     "torch-compile-recompilation": (("GPU idle", "down"),),
+    "undersized-grid": (("kernel time", "down"),),
     "unfused-attention": (("kernel time", "down"),),
+    "unified-memory-migration": (("kernel time", "down"), ("GPU idle", "down")),  # faulting work and its stalls
     "unneeded-activation-checkpointing": (("kernel time", "down"),),
 }
 

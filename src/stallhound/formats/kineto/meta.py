@@ -35,13 +35,16 @@ def _properties(head: dict) -> dict[int, dict]:
 
 
 def gpu_rows(con: duckdb.DuckDBPyConnection, head: dict) -> list[tuple]:
-    """A gpus row per device that ran work; Kineto records no chip, bandwidth, clock or bus."""
+    """A gpus row per device that ran work; Kineto records no chip, bandwidth, clock, bus or blocks per SM."""
     props = _properties(head)
     rows = []
     for (device,) in con.execute(DEVICES_SQL).fetchall():
         p = props.get(device, {})
         cc = f"{p['computeMajor']}.{p['computeMinor']}" if "computeMajor" in p and "computeMinor" in p else None
-        rows.append((device, p.get("name"), None, p.get("numSms"), p.get("totalGlobalMem"), None, None, cc, None))
+        threads, warp = as_int(p.get("maxThreadsPerMultiprocessor")), as_int(p.get("warpSize"))
+        rows.append((device, p.get("name"), None, p.get("numSms"), p.get("totalGlobalMem"), None, None, cc, None,
+                     threads // warp if threads and warp else None, None, as_int(p.get("regsPerMultiprocessor")),
+                     as_int(p.get("sharedMemPerMultiprocessor"))))
     return rows
 
 

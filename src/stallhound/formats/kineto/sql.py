@@ -85,4 +85,5 @@ MAPPING: tuple[tuple[str, str | None], ...] = (
     ("cuda_api", CUDA_API), ("kernels", KERNELS), ("memcpy", MEMCPY), ("memset", MEMSET), ("nvtx", NVTX),
     ("sync", None), ("graph_exec", None), ("os_runtime", None), ("cpu_samples", None), ("sched", None),
     ("memory_usage", None), ("uvm_faults", None), ("host_modules", None), ("library_api", None),
+    ("profiler_overhead", None),
 )

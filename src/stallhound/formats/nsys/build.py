@@ -255,6 +255,14 @@ class Builder(ActivityJoins):
                     r.start, r."end", r.address, {self.col(gpu, 'numberOfPageFaults', '1')}
                 FROM {self.src(gpu)} r""", cur)
 
+    def profiler_overhead(self, cur: duckdb.DuckDBPyConnection) -> None:
+        t = "PROFILER_OVERHEAD"
+        self.create("profiler_overhead", cur)
+        if {"start", "end", "globalTid"} <= self.cols(t):
+            self.sql(f"""INSERT INTO profiler_overhead SELECT {PID_SQL.format(col='r.globalTid')},
+                    {TID_SQL.format(col='r.globalTid')}, s.value, r.start, r."end", r."end" - r.start
+                FROM {self.src(t)} r LEFT JOIN _strings s ON s.id = {self.col(t, 'nameId')}""", cur)
+
     def os_runtime(self, cur: duckdb.DuckDBPyConnection) -> None:
         t = "OSRT_API"
         self.create("os_runtime", cur)
@@ -307,6 +315,7 @@ class Builder(ActivityJoins):
         self.sched(cur)
         libraries.host_modules(self, cur)
         libraries.library_api(self, cur)
+        self.profiler_overhead(cur)
 
     def gpu_side(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.step("CUDA API calls")

@@ -48,7 +48,7 @@ NOT_STARTED_SQL = """SELECT min(text) FROM diagnostics WHERE contains(text, $wor
 GPU_TABLE_SINCE = (2021, 2)
 
 GPU_FIELDS = ("name", "chipName", "smCount", "totalMemory", "memoryBandwidth", "clockRate", "computeMajor",
-              "computeMinor", "busLocation")
+              "computeMinor", "busLocation", "maxWarpsPerSm", "maxBlocksPerSm", "maxRegistersPerSm", "maxShmemPerSm")
 # TARGET_INFO_CUDA_GPU (older exports) mirrors CUPTI's device record: column -> the TARGET_INFO_GPU field it
 # fills. Its bandwidth and clock columns are left out: CUPTI gives them in KB/s and kHz, and no export at hand
 # confirms that nsys kept those units.
@@ -102,7 +102,9 @@ def gpu_rows(raw: RawExport, devices: list[int]) -> list[tuple]:
         g = mapping.get(device, {})
         cc = f"{g['computeMajor']}.{g['computeMinor']}" if g.get("computeMajor") else None
         out.append((device, g.get("name") or None, g.get("chipName") or None, g.get("smCount"), g.get("totalMemory"),
-                    g.get("memoryBandwidth") or None, g.get("clockRate") or None, cc, g.get("busLocation") or None))
+                    g.get("memoryBandwidth") or None, g.get("clockRate") or None, cc, g.get("busLocation") or None,
+                    *(g.get(f) or None for f in ("maxWarpsPerSm", "maxBlocksPerSm", "maxRegistersPerSm",
+                                                 "maxShmemPerSm"))))
     return out
 
 

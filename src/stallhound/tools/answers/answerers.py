@@ -243,9 +243,16 @@ def _hot_thread(e: Evidence) -> Answer:
     if not t or not t.rows:
         return None
     r = t.rows[0]
-    verdict = "yes" if r.net_busy_pct > HOT_THREAD_PCT else "no"
-    return (f"{verdict}: the busiest, {r.name or r.tid}, is busy {r.busy_pct:.1f}% ({r.net_busy_pct:.1f}% outside "
-            f"blocking CUDA calls)", {"busy_pct": r.busy_pct, "net_busy_pct": r.net_busy_pct})
+    figures = {"busy_pct": r.busy_pct, "net_busy_pct": r.net_busy_pct}
+    busiest = f"the busiest, {r.name or r.tid}, is busy {r.busy_pct:.1f}% of the window"
+    if r.busy_pct <= HOT_THREAD_PCT:
+        return f"no: {busiest}", figures
+    if r.net_busy_pct > HOT_THREAD_PCT:
+        return f"yes: {busiest}, {r.net_busy_pct:.1f}% outside blocking CUDA calls: work of its own on the CPU", figures
+    return (f"yes: {busiest}, but {r.busy_pct - r.net_busy_pct:.1f} points of it inside blocking CUDA calls "
+            "(synchronizes, synchronous or pageable copies, which keep it on a CPU while it waits or stages data) "
+            f"and {r.net_busy_pct:.1f}% outside them: it mostly waits on the GPU or copies, it is not short of CPU",
+            figures)
 
 
 def _gc(e: Evidence) -> Answer:

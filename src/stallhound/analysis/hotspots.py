@@ -1,0 +1,161 @@
+"""What a kernel that takes much of the window should be told: whether the trace can show it runs below what the GPU
+can do, and what to measure when it cannot. Findings from top_kernels' hot rows and the launch fill of their kernels
+(analysis/launch_fill.py).
+
+- undersized-grid, per device and kernel: launches with fewer blocks than the device has SMs leave SMs idle for
+  their whole run; time at stake = their idle_sm_ns (duration x (1 - SMs used / SMs)), the most spreading the work
+  over every SM could save: an upper bound, worded as such, never more than the kernel's time. Fires when that is
+  worth reporting (rules.MIN_STAKE_PCT of the window); severity by its share of the window.
+- kernel-hotspot, per hot row: a runtime's helper kernel (kind 'runtime') is named as such, not as the program's
+  compute. Any other kernel gets its launch configuration, its theoretical occupancy and an honest statement: a
+  timeline holds no FLOP or byte counts, so whether the kernel runs near the GPU's limits cannot be told without
+  Nsight Compute, whose command for this kernel the finding gives. No time at stake (nothing measured says how much
+  could be saved), so never high; severity by its share of the window and the evidence of under-use: medium when it
+  takes most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT) with launches that leave
+  most of the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer blocks than SMs), else
+  info. A kernel with an undersized-grid finding gets no second finding.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from stallhound.analysis import rules
+from stallhound.analysis.common import Finding, Severity, counted, ms
+from stallhound.analysis.kernel_kinds import NAME_CHARS
+from stallhound.analysis.launch_fill import KernelFill, LaunchFill
+
+DOMINANT_WINDOW_PCT = 50.0  # a kernel running over half the window is the step: its efficiency is the question
+LOW_OCCUPANCY_PCT = 25.0  # a quarter of the SM's warp slots or fewer leaves little to hide memory latency with
+PROGRAM_CHARS = 120  # a recorded command line longer than this is shown as <program>
+NCU_SKIP = 10  # launches of a configuration launched more often to skip before the one measured: their warmup
+TILED_KINDS = {"gemm-tensor", "gemm-fp32", "gemm", "attention", "conv"}  # library kernels built on large register
+# tiles: a low occupancy is their design, not a sign of under-use
+NOT_THE_PROGRAMS = {"runtime", "nccl"}  # a runtime's helpers, communication: their grids are not the program's choice
+
+
+@dataclass(frozen=True)
+class Hot:
+    """A hot row of top_kernels: its kernel (demangled and short name), kind and shares."""
+    display_name: str
+    name: str
+    short_name: str
+    kind: str
+    kernel_time_pct: float
+    window_pct: float
+    total_ns: int
+    count: int
+    device: int | None
+    by_short_name: bool  # the row holds every kernel of its short name (else one demangled name, cut at NAME_CHARS)
+
+    def holds(self, k: KernelFill) -> bool:
+        return k.short_name == self.short_name if self.by_short_name else k.name[:NAME_CHARS] == self.name
+
+
+def ncu_command(short_name: str, fill: LaunchFill | None, command: str | None) -> str:
+    """The Nsight Compute command that measures one launch of this configuration of the kernel, skipping to it (and
+    past NCU_SKIP of its launches' warmup when it has more), on the profiled command when recorded."""
+    program = command if command and len(command) <= PROGRAM_CHARS else "<program>"
+    skip = ((fill.launches_before or 0) + (NCU_SKIP if fill.count > NCU_SKIP else 0)) if fill else 0
+    return (f"ncu --kernel-name {shlex.quote(short_name)} --launch-skip {skip} --launch-count 1 --set full "
+            f"-o {shlex.quote(short_name[:40])} {program}")
+
+
+def _blocks(f: LaunchFill) -> str:
+    return f"{counted(f.blocks, 'block')} of {f.threads_per_block} threads"
+
+
+def _resources(f: LaunchFill) -> str:
+    """Registers, shared memory, used lanes and theoretical occupancy of a launch configuration."""
+    parts = [f"{f.registers_per_thread} registers/thread"] if f.registers_per_thread else []
+    parts += [f"{f.shared_bytes_per_block:,} B shared/block"] if f.shared_bytes_per_block else []
+    parts += [f"{f.lanes_pct:.0f}% of each warp's lanes used"] if f.lanes_pct < 100 else []
+    if f.occupancy_pct is not None:
+        parts.append(f"theoretical occupancy {f.occupancy_pct:.0f}% (limited by {f.limited_by})")
+    return ", ".join(parts)
+
+
+def _shape(f: LaunchFill) -> str:
+    resources = _resources(f)
+    return _blocks(f) + (f", {resources}" if resources else "")
+
+
+def _under_used(k: KernelFill) -> bool:
+    """Evidence in the main launch configuration that it leaves most of the GPU unused: partly empty warps, fewer
+    blocks than SMs, or (for the program's own kernels: library GEMM, attention and convolution kernels run few,
+    register-heavy warps by design) a low theoretical occupancy."""
+    f = k.main
+    low = f.occupancy_pct is not None and f.occupancy_pct <= LOW_OCCUPANCY_PCT and k.kind not in TILED_KINDS
+    return low or f.lanes_pct < 100 or bool(f.sm_count and f.blocks < f.sm_count)
+
+
+def undersized(kernels: list[KernelFill], window_ns: int, command: str | None) -> list[Finding]:
+    """undersized-grid per (device, kernel) whose launches with fewer blocks than SMs leave SM time worth reporting."""
+    out = []
+    for k in kernels:
+        stake = min(k.idle_sm_ns, window_ns)
+        if k.undersized is None or k.kind in NOT_THE_PROGRAMS or not rules.worth_reporting(stake, window_ns):
+            continue
+        f = k.undersized
+        ncu = ncu_command(k.short_name, f, command)
+        resources = _resources(f)
+        launches = (f"{counted(f.count, 'launch')} of {_blocks(f)}" if f.count == k.undersized_launches else
+                    f"{k.undersized_launches:,} launches of fewer blocks than SMs, most time in {_blocks(f)}")
+        out.append(Finding(
+            root_cause="undersized-grid", severity=rules.severity(stake, window_ns),
+            title=f"{k.short_name} runs {ms(k.undersized_ns)} on device {k.device} in {launches}"
+                  f"{f' ({resources})' if resources else ''}, on a GPU with {f.sm_count} SMs: {f.sms_used} of them "
+                  f"{'gets' if f.sms_used == 1 else 'get'} work and the others idle; spreading the work over every SM "
+                  f"could save at most {ms(stake)} (an upper bound); measure it with `{ncu}`",
+            evidence={"kernel": k.short_name, "blocks": f.blocks, "sm_count": f.sm_count,
+                      "launches": k.undersized_launches, "kernel_ns": k.undersized_ns,
+                      "threads_per_block": f.threads_per_block, "ncu": ncu,
+                      **({"occupancy_pct": f.occupancy_pct} if f.occupancy_pct is not None else {})},
+            time_at_stake_ns=stake, device=k.device, tags=[]))
+    return out
+
+
+def _severity(hot: Hot, kernel: KernelFill | None) -> Severity:
+    """medium when it runs most of the window, or a tenth of it with its launch showing under-use; else info. Never
+    high: nothing measured is at stake."""
+    evidence = kernel is not None and _under_used(kernel)
+    worth = hot.window_pct >= DOMINANT_WINDOW_PCT or (evidence and hot.window_pct >= rules.HIGH_STAKE_PCT)
+    return "medium" if worth else "info"
+
+
+def statement(hot: Hot, kernels: list[KernelFill], command: str | None) -> Finding:
+    """kernel-hotspot for a hot row: a runtime kernel named, any other kernel's launch figures and what measures it."""
+    where = f" on device {hot.device}" if hot.device is not None else ""
+    share = f"takes {hot.kernel_time_pct:.1f}% of kernel time and {hot.window_pct:.1f}% of the window{where}"
+    mine = [k for k in kernels if hot.holds(k)]
+    kernel = max(mine, key=lambda k: k.total_ns) if mine else None
+    evidence = {"kernel_time_pct": hot.kernel_time_pct, "window_pct": hot.window_pct, "total_ns": hot.total_ns,
+                "count": hot.count, "kind": hot.kind, "kernel": hot.display_name}
+    if hot.kind == "runtime":
+        return Finding(root_cause="kernel-hotspot", severity="info", time_at_stake_ns=0, device=hot.device,
+                       title=f"{hot.display_name}, a helper kernel of the language runtime (it fills device memory), "
+                             f"not the program's compute, {share}", evidence=evidence, tags=["runtime"])
+    main = kernel.main if kernel else None
+    ncu = ncu_command(hot.short_name, main, command)
+    if main is not None and main.occupancy_pct is not None:
+        evidence.update(occupancy_pct=main.occupancy_pct, limited_by=main.limited_by)
+    title = (f"{hot.display_name} ({hot.kind}) {share}{f' ({_shape(main)})' if main else ''}; the timeline holds no "
+             f"FLOP or byte counts, so whether it runs near the GPU's limits cannot be told without Nsight Compute: "
+             f"`{ncu}`")
+    return Finding(root_cause="kernel-hotspot", severity=_severity(hot, kernel), title=title,
+                   evidence={**evidence, "ncu": ncu}, time_at_stake_ns=0, device=hot.device, tags=[hot.kind])
+
+
+def read(kernels: list[KernelFill], hot_names: set[str], window_ns: int) -> list[KernelFill]:
+    """The kernels the findings read: those of the hot rows (by demangled name, cut, or short name), and those whose
+    launches on fewer blocks than SMs leave SM time worth reporting idle."""
+    return [k for k in kernels if {k.name[:NAME_CHARS], k.short_name} & hot_names or (
+        k.kind not in NOT_THE_PROGRAMS and rules.worth_reporting(k.idle_sm_ns, window_ns))]
+
+
+def findings(hot: list[Hot], kernels: list[KernelFill], window_ns: int, command: str | None) -> list[Finding]:
+    """undersized-grid findings, then a kernel-hotspot statement for each hot row whose kernel has none."""
+    grids = undersized(kernels, window_ns, command)
+    named = {f.evidence["kernel"] for f in grids}
+    return grids + [statement(h, kernels, command) for h in hot if h.short_name not in named]

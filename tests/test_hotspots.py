@@ -1,0 +1,212 @@
+"""A kernel that takes much of the window: launch fill (analysis/launch_fill.py) and the findings of top_kernels
+(analysis/hotspots.py): undersized grids with a time at stake that is an upper bound, runtime helper kernels named
+as such, and an honest statement with the Nsight Compute command when a timeline cannot tell. Unit tests on tiny
+models; real profiles of the corpus (skipped where it is not restored) against independent SQL on the raw export."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import duckdb
+import pytest
+from modeldb import make_model
+
+from corpus import sources
+from stallhound.analysis import launch_fill
+from stallhound.analysis.contracts import run_skill
+from stallhound.formats import open_profile
+from stallhound.tools import top_kernels as tk
+from stallhound.tools import triage
+
+MS = 1_000_000
+R = TypeVar("R")
+H100 = {"device_id": 0, "sm_count": 114, "max_warps_per_sm": 64, "max_blocks_per_sm": 32,
+        "max_registers_per_sm": 65536, "max_shared_per_sm_bytes": 233472, "compute_capability": "9.0"}
+RTX3060 = {"device_id": 0, "sm_count": 28, "max_warps_per_sm": 48, "max_blocks_per_sm": 16,
+           "max_registers_per_sm": 65536, "max_shared_per_sm_bytes": 102400, "compute_capability": "8.6"}
+
+
+def launch(name: str, s: int, e: int, blocks: int, threads: int, registers: int = 32, pid: int = 1,
+           category: str = "compute", corr: int | None = None) -> dict:
+    return {"device_id": 0, "stream_id": 7, "pid": pid, "correlation_id": corr, "start_ns": s, "end_ns": e,
+            "short_name": name, "name": name, "category": category, "grid_x": blocks, "grid_y": 1, "grid_z": 1,
+            "block_x": threads, "block_y": 1, "block_z": 1, "registers_per_thread": registers,
+            "static_shared_bytes": 0, "dynamic_shared_bytes": 0}
+
+
+def run(con, **kw) -> tk.Result:
+    return run_skill(con, tk, tk.Params(profile="t", **kw))
+
+
+@pytest.mark.parametrize("threads, registers, shared, limits, expected", [
+    (256, 192, 0, RTX3060, (1, "registers")),  # 192 x 32 = 6,144 registers a warp: 10 warps, one 8-warp block
+    (32, 106, 0, H100, (18, "registers")),  # 106 -> 3,584 a warp (units of 256): 18 one-warp blocks
+    (16, 16, 0, RTX3060, (16, "block slots")),  # half-warp blocks: 16 block slots, 16 of 48 warps
+    (1024, 32, 0, H100, (2, "warps")),
+    (128, 32, 50_000, H100, (4, "shared memory")),  # 50,000 + 1 KiB reserved per block on 9.0: 4 of 233,472 B
+    (128, 32, 0, {}, (None, None)),  # no limit recorded
+])
+def test_launch_fill_resident_blocks_as_the_occupancy_calculator(threads, registers, shared, limits, expected):
+    limits = {"max_warps": limits.get("max_warps_per_sm"), "max_blocks": limits.get("max_blocks_per_sm"),
+              "max_registers": limits.get("max_registers_per_sm"), "max_shared": limits.get("max_shared_per_sm_bytes"),
+              "capability": limits.get("compute_capability")}
+    assert launch_fill.resident_blocks(threads, registers, shared, limits) == expected
+
+
+def test_undersized_grid_is_an_upper_bound_on_idle_sms():
+    """One 1-block launch of 100 ms on a 114-SM GPU leaves 113/114 of the SMs idle: at most 99.12 ms to save. A
+    second configuration of 57 blocks for 10 ms adds half its time. Launches under 10 us are latency-bound and count
+    nothing; a full-grid launch counts nothing."""
+    kernels = [launch("mm", 0, 100 * MS, 1, 32), launch("mm", 100 * MS, 110 * MS, 57, 32),
+               launch("mm", 110 * MS, 110 * MS + 9_000, 1, 32), launch("mm", 111 * MS, 121 * MS, 114, 32)]
+    result = run(make_model(kernels=kernels, gpus=[H100]))
+    [grid] = [f for f in result.findings if f.root_cause == "undersized-grid"]
+    stake = round(100 * MS * 113 / 114) + 5 * MS
+    assert (grid.time_at_stake_ns, grid.severity, grid.device) == (stake, "high", 0)
+    assert grid.evidence | {"ncu": None} == {"kernel": "mm", "blocks": 1, "sm_count": 114, "launches": 2,
+                                             "kernel_ns": 110 * MS, "threads_per_block": 32, "occupancy_pct": 50.0,
+                                             "ncu": None}
+    assert "1 of them gets work" in grid.title and "at most 104.123 ms (an upper bound)" in grid.title
+    assert "--launch-skip 0 " in grid.evidence["ncu"]  # the 1-block configuration is the first launch of mm
+    assert [f.root_cause for f in result.findings] == ["undersized-grid"]  # no second finding for the same kernel
+
+
+@pytest.mark.parametrize("name, category, found", [
+    ("mm", "compute", True), ("ncclDevKernel_AllReduce", "nccl", False),  # NCCL runs few blocks by design
+    ("__pgi_uacc_cuda_fill_42_gpu", "compute", False),  # a runtime helper is not the program's grid to choose
+])
+def test_undersized_grid_only_for_the_programs_kernels(name, category, found):
+    kernels = [launch(name, 0, 50 * MS, 1, 128, category=category), launch("other", 50 * MS, 100 * MS, 228, 128)]
+    result = run(make_model(kernels=kernels, gpus=[H100]))
+    assert any(f.root_cause == "undersized-grid" for f in result.findings) == found
+
+
+def test_undersized_grid_counts_only_time_alone_on_the_device():
+    """Three 1-block launches side by side on three streams, then the first runs 10 ms alone: while the others run
+    they may use the idle SMs, so only the 10 ms alone count (x 113/114); the time alone never overlaps."""
+    kernels = [{**launch(f"mm{s}", 0, 100 * MS, 1, 32), "stream_id": s} for s in (1, 2, 3)]
+    kernels.append({**launch("mm1", 100 * MS, 110 * MS, 1, 32), "stream_id": 1})
+    grids = [f for f in run(make_model(kernels=kernels, gpus=[H100])).findings if f.root_cause == "undersized-grid"]
+    assert [(f.evidence["kernel"], f.time_at_stake_ns, f.evidence["kernel_ns"]) for f in grids] == [
+        ("mm1", round(10 * MS * 113 / 114), 110 * MS)]
+
+
+def test_undersized_grid_capped_at_the_window():
+    """A 100 ms 1-block launch that starts in a 50 ms window counts in full (as top_kernels counts kernels), but
+    at most the window can be saved."""
+    con = make_model(kernels=[launch("mm", 0, 100 * MS, 1, 32), launch("x", 100 * MS, 101 * MS, 114, 32)],
+                     gpus=[H100])
+    [grid] = run(con, start_ns=0, end_ns=50 * MS).findings
+    assert (grid.root_cause, grid.time_at_stake_ns) == ("undersized-grid", 50 * MS)
+
+
+@pytest.mark.parametrize("name, threads, registers, share, severity", [
+    ("mine", 16, 32, 90, "medium"),  # most of the window
+    ("mine", 16, 32, 20, "medium"),  # a fifth, with half-empty warps: under-use the launch shows
+    ("mine", 256, 32, 20, "info"),  # a fifth, full warps and occupancy: nothing in the trace says it is slow
+    ("mine", 256, 255, 20, "medium"),  # a fifth at 12.5% occupancy in the program's own kernel
+    ("ampere_fp16_s16816gemm_fp16_128x256_ldg8_f2f_stages_64x3_nn", 256, 234, 20, "info"),  # a tiled library GEMM:
+    # few register-heavy warps by design
+])
+def test_hotspot_severity_from_the_window_and_the_evidence(name, threads, registers, share, severity):
+    """No time at stake, so never high; medium when the kernel runs most of the window or a tenth of it with under-use
+    its launch shows; each says the timeline cannot tell and gives the ncu command."""
+    kernels = [launch(name, 0, share * MS, 4096, threads, registers=registers),  # over 30% of kernel time
+               launch("x", 90 * MS, 95 * MS, 4096, 256), launch("y", 95 * MS, 100 * MS, 4096, 256)]
+    findings = run(make_model(kernels=kernels, gpus=[H100])).findings
+    [hot] = [f for f in findings if f.evidence["kernel"] == name]
+    assert (hot.severity, hot.time_at_stake_ns) == (severity, 0)
+    assert "cannot be told without Nsight Compute" in hot.title and f"ncu --kernel-name {name} " in hot.title
+    assert ("of each warp's lanes used" in hot.title) == (threads == 16)
+
+
+def test_runtime_helper_kernel_is_named_as_such():
+    kernels = [launch("__pgi_uacc_cuda_fill_42_gpu", 0, 90 * MS, 1, 128), launch("feed_23_gpu", 90 * MS, 91 * MS,
+                                                                                  1024, 128)]
+    [fill] = run(make_model(kernels=kernels, gpus=[H100])).findings
+    assert (fill.root_cause, fill.tags, fill.severity) == ("kernel-hotspot", ["runtime"], "info")
+    assert "a helper kernel of the language runtime" in fill.title and "not the program's compute" in fill.title
+
+
+def test_ncu_skips_to_the_configuration():
+    """The 1-block launches of mm start after five full-grid ones in the same process: skip five, then ten more
+    of the configuration's own to pass its warmup (it has twelve)."""
+    kernels = [launch("mm", i * MS, i * MS + 500, 114, 32) for i in range(5)]
+    kernels += [launch("mm", (10 + i) * 10 * MS, (11 + i) * 10 * MS, 1, 32) for i in range(12)]
+    [grid] = run(make_model(kernels=kernels, gpus=[H100])).findings
+    assert "--launch-skip 15 --launch-count 1" in grid.evidence["ncu"]
+
+
+# --- real profiles of the corpus --------------------------------------------------------------------------
+CORPUS = {p.name: p for p in sources.load()}
+
+
+def corpus(name: str) -> Path:
+    """The restored file of a public corpus profile (corpus/sources), else the test is skipped."""
+    path = sources.resolve(CORPUS[name.removesuffix(".sqlite")])
+    if path is None:
+        pytest.skip(f"corpus profile {name} is not restored in {sources.cache_dir()} (make corpus-restore)")
+    return path
+
+
+def opened(path: Path, cache: Path, read: Callable[[duckdb.DuckDBPyConnection], R]) -> R:
+    profile = open_profile(path, cache_dir=cache)
+    try:
+        return read(profile.con)
+    finally:
+        profile.close()
+
+
+def raw_undersized(path: Path) -> list[tuple[str, int, int, int]]:
+    """Independent reading: per kernel, the launches of at least 10 us with fewer blocks than the device's SMs,
+    their time and duration x (1 - blocks / SMs), NCCL left out; these captures run one kernel at a time (checked),
+    so every launch runs alone on its device."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    assert not con.execute("""SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL a JOIN CUPTI_ACTIVITY_KIND_KERNEL b
+        ON a.deviceId = b.deviceId AND a.rowid < b.rowid AND a.start < b."end" AND b.start < a."end" """).fetchone()
+    return con.execute("""
+        SELECT s.value, count(*), sum(k."end" - k.start),
+               CAST(round(sum((k."end" - k.start) * (1 - (k.gridX * k.gridY * k.gridZ) * 1.0 / g.smCount))) AS INT)
+        FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+        JOIN TARGET_INFO_GPU g ON g.cuDevice = k.deviceId
+        WHERE k.gridX * k.gridY * k.gridZ < g.smCount AND k."end" - k.start >= 10000 AND s.value NOT LIKE 'nccl%'
+        GROUP BY 1 ORDER BY 3 DESC""").fetchall()
+
+
+@pytest.mark.parametrize("name, kernel, blocks, sms", [
+    ("dtuhpc_omp_matmult_mnk.sqlite", "nvkernel_matmult_mnk_offload_F1L115_7", 1, 114),  # naive matmul, one warp
+    ("nussinov_mig_onekernel.sqlite", "nussinov_gpu", 10, 28),  # 10 half-warp blocks on a MIG slice
+    ("perlmutter_uvm_vecadd_prefetch.sqlite", "add", 1, 108),  # vector add in one block
+])
+def test_corpus_long_kernel_on_a_few_sms_is_found(tmp_path, name, kernel, blocks, sms):
+    path = corpus(name)
+    [(raw_kernel, launches, spent, idle)] = raw_undersized(path)[:1]
+    result = opened(path, tmp_path, lambda con: triage.run(con, triage.Params(profile=name, limit=100)))
+    [grid] = [f for f in result.findings if f.root_cause == "undersized-grid"]
+    assert (raw_kernel, grid.evidence["kernel"], grid.evidence["blocks"], grid.evidence["sm_count"]) == (
+        kernel, kernel, blocks, sms)
+    assert (grid.evidence["launches"], grid.evidence["kernel_ns"], grid.time_at_stake_ns) == (launches, spent, idle)
+    assert grid.time_at_stake_ns < spent and grid.severity == "high" and result.classification.bound != (
+        "too little GPU activity")
+
+
+def test_corpus_single_dominant_kernel_gets_a_statement(tmp_path):
+    """threebody: one 50 s kernel of 40 blocks x 256 threads with 192 registers on a 28-SM RTX 3060: every SM has a
+    block, but one 8-warp block of 48 warp slots (16.7%); nothing measured says how much faster it could run."""
+    name = "threebody_divergence_kernel.sqlite"
+    result = opened(corpus(name), tmp_path, lambda con: triage.run(con, triage.Params(profile=name)))
+    [hot] = result.findings
+    assert (hot.root_cause, hot.severity, hot.time_at_stake_ns, hot.evidence["occupancy_pct"]) == (
+        "kernel-hotspot", "medium", 0, 16.67)
+    assert hot.evidence["ncu"].startswith("ncu --kernel-name divergence --launch-skip 0 --launch-count 1")
+
+
+def test_corpus_runtime_fill_kernels_are_not_the_programs_compute(tmp_path):
+    name = "openaccpol_fill_allocloop.sqlite"
+    result = opened(corpus(name), tmp_path, lambda con: run(con, limit=5))
+    assert [(r.short_name, r.kind) for r in result.rows] == [("__pgi_uacc_cuda_fill_42_gpu", "runtime"),
+                                                             ("feed_input_23_gpu", "custom")]
+    assert [(f.tags, f.severity) for f in result.findings] == [(["runtime"], "info")]
