@@ -32,7 +32,8 @@ from typing import Any
 from corpus.sources import CORPUS
 
 EXPECT = CORPUS / "expect"
-KEYS = {"kind", "expect", "forbid", "bound", "forbid_text", "note"}
+KEYS = {"kind", "expect", "forbid", "bound", "forbid_text", "note", "open"}
+CHECK_NAMES = ("kind", "expected", "forbidden", "bounds", "texts")  # the keys of CHECKS, below
 BOUND_KEYS = {"root_cause", "max_ms", "why"}
 TEXT_KEYS = {"root_cause", "field", "pattern", "why"}
 TEXT_FIELDS = ("title", "fix")
@@ -62,6 +63,7 @@ class Expectation:
     bounds: tuple[Bound, ...] = ()
     texts: tuple[ForbidText, ...] = ()
     note: str = ""
+    open: tuple[tuple[str, str], ...] = ()  # (check, why): a known defect still failing that check, tracked here
 
     def root_causes(self) -> set[str]:
         """Every root cause id the expectation names (globs left out)."""
@@ -93,11 +95,16 @@ def parse(name: str, data: dict) -> Expectation:
     texts = [_text(t, problems) for t in data.get("forbid_text", [])]
     if not isinstance(data.get("note", ""), str):
         problems.append("note is a string")
+    opened = data.get("open", {})
+    if not isinstance(opened, dict) or any(k not in CHECK_NAMES or not isinstance(v, str) or not v
+                                           for k, v in opened.items()):
+        problems.append(f"open maps checks ({', '.join(CHECK_NAMES)}) to why each still fails")
     if problems:
         raise ValueError(f"corpus/expect/{name}.toml: " + "; ".join(problems))
     return Expectation(name=name, kinds=kinds or (), expect=tuple(e for e in expect if e),
                        forbid=tuple(f[0] for f in forbid if f), bounds=tuple(b for b in bounds if b),
-                       texts=tuple(t for t in texts if t), note=data.get("note", ""))
+                       texts=tuple(t for t in texts if t), note=data.get("note", ""),
+                       open=tuple(sorted(opened.items())) if isinstance(opened, dict) else ())
 
 
 def _bound(table: dict, problems: list[str]) -> Bound | None:

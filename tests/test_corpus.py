@@ -51,9 +51,13 @@ def triaged(cache_root):
 
 @pytest.mark.parametrize("check", list(expect.CHECKS))
 @pytest.mark.parametrize("name", WITH_EXPECT)
-def test_corpus_expectation(triaged, name, check):
+def test_corpus_expectation(triaged, name, check, request):
     """What corpus/expect/<name>.toml says an expert expects: the program kind, the root causes that must and must
-    not be found, the bounds on time at stake, the texts that must not appear."""
+    not be found, the bounds on time at stake, the texts that must not appear. A check the file lists under `open`
+    is a known defect: it must still fail (strict), so fixing it flips the test and the entry is removed."""
+    why = dict(EXPECTATIONS[name].open).get(check)
+    if why:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"open defect: {why}"))
     failed = expect.CHECKS[check](EXPECTATIONS[name], triaged(name).result)
     assert failed == [], f"{name}: " + "\n".join(failed)
 
@@ -277,3 +281,10 @@ def test_corpus_restore_from_a_mirror_checks_every_file(tmp_path):
 def test_corpus_expectations_are_parsed_whole():
     """Every expect file parses (load() raises on the first that does not) and says something."""
     assert all(isinstance(e, Expectation) and (e.kinds or e.expect or e.forbid) for e in EXPECTATIONS.values())
+
+
+def test_corpus_open_checks_name_real_checks():
+    assert set(expect.CHECK_NAMES) == set(expect.CHECKS)
+    assert expect.parse("t", {"kind": "cuda", "open": {"bounds": "why"}}).open == (("bounds", "why"),)
+    with pytest.raises(ValueError, match="open maps checks"):
+        expect.parse("t", {"kind": "cuda", "open": {"bound": "a misspelt check"}})
