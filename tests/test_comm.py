@@ -350,3 +350,25 @@ def test_comm_serialization_says_when_one_device_cannot_measure_waiting(devices,
     found = [f for f in result.findings if f.root_cause == "nccl-serialization"]
     assert len(found) == len(devices) and all(f.evidence["wait_measured"] == measured for f in found)
     assert all((nccl_breakdown.ALONE in f.title) != measured for f in found)
+
+
+def _compute(s: int, e: int) -> dict:
+    return {"device_id": 0, "stream_id": 21, "pid": 1, "tid": 1, "start_ns": s, "end_ns": e, "launch_start_ns": s - 5,
+            "launch_end_ns": s - 2, "name": "gemm", "short_name": "gemm", "category": "compute"}
+
+
+@pytest.mark.parametrize("family, fires", [("NCCL", True), ("custom all-reduce", False)])
+def test_comm_tensor_parallel_all_reduce_on_the_compute_stream_is_no_finding(family, fires):
+    """Layers and their all-reduce take turns on one stream by design in tensor-parallel inference (the next layer
+    needs the sum); a DDP-style NCCL all-reduce there (manual: nccl:all_reduce ranges) is a finding."""
+    kernels = [_compute(0, 400), _nccl(400, 600, "AllReduce", family), _compute(600, 1000),
+               _nccl(1000, 1200, "AllReduce", family), _compute(1200, 1600)]
+    con = make_model(kernels=kernels, nvtx=[_range(395, 398, "nccl:all_reduce"), _range(995, 998, "nccl:all_reduce")])
+    result = run_skill(con, nccl_breakdown, nccl_breakdown.Params(profile="t"))
+    assert [s.stream for s in result.nccl_on_compute_stream] == [21]
+    found = [f for f in result.findings if f.root_cause == "nccl-on-compute-stream"]
+    assert bool(found) == fires, [f.title for f in result.findings]
+
+@pytest.mark.parametrize("path", [corpus(VLLM_TP8)])
+def test_comm_vllm_tensor_parallel_all_reduce_is_not_told_to_move_streams(cache_root, path):
+    assert not [f for f in _comm_findings(path, cache_root) if f.root_cause == "nccl-on-compute-stream"]

@@ -41,7 +41,8 @@ straggler_wait_ns, goes to at most one finding, first match wins (the last two n
 waiting for other ranks, wait_ns: tuning a collective cannot recover it):
 1. nccl-on-compute-stream: shared streams that carry >= COMPUTE_STREAM_MIN_PCT of the device's non-NCCL kernel
    time (compute streams) hold >= SHARED_MIN_PCT of its exposed NCCL time; stake = that time within the pool. First
-   because a shared stream forbids overlap whatever else is tuned.
+   because a shared stream forbids overlap whatever else is tuned. Not for SERIAL_BY_DESIGN variants (tensor-parallel
+   all-reduce, whose result the next kernel needs).
 2. compute-communication-imbalance: no straggler, NCCL >= NCCL_SHARE_PCT of the window on the device and a
    median skew at or above the threshold; stake = wait_ns within the pool (waiting for varying late ranks).
 3. nccl-serialization: overlapped_pct < OVERLAP_MIN_PCT and pool - wait_ns >= EXPOSED_MIN_PCT of the window;
@@ -82,6 +83,9 @@ SHARED_MIN_PCT = 50.0  # shared streams holding most of a device's exposed NCCL 
 # A stream carrying this share of the device's compute is a compute stream; a communication library's own stream
 # that runs a few helper kernels (DeepEP's layout and casts) is not one.
 COMPUTE_STREAM_MIN_PCT = 25.0
+# Variants whose collective the next kernel on the stream needs at once: tensor-parallel all-reduce of a layer's
+# output. Another stream gains nothing without independent work to run beside it, so sharing is no finding.
+SERIAL_BY_DESIGN = frozenset({"tp-allreduce"})
 BUCKET_NS = 1_000_000  # overlap join buckets: NCCL kernels span a few, most compute kernels fit in one
 
 
@@ -280,7 +284,8 @@ def _shared(result: Result, d: DeviceNccl, pool: int) -> Finding | None:
               if s.device == d.device and s.compute_share_pct >= COMPUTE_STREAM_MIN_PCT]
     exposed = sum(s.exposed_ns for s in shared)
     stake = min(pool, exposed)
-    if not shared or pct(exposed, d.exposed_ns) < SHARED_MIN_PCT or stake <= 0:
+    if not shared or pct(exposed, d.exposed_ns) < SHARED_MIN_PCT or stake <= 0 or SERIAL_BY_DESIGN & set(
+            _tags(result, d)):
         return None
     streams = ", ".join(str(s.stream) for s in shared)
     return Finding(
