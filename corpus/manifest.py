@@ -25,6 +25,22 @@ that is here into `out/corpus-review.md`.
 """
 TITLES = {"fixtures.toml": "Shared fixtures", "public-nsys.toml": "Public Nsight Systems exports",
           "public-kineto.toml": "Public torch.profiler (Kineto) traces"}
+# The files in corpus/ that are not profiles, so the manifest accounts for the whole folder: (file, program,
+# captured, what is in it, expected findings, license).
+TOOLING_ROWS = (
+    ("`__init__.py`", "none: the package marker of the corpus tooling (never imported by `src/stallhound`)",
+     "not a capture", "a docstring naming the modules below", "none: it holds no profile", "the project's"),
+    ("`sources.py`, `expect.py`, `invariants.py`, `triaged.py`",
+     "the loader, the expectation checks, the invariants, triage in-process", "not captures", "code", "none",
+     "the project's"),
+    ("`restore.py`, `review.py`, `manifest.py`", "`make corpus-restore`, `corpus-review`, `corpus-manifest`",
+     "not captures", "code", "none", "the project's"),
+    ("`sources/*.toml`, `expect/*.toml`", "where each profile comes from, what an expert expects of it",
+     "not captures", "the tables above are written from them", "as listed above", "the project's"),
+)
+TOOLING = "\n".join(["## Files in this folder that are not profiles", "",
+                     "| file | program | captured | what is in it | expected findings | license |",
+                     "|---|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in TOOLING_ROWS), ""])
 COLUMNS = ("profile", "program", "written by", "source", "license", "what is in it", "expected", "must not appear")
 
 
@@ -73,6 +89,7 @@ def render(profiles: list[Profile], expectations: dict[str, Expectation]) -> str
         by_file.setdefault(p.sources_file, []).append(p)
     for file in sorted(by_file, key=lambda f: (f not in TITLES, list(TITLES).index(f) if f in TITLES else 0, f)):
         lines += _section(file, by_file[file], expectations)
+    lines.append(TOOLING)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
