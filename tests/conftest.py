@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,17 @@ def clean(tmp_path_factory, cache_root):
     profile, truth = _sample(tmp_path_factory, cache_root, "clean")
     yield profile, truth
     profile.close()
+
+
+def lived_iterations(truth: dict) -> list[tuple[int, int]]:
+    """The synthetic truth's iterations as the devices lived them (iterations' rule): each rank's range from its
+    start, or the end of its previous iteration's GPU work if later (no later than its own first GPU work), to its
+    end or its GPU work's end if later; ranks combined by the median start and end."""
+    per_device = [{d["device"]: d for d in i["per_device"]} for i in truth["iterations"]]
+    spans = [[(max(d["start_ns"], min(per_device[k - 1][dev]["gpu_end_ns"], d["gpu_start_ns"])) if k else
+               d["start_ns"], max(d["end_ns"], d["gpu_end_ns"])) for dev, d in rank.items()]
+             for k, rank in enumerate(per_device)]
+    return [(int(statistics.median(s for s, _ in k)), int(statistics.median(e for _, e in k))) for k in spans]
 
 
 def planted(truth: dict, kind: str) -> list[dict]:

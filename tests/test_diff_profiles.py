@@ -7,7 +7,7 @@ import sqlite3
 import statistics
 
 import pytest
-from conftest import FIXTURE_IDS, FIXTURES, SYNTH_PAIRS
+from conftest import FIXTURE_IDS, FIXTURES, SYNTH_PAIRS, lived_iterations
 from mcp.client import Client
 
 from stallhound.cli.main import main
@@ -121,8 +121,8 @@ EXPECTED = {  # pair -> (verdict, root cause, its status)
 
 
 def _truth_step_ns(truth: dict) -> float:
-    """Mean planted step (host iteration ranges), the first (warmup) left out."""
-    return statistics.fmean(i["end_ns"] - i["start_ns"] for i in truth["iterations"][1:])
+    """Mean planted step (the iterations as the devices lived them), the first (warmup) left out."""
+    return statistics.fmean(e - s for s, e in lived_iterations(truth)[1:])
 
 
 @pytest.mark.parametrize("name", sorted(SYNTH_PAIRS))

@@ -10,6 +10,7 @@ import heapq
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -146,16 +147,40 @@ def test_kineto_nccl_collectives_match_the_json(loaded, path):
 @pytest.mark.parametrize("path", TRACES)
 def test_kineto_profiler_steps_are_the_iterations(loaded, path):
     profile, doc = loaded(path)
-    steps = sorted(span(e) for e in xs(doc, "user_annotation") if e["name"].startswith("ProfilerStep#"))
     result = it.run(profile.con, it.Params(profile="t"))
-    if len(steps) < step_boundaries.MIN_REPEATS:  # two steps show no period: the tool picks something else
-        assert result.method != "nvtx:ProfilerStep#N" and len(steps) == 2
-        return
-    assert result.method == "nvtx:ProfilerStep#N" and result.iteration_count == len(steps)
-    assert [r.start_ns for r in result.rows] == [s for s, _ in steps]
-    # each iteration runs to the next step's start; the last to its own end
-    assert [r.duration_ns for r in result.rows] == [b[0] - a[0] for a, b in zip(steps, steps[1:], strict=False)] + [
-        steps[-1][1] - steps[-1][0]]
+    assert (result.method, result.duration_basis) == ("nvtx:ProfilerStep#N", "range")
+    assert [(r.start_ns, r.end_ns) for r in result.rows] == lived_steps(doc)
+
+
+def lived_steps(doc: dict) -> list[tuple[int, int]]:
+    """The ProfilerStep ranges as the device lived them, without a last one the window cut off."""
+    steps = sorted((e["pid"], e["tid"], *span(e)) for e in xs(doc, "user_annotation")
+                   if e["name"].startswith("ProfilerStep#"))
+    lived = device_side(doc, steps)
+    own = [e - s for s, e in lived[:-1]]
+    if own and lived[-1][1] - lived[-1][0] < step_boundaries.LAST_RANGE_MIN_SHARE * statistics.median(own):
+        return lived[:-1]
+    return lived
+
+
+def device_side(doc: dict, steps: list[tuple]) -> list[tuple[int, int]]:
+    """Each step range as the device lived it, read from the JSON: from its start, or when the GPU work launched
+    before it (by its thread, or never seen launched) ends if later, no later than its own first GPU work starts;
+    to its end, or the end of the GPU work it launched if later. Launches matched by args.correlation."""
+    launches = {e["args"]["correlation"]: (e["pid"], e["tid"], ns(e["ts"]))
+                for e in xs(doc, "cuda_runtime", "cuda_driver") if "correlation" in e.get("args", {})}
+    gpu = [(launches.get(e.get("args", {}).get("correlation")), *span(e))
+           for e in xs(doc, "kernel", "gpu_memcpy", "gpu_memset")]
+    lived = []
+    for pid, tid, start, end in steps:
+        mine = [(launch[2], s, e) for launch, s, e in gpu if launch and launch[:2] == (pid, tid)]
+        inside = [(s, e) for at, s, e in mine if start <= at < end]
+        if inside:
+            first = min(s for s, _ in inside)
+            earlier = [e for at, s, e in mine if at < start] + [e for launch, s, e in gpu if not launch and s < first]
+            start, end = max(start, min(max(earlier, default=0), first)), max(end, *(e for _, e in inside))
+        lived.append((start, end))
+    return lived
 
 
 @pytest.mark.parametrize("path", TRACES)
@@ -221,12 +246,12 @@ def test_kineto_every_tool_on_every_trace(cache_root, path):
 
 
 def test_kineto_diff_profiles_compares_two_ranks(cache_root):
-    """diff_profiles leases both ranks of one job; each side's window is its GPU-active span in its own JSON."""
+    """diff_profiles leases both ranks of one job; each side's window is its two ProfilerSteps in its own JSON."""
     rank0, rank1 = (KINETO / f"hta_sampled_rank{r}.json.gz" for r in (0, 1))
 
     def gpu_span(path: Path) -> tuple[int, int]:
-        spans = [span(e) for e in xs(read_json(path), "kernel", "gpu_memcpy", "gpu_memset")]
-        return min(s for s, _ in spans), max(e for _, e in spans)
+        steps = lived_steps(read_json(path))
+        return steps[0][0], steps[-1][1]
 
     async def main():
         async with Client(build_server([KINETO], cache_dir=cache_root)) as client:

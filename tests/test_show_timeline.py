@@ -138,8 +138,8 @@ def test_show_timeline_steps_are_the_iterations(demo):
     found = iterations.run(profile.con, iterations.Params(profile="t", limit=500))
     assert [(x.start_ns, x.end_ns) for x in result.steps] == [(r.start_ns, r.end_ns) for r in found.rows]
     assert len(result.steps) == len(truth["iterations"]) and result.step_method == found.method
-    later = found.rows[3].start_ns  # a window from inside step 2 shows steps 2.. only
-    cut = run(profile.con, start_ns=later - 1)
+    inside = found.rows[2].end_ns - 1  # a window from inside step 2 shows steps 2.. only
+    cut = run(profile.con, start_ns=inside)
     assert [x.index for x in cut.steps] == [r.index for r in found.rows[2:]]
 
 

@@ -2,12 +2,13 @@
 -- work (launches hash-joined to ranges by thread and time bucket: flagged), per thread and per name (threads,
 -- candidates), ranked by tier (profiler step, step-like name, other), depth and count; the best one's ranges.
 -- The rest of step_boundaries.NVTX_SQL, after named.
--- Binds $start, $end, $devices, $wanted, $min_repeats, $min_bucket, $min_gpu_share, $profiler_step, $step_names,
--- $limit.
+-- Binds $start, $end, $devices, $wanted, $min_repeats, $explicit_step, $min_bucket, $min_gpu_share, $profiler_step,
+-- $step_names, $limit.
 repeating AS MATERIALIZED (
   SELECT *, start_ns - lag(start_ns) OVER (PARTITION BY name, kind, depth, pid, tid ORDER BY start_ns) AS period_ns,
          row_number() OVER () AS rid
-  FROM named QUALIFY count(*) OVER (PARTITION BY name, kind, depth, pid, tid) >= $min_repeats),
+  FROM named QUALIFY count(*) OVER (PARTITION BY name, kind, depth, pid, tid)
+                     >= CASE WHEN regexp_matches(name, $explicit_step) THEN 1 ELSE $min_repeats END),
 launches AS (
   SELECT pid, tid, launch_start_ns AS at_ns FROM kernels
   WHERE device_id IN (SELECT unnest($devices)) AND launch_start_ns >= $start AND launch_start_ns < $end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import statistics
 from typing import Literal
 
@@ -19,6 +20,9 @@ MIN_GPU_SHARE = 0.5  # a step range launches GPU work most times; CPU-only range
 LAST_RANGE_MIN_SHARE = 0.5  # a last range shorter than half a period is the start of a step cut off by the window
 PROFILER_STEP = "^ProfilerStep#"  # torch.profiler's own step range: the step by definition
 STEP_NAMES = "(?i)step|iter|train|batch|forward"  # words people name one training or inference step with
+# A range that says it is one step (step or iter[ation] as a word: 'train_step', 'TrainStep', 'iteration 3',
+# ProfilerStep#3) is the program's own step marker: it counts however few times it occurs, even once
+EXPLICIT_STEP = r"(^|[^A-Za-z])([Ss]tep|[Ii]ter(ation)?)([^a-z]|$)|[a-z](Step|Iter(ation)?)([^a-z]|$)"
 METADATA = ", (seq|op_id|sizes|input_op_ids|input_dims) = .*$"  # PyTorch record_function / emit_nvtx suffix
 AUTOGRAD = ", seq = "  # emit_nvtx tags autograd functions with their sequence number
 PER_OP = "|".join((
@@ -26,6 +30,8 @@ PER_OP = "|".join((
     r"|triton|xformers|fbgemm|quantized|torchvision|inductor)::",  # operator namespaces
     r"^(cublas|cublasLt|cudnn|cusparse|cufft|curand|cusolver|nccl|nvshmem)[A-Z_:]",  # library calls
     r"^record_param_comms(,|$)",  # PyTorch's record of one collective call
+    r"^Optimizer\.[A-Za-z_]+#",  # torch.optim's record of one optimizer call ('Optimizer.step#SGD.step')
+    r"^[A-Za-z0-9_]*Backward[0-9]*$",  # one autograd node ('ReluBackward0', 'CudnnBatchNormBackward0')
     r"^P?MPI_[A-Za-z_]+$",  # one MPI call (MPI_Send, MPI_Recv, ...)
     r"^Thunk:",  # XLA: one range per HLO op executed
     r"\.(py|pyx|c|cc|cpp|cxx|cu|cuh|h|hpp|f|f90|jl)(\([0-9]+\)|:[0-9]+)",  # source-line markers
@@ -64,6 +70,7 @@ LETTERS = "lower(regexp_replace(regexp_replace({}, '\\bN\\b|[0-9]+', '', 'g'), '
 NVTX_SQL = (sql_beside(__package__, "nvtx_step_names.sql") + LETTERS.format("name") + " = " + LETTERS.format("$wanted")
             + ")," + sql_beside(__package__, "nvtx_step_candidates.sql"))
 
+DEVICE_SIDE_SQL = sql_beside(__package__, "step_device_side.sql")
 PATTERN_SQL = sql_beside(__package__, "kernel_step_pattern.sql")
 MARKER_SQL = """
 SELECT start_ns FROM kernels WHERE device_id = $device AND coalesce(short_name, name, '') = $kname
@@ -80,7 +87,7 @@ def _candidates(con: duckdb.DuckDBPyConnection, scope: Scope, wanted: str | None
         "start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices, "wanted": wanted,
         "metadata": METADATA, "autograd": AUTOGRAD, "per_op": PER_OP, "min_repeats": 1 if wanted else MIN_REPEATS,
         "min_gpu_share": MIN_GPU_SHARE, "profiler_step": PROFILER_STEP, "step_names": STEP_NAMES,
-        "min_bucket": MIN_LAUNCH_BUCKET_NS,
+        "min_bucket": MIN_LAUNCH_BUCKET_NS, "explicit_step": EXPLICIT_STEP,
         "limit": MAX_CANDIDATES}).fetchall()
     found = [Candidate(name=name, kind=kind, depth=depth, counter=counter, ranges=n, threads=threads,
                        gpu_ranges_pct=pct(n_gpu, n), median_period_ns=period)
@@ -88,23 +95,50 @@ def _candidates(con: duckdb.DuckDBPyConnection, scope: Scope, wanted: str | None
     return found, rows[0][8] if rows else None, rows[0][9] if rows else []
 
 
-def _thread_spans(ranges: Spans) -> Spans:
-    """Start to next start; the last range to its own end when it covers a step."""
-    starts = [s for s, _ in ranges]
-    spans = list(zip(starts, starts[1:], strict=False))
+def _on_device(con: duckdb.DuckDBPyConnection, scope: Scope, ranges: list[list]) -> list[list]:
+    """Each range as the device lived it, [pid, tid, start, end]. A host running ahead of a busy GPU enqueues step
+    k+1 while step k still runs: the range then starts, on the device, when its thread's earlier GPU work ends
+    (no later than its own first GPU work starts), and ends when the last GPU work it launched ends, if later."""
+    rows = con.execute(DEVICE_SIDE_SQL, {
+        "pids": [r[0] for r in ranges], "tids": [r[1] for r in ranges], "starts": [r[2] for r in ranges],
+        "ends": [r[3] for r in ranges], "devices": scope.devices}).fetchall()
+    device_side = {idx: rest for idx, *rest in rows}
+    shifted = []
+    for idx, (pid, tid, start, end) in enumerate(ranges):
+        busy_until, first_start, last_end = device_side.get(idx, (None, None, None))
+        if busy_until is not None and first_start is not None:
+            start = max(start, min(busy_until, first_start))
+        shifted.append([pid, tid, start, end if last_end is None else max(end, last_end)])
+    return shifted
+
+
+def own_span(name: str) -> bool:
+    """A range that says it is one step is timed by its own span; another (a phase or module range recurring once
+    a step) only marks where steps start, so it is timed start to next start."""
+    return re.search(EXPLICIT_STEP, name) is not None
+
+
+def _thread_spans(ranges: Spans, own: bool) -> Spans:
+    """Own spans, or start to next start; the last range counts (to its own end) only when it lasts at least half
+    the others' median (else it is a step cut off by the window) or is the only one."""
     last_start, last_end = ranges[-1]
-    periods = [e - s for s, e in spans]
-    if not periods or last_end - last_start >= LAST_RANGE_MIN_SHARE * statistics.median(periods):
+    spans = ranges[:-1] if own else list(zip([s for s, _ in ranges], [s for s, _ in ranges[1:]], strict=False))
+    lengths = [e - s for s, e in spans]
+    if not lengths or last_end - last_start >= LAST_RANGE_MIN_SHARE * statistics.median(lengths):
         spans.append((last_start, last_end))
     return spans
 
 
-def _combine(per_thread: list[Spans]) -> Spans:
-    """Iteration k starts at the median k-th start of the threads that have one and ends where k+1 starts."""
+def _combine(per_thread: list[Spans], own: bool) -> Spans:
+    """Iteration k starts at the median k-th start of the threads that have one; it ends at the median of their
+    k-th ends (own spans) or where iteration k+1 starts, the last at the median end of the threads with all."""
     count = max(map(len, per_thread))
     starts = [int(statistics.median(t[k][0] for t in per_thread if len(t) > k)) for k in range(count)]
-    last_end = int(statistics.median(t[-1][1] for t in per_thread if len(t) == count))
-    return [(s, e) for s, e in zip(starts, [*starts[1:], last_end], strict=True) if e > s]
+    if own:
+        ends = [int(statistics.median(t[k][1] for t in per_thread if len(t) > k)) for k in range(count)]
+    else:
+        ends = [*starts[1:], int(statistics.median(t[-1][1] for t in per_thread if len(t) == count))]
+    return [(s, e) for s, e in zip(starts, ends, strict=True) if e > s]
 
 
 def _nvtx(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None
@@ -114,7 +148,7 @@ def _nvtx(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None
     if not found or tier is None:  # a candidate always has a tier
         return [], None, []
     per_thread: dict[tuple[int, int], Spans] = {}
-    for pid, tid, start, end in ranges:
+    for pid, tid, start, end in _on_device(con, scope, ranges):
         per_thread.setdefault((pid, tid), []).append((start, end))
     best = found[0]
     why = ("requested by range_name" if range_name else
@@ -122,7 +156,8 @@ def _nvtx(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None
     reason = (f"'{best.name}' ({why}): {best.ranges} ranges on {best.threads} thread(s), {best.gpu_ranges_pct}% "
               f"launching GPU work, median period {ms(best.median_period_ns)}"
               + (f"; {len(found) - 1} other range(s) qualified, see candidates" if len(found) > 1 else ""))
-    return found, reason, _combine([_thread_spans(r) for r in per_thread.values()])
+    own = own_span(best.name)
+    return found, reason, _combine([_thread_spans(r, own) for r in per_thread.values()], own)
 
 
 def _kernel_pattern(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str | None, str, Spans]:
@@ -177,6 +212,14 @@ def _find(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, 
                                  "method='kernel_pattern'")
     kname, reason, spans = _kernel_pattern(con, scope)
     return (f"kernel_pattern:{kname}" if kname else None), nvtx + reason, [], spans
+
+
+def duration_basis(method: str | None) -> str | None:
+    """How a step's duration is taken: a step range's own span on the device, or start to next start (of another
+    range, or of a marker kernel)."""
+    if method is None:
+        return None
+    return "range" if method.startswith("nvtx:") and own_span(method[5:]) else "start_to_start"
 
 
 def durations(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None = None, method: str = "auto"

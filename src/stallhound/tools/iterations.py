@@ -16,22 +16,29 @@ Boundaries ('method'):
   then names with step/iter/train/batch/forward, then the outermost (push/pop depth; start/end ranges count as
   depth 0), then the longest period (fewest ranges on a thread), then the earliest. `range_name` picks a range
   instead (per-op and GPU rules waived; letters compared, case and numbers ignored, an exact name first).
-  On each qualifying thread iteration k runs from the start of its k-th range to the start of its (k+1)-th, so
-  the time between ranges counts in the step; the last range counts, to its own end, only when it lasts at
-  least half the thread's median period (else it is the start of a step cut off) or is the only one.
-  Threads combine by index: iteration k starts at the median over the threads that have a k-th iteration of
-  their k-th starts (a straggling rank does not move it) and ends where iteration k+1 starts, the last at the
-  median of those threads' ends; so the iterations tile [span_start_ns, span_end_ns).
+  A range that says it is one step (step or iter[ation] as a word: 'train_step', 'TrainStep', 'iteration N',
+  'ProfilerStep#N') is the program's own marker and qualifies however few times it occurs, even once; torch.optim's
+  'Optimizer.step#...' and autograd nodes ('ReluBackward0') are per-op ranges. Each iteration is its range's own
+  span as the device lived it (duration_basis 'range'): it starts at the range's start, moved later to when the
+  GPU work its thread launched earlier (or work queued before the trace recorded launches) ends, if that is later
+  and no later than the range's own first GPU work starts (a host running ahead of a busy GPU enqueues step k+1
+  while step k runs); it ends at the range's end or the end of the last GPU work launched inside it, whichever is
+  later. Time between ranges belongs to no iteration. The last range counts only when it lasts at least half the
+  median of the others (else it is a step cut off by the window) or is the only one.
+  Threads combine by index: iteration k runs from the median over the threads that have a k-th range of their
+  k-th starts to the median of their k-th ends (a straggling rank does not move it).
 * 'kernel_pattern:<kernel>' (no qualifying NVTX range): on the first device in scope with kernels, a kernel
   name marks steps when it runs >= 3 times, its first to last start covers at least half the device's first to
   last kernel, at least 75% of its periods (start to next start) lie within 25% of their median, and those
   fill at least a quarter of the time after its first period. The coarsest such rhythm wins (fewest runs, then
   the one that runs first, so boundaries fall on a step's first kernel); iteration k runs from its k-th start
-  to its (k+1)-th.
+  to its (k+1)-th (duration_basis 'start_to_start').
 gpu_busy_pct: per device in scope, the union of its kernel, memcpy and memset intervals inside the iteration
 (busy as gpu_utilization counts it), summed over the devices / (duration x devices). steady_median_ns = median
 duration of iterations 1..n-1; first_vs_steady = first / steady median; spread_ratio = p90 / p10 of all
-durations; outliers: later iterations above 2x the steady median (data only: their cause is not decided here).
+durations; steady_spread_ratio the same without the first when it is the warmup outlier (above 1.5x the steady
+median with 3+ iterations); outliers: later iterations above 2x the steady median (data only: their cause is not
+decided here).
 Times in ns.
 """
 
@@ -63,12 +70,14 @@ from stallhound.analysis.common import (
 from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.intervals import GPU_WORK, covered, overlaps
 from stallhound.analysis.step_boundaries import (
+    EXPLICIT_STEP,
     MAX_CANDIDATES,
     PROFILER_STEP,
     STEP_NAMES,
     Candidate,
     Spans,
     boundaries,
+    duration_basis,
     steady_median_ns,
 )
 from stallhound.formats.remedy import remedy
@@ -111,6 +120,9 @@ class Outlier(BaseModel):
 class Result(Paged):
     scope: Scope
     method: str | None = Field(description="'nvtx:<name>' or 'kernel_pattern:<kernel>'; null when none found")
+    duration_basis: Literal["range", "start_to_start"] | None = Field(
+        description="'range': each iteration is its range's own span on the device (nvtx); 'start_to_start': from "
+                    "one marker kernel's start to the next (kernel_pattern); null when none found")
     reason: str | None = Field(description="why these boundaries: the range or kernel, its counts and the rule")
     candidates: list[Candidate] = Field(description=f"qualifying NVTX ranges, the chosen first, at most "
                                                     f"{MAX_CANDIDATES}; pass another's name as range_name")
@@ -119,6 +131,8 @@ class Result(Paged):
     span_start_ns: int | None = Field(None, description="start of the first iteration")
     span_end_ns: int | None = Field(None, description="end of the last iteration")
     first_ns: int | None = None
+    steady_start_ns: int | None = Field(None, description="start of the first steady iteration: the second when "
+                                                          "the first is the warmup outlier, else the first")
     steady_median_ns: float | None = Field(None, description="median duration of iterations 1..n-1")
     first_vs_steady: float | None = None
     mean_ns: float | None = None
@@ -126,6 +140,8 @@ class Result(Paged):
     p10_ns: float | None = None
     p90_ns: float | None = None
     spread_ratio: float | None = Field(None, description="p90 / p10 of all iteration durations")
+    steady_spread_ratio: float | None = Field(None, description="p90 / p10 of the steady iterations' durations "
+                                                                "(without the first when it is the warmup outlier)")
     slowest_index: int | None = None
     slowest_ns: int | None = None
     outliers: list[Outlier] = Field([], description=f"later iterations above {OUTLIER_RATIO}x the steady median")
@@ -164,10 +180,17 @@ def _busy(con: duckdb.DuckDBPyConnection, scope: Scope, spans: Spans) -> list[fl
     return [pct(busy.get(i, 0), (e - s) * len(scope.devices)) for i, (s, e) in enumerate(spans)]
 
 
-def _summary(durations: list[int]) -> dict:
+def _spread(durations: list[int]) -> float | None:
+    p10, _, p90 = _deciles(durations)
+    return round(p90 / p10, 3) if p10 else None
+
+
+def _summary(spans: Spans) -> dict:
+    durations = [e - s for s, e in spans]
     if not durations:
         return {}
     steady = steady_median_ns(durations)
+    warmup = len(durations) >= MIN_ITERATIONS and steady is not None and durations[0] > WARMUP_RATIO * steady
     p10, _, p90 = _deciles(durations)
     slowest = max(range(len(durations)), key=lambda i: (durations[i], -i))
     slow = sorted((i for i in range(1, len(durations)) if steady and durations[i] > OUTLIER_RATIO * steady),
@@ -179,7 +202,13 @@ def _summary(durations: list[int]) -> dict:
             "first_vs_steady": round(durations[0] / steady, 3) if steady else None,
             "mean_ns": round(statistics.fmean(durations), 1), "std_ns": round(statistics.pstdev(durations), 1),
             "p10_ns": p10, "p90_ns": p90, "spread_ratio": round(p90 / p10, 3) if p10 else None,
+            "steady_start_ns": spans[1][0] if warmup else spans[0][0],
+            "steady_spread_ratio": _spread(durations[1:] if warmup else durations),
             "slowest_index": slowest, "slowest_ns": durations[slowest]}
+
+
+def _own_marker(method: str | None) -> bool:
+    return method is not None and method.startswith("nvtx:") and re.search(EXPLICIT_STEP, method[5:]) is not None
 
 
 def _note(con: duckdb.DuckDBPyConnection, method: str | None, reason: str | None, count: int,
@@ -187,11 +216,13 @@ def _note(con: duckdb.DuckDBPyConnection, method: str | None, reason: str | None
     if method is None:
         return f"{reason}; annotate each step with an NVTX range (capture with {remedy(con, ('nvtx',), bare=True)})"
     if count < MIN_ITERATIONS:
-        return (f"only {count} iteration(s) by {method}: too few to tell warmup from steady state (needs "
-                f"{MIN_ITERATIONS}); capture more steps")
+        own = _own_marker(method)
+        return (f"only {count} {'step' if own else 'iteration'}(s) by {method}"
+                + (" (the program's own step marker: triage analyses them)" if own else "")
+                + f": too few to tell warmup from steady state (needs {MIN_ITERATIONS}); capture more steps")
     if spread is not None and spread > IRREGULAR_SPREAD:
-        return (f"durations vary widely (p90/p10 = {spread}): these boundaries may not time one repeating step; "
-                "check the candidates or pass range_name")
+        return (f"durations vary widely (p90/p10 of the steady iterations = {spread}): these boundaries may not "
+                "time one repeating step; check the candidates or pass range_name")
     return None
 
 
@@ -203,9 +234,11 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     rows = [IterationRow(index=i, start_ns=s, end_ns=e, duration_ns=e - s, gpu_busy_pct=b)
             for i, ((s, e), b) in enumerate(zip(shown, busy, strict=True), start=params.offset)]
     more = len(spans) > params.offset + params.limit
-    summary = _summary([e - s for s, e in spans])
-    return Result(scope=scope, method=method, reason=reason if method else None, candidates=candidates,
-                  note=_note(con, method, reason, len(spans), summary.get("spread_ratio")), iteration_count=len(spans),
+    summary = _summary(spans)
+    return Result(scope=scope, method=method, duration_basis=duration_basis(method),
+                  reason=reason if method else None, candidates=candidates,
+                  note=_note(con, method, reason, len(spans), summary.get("steady_spread_ratio")),
+                  iteration_count=len(spans),
                   span_start_ns=spans[0][0] if spans else None, span_end_ns=spans[-1][1] if spans else None,
                   rows=rows, truncated=more, total_rows=len(spans), offset=params.offset,
                   next_offset=next_page(params.offset, len(rows), more), **summary)
@@ -219,15 +252,23 @@ def first_is_warmup(result: Result) -> bool:
 
 def steady_window(result: Result, irregular_ok: bool = False) -> tuple[int, int] | None:
     """(start_ns, end_ns) of steady state: from the first steady iteration (the second when the first is the
-    warmup outlier) to the end of the last; None with fewer than MIN_ITERATIONS iterations or irregular ones
-    (the boundaries may not time a step) unless irregular_ok. Iterations tile: the second starts where the
-    first ends."""
-    irregular = result.spread_ratio is not None and result.spread_ratio > IRREGULAR_SPREAD
-    if result.iteration_count < MIN_ITERATIONS or (irregular and not irregular_ok):
+    warmup outlier) to the end of the last. The program's own step markers, however few, bound it (one
+    ProfilerStep is the step the user chose to profile); other boundaries need MIN_ITERATIONS iterations. None
+    when the steady iterations are irregular (the boundaries may not time a step) unless irregular_ok."""
+    spread = result.steady_spread_ratio
+    irregular = spread is not None and spread > IRREGULAR_SPREAD
+    few = result.iteration_count < MIN_ITERATIONS
+    if result.iteration_count == 0 or (few and not marked_steps(result)) or (irregular and not irregular_ok):
         return None
-    start, end, first = result.span_start_ns, result.span_end_ns, result.first_ns
-    assert start is not None and end is not None and first is not None  # set whenever there is an iteration
-    return start + (first if first_is_warmup(result) else 0), end
+    start, end = result.steady_start_ns, result.span_end_ns
+    assert start is not None and end is not None  # set whenever there is an iteration
+    return start, end
+
+
+def marked_steps(result: Result) -> bool:
+    """The boundaries are ranges that say they are one step (torch.profiler's ProfilerStep#N, 'train_step',
+    'iteration N'): the program's own step markers."""
+    return _own_marker(result.method)
 
 
 def step_named(result: Result) -> bool:

@@ -113,7 +113,9 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
         return gpu, f"GPU-active window ({why})", []
     scope = gpu.model_copy(update={"start_ns": steady[0], "end_ns": steady[1], "duration_ns": steady[1] - steady[0],
                                    "window_basis": "steady_state"})
-    note = f"{how}: {found.iteration_count} iterations by {found.method}; {_left_out(steady[0], gpu.start_ns)}"
+    counted = f"{found.iteration_count} {'step' if warmup.marked_steps(found) else 'iteration'}" + (
+        "s" if found.iteration_count != 1 else "")
+    note = f"{how}: {counted} by {found.method}; {_left_out(steady[0], gpu.start_ns)}"
     return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns)
 
 
