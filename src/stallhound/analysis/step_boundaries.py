@@ -11,6 +11,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import Scope, ms, pct, per_model
+from stallhound.analysis.span_busy import busy_ns
 from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 from stallhound.model.sql_files import sql_beside
@@ -71,6 +72,9 @@ NVTX_SQL = (sql_beside(__package__, "nvtx_step_names.sql") + LETTERS.format("nam
             + ")," + sql_beside(__package__, "nvtx_step_candidates.sql"))
 
 DEVICE_SIDE_SQL = sql_beside(__package__, "step_device_side.sql")
+MAX_IDLE_IN_SHIFT = 0.25  # a step starts when the GPU's earlier work ends only if the GPU worked through most of the
+#                           wait: a device idle behind a stream wait on an untraced event leaves the step where it began
+SHIFT_BUCKETS = 16  # overlap-join buckets per typical shift
 PATTERN_SQL = sql_beside(__package__, "kernel_step_pattern.sql")
 MARKER_SQL = """
 SELECT start_ns FROM kernels WHERE device_id = $device AND coalesce(short_name, name, '') = $kname
@@ -97,19 +101,24 @@ def _candidates(con: duckdb.DuckDBPyConnection, scope: Scope, wanted: str | None
 
 def _on_device(con: duckdb.DuckDBPyConnection, scope: Scope, ranges: list[list]) -> list[list]:
     """Each range as the device lived it, [pid, tid, start, end]. A host running ahead of a busy GPU enqueues step
-    k+1 while step k still runs: the range then starts, on the device, when its thread's earlier GPU work ends
-    (no later than its own first GPU work starts), and ends when the last GPU work it launched ends, if later."""
+    k+1 while step k still runs: the range then starts, on the device, when its thread's earlier GPU work ends (no
+    later than its own first GPU work starts), provided the devices worked through that time; it ends when the
+    last GPU work it launched ends, if later."""
     rows = con.execute(DEVICE_SIDE_SQL, {
         "pids": [r[0] for r in ranges], "tids": [r[1] for r in ranges], "starts": [r[2] for r in ranges],
         "ends": [r[3] for r in ranges], "devices": scope.devices}).fetchall()
     device_side = {idx: rest for idx, *rest in rows}
-    shifted = []
+    lived, moves = [], {}
     for idx, (pid, tid, start, end) in enumerate(ranges):
         busy_until, first_start, last_end = device_side.get(idx, (None, None, None))
-        if busy_until is not None and first_start is not None:
-            start = max(start, min(busy_until, first_start))
-        shifted.append([pid, tid, start, end if last_end is None else max(end, last_end)])
-    return shifted
+        if busy_until is not None and first_start is not None and min(busy_until, first_start) > start:
+            moves[idx] = (start, min(busy_until, first_start))
+        lived.append([pid, tid, start, end if last_end is None else max(end, last_end)])
+    worked = busy_ns(con, scope.devices, list(moves.values()), SHIFT_BUCKETS)
+    for (idx, (start, to)), busy in zip(moves.items(), worked, strict=True):
+        if busy >= (1 - MAX_IDLE_IN_SHIFT) * (to - start):
+            lived[idx][2] = to
+    return lived
 
 
 def own_span(name: str) -> bool:

@@ -62,13 +62,11 @@ from stallhound.analysis.common import (
     more_rows,
     ms,
     next_page,
-    packed,
     pct,
     resolve_scope,
-    unpacked,
 )
 from stallhound.analysis.contracts import TriageRole
-from stallhound.analysis.intervals import GPU_WORK, covered, overlaps
+from stallhound.analysis.span_busy import busy_ns
 from stallhound.analysis.step_boundaries import (
     EXPLICIT_STEP,
     MAX_CANDIDATES,
@@ -151,17 +149,6 @@ class Result(Paged):
     findings: list[Finding] = []
 
 
-BUSY_SQL = "WITH " + GPU_WORK + """,
-its AS (SELECT unnest(""" + unpacked("$starts") + """) AS start_ns, unnest(""" + unpacked("$ends") + """) AS end_ns,
-               generate_subscripts(""" + unpacked("$starts") + """, 1) - 1 AS idx),
-probes AS (SELECT row_number() OVER () AS probe_id, i.*, d.device_id
-           FROM its i, (SELECT unnest($devices) AS device_id) d),
-""" + overlaps("pieces", "probes", "gpu_work", "device_id") + ",\n" + covered("cov", "pieces") + """
-SELECT p.idx, sum(coalesce(c.ns, 0)) FROM probes p LEFT JOIN cov c USING (probe_id) GROUP BY p.idx
-"""
-
-
-
 def _deciles(values: list[int]) -> tuple[float, float, float]:
     """p10, median, p90 (linear interpolation, as numpy's default)."""
     if len(values) == 1:
@@ -171,13 +158,9 @@ def _deciles(values: list[int]) -> tuple[float, float, float]:
 
 
 def _busy(con: duckdb.DuckDBPyConnection, scope: Scope, spans: Spans) -> list[float]:
-    if not spans or not scope.devices:
-        return [0.0] * len(spans)
-    bucket = int(max(1000, statistics.median(e - s for s, e in spans) // BUSY_BUCKETS))
-    args = {"devices": scope.devices, "starts": packed(s for s, _ in spans), "ends": packed(e for _, e in spans),
-            "start": spans[0][0], "end": max(e for _, e in spans), "bucket_ns": bucket}
-    busy = dict(con.execute(BUSY_SQL, args).fetchall())
-    return [pct(busy.get(i, 0), (e - s) * len(scope.devices)) for i, (s, e) in enumerate(spans)]
+    busy = busy_ns(con, scope.devices, spans, BUSY_BUCKETS)
+    return [pct(b, (e - s) * len(scope.devices)) if scope.devices else 0.0 for b, (s, e) in zip(busy, spans,
+                                                                                                strict=True)]
 
 
 def _spread(durations: list[int]) -> float | None:
@@ -207,6 +190,12 @@ def _summary(spans: Spans) -> dict:
             "slowest_index": slowest, "slowest_ns": durations[slowest]}
 
 
+def _judged_spread(method: str | None, spread: float | None, steady_spread: float | None) -> float | None:
+    """The spread that says whether the boundaries time one repeating step: without a warmup first step only for
+    the program's own markers (a slow first step is theirs; another rhythm's odd first period is no step)."""
+    return steady_spread if _own_marker(method) else spread
+
+
 def _own_marker(method: str | None) -> bool:
     return method is not None and method.startswith("nvtx:") and re.search(EXPLICIT_STEP, method[5:]) is not None
 
@@ -221,8 +210,8 @@ def _note(con: duckdb.DuckDBPyConnection, method: str | None, reason: str | None
                 + (" (the program's own step marker: triage analyses them)" if own else "")
                 + f": too few to tell warmup from steady state (needs {MIN_ITERATIONS}); capture more steps")
     if spread is not None and spread > IRREGULAR_SPREAD:
-        return (f"durations vary widely (p90/p10 of the steady iterations = {spread}): these boundaries may not "
-                "time one repeating step; check the candidates or pass range_name")
+        return (f"durations vary widely (p90/p10 = {spread}): these boundaries may not time one repeating step; "
+                "check the candidates or pass range_name")
     return None
 
 
@@ -237,7 +226,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     summary = _summary(spans)
     return Result(scope=scope, method=method, duration_basis=duration_basis(method),
                   reason=reason if method else None, candidates=candidates,
-                  note=_note(con, method, reason, len(spans), summary.get("steady_spread_ratio")),
+                  note=_note(con, method, reason, len(spans), _judged_spread(
+                      method, summary.get("spread_ratio"), summary.get("steady_spread_ratio"))),
                   iteration_count=len(spans),
                   span_start_ns=spans[0][0] if spans else None, span_end_ns=spans[-1][1] if spans else None,
                   rows=rows, truncated=more, total_rows=len(spans), offset=params.offset,
@@ -254,8 +244,9 @@ def steady_window(result: Result, irregular_ok: bool = False) -> tuple[int, int]
     """(start_ns, end_ns) of steady state: from the first steady iteration (the second when the first is the
     warmup outlier) to the end of the last. The program's own step markers, however few, bound it (one
     ProfilerStep is the step the user chose to profile); other boundaries need MIN_ITERATIONS iterations. None
-    when the steady iterations are irregular (the boundaries may not time a step) unless irregular_ok."""
-    spread = result.steady_spread_ratio
+    when the iterations are irregular (the boundaries may not time a step) unless irregular_ok: for the program's
+    own markers, irregular after a warmup first step; for other boundaries, over all of them."""
+    spread = _judged_spread(result.method, result.spread_ratio, result.steady_spread_ratio)
     irregular = spread is not None and spread > IRREGULAR_SPREAD
     few = result.iteration_count < MIN_ITERATIONS
     if result.iteration_count == 0 or (few and not marked_steps(result)) or (irregular and not irregular_ok):
