@@ -1,7 +1,8 @@
 """Message sizes and bandwidth of NCCL kernels, where the profile records them (kernels.nccl_message_bytes).
 
 Over the NCCL kernels of the devices in scope that overlap the window, grouped by (collective, message bytes,
-process group, group size): count, total_ns and mean_ns of the kernels' whole (unclipped) durations, and
+process group, group size, the trace field the size came from: kernels.nccl_size_field): count, total_ns and
+mean_ns of the kernels' whole (unclipped) durations, and
 algbw_gb_per_s = message bytes x count / total_ns (bytes per ns = GB/s). That is the algorithm bandwidth of the
 kernels, as nccl-tests' algbw: not bus bandwidth (AllReduce moves 2(n-1)/n times its message over the links of n
 ranks), and a kernel's duration includes the time it waited for the last rank, so a straggler lowers it.
@@ -15,8 +16,9 @@ from pydantic import BaseModel, Field
 from stallhound.analysis.common import ms
 from stallhound.model.duck import one_row
 
-NOT_RECORDED = ("message sizes are not recorded in this profile: recent PyTorch versions record them in torch.profiler "
-                "traces (on record_param_comms and the NCCL kernels); nsys exports do not")
+NOT_RECORDED = ("message sizes are not recorded in this profile: torch.profiler traces give them in 'In/Out msg "
+                "nelems' (recent PyTorch, on record_param_comms and the NCCL kernels) or, with record_shapes=True, in "
+                "the 'Input Dims' of the collective's c10d:: and nccl:* ops; nsys exports do not")
 MEANING = ("algbw_gb_per_s = message bytes / kernel duration: the kernel's algorithm bandwidth, not bus bandwidth, "
            "and lowered by any wait for a late rank inside the kernel")
 
@@ -26,6 +28,8 @@ class MessageSize(BaseModel):
     message_bytes: int = Field(description="the collective's whole buffer (kernels.nccl_message_bytes)")
     group: str | None = Field(description="process group name")
     group_size: int | None
+    size_field: str = Field(description="the trace field the size came from (kernels.nccl_size_field): 'msg "
+                                        "nelems', 'Input Dims' or 'split size'")
     count: int
     total_ns: int = Field(description="sum of the kernels' whole durations")
     mean_ns: float
@@ -34,18 +38,18 @@ class MessageSize(BaseModel):
 
 class Sizes(BaseModel):
     rows: list[MessageSize]
-    groups: int = Field(description="(collective, size, group) groups, before the limit")
+    groups: int = Field(description="(collective, size, group, field) groups, before the limit")
     sized_kernels: int
     unsized_kernels: int
     note: str
 
 
 SQL = """
-SELECT coalesce(nccl_collective, 'other'), nccl_message_bytes, nccl_group, nccl_group_size, count(*),
-       sum(duration_ns), avg(duration_ns)
+SELECT coalesce(nccl_collective, 'other'), nccl_message_bytes, nccl_group, nccl_group_size,
+       nccl_size_field, count(*), sum(duration_ns), avg(duration_ns)
 FROM kernels WHERE category = 'nccl' AND nccl_message_bytes IS NOT NULL AND device_id IN (SELECT unnest($devices))
   AND end_ns > $start AND start_ns < $end AND duration_ns > 0
-GROUP BY ALL ORDER BY 6 DESC, 1, 2, 3
+GROUP BY ALL ORDER BY 7 DESC, 1, 2, 3, 5
 """
 UNSIZED_SQL = """
 SELECT count(*) FROM kernels WHERE category = 'nccl' AND nccl_message_bytes IS NULL
@@ -56,8 +60,9 @@ SELECT count(*) FROM kernels WHERE category = 'nccl' AND nccl_message_bytes IS N
 def run(con: duckdb.DuckDBPyConnection, args: dict[str, object], limit: int) -> Sizes:
     """The message-size groups of the NCCL kernels in scope (`args`: scope_args), most kernel time first."""
     groups = con.execute(SQL, args).fetchall()
-    rows = [MessageSize(collective=r[0], message_bytes=r[1], group=r[2], group_size=r[3], count=r[4],
-                        total_ns=int(r[5]), mean_ns=round(r[6], 1), algbw_gb_per_s=round(r[1] * r[4] / r[5], 3))
+    rows = [MessageSize(collective=r[0], message_bytes=r[1], group=r[2], group_size=r[3], size_field=r[4],
+                        count=r[5], total_ns=int(r[6]), mean_ns=round(r[7], 1),
+                        algbw_gb_per_s=round(r[1] * r[5] / r[6], 3))
             for r in groups]
     return Sizes(rows=rows[:limit], groups=len(rows), sized_kernels=sum(r.count for r in rows),
                  unsized_kernels=one_row(con.execute(UNSIZED_SQL, args))[0],
@@ -69,8 +74,10 @@ def render(sizes: Sizes) -> list[str]:
         return [f"sizes: {sizes.note}"]
     lines = [f"sizes: {sizes.sized_kernels:,} NCCL kernels with a message size"
              + (f" ({sizes.unsized_kernels:,} without)" if sizes.unsized_kernels else "") + f"; {sizes.note}"]
-    lines.extend(f"  {r.collective:<14} {r.message_bytes:>14,} B group {r.group} ({r.group_size} ranks): x{r.count}, "
-                 f"mean {ms(r.mean_ns)}, algbw {r.algbw_gb_per_s:.2f} GB/s" for r in sizes.rows)
+    lines.extend(f"  {r.collective:<14} {r.message_bytes:>14,} B (from {r.size_field})"
+                 + ("" if r.group is None else f" group {r.group}")
+                 + ("" if r.group_size is None else f" ({r.group_size} ranks)")
+                 + f": x{r.count}, mean {ms(r.mean_ns)}, algbw {r.algbw_gb_per_s:.2f} GB/s" for r in sizes.rows)
     if sizes.groups > len(sizes.rows):
         lines.append(f"  ... {sizes.groups - len(sizes.rows)} more size groups: raise `limit` to see them")
     return lines

@@ -6,16 +6,18 @@ Definitions are in tools/rank_imbalance.py's docstring; this module only compute
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Literal
 
 import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis import nccl_arrival
 from stallhound.analysis.common import ScopedParams, pct, resolve_scope
-from stallhound.analysis.step_boundaries import durations
+from stallhound.analysis.step_boundaries import Spans, boundaries
 from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
 from stallhound.model.schema import TABLE_NAMES
@@ -149,14 +151,72 @@ def rank_view(con: duckdb.DuckDBPyConnection, rank: int) -> Iterator[duckdb.Duck
         cur.close()
 
 
-def rank_steps(con: duckdb.DuckDBPyConnection, rank: int) -> list[int] | None:
-    """One rank's iteration durations, as the iterations tool finds them on the rank alone (its own step detection:
-    ProfilerStep#N, NVTX, or a kernel rhythm); None when the rank recorded no timed event at all."""
+@dataclass
+class RankSteps:
+    """One rank's steps, as the iterations tool finds them on the rank alone."""
+    method: str | None  # iterations' method: 'nvtx:<range>' or 'kernel_pattern:<kernel>'
+    durations: list[int]  # each step's duration, in time order
+    numbers: list[tuple[int, ...]] | None  # each step's numbers in its marker's name (ProfilerStep#10: (10,)),
+    #                                        strictly increasing; None when the steps have no such numbers
+
+
+def _marker_numbers(cur: duckdb.DuckDBPyConnection, method: str | None, spans: Spans) -> list[tuple[int, ...]] | None:
+    """Each span's numbers in the text of its marker range (the one starting nearest the span's start), when the
+    method is an NVTX range whose name holds numbers and they strictly increase step to step; else None."""
+    template = re.sub("[0-9]+", "N", method.removeprefix("nvtx:")) if method and method.startswith("nvtx:") else ""
+    parts = template.split("N")
+    if len(parts) < 2 or not spans:
+        return None
+    pattern = re.compile("([0-9]+)".join(map(re.escape, parts)))
+    marks = [(start, tuple(int(n) for n in m.groups())) for start, text in cur.execute(
+        "SELECT start_ns, text FROM nvtx WHERE starts_with(text, $prefix) AND start_ns >= $lo AND start_ns < $hi "
+        "ORDER BY start_ns", {"prefix": parts[0], "lo": spans[0][0], "hi": spans[-1][1]}).fetchall()
+        if (m := pattern.match(text))]
+    if not marks:
+        return None
+    numbers = [min(marks, key=lambda mark: abs(mark[0] - start))[1] for start, _ in spans]
+    return numbers if all(a < b for a, b in zip(numbers, numbers[1:], strict=False)) else None
+
+
+def rank_steps(con: duckdb.DuckDBPyConnection, rank: int, range_name: str | None = None) -> RankSteps | None:
+    """One rank's steps, by the iterations tool's boundaries on the rank alone (ProfilerStep#N, NVTX, or a kernel
+    rhythm; `range_name` as iterations takes it); None when the rank recorded no timed event or lacks the range."""
     with rank_view(con, rank) as cur:
         try:
-            return durations(cur, resolve_scope(cur, ScopedParams(profile=f"rank {rank}")))
+            method, _, _, spans = boundaries(cur, resolve_scope(cur, ScopedParams(profile=f"rank {rank}")),
+                                             range_name, "auto")
         except InvalidRequest:
             return None
+        return RankSteps(method, [e - s for s, e in spans], _marker_numbers(cur, method, spans))
+
+
+StepMatch = Literal["marker number", "order"]  # ProfilerStep#10 on every rank; the k-th step of every rank
+
+
+@dataclass
+class MatchedSteps:
+    """The steps every rank with steps has, matched by index across ranks."""
+    by: StepMatch | None  # None: no rank has steps
+    keys: list[tuple[int, ...]]  # the marker numbers (or 0-based positions) compared, in order
+    durations: dict[int, list[int]]  # rank -> its durations of those steps, in the order of keys
+
+
+def matched_steps(steps: dict[int, RankSteps | None]) -> MatchedSteps:
+    """Steps of the same index on every rank with steps: by the numbers in their markers when every such rank's
+    steps have them and some number is common to all, else by position (the k-th step of each rank)."""
+    stepped = {r: s for r, s in steps.items() if s is not None and s.durations}
+    if not stepped:
+        return MatchedSteps(None, [], {})
+    numbered = {r: dict(zip(s.numbers, s.durations, strict=True)) for r, s in stepped.items() if s.numbers}
+    common = set.intersection(*(set(d) for d in numbered.values())) if len(numbered) == len(stepped) else set()
+    by: StepMatch = "marker number"
+    keyed = numbered
+    if not common:
+        by = "order"
+        keyed = {r: {(k,): d for k, d in enumerate(s.durations)} for r, s in stepped.items()}
+        common = set.intersection(*(set(d) for d in keyed.values()))
+    keys = sorted(common)
+    return MatchedSteps(by, keys, {r: [d[k] for k in keys] for r, d in keyed.items()})
 
 
 class Histogram(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 15  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 16  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,12 @@ TABLES: tuple[Table, ...] = (
         ("launch_end_ns", "BIGINT", "end of that API call"),
         ("nccl_message_bytes", "BIGINT", "NCCL kernels: bytes of the collective's whole buffer, the larger of its "
                                          "input and output element counts x the element size (AllGather: the "
-                                         "gathered output); NULL when not recorded (nsys exports, older PyTorch)"),
+                                         "gathered output); NULL when not recorded (nsys exports, traces without "
+                                         "the fields of nccl_size_field)"),
+        ("nccl_size_field", "VARCHAR", "the trace field nccl_message_bytes came from: 'msg nelems' (In/Out msg "
+                                       "nelems x dtype), 'Input Dims' (tensor shapes x Input type, on the ops "
+                                       "around the launch) or 'split size' (all_to_all's per-peer element counts "
+                                       "x dtype); see formats/kineto/nccl.py. NULL without a size"),
         ("nccl_group", "VARCHAR", "NCCL kernels: name of the process group (torch.distributed's, e.g. '0'); NULL "
                                   "when not recorded"),
         ("nccl_group_size", "INTEGER", "NCCL kernels: ranks in that process group; NULL when not recorded"),

@@ -6,8 +6,12 @@ Per rank (its window: its own GPU-active span, gpu_start_ns..gpu_end_ns in its m
 devices it ran work on): compute_ns = union of its non-NCCL kernels and CUDA graph executions, copy_ns = union
 of its memcpy and memset, communication_ns = union of its communication kernels (category 'nccl': NCCL's and the
 other families of formats/comm_kernels.py), idle_ns = capacity - union of all of them; each *_pct is over
-capacity. step_ns: the iterations skill on the rank alone (ProfilerStep#N, a step-like NVTX range or a kernel
-rhythm): the median of its iterations 1..n-1 (the only one's duration when n = 1).
+capacity. Steps: the iterations tool's boundaries on each rank alone (ProfilerStep#N, a step-like NVTX range or a
+kernel rhythm; `range_name` as iterations takes it), its method in step_method. Ranks are compared on the steps of
+the same index (rank_figures.matched_steps): by the number in the marker's name (ProfilerStep#10 on every rank)
+when every rank's steps carry one and some number is common to all, else by position (the k-th step of each);
+step_ns = the median of the compared steps after the first (the first may be warmup), the only one's duration
+when one is compared.
 
 Clocks: 'same_host' when every rank's meta names the same host, 'different_hosts' when two name different
 ones, 'unknown' otherwise. Basis 'arrival' compares kernel start times on the ranks' clocks, unless the hosts
@@ -58,6 +62,7 @@ from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.nccl_arrival import LAST_SHARE_MIN_PCT, MIN_MATCHED, MIN_SKEW_NS, SKEW_TRANSFER_RATIO
 from stallhound.analysis.step_boundaries import steady_median_ns
 from stallhound.model.duck import one_row
+from stallhound.tools import iterations
 from stallhound.tools.nccl_breakdown import NCCL_SHARE_PCT
 
 TRIAGE = TriageRole("job")  # triage_job ranks its cross-rank findings
@@ -74,6 +79,8 @@ Basis = Literal["arrival", "durations"]
 
 class Params(BaseModel):
     job: JobRef
+    range_name: Annotated[str | None, Field(
+        description=iterations.Params.model_fields["range_name"].description)] = None
     limit: Annotated[int, Field(description=f"ranks to list, worst first (1-{MAX_LIMIT}); histograms cover all",
                                 ge=1, le=MAX_LIMIT)] = RANKS_SHOWN
 
@@ -90,7 +97,10 @@ class RankRow(BaseModel):
     communication_pct: float
     idle_pct: float
     steps: int = Field(description="iterations found on this rank")
-    step_ns: float | None = Field(description="median of iterations 1..n-1; null without iterations")
+    step_method: str | None = Field(description="how iterations found them: 'nvtx:<range>' or "
+                                                "'kernel_pattern:<kernel>'; null when none")
+    step_ns: float | None = Field(description="median of the compared steps (steps_compared) after the first, the "
+                                              "only one's duration when one; null without steps")
     collectives: int = Field(description="matched collectives it took part in")
     wait_ns: int
     wait_share_pct: float = Field(description="wait_ns / its NCCL kernel time in the matched collectives")
@@ -130,6 +140,12 @@ class Result(Output):
     median_window_ns: int = Field(description="median over ranks of window_ns")
     median_communication_pct: float = Field(description="median over ranks of communication_pct")
     median_wait_ns: int = Field(description="median over ranks of wait_ns")
+    step_match: figures.StepMatch | None = Field(
+        description="how steps were matched across ranks: by the number in their marker's name (ProfilerStep#10 "
+                    "on every rank), or by position; null when no rank has steps")
+    steps_compared: list[str] = Field(description="the marker numbers (or 0-based positions) of the steps every "
+                                                  "rank with steps has, compared in step_ns")
+    step_note: str = Field(description="how the ranks' steps were found and matched")
     straggler: Straggler | None
     verdict: str = Field(description="why a straggler is or is not named")
     rows: list[RankRow] = Field(description="the worst ranks first")
@@ -158,23 +174,39 @@ def _basis(con: duckdb.DuckDBPyConnection, clock: Clock) -> tuple[Basis, str]:
     return "arrival", f"arrival times compared ({where})"
 
 
-def _rows(con: duckdb.DuckDBPyConnection, ranks: list[int], waits: dict[int, figures.RankWait]) -> list[RankRow]:
+def _steps(con: duckdb.DuckDBPyConnection, ranks: list[int], range_name: str | None
+           ) -> tuple[dict[int, figures.RankSteps | None], figures.MatchedSteps, str]:
+    """Each rank's steps, the steps matched across ranks, and a note saying how."""
+    steps = {rank: figures.rank_steps(con, rank, range_name) for rank in ranks}
+    matched = figures.matched_steps(steps)
+    methods = sorted({s.method for s in steps.values() if s is not None and s.durations and s.method})
+    missing = [r for r, s in steps.items() if s is None or not s.durations]
+    if matched.by is None:
+        note = "no steps found on any rank" + (f" with range '{range_name}'" if range_name else "")
+    else:
+        note = (f"{len(matched.keys)} step(s) common to every rank with steps, matched by {matched.by}; found by "
+                f"{', '.join(methods)}" + (f"; no steps on rank(s) {', '.join(map(str, missing))}" if missing
+                                           else ""))
+    return steps, matched, note
+
+
+def _rows(con: duckdb.DuckDBPyConnection, ranks: list[int], waits: dict[int, figures.RankWait],
+          steps: dict[int, figures.RankSteps | None], matched: figures.MatchedSteps) -> list[RankRow]:
     shares = {r[0]: r[1:] for r in con.execute(figures.SHARES_SQL).fetchall()}
     rows = []
     for rank in ranks:
         window, devices, compute, copy, comm, busy = shares.get(rank, (0, 0, 0, 0, 0, 0))
         capacity = window * max(devices, 1)
-        steps = figures.rank_steps(con, rank) or []
-        count = len(steps)
-        step = (steady_median_ns(steps) or steps[0]) if count else None
+        own, compared = steps[rank], matched.durations.get(rank)
+        step = (steady_median_ns(compared) or compared[0]) if compared else None
         w = waits.get(rank, figures.RankWait())
         rows.append(RankRow(
             rank=rank, window_ns=window, compute_ns=compute, copy_ns=copy, communication_ns=comm,
             idle_ns=capacity - busy, compute_pct=pct(compute, capacity), copy_pct=pct(copy, capacity),
             communication_pct=pct(comm, capacity), idle_pct=pct(capacity - busy, capacity),
-            steps=count, step_ns=step, collectives=w.collectives, wait_ns=w.wait_ns,
-            wait_share_pct=pct(w.wait_ns, w.nccl_ns), last_count=w.last_count,
-            last_share_pct=pct(w.last_count, w.collectives)))
+            steps=len(own.durations) if own else 0, step_method=own.method if own else None, step_ns=step,
+            collectives=w.collectives, wait_ns=w.wait_ns, wait_share_pct=pct(w.wait_ns, w.nccl_ns),
+            last_count=w.last_count, last_share_pct=pct(w.last_count, w.collectives)))
     return rows
 
 
@@ -218,7 +250,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     basis, note = _basis(con, clock)
     matched, skew, p90, transfer, kernels, matched_kernels = figures.summary(con, basis)
     waits = figures.rank_waits(con, basis)
-    rows = _rows(con, ranks, waits)
+    steps, same_steps, step_note = _steps(con, ranks, params.range_name)
+    rows = _rows(con, ranks, waits, steps, same_steps)
     threshold = int(max(MIN_SKEW_NS, SKEW_TRANSFER_RATIO * (transfer or 0)))
     straggler, verdict = _straggler(rows, waits, matched, threshold)
     worst = sorted(rows, key=lambda r: (-r.last_share_pct, -(r.step_ns or 0), -r.compute_ns, r.rank))
@@ -232,7 +265,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   median_window_ns=int(statistics.median(r.window_ns for r in rows)) if rows else 0,
                   median_communication_pct=statistics.median(r.communication_pct for r in rows) if rows else 0.0,
                   median_wait_ns=int(statistics.median(r.wait_ns for r in rows)) if rows else 0,
-                  straggler=straggler,
+                  step_match=same_steps.by, steps_compared=[".".join(map(str, k)) for k in same_steps.keys],
+                  step_note=step_note, straggler=straggler,
                   verdict=verdict, rows=worst[:params.limit], truncated=len(worst) > params.limit,
                   histograms=histograms, kernel_spread=figures.kernel_spread(con))
 
@@ -277,15 +311,16 @@ def render(result: Result) -> str:
     lines = [f"job {r.job}: {r.ranks} ranks (numbered by {', '.join(r.rank_sources)}); {r.basis_note}",
              f"collectives: {r.matched:,} matched ({r.unmatched_kernels:,} NCCL kernels unmatched); skew median "
              f"{ms(r.median_skew_ns)}, p90 {ms(r.p90_skew_ns)}; "
-             f"transfer median {ms(r.median_transfer_ns)}", r.verdict]
+             f"transfer median {ms(r.median_transfer_ns)}", f"steps: {r.step_note}", r.verdict]
     if r.straggler:
         s = r.straggler
         lines.append(f"rank {s.rank} is late by {ms(s.lateness_ns)} per collective; others wait {ms(s.peer_wait_ns)} "
                      f"for it; vs the others its compute is {s.compute_excess_pct:+.1f} and its idle "
                      f"{s.idle_excess_pct:+.1f} points of its GPU time ({ms(s.compute_excess_per_step_ns)} and "
                      f"{ms(s.idle_excess_per_step_ns)} per step): {s.cause}")
-    lines.extend(f"  rank {w.rank}: step {ms(w.step_ns)} ({w.steps} steps), compute {w.compute_pct:.1f}%, copy "
-                 f"{w.copy_pct:.1f}%, NCCL {w.communication_pct:.1f}%, idle {w.idle_pct:.1f}%"
+    lines.extend(f"  rank {w.rank}: step {ms(w.step_ns)} ({w.steps} steps by {w.step_method}), compute "
+                 f"{w.compute_pct:.1f}%, copy {w.copy_pct:.1f}%, NCCL {w.communication_pct:.1f}%, idle "
+                 f"{w.idle_pct:.1f}%"
                  + (f"; waits {ms(w.wait_ns)} ({w.wait_share_pct:.1f}% of its NCCL time), last to {w.last_count} "
                     f"of {w.collectives}" if w.collectives else "") for w in r.rows)
     if r.truncated:

@@ -3,8 +3,10 @@
 The cross-rank findings are rank_imbalance's; every finding comes with the book's fix for the program profiled.
 
 The rank that matters: the straggler when rank_imbalance names one (every other rank waits for it), else the rank
-with the longest step time (step_ns: the median of its iterations 1..n-1), else, when no rank has iterations, the
-one with the longest GPU-active span (window_ns); `chosen_by` and `chosen_why` say which and why. With more than
+with the longest step time (rank_imbalance's step_ns, over the steps of the same index on every rank: ProfilerStep#10
+on each; `range_name` picks the step range as iterations takes it), else, when no rank has iterations, the one
+with the longest GPU-active span (window_ns); `chosen_by` and `chosen_why` say which and why, `step_note` how the
+steps were found (the method) and matched. With more than
 rank_imbalance's MAX_LIMIT ranks, the choice is among the MAX_LIMIT it lists first (stragglers, then slow steps).
 Its triage is tools/triage.py on that rank alone, as on its own profile: its window (steady state when found),
 its program, every detector; each of its findings names its `rank`. Cross-rank findings (nccl-straggler,
@@ -29,10 +31,13 @@ from stallhound.analysis.shares import Classification
 from stallhound.tools import detectors, rank_imbalance, triage
 
 ChosenBy = Literal["straggler", "slowest_step", "longest_window"]
+STEPS_NAMED = 4  # compared steps listed in chosen_why; more are shown as first..last
 
 
 class Params(BaseModel):
     job: rank_imbalance.JobRef
+    range_name: Annotated[str | None, Field(
+        description=rank_imbalance.Params.model_fields["range_name"].description)] = None
     limit: Annotated[int, Field(description="Most findings returned, costliest first; the rest are counted in "
                                             "total_findings", ge=1, le=triage.MAX_FINDINGS)] = 10
 
@@ -47,6 +52,7 @@ class Result(Output):
     ranks: int
     straggler: int | None = Field(description="the rank the others wait for, when rank_imbalance names one")
     verdict: str = Field(description="rank_imbalance's: why a straggler is or is not named")
+    step_note: str = Field(description="rank_imbalance's: how the ranks' steps were found (the method) and matched")
     triaged_rank: int = Field(description="the rank whose own triage is included")
     chosen_by: ChosenBy
     chosen_why: str
@@ -69,8 +75,11 @@ def _chosen(imbalance: rank_imbalance.Result) -> tuple[int, ChosenBy, str]:
     stepped = [r for r in imbalance.rows if r.step_ns is not None]
     if stepped:
         top = max(stepped, key=lambda r: (r.step_ns, -r.rank))
+        keys = imbalance.steps_compared
+        shown = ", ".join(keys) if len(keys) <= STEPS_NAMED else f"{keys[0]}..{keys[-1]}"
         return top.rank, "slowest_step", (f"no straggler named; rank {top.rank} has the longest step "
-                                          f"({ms(top.step_ns)}, median over {top.steps} iterations)")
+                                          f"({ms(top.step_ns)}; step(s) {shown} compared on every rank, matched by "
+                                          f"{imbalance.step_match}; found by {top.step_method})")
     top = max(imbalance.rows, key=lambda r: (r.window_ns, -r.rank))
     return top.rank, "longest_window", (f"no straggler named and no iterations found; rank {top.rank} has the "
                                         f"longest GPU-active span ({ms(top.window_ns)})")
@@ -89,8 +98,8 @@ def _cross_rank(con: duckdb.DuckDBPyConnection, params: Params, imbalance: rank_
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
-    imbalance = as_result(run_skill(con, rank_imbalance, rank_imbalance.Params(job=params.job, limit=MAX_LIMIT)),
-                          rank_imbalance.Result)
+    imbalance = as_result(run_skill(con, rank_imbalance, rank_imbalance.Params(
+        job=params.job, range_name=params.range_name, limit=MAX_LIMIT)), rank_imbalance.Result)
     rank, chosen_by, why = _chosen(imbalance)
     with figures.rank_view(con, rank) as cur:
         own = triage.run(cur, triage.Params(profile=f"rank {rank}", limit=triage.MAX_FINDINGS))
@@ -103,7 +112,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     straggler = imbalance.straggler.rank if imbalance.straggler else None
     return Result(job=params.job, ranks=imbalance.ranks, straggler=straggler,
                   findings=[f.model_copy(update={"position": i}) for i, f in enumerate(kept, start=1)],
-                  verdict=imbalance.verdict, triaged_rank=rank, chosen_by=chosen_by, chosen_why=why,
+                  verdict=imbalance.verdict, step_note=imbalance.step_note, triaged_rank=rank,
+                  chosen_by=chosen_by, chosen_why=why,
                   program=own.program, window_note=own.window_note, classification=own.classification,
                   total_findings=total, truncated=total > len(kept),
                   time_at_stake_ns=sum(f.time_at_stake_ns for _, f in cross) + own.time_at_stake_ns,
@@ -115,7 +125,7 @@ def render(result: Result) -> str:
     lines = [f"job {result.job}: {result.ranks} ranks; {result.verdict}",
              f"triaged rank {result.triaged_rank} ({result.chosen_by}): {result.chosen_why}",
              f"  rank {result.triaged_rank}: {c.bound}: {c.reason}; window: {result.window_note}; "
-             f"program: {result.program.kind}", ""]
+             f"program: {result.program.kind}", f"steps: {result.step_note}", ""]
     if not result.findings:
         lines.append("No detector fired on the job or on the triaged rank: nothing above its threshold.")
     explained: set[str] = set()

@@ -129,18 +129,21 @@ def collective(name: str) -> str | None:
 def gpu_row(kind: str, ev: dict, args: dict) -> tuple:
     """(kind, device, context, stream, correlation, start, end, name, grid xyz, block xyz, registers, bytes,
     Kineto's collective name, External id, kineto_nccl.fields)."""
-    start = ev["ts"]
+    start, name = ev["ts"], str(ev.get("name"))
+    coll = collective(str(args.get("Collective name") or ""))
     return (kind, as_int(args.get("device")), as_int(args.get("context")), as_int(args.get("stream")),
             as_int(args.get("correlation")), ns(start), ns(start + ev.get("dur", 0)), ev.get("name"),
             *_dims(args, "grid"), *_dims(args, "block"), as_int(args.get("registers per thread")),
-            as_int(args.get("bytes")), collective(str(args.get("Collective name") or "")),
-            as_int(args.get("External id")), *kineto_nccl.fields(args))
+            as_int(args.get("bytes")), coll, as_int(args.get("External id")), *kineto_nccl.fields(name, args, coll))
 
 
 def comms_row(ev: dict, args: dict) -> tuple:
-    """(External id, start, Kineto's collective name, kineto_nccl.fields) of a record_param_comms op."""
-    return (as_int(args.get("External id")), ns(ev["ts"]), collective(str(args.get("Collective name") or "")),
-            *kineto_nccl.fields(args))
+    """(op name, External id, pid, tid, start, end, Kineto's collective name, kineto_nccl.fields) of a comms op
+    (kineto_nccl.COMM_OPS); its collective from 'Collective name', else from an nccl:<collective> range's name."""
+    start, name = ev["ts"], str(ev.get("name"))
+    coll = collective(str(args.get("Collective name") or name.removeprefix("nccl:")))
+    return (name, as_int(args.get("External id")), as_int(ev.get("pid")), as_int(ev.get("tid")), ns(start),
+            ns(start + ev.get("dur", 0)), coll, *kineto_nccl.fields(name, args, coll))
 
 
 def host_row(kind: str, ev: dict, args: dict) -> tuple:
@@ -199,8 +202,8 @@ def trailing(tail: bytes) -> dict:
 
 def events(path: Path, on_gpu: Callable[[tuple], None], on_host: Callable[[tuple], None],
            on_comms: Callable[[tuple], None], on_name: Callable[[str, int | None, int | None, str], None]) -> dict:
-    """Feed every complete ('X') event of a known category, every record_param_comms op, and every process/thread
-    name to the callbacks; return the top-level values written after traceEvents."""
+    """Feed every complete ('X') event of a known category, every comms op (kineto_nccl.COMM_OPS), and every
+    process/thread name to the callbacks; return the top-level values written after traceEvents."""
     try:
         with _open(path) as fh:
             tail = _Tail(fh)
@@ -212,7 +215,7 @@ def events(path: Path, on_gpu: Callable[[tuple], None], on_host: Callable[[tuple
                         on_gpu(gpu_row(kind, ev, args))
                     elif kind is not None:
                         on_host(host_row(kind, ev, args))
-                        if ev.get("name") == kineto_nccl.COMMS_OP:
+                        if str(ev.get("name")).startswith(kineto_nccl.COMM_OPS):
                             on_comms(comms_row(ev, args))
                 elif ph == "M" and ev.get("name") in ("process_name", "thread_name") and "name" in args:
                     on_name(ev["name"], as_int(ev.get("pid")), as_int(ev.get("tid")), str(args["name"]))

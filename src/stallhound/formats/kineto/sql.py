@@ -17,7 +17,8 @@ GPU_COLUMNS = (("kind", "VARCHAR"), ("device_id", "INTEGER"), ("context_id", "IN
                ("grid_x", "INTEGER"), ("grid_y", "INTEGER"), ("grid_z", "INTEGER"), ("block_x", "INTEGER"),
                ("block_y", "INTEGER"), ("block_z", "INTEGER"), ("registers", "INTEGER"), ("bytes", "BIGINT"),
                ("collective", "VARCHAR"), ("external_id", "BIGINT"), *kineto_nccl.COLUMNS)
-COMMS_COLUMNS = (("external_id", "BIGINT"), ("start_ns", "BIGINT"), ("collective", "VARCHAR"), *kineto_nccl.COLUMNS)
+COMMS_COLUMNS = (("op", "VARCHAR"), ("external_id", "BIGINT"), ("pid", "BIGINT"), ("tid", "BIGINT"),
+                 ("start_ns", "BIGINT"), ("end_ns", "BIGINT"), ("collective", "VARCHAR"), *kineto_nccl.COLUMNS)
 HOST_COLUMNS = (("kind", "VARCHAR"), ("pid", "BIGINT"), ("tid", "BIGINT"), ("correlation_id", "BIGINT"),
                 ("name", "VARCHAR"), ("start_ns", "BIGINT"), ("end_ns", "BIGINT"))
 

@@ -170,7 +170,7 @@ class Builder(ActivityJoins):
                 r.registersPerThread, r.staticSharedMemory, r.dynamicSharedMemory,
                 {self.col(t, 'graphId')}, nullif({self.col(t, 'graphNodeId')}, 0),
                 coalesce(d.category, s.category), coalesce(d.nccl_collective, s.nccl_collective),
-                a.name, a.start_ns, a.end_ns, NULL, NULL, NULL, NULL, coalesce(d.comm_family, s.comm_family)
+                a.name, a.start_ns, a.end_ns, NULL, NULL, NULL, NULL, NULL, coalesce(d.comm_family, s.comm_family)
             FROM {src} r
             LEFT JOIN _kernel_names s ON s.id = r.shortName
             LEFT JOIN _kernel_names d ON d.id = r.demangledName
