@@ -179,6 +179,15 @@ def test_diff_work_sync_alloc_doubled_kernels_compare_by_the_step_and_say_so(sid
     assert d.matched_launches_pct == 50.0 and "not the same work" in d.reason and "unit of work" in d.reason
 
 
+def test_diff_work_steps_found_differently_are_no_unit(sides):
+    """Steps from another kernel's rhythm (a kernel run twice a step halves them) are not a unit both share: the same
+    work is then compared in total."""
+    base = sides("sync_alloc")
+    other = base.model_copy(update={"step_method": "kernel_pattern:relax"})
+    d = dp.compare(base, other, dp.Params(before="a", after="b")).decision
+    assert (d.verdict, d.basis, d.figure, d.same_work) == ("no clear change", "per_run", "gpu_active_span_ns", True)
+
+
 def test_diff_work_cli_fails_on_a_regression_hidden_from_the_step(paths, cache_root, capsys):
     args = ["diff", str(paths["sync_alloc"]), str(paths["sync_alloc/slower_kernels"]), "--cache-dir", str(cache_root)]
     assert main([*args, "--fail-on-regression", "5"]) == 1

@@ -1,13 +1,13 @@
 """Did my change make it faster, and why? Two profiles compared figure by figure, with a verdict.
 
-Each side is measured on its triage window (steady iterations when found, else GPU-active; tools/diff/side.py),
-with the work that window launched (tools/diff/work.py). Figures are per steady iteration when both sides have
-them; else, when both ran the same work, totals of the window; else per second of the window (`basis` says which):
-step time, the GPU-active span of the work and the host's time issuing it, GPU busy and idle, the compute / copy /
-communication / idle shares, kernel time by kernel (slower, faster, new, gone, with counts), NCCL exposed time,
-copy time by direction and pageable copies, host time blocked in syncs, launch overhead, in total and per device.
-Triage's findings on both sides are matched by root cause (gone, new, smaller, bigger: did the bottleneck move?).
-The verdict, the figure that decided it and its threshold are tools/diff/verdict.py's.
+Each side is measured on its triage window (steady iterations when found, else GPU-active; tools/diff/side.py), with
+the work that window launched (tools/diff/work.py). Figures are per steady iteration when both sides have them,
+found the same way; else, when both ran the same work, totals of the window; else per second of the window (`basis`
+says which): step time, the GPU-active span of the work and the host's time issuing it, GPU busy and idle, the
+compute / copy / communication / idle shares, kernel time by kernel (slower, faster, new, gone, with counts), NCCL
+exposed time, copy time by direction and pageable copies, host time blocked in syncs, launch overhead, in total and
+per device. Triage's findings on both sides are matched by root cause (gone, new, smaller, bigger: did the
+bottleneck move?). The verdict, the figure that decided it and its threshold are tools/diff/verdict.py's.
 """
 
 from __future__ import annotations

@@ -127,8 +127,8 @@ def _answer(finding: FindingChange | None, checks: list[Check], decision: Decisi
     if finding and finding.status == "new":
         return "fail", f"the finding is new after the change ({_stake(finding, decision)})"
     if decision.basis == "per_second":
-        return "unclear", (f"the runs are not comparable: {decision.work_note}, and without steady iterations on both "
-                           "sides only per-second rates compare; capture the same steps of the same program")
+        return "unclear", (f"the runs are not comparable: {decision.work_note}, and without steps both share only "
+                           "per-second rates compare; capture the same steps of the same program")
     if finding and finding.status == "bigger":
         return "fail", f"the finding is {finding.status} after the change ({_stake(finding, decision)})"
     if wrong:

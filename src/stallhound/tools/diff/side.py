@@ -73,6 +73,8 @@ class Side(BaseModel):
     window_note: str
     classification: Classification
     iterations: int = Field(description="steady iterations in the window; 0 when the window is not steady state")
+    step_method: str | None = Field(description="how the step finder found them (e.g. nvtx:ProfilerStep#N, "
+                                                "kernel_pattern:<kernel>); null without steady iterations")
     step_median_ns: float | None = Field(description="median steady iteration duration")
     step_sigma_ns: float | None = Field(description=f"{ROBUST_SIGMA_PER_MAD} x the median absolute deviation of the "
                                                     "steady iterations from it: their spread, which a warmup or a "
@@ -106,18 +108,21 @@ class Side(BaseModel):
         return self.step_median_ns, self.step_sigma_ns
 
 
-def _steady_steps(con: duckdb.DuckDBPyConnection, pid: str, window: Scope) -> tuple[int, float | None, float | None]:
-    """(count, median, sigma) of the iterations inside a steady-state window, all of them (the step finder's spans
-    that the iterations tool pages through); (0, None, None) for any other window."""
+Steps = tuple[int, str | None, float | None, float | None]
+
+
+def _steady_steps(con: duckdb.DuckDBPyConnection, pid: str, window: Scope) -> Steps:
+    """(count, method, median, sigma) of the iterations inside a steady-state window, all of them (the step
+    finder's spans that the iterations tool pages through); (0, None, None, None) for any other window."""
     if window.window_basis != "steady_state":
-        return 0, None, None
+        return 0, None, None, None
     found = as_result(run_once(con, iterations, iterations.Params(profile=pid, limit=1)), iterations.Result)
     spans = step_boundaries.boundaries(con, found.scope, None, "auto")[3]
     steps = [e - s for s, e in spans if s >= window.start_ns and e <= window.end_ns]
     if not steps:
-        return 0, None, None
+        return 0, None, None, None
     median = statistics.median(steps)
-    return len(steps), median, ROBUST_SIGMA_PER_MAD * statistics.median(abs(d - median) for d in steps)
+    return len(steps), found.method, median, ROBUST_SIGMA_PER_MAD * statistics.median(abs(d - median) for d in steps)
 
 
 def _gpu_names(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -142,10 +147,10 @@ def measure(con: duckdb.DuckDBPyConnection, pid: str) -> Side:
                   window=found.window, window_note=found.window_note, classification=found.classification)
     window = found.window
     if window is None:
-        return Side(**common, iterations=0, step_median_ns=None, step_sigma_ns=None, devices=[],
+        return Side(**common, iterations=0, step_method=None, step_median_ns=None, step_sigma_ns=None, devices=[],
                     work=Work(kernels=[], span_ns=0, host_ns=None), copies=[], sync_calls=0, sync_blocked_ns=0,
                     sync_gpu_idle_ns=0, findings=[])
-    count, median, sigma = _steady_steps(con, pid, window)
+    count, method, median, sigma = _steady_steps(con, pid, window)
     work = launched(con, window)
     copies = _on_window(con, memory_transfers, pid, window)
     sync = _on_window(con, sync_analysis, pid, window)
@@ -159,7 +164,8 @@ def measure(con: duckdb.DuckDBPyConnection, pid: str) -> Side:
                              launch_api_ns=launches[d].launch_api_ns if d in launches else 0,
                              tiny_kernels=launches[d].tiny_count if d in launches else 0) for d in window.devices]
     return Side(
-        **common, iterations=count, step_median_ns=median, step_sigma_ns=sigma, devices=devices, work=work,
+        **common, iterations=count, step_method=method, step_median_ns=median, step_sigma_ns=sigma, devices=devices,
+        work=work,
         copies=[CopyFigures(direction=r.direction, count=r.count, bytes=r.bytes, time_ns=r.time_ns,
                             pageable_count=r.pageable_count) for r in (copies.rows if copies else [])],
         sync_calls=sync.call_count if sync else 0, sync_blocked_ns=sync.blocked_ns if sync else 0,

@@ -1,20 +1,22 @@
-"""The verdict of a profile diff (improved / regressed / no clear change), the figure that decided it, and whether
-the two runs compare at all.
+"""The verdict of a profile diff (improved / regressed / no clear change), the figure that decided it, and whether the
+two runs compare at all.
 
 The two runs did the same work when they are the same program and their kernels match by name with launch counts
-within LAUNCH_TOLERANCE_PCT (per steady iteration when both sides have them, else over the window; the work is what
-each window launched, tools/diff/work.py). Then the time that work took is compared as it is, never per second:
-first the elapsed time (the median step when both sides have steady iterations, else the GPU-active span of the
-work), and when that does not move beyond its threshold, the kernel time and the host's own time issuing the work,
-each against its own floor: slower kernels under a host-bound loop, or a slower host under a GPU-bound one, still
-count. The step time is the median of the steady iterations (a warmup or profiler-stop step moves it little), and its
-threshold the larger of a floor and NOISE_SIGMAS standard errors of the difference of the two medians, from each
-side's robust spread (tools/diff/side.py): a change inside it could be chance.
+within LAUNCH_TOLERANCE_PCT (per steady iteration when both sides have steps found the same way, else over the
+window; the work is what each window launched, tools/diff/work.py). Steps found the same way: by the same NVTX
+range, or the same kernel's rhythm; steps found from different kernels measure different things (a kernel that runs
+twice a step has twice the rhythm), so they are no unit to compare by. Then the time that work took is compared as
+it is, never per second: first the elapsed time (the median step when both sides have such steps, else the
+GPU-active span of the work), and when that does not move beyond its threshold, the kernel time and the host's own
+time issuing the work, each against its own floor: slower kernels under a host-bound loop, or a slower host under a
+GPU-bound one, still count. The step time is the median of the steady iterations (a warmup or profiler-stop step moves
+it little), and its threshold the larger of a floor and NOISE_SIGMAS standard errors of the difference of the two
+medians, from each side's robust spread (tools/diff/side.py): a change inside it could be chance.
 
-When the work differs, a time is not comparable as it is. With steady iterations on both sides the step is the unit
-of work (a fix that fuses kernels or changes their dtype changes the kernels, not the step), compared by step time
-alone. Without them only rates compare: the GPU idle share of the window, in percentage points. Either way the
-result says that the work differs.
+When the work differs, a time is not comparable as it is. With such steps on both sides the step is the unit of work
+(a fix that fuses kernels or changes their dtype changes the kernels, not the step), compared by step time alone.
+Without them only rates compare: the GPU idle share of the window, in percentage points. Either way the result says
+that the work differs.
 """
 
 from __future__ import annotations
@@ -63,13 +65,13 @@ class WorkMatch(NamedTuple):
 
 class Decision(BaseModel):
     verdict: Verdict
-    basis: Basis = Field(description="per_iteration: figures per steady iteration (both sides have them); per_run: "
-                                     "totals of the window (both sides ran the same work, without steady "
-                                     "iterations); per_second: per second of the window (the work differs)")
+    basis: Basis = Field(description="per_iteration: figures per steady iteration (both sides have them, found the "
+                                     "same way); per_run: totals of the window (both sides ran the same work, "
+                                     "without such steps); per_second: per second of the window (the work differs)")
     same_work: bool = Field(description="both runs are the same program and launched the same kernels, launch "
                                         f"counts matched by name within {LAUNCH_TOLERANCE_PCT:g}%")
     matched_launches_pct: float | None = Field(description="launches matched by kernel name, % of the larger side's "
-                                                           "(per iteration with steady iterations on both sides)")
+                                                           "(per iteration on the per_iteration basis)")
     work_note: str = Field(description="how the two runs' work compares")
     figure: Figure = Field(description="the figure that decided the verdict, units in its name")
     before: float | None
@@ -85,9 +87,14 @@ class Decision(BaseModel):
     warnings: list[str] = Field(description="why the two runs may not be comparable; empty when they are")
 
 
+def steps_compare(before: Side, after: Side) -> bool:
+    """Both sides have steady iterations, found the same way: the step is a unit both share."""
+    return bool(before.iterations and after.iterations and before.step_method == after.step_method)
+
+
 def work_match(before: Side, after: Side) -> WorkMatch:
     """Whether the two sides ran the same work: the same program, launches matched by kernel name."""
-    steps = bool(before.iterations and after.iterations)
+    steps = steps_compare(before, after)
     per = "per iteration" if steps else "in the window"
     b, a = ({k: n / (s.iterations if steps else 1) for k, n in s.work.launches_by_name().items()}
             for s in (before, after))
@@ -105,7 +112,7 @@ def work_match(before: Side, after: Side) -> WorkMatch:
 
 
 def basis_of(before: Side, after: Side) -> Basis:
-    if before.iterations and after.iterations:
+    if steps_compare(before, after):
         return "per_iteration"
     return "per_run" if work_match(before, after).same else "per_second"
 
@@ -204,7 +211,9 @@ def _by_idle(before: Side, after: Side, match: WorkMatch, warnings: list[str]) -
     verdict: Verdict = ("no clear change" if abs(change) <= MIN_IDLE_CHANGE_POINTS
                         else "improved" if change < 0 else "regressed")
     missing = " and ".join(s.profile for s in (before, after) if not s.iterations)
-    reason = (f"{match.note}, and no steady iterations in {missing} to take as the unit of work, so their times "
+    steps = (f"no steady iterations in {missing}" if missing else
+             f"steps found differently ({before.step_method} and {after.step_method})")
+    reason = (f"{match.note}, and {steps} to take as the unit of work, so their times "
               f"are not comparable and only rates are: GPU idle {b:.1f}% -> {a:.1f}% of the window ({change:+.1f} "
               f"points; a change counts above {MIN_IDLE_CHANGE_POINTS:.0f} points)")
     return Decision(verdict=verdict, basis="per_second", same_work=False, matched_launches_pct=match.matched_pct,
