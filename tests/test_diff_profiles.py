@@ -3,6 +3,7 @@ change of known size, a profile against itself, the warnings, the markdown, the 
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import statistics
 
@@ -30,14 +31,14 @@ def _raw(path):
 
 
 def _raw_step_ns(path) -> float:
-    """Mean start-to-start period of the step marker per thread, averaged over threads, from the raw export."""
+    """Median start-to-start period of the step marker per thread, averaged over threads, from the raw export."""
     with _raw(path) as con:
         rows = con.execute("SELECT e.globalTid, e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
                            "WHERE coalesce(e.text, s.value) LIKE ? ORDER BY 1, 2", (STEP_RANGE,)).fetchall()
     starts: dict[int, list[int]] = {}
     for tid, start in rows:
         starts.setdefault(tid, []).append(start)
-    return statistics.fmean((s[-1] - s[0]) / (len(s) - 1) for s in starts.values())
+    return statistics.fmean(statistics.median(b - a for a, b in itertools.pairwise(s)) for s in starts.values())
 
 
 def _raw_busy_ns(path, start: int, end: int) -> int:
@@ -73,12 +74,13 @@ def test_diff_profiles_real_pair_step_time_and_busy_match_sql_on_the_exports(rea
 
 
 def test_diff_profiles_real_pair_is_a_regression_from_launch_bound_idle(real):
-    """What an expert reads in the pair: about 12% slower per step, beyond the iteration noise; the GPUs idle twice
-    as long because launches got slower (launch API time up ~40%, tiny kernel count unchanged), and the
-    small-kernel-overhead finding grew while NCCL on the compute stream got worse too."""
+    """What an expert reads in the pair: the same work (the same kernels, launch counts within 1%), about 16% slower
+    per step (median), beyond the iteration noise; the GPUs idle twice as long because launches got slower (launch API
+    time up ~40%, tiny kernel count unchanged), and the small-kernel-overhead finding grew while NCCL on the compute
+    stream got worse too."""
     d = real.decision
-    assert (d.verdict, d.basis) == ("regressed", "per_iteration")
-    assert 10 < d.change_pct < 15 and d.threshold_pct < d.change_pct
+    assert (d.verdict, d.basis, d.figure, d.same_work) == ("regressed", "per_iteration", "step_time_ns", True)
+    assert d.matched_launches_pct > 99 and 14 < d.change_pct < 19 and d.threshold_pct < d.change_pct
     assert d.noise_before_pct > 0 and d.noise_after_pct > 0 and d.warnings == []
     assert real.before.iterations == 16 and real.after.iterations == 14
     assert _figure(real, "GPU idle").change_pct > 50
@@ -99,7 +101,8 @@ def test_diff_profiles_profile_with_itself_says_no_change(open_fixture):
     assert result.decision.warnings == []
 
 
-PER_SECOND = {"extrap_windows_con_kernel", "fuser_h200_crossentropy", "dynamicvit_empty_export", "nsysai_mock"}
+PER_RUN = {"extrap_windows_con_kernel", "fuser_h200_crossentropy", "nsysai_mock"}  # no steady iterations
+NO_KERNELS = {"dynamicvit_empty_export"}  # no work to match: per second
 
 
 @pytest.mark.parametrize("stem", FIXTURE_IDS)
@@ -108,7 +111,8 @@ def test_diff_profiles_every_fixture_with_itself_says_no_change_within_budget(op
     params = dp.Params(before="a", after="a")
     text, result = budget.fit(dp.run(profile.con, profile.con, params), dp, params, budget.MAX_RESULT_CHARS)
     assert result.decision.verdict == "no clear change" and result.cut_by in (None, "limit")
-    assert result.basis == ("per_second" if stem in PER_SECOND else "per_iteration")
+    assert result.basis == ("per_second" if stem in NO_KERNELS else "per_run" if stem in PER_RUN else "per_iteration")
+    assert result.decision.same_work == (stem not in NO_KERNELS)
     assert len(text) < 5_000
 
 

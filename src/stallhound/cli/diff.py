@@ -20,8 +20,10 @@ def register(sub: Subcommands) -> None:
                       help="text (default), markdown for a pull request, or the structured result as JSON")
     diff.add_argument("--limit", type=int, metavar="N", help="most kernel rows shown (default 10)")
     diff.add_argument("--fail-on-regression", type=float, metavar="PCT",
-                      help=f"exit with status {EXIT_REGRESSED} when the verdict is 'regressed' by more than PCT "
-                           "(%% of the step time; points of GPU idle share when a side has no steady iterations)")
+                      help=f"exit with status {EXIT_REGRESSED} when the verdict is 'regressed' by more than PCT: "
+                           "%% of the figure that decided it (the step time, or the GPU-active span, kernel time or "
+                           "host time of the same work), points of GPU idle share when the runs did different work "
+                           "without steady iterations")
     add_profile_options(diff)
     diff.set_defaults(run=run)
 

@@ -1,12 +1,13 @@
 """Did my change make it faster, and why? Two profiles compared figure by figure, with a verdict.
 
-Each side is measured on its triage window (steady iterations when found, else GPU-active; tools/diff/side.py).
-Figures are per steady iteration when both sides have them, else per second of the window (`basis` says which):
-step time, GPU busy and idle, the compute / copy / communication / idle shares, kernel time by kernel (slower,
-faster, new, gone, with counts), NCCL exposed time, copy time by direction and pageable copies, host time
-blocked in syncs, launch overhead, in total and per device. Triage's findings on both sides are matched by root
-cause (gone, new, smaller, bigger: did the bottleneck move?). The verdict and its threshold are
-tools/diff/verdict.py's.
+Each side is measured on its triage window (steady iterations when found, else GPU-active; tools/diff/side.py), with
+the work that window launched (tools/diff/work.py). Figures are per steady iteration when both sides have them,
+found the same way; else, when both ran the same work, totals of the window; else per second of the window (`basis`
+says which): step time, the GPU-active span of the work and the host's time issuing it, GPU busy and idle, the
+compute / copy / communication / idle shares, kernel time by kernel (slower, faster, new, gone, with counts), NCCL
+exposed time, copy time by direction and pageable copies, host time blocked in syncs, launch overhead, in total and
+per device. Triage's findings on both sides are matched by root cause (gone, new, smaller, bigger: did the
+bottleneck move?). The verdict, the figure that decided it and its threshold are tools/diff/verdict.py's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from stallhound.tools.diff.rows import (
     total_figures,
 )
 from stallhound.tools.diff.side import Side, measure
-from stallhound.tools.diff.verdict import Basis, Decision, basis_of, decide
+from stallhound.tools.diff.verdict import LABELS, Basis, Decision, basis_of, decide
 
 DEFAULT_KERNEL_ROWS = 10  # kernel rows by default: with the figures and findings about 4,000 characters of text
 CUT_HINT = "raise `limit` for more kernel rows"
@@ -85,9 +86,11 @@ def compare(before: Side, after: Side, params: Params) -> Result:
 
 
 def _unit(side: Side, basis: Basis) -> float:
-    """Iterations, or seconds of window, that one side's figures are divided by."""
+    """Iterations, seconds of window, or 1 (totals of the same work), that one side's figures are divided by."""
     if basis == "per_iteration":
         return side.iterations
+    if basis == "per_run":
+        return 1.0
     return side.window.duration_ns / 1e9 if side.window else 0.0
 
 
@@ -107,9 +110,15 @@ def _change(row: FigureRow) -> str:
     return f" ({row.change_pct:+.1f} {'points' if row.unit == SHARE_UNIT else '%'})".replace(" %", "%")
 
 
+def _compared(d: Decision) -> list[str]:
+    """The times of the work the verdict weighed, the deciding one marked."""
+    return [f"  {LABELS[c.figure]:27} {ms(c.before)} -> {ms(c.after)} ({c.change_pct:+.1f}%, counts above "
+            f"{c.threshold_pct:.1f}%){'  <- decided' if c.figure == d.figure else ''}" for c in d.compared]
+
+
 def render(result: Result) -> str:
     d = result.decision
-    lines = [f"verdict: {d.verdict}: {d.reason}", *[f"warning: {w}" for w in d.warnings]]
+    lines = [f"verdict: {d.verdict}: {d.reason}", *[f"warning: {w}" for w in d.warnings], *_compared(d)]
     for label, s in (("before", result.before), ("after", result.after)):
         lines.append(f"{label}: {s.profile}, {s.program}, {len(s.gpus)} GPU(s), {s.bound}; window {_length(s)}, "
                      f"{s.window_note}")
@@ -135,6 +144,7 @@ def render(result: Result) -> str:
 def render_markdown(result: Result) -> str:
     d = result.decision
     lines = ["## stallhound diff", "", f"**{d.verdict}**: {d.reason}", ""]
+    lines += [f"- {line.strip()}" for line in _compared(d)] + ([""] if d.compared else [])
     lines += [f"> warning: {w}" for w in d.warnings] + ([""] if d.warnings else [])
     lines += ["| | before | after |", "|---|---|---|",
               f"| profile | {result.before.profile} | {result.after.profile} |",

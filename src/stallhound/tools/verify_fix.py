@@ -1,10 +1,14 @@
 """Did the fix for this root cause work? The verify step of its book entry, run on a before and an after profile.
 
 Every book entry ends with how to verify its fix ("re-profile and run X: Y should drop"). This runs those figures
-on both profiles through diff_profiles (same windows, same per-iteration or per-second basis) and answers:
+on both profiles through diff_profiles (same windows, same basis: per steady iteration, or totals when both ran
+the same work: the same sync calls taking longer are more sync time, never fewer calls per second) and answers:
 pass: the finding is gone or smaller, or every figure the entry names moved the way it should, and nothing moved
-the wrong way and the step did not get slower; fail: the finding grew or appeared, a figure moved the wrong
-way, or the step got slower; unclear: nothing moved beyond its threshold (or the runs are not comparable).
+the wrong way and the work did not get slower; fail: the finding grew or appeared, a figure moved the wrong
+way, or the work got slower; unclear: nothing moved beyond its threshold, or the runs are not comparable (among
+them, runs of different work without steady iterations: only per-second rates compare, and a rate cannot tell a
+fix from a change of work), or the work differs and the step did not get faster (more work on an idle GPU shrinks
+an idle finding without fixing anything).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ Moved = Literal["as expected", "wrong way", "unchanged"]
 Answer = Literal["pass", "fail", "unclear"]
 
 # The diff figures each entry's verify step names (book/<id>.md `verify`), and which way a working fix moves them.
-# The finding itself and the step time are checked for every entry.
+# The finding itself and diff_profiles' verdict are checked for every entry.
 VERIFY_FIGURES: dict[str, tuple[tuple[str, Direction], ...]] = {
     "alloc-in-loop": (("GPU idle", "down"),),
     "blocking-d2h-sync": (("sync blocked", "down"), ("GPU idle", "down")),
@@ -91,7 +95,7 @@ class Result(Output):
     finding: FindingChange | None = Field(description="triage's finding of this cause on both sides; null when "
                                                       "neither side raises it")
     checks: list[Check] = Field(description="the figures the verify step names, before and after")
-    decision: Decision = Field(description="diff_profiles' verdict on the step time")
+    decision: Decision = Field(description="diff_profiles' verdict on the time the work took")
 
 
 def run(before: duckdb.DuckDBPyConnection, after: duckdb.DuckDBPyConnection, params: Params) -> Result:
@@ -120,14 +124,22 @@ def _check(row: FigureRow, expected: Direction) -> Check:
 
 def _answer(finding: FindingChange | None, checks: list[Check], decision: Decision) -> tuple[Answer, str]:
     wrong = [c.figure for c in checks if c.moved == "wrong way"]
-    if finding and finding.status in ("bigger", "new"):
+    if finding and finding.status == "new":
+        return "fail", f"the finding is new after the change ({_stake(finding, decision)})"
+    if decision.basis == "per_second":
+        return "unclear", (f"the runs are not comparable: {decision.work_note}, and without steps both share only "
+                           "per-second rates compare; capture the same steps of the same program")
+    if finding and finding.status == "bigger":
         return "fail", f"the finding is {finding.status} after the change ({_stake(finding, decision)})"
     if wrong:
         return "fail", f"{', '.join(wrong)} moved the wrong way"
     if decision.verdict == "regressed":
-        return "fail", f"the step got slower: {decision.reason}"
+        return "fail", f"the work got slower: {decision.reason}"
     if decision.warnings:
         return "unclear", f"the runs may not be comparable: {'; '.join(decision.warnings)}"
+    if not decision.same_work and decision.verdict != "improved":
+        return "unclear", (f"{decision.work_note}: with other work a fix shows as a faster step, and the step "
+                           f"shows {decision.verdict}; more work alone can shrink a finding")
     if finding and finding.status in ("gone", "smaller"):
         return "pass", f"the finding is {finding.status} ({_stake(finding, decision)}); {_verdict(decision)}"
     if finding is None:
@@ -139,11 +151,14 @@ def _answer(finding: FindingChange | None, checks: list[Check], decision: Decisi
 
 
 def _stake(finding: FindingChange, decision: Decision) -> str:
-    per = "iteration" if decision.basis == "per_iteration" else "second of window"
-    return f"time at stake {ms(finding.before_ns)} -> {ms(finding.after_ns)} per {per}"
+    per = {"per_iteration": " per iteration", "per_run": " in total", "per_second": " per second of window"}
+    return f"time at stake {ms(finding.before_ns)} -> {ms(finding.after_ns)}{per[decision.basis]}"
 
 
 def _per(unit: str) -> str:
+    """'ns/iteration' -> 'per iteration', 'calls/s' -> 'calls per s'; a total ('ns', 'calls'): '(calls) in total'."""
+    if "/" not in unit:
+        return "in total" if unit == "ns" else f"{unit} in total"
     return unit.replace("ns/", "per ", 1) if unit.startswith("ns/") else unit.replace("/", " per ")
 
 
@@ -161,6 +176,6 @@ def render(result: Result) -> str:
         lines.append(f"  {c.figure} should go {c.expected}: {shown(c.before, c.unit)} -> {shown(c.after, c.unit)} "
                      f"{_per(c.unit)}{change}: {c.moved}")
     d = result.decision
-    lines.append(f"step: {d.verdict} ({d.reason})")
+    lines.append(f"overall: {d.verdict} ({d.reason})")
     lines += [f"warning: {w}" for w in d.warnings]
     return "\n".join(lines)

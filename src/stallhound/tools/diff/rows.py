@@ -1,5 +1,6 @@
 """The rows of a profile diff: figures in total and per device, kernels and findings, each side's figures divided
-by the same unit (steady iterations, or seconds of window: verdict.basis_of), with their change."""
+by the same unit (steady iterations; nothing, when both ran the same work without them; or seconds of window:
+verdict.basis_of), with their change."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import ms
+from stallhound.analysis.kernel_kinds import display_names
 from stallhound.tools.diff.side import Side
 from stallhound.tools.diff.verdict import Basis
 
@@ -36,7 +38,7 @@ class FigureRow(BaseModel):
 class KernelChange(BaseModel):
     name: str
     status: Status
-    before_ns: float = Field(description="kernel time per unit of `basis`")
+    before_ns: float = Field(description="time of the kernels the window launched, per unit of `basis`")
     after_ns: float
     before_count: float = Field(description="launches per unit of `basis`")
     after_count: float
@@ -59,12 +61,12 @@ def figure_row(figure: str, device: int | None, unit: str, before: float, after:
     return FigureRow(figure=figure, device=device, unit=unit, before=before, after=after, change_pct=change)
 
 
-def per_word(basis: Basis) -> str:
-    return "iteration" if basis == "per_iteration" else "s"
+def unit_of(unit: str, basis: Basis) -> str:
+    """A figure's unit on the basis: per iteration, per second, or as it is (a total of the same work)."""
+    return {"per_iteration": f"{unit}/iteration", "per_second": f"{unit}/s", "per_run": unit}[basis]
 
 
 def total_figures(before: Side, after: Side, basis: Basis, norm: Norm) -> list[tuple[str, str, float, float]]:
-    per = per_word(basis)
     rows = []
     if basis == "per_iteration":
         rows.append(("step time", "ns", round(before.step_ns[0], 1), round(after.step_ns[0], 1)))
@@ -74,8 +76,11 @@ def total_figures(before: Side, after: Side, basis: Basis, norm: Norm) -> list[t
                      getattr(after.classification, share)))
 
     def both(label: str, unit: str, of) -> None:
-        rows.append((label, f"{unit}/{per}", norm(before, of(before)), norm(after, of(after))))
+        rows.append((label, unit_of(unit, basis), norm(before, of(before)), norm(after, of(after))))
 
+    both("GPU-active span", "ns", lambda s: s.work.span_ns)
+    if before.work.host_ns is not None and after.work.host_ns is not None:
+        both("host time", "ns", lambda s: s.work.host_ns)
     both("GPU busy", "ns", lambda s: s.busy_ns)
     both("GPU idle", "ns", lambda s: (s.window.duration_ns * len(s.devices) - s.busy_ns) if s.window else 0)
     both("kernel time", "ns", lambda s: sum(d.kernel_ns for d in s.devices))
@@ -101,21 +106,31 @@ def device_figures(before: Side, after: Side, basis: Basis, norm: Norm) -> list[
     rows = []
     for device in sorted(by_b.keys() & by_a.keys()):
         for label, key, unit in DEVICE_FIGURES:
-            rows.append((label, device, f"{unit}/{per_word(basis)}", norm(before, getattr(by_b[device], key)),
+            rows.append((label, device, unit_of(unit, basis), norm(before, getattr(by_b[device], key)),
                          norm(after, getattr(by_a[device], key))))
     return rows
 
 
+def _labels(before: Side, after: Side) -> dict[str, str]:
+    """Display names of the kernels of both sides, told apart across both (top_kernels' display names)."""
+    variants: dict[str, set[str]] = {}
+    for k in before.kernels + after.kernels:
+        variants.setdefault(k.short_name, set()).add(k.name)
+    return {name: label for short, names in variants.items() for name, label in display_names(short, names).items()}
+
+
 def kernel_changes(before: Side, after: Side, norm: Norm) -> list[KernelChange]:
+    """The kernels the two windows launched, matched by demangled name, shown by display name."""
     b = {k.name: k for k in before.kernels}
     a = {k.name: k for k in after.kernels}
+    labels = _labels(before, after)
     out = []
     for name in b.keys() | a.keys():
         tb = norm(before, b[name].total_ns) if name in b else 0.0
         ta = norm(after, a[name].total_ns) if name in a else 0.0
         status: Status = ("new" if name not in b else "gone" if name not in a else
                           "same" if abs(ta - tb) <= KERNEL_CHANGE_PCT / 100 * tb else "slower" if ta > tb else "faster")
-        out.append(KernelChange(name=name, status=status, before_ns=tb, after_ns=ta,
+        out.append(KernelChange(name=labels[name], status=status, before_ns=tb, after_ns=ta,
                                 before_count=norm(before, b[name].count) if name in b else 0.0,
                                 after_count=norm(after, a[name].count) if name in a else 0.0,
                                 change_ns=round(ta - tb, 1)))

@@ -2,7 +2,9 @@
 
 The window is the one triage analyses (steady iterations when found, else GPU-active), so a diff compares the
 same kind of time on both sides and the findings it matches are the ones triage reports. Each figure comes from
-the tool that owns it, run on that window (cached per model, so a later triage or tool call costs nothing).
+the tool that owns it, run on that window (cached per model, so a later triage or tool call costs nothing); the
+work the window launched (its kernels by name, their GPU-active span, the host's time issuing them) from
+tools/diff/work.py.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import statistics
 import duckdb
 from pydantic import BaseModel, Field
 
-from stallhound.analysis import attribution, program
+from stallhound.analysis import attribution, program, step_boundaries
 from stallhound.analysis.common import MAX_LIMIT, Scope, as_result, run_once
 from stallhound.analysis.shares import Classification
 from stallhound.model.errors import InvalidRequest
@@ -22,22 +24,25 @@ from stallhound.tools import (
     memory_transfers,
     nccl_breakdown,
     sync_analysis,
-    top_kernels,
     triage,
 )
+from stallhound.tools.diff.work import Work, launched
+
+ROBUST_SIGMA_PER_MAD = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 
 
 class DeviceFigures(BaseModel):
     device: int
     busy_ns: int = Field(description="time with any GPU work in the window")
-    kernel_ns: int = Field(description="summed kernel durations")
+    kernel_ns: int = Field(description="summed durations of the kernels the window launched")
     nccl_exposed_ns: int = Field(description="NCCL kernel time with no compute kernel running beside it")
     launch_api_ns: int = Field(description="host time in kernel launch calls")
     tiny_kernels: int
 
 
 class KernelFigures(BaseModel):
-    name: str
+    name: str = Field(description="demangled name")
+    short_name: str
     count: int
     total_ns: int
 
@@ -68,10 +73,14 @@ class Side(BaseModel):
     window_note: str
     classification: Classification
     iterations: int = Field(description="steady iterations in the window; 0 when the window is not steady state")
-    step_mean_ns: float | None = Field(description="mean steady iteration duration")
-    step_std_ns: float | None = Field(description="standard deviation of the steady iteration durations")
+    step_method: str | None = Field(description="how the step finder found them (e.g. nvtx:ProfilerStep#N, "
+                                                "kernel_pattern:<kernel>); null without steady iterations")
+    step_median_ns: float | None = Field(description="median steady iteration duration")
+    step_sigma_ns: float | None = Field(description=f"{ROBUST_SIGMA_PER_MAD} x the median absolute deviation of the "
+                                                    "steady iterations from it: their spread, which a warmup or a "
+                                                    "profiler-stop step leaves alone")
     devices: list[DeviceFigures]
-    kernels: list[KernelFigures] = Field(description=f"kernel time by name, at most {MAX_LIMIT} names")
+    work: Work = Field(description="the work the window launched")
     copies: list[CopyFigures]
     sync_calls: int
     sync_blocked_ns: int = Field(description="host time blocked in synchronizing calls")
@@ -83,23 +92,37 @@ class Side(BaseModel):
         return sum(d.busy_ns for d in self.devices)
 
     @property
+    def kernels(self) -> list[KernelFigures]:
+        """The work's kernels by name, summed over devices."""
+        out: dict[str, KernelFigures] = {}
+        for k in self.work.kernels:
+            row = out.setdefault(k.name, KernelFigures(name=k.name, short_name=k.short_name, count=0, total_ns=0))
+            row.count += k.launches
+            row.total_ns += k.kernel_ns
+        return list(out.values())
+
+    @property
     def step_ns(self) -> tuple[float, float]:
-        """(mean, standard deviation) of the steady iterations, for a side that has some (the per-iteration basis)."""
-        assert self.step_mean_ns is not None and self.step_std_ns is not None, "no steady iterations"
-        return self.step_mean_ns, self.step_std_ns
+        """(median, sigma) of the steady iterations, for a side that has some (the per-iteration basis)."""
+        assert self.step_median_ns is not None and self.step_sigma_ns is not None, "no steady iterations"
+        return self.step_median_ns, self.step_sigma_ns
 
 
-def _steady_steps(con: duckdb.DuckDBPyConnection, pid: str, window: Scope) -> tuple[int, float | None, float | None]:
-    """(count, mean, std) of the iterations inside a steady-state window; (0, None, None) for any other window."""
+Steps = tuple[int, str | None, float | None, float | None]
+
+
+def _steady_steps(con: duckdb.DuckDBPyConnection, pid: str, window: Scope) -> Steps:
+    """(count, method, median, sigma) of the iterations inside a steady-state window, all of them (the step
+    finder's spans that the iterations tool pages through); (0, None, None, None) for any other window."""
     if window.window_basis != "steady_state":
-        return 0, None, None
-    found = as_result(run_once(con, iterations, iterations.Params(profile=pid, limit=MAX_LIMIT)), iterations.Result)
-    steps = [r.duration_ns for r in found.rows if r.start_ns >= window.start_ns and r.end_ns <= window.end_ns]
-    if found.truncated or len(steps) < iterations.MIN_ITERATIONS:  # more rows than one call returns: its stats
-        assert found.mean_ns is not None, "a steady-state window lies over iterations found, so they have a mean"
-        count = max(1, round(window.duration_ns / found.mean_ns))
-        return count, window.duration_ns / count, found.std_ns
-    return len(steps), statistics.fmean(steps), statistics.pstdev(steps)
+        return 0, None, None, None
+    found = as_result(run_once(con, iterations, iterations.Params(profile=pid, limit=1)), iterations.Result)
+    spans = step_boundaries.boundaries(con, found.scope, None, "auto")[3]
+    steps = [e - s for s, e in spans if s >= window.start_ns and e <= window.end_ns]
+    if not steps:
+        return 0, None, None, None
+    median = statistics.median(steps)
+    return len(steps), found.method, median, ROBUST_SIGMA_PER_MAD * statistics.median(abs(d - median) for d in steps)
 
 
 def _gpu_names(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -124,10 +147,11 @@ def measure(con: duckdb.DuckDBPyConnection, pid: str) -> Side:
                   window=found.window, window_note=found.window_note, classification=found.classification)
     window = found.window
     if window is None:
-        return Side(**common, iterations=0, step_mean_ns=None, step_std_ns=None, devices=[], kernels=[], copies=[],
-                    sync_calls=0, sync_blocked_ns=0, sync_gpu_idle_ns=0, findings=[])
-    count, mean, std = _steady_steps(con, pid, window)
-    kernels = _on_window(con, top_kernels, pid, window)
+        return Side(**common, iterations=0, step_method=None, step_median_ns=None, step_sigma_ns=None, devices=[],
+                    work=Work(kernels=[], span_ns=0, host_ns=None), copies=[], sync_calls=0, sync_blocked_ns=0,
+                    sync_gpu_idle_ns=0, findings=[])
+    count, method, median, sigma = _steady_steps(con, pid, window)
+    work = launched(con, window)
     copies = _on_window(con, memory_transfers, pid, window)
     sync = _on_window(con, sync_analysis, pid, window)
     busy = _busy(con, window)
@@ -135,15 +159,13 @@ def measure(con: duckdb.DuckDBPyConnection, pid: str) -> Side:
     launch = _on_window(con, kernel_launch_overhead, pid, window)
     exposed = {d.device: d.exposed_ns for d in nccl.devices} if nccl else {}
     launches = {d.device: d for d in launch.devices} if launch else {}
-    kernel_ns = {g.device: g.kernel_time_ns for g in kernels.gemms} if kernels else {}
-    devices = [DeviceFigures(device=d, busy_ns=busy.get(d, 0), kernel_ns=kernel_ns.get(d, 0),
+    devices = [DeviceFigures(device=d, busy_ns=busy.get(d, 0), kernel_ns=work.kernel_ns_of(d),
                              nccl_exposed_ns=exposed.get(d, 0),
                              launch_api_ns=launches[d].launch_api_ns if d in launches else 0,
                              tiny_kernels=launches[d].tiny_count if d in launches else 0) for d in window.devices]
     return Side(
-        **common, iterations=count, step_mean_ns=mean, step_std_ns=std, devices=devices,
-        kernels=[KernelFigures(name=r.display_name, count=r.count, total_ns=r.total_ns)
-                 for r in (kernels.rows if kernels else [])],
+        **common, iterations=count, step_method=method, step_median_ns=median, step_sigma_ns=sigma, devices=devices,
+        work=work,
         copies=[CopyFigures(direction=r.direction, count=r.count, bytes=r.bytes, time_ns=r.time_ns,
                             pageable_count=r.pageable_count) for r in (copies.rows if copies else [])],
         sync_calls=sync.call_count if sync else 0, sync_blocked_ns=sync.blocked_ns if sync else 0,
