@@ -215,6 +215,22 @@ def test_profile_summary_copies_but_no_kernel():
     assert (result.gpu_active_pct, result.has_gpu_activity) == (17.02, True)
 
 
+@pytest.mark.parametrize("words, lost", [("Not all CUDA events might have been collected.", True),
+                                         ("CUDA injection initialized successfully.", False)])
+def test_profile_summary_no_kernel_in_a_trace_nsys_says_lost_cuda_events(words, lost):
+    """What jax_train_untraced looks like (a JAX run whose kernels nsys did not trace): CUDA calls and a memset, no
+    kernel, and nsys's own diagnostic that CUDA events went missing: the absence is the trace's, not the program's."""
+    calls = [api("cuInit", "other", 0, 1), api("cuGetProcAddress_v2", "other", 100, 2)]
+    memset = [{"device_id": 0, "stream_id": 7, "pid": 1, "correlation_id": 3, "start_ns": 200, "end_ns": 201,
+               "bytes": 4}]
+    diagnostics = [{"time_ns": 300, "severity": "warning", "source": "injection", "pid": 1, "text": words}]
+    notes = run(make_model(cuda_api=calls, memset=memset, diagnostics=diagnostics, gpus=H100)).trace_quality
+    assert notes[0].startswith(
+        "nsys reports that its CUDA trace of this capture is incomplete (its diagnostics: 'Not all CUDA events might "
+        "have been collected.'): the export holds 2 CUDA calls, 0 copies and 1 memsets but no kernel") == lost
+    assert notes[0].startswith("the GPU ran 0 copies and 1 memsets but no kernel was launched") != lost
+
+
 def test_profile_summary_copies_without_api_trace():
     copies = [{"device_id": 0, "stream_id": 7, "start_ns": 0, "end_ns": 10, "bytes": 8, "direction": "H2D"}]
     assert run(make_model(memcpy=copies, gpus=H100)).trace_quality == [

@@ -62,6 +62,8 @@ SELECT count(*) FILTER (WHERE NOT recorded AND j.start_ns < r.last_ns), count(*)
 FROM judged j JOIN last_recorded r USING (pid, tid) WHERE j.start_ns >= $start AND j.start_ns < $end
 """
 LOAD_NOTES_SQL = f"SELECT text FROM diagnostics WHERE source = '{LOAD_SOURCE}' ORDER BY rowid"
+CUDA_EVENTS_LOST = "Not all CUDA events might have been collected"  # nsys's own word that its CUDA trace has holes
+LOST_EVENTS_SQL = "SELECT min(text) FROM diagnostics WHERE contains(text, $words)"
 LAST_API_SQL = "SELECT name, end_ns FROM cuda_api ORDER BY end_ns DESC LIMIT 1"
 GPU_INFO_SQL = "SELECT capture_flag FROM capabilities WHERE data = 'gpu_info' AND NOT present"
 
@@ -112,9 +114,23 @@ def _launches(con: duckdb.DuckDBPyConnection, t: _Trace) -> int:
     return launches - captured
 
 
+def _lost_cuda_events(con: duckdb.DuckDBPyConnection, t: _Trace) -> list[str]:
+    """A capture without kernels whose nsys says it lost CUDA events: the absence of GPU work is the trace's."""
+    said = one_row(con.execute(LOST_EVENTS_SQL, {"words": CUDA_EVENTS_LOST}))[0]
+    if said is None:
+        return []
+    return [f"nsys reports that its CUDA trace of this capture is incomplete (its diagnostics: {said!r}): the export "
+            f"holds {t.api_calls:,} CUDA calls, {t.memcpy:,} copies and {t.memset:,} memsets but no kernel, so the "
+            "missing GPU work is the trace's, not the program's, and nothing about the GPU can be concluded from it; "
+            "re-capture with an nsys release that matches the CUDA driver and runtime, with no other profiler "
+            "attached to the process, and read nsys's diagnostics for the cause"]
+
+
 def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture: Window, derived: str | None) -> list[str]:
     """Launches without kernels, whole-graph records, CUDA calls or copies without any kernel."""
     launches = _launches(con, t)
+    if not (t.kernels or t.graph_execs) and (lost := _lost_cuda_events(con, t)):
+        return lost
     if not (t.kernels or t.graph_execs):
         if launches + t.graph_calls:
             return [f"{launches + t.graph_calls:,} kernel launch calls were traced but the export holds no kernel "
