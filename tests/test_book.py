@@ -164,7 +164,7 @@ DETECTOR_TAGS = {
     "kernel-hotspot": {"gemm-fp32", "gemm-tensor", "attention", "conv", "elementwise", "reduction", "norm", "copy",
                        "custom", "runtime"},
     "fp32-gemm-no-tensor-cores": {"gemm-fp32"},
-    "excessive-h2d-transfers": {"pinned", "pageable"},
+    "excessive-h2d-transfers": {"pinned", "pageable", "many-small"},
     "pageable-host-memory": {"async-blocking", "large-single"},
     "module-loading-hot-path": {"jit", "module-load"},
     "cpu-bottleneck": {"launch", "host-cpu", "host-ops", "input-pipeline"},

@@ -14,11 +14,14 @@ blocked_ns = the copy call's duration, plus that sync's for an asynchronous copy
 cost the devices is blocking-d2h-sync in gpu_idle_gaps).
 Memsets (memset rows starting in the window): count, bytes, time, and those on managed memory (unified_memory
 says whether page faults stall them); they count in triage's transfer share.
-Findings, per device and disjoint: pageable-host-memory claims the exposed pageable copy time that pinned
+Findings, per device and disjoint: many small uploads (analysis/small_uploads.py) claim their host time in their
+calls and the syncs after them while no kernel runs (excessive-h2d-transfers, tag many-small: one copy per step
+removes those calls, pinned or not); pageable-host-memory claims the exposed pageable copy time that pinned
 memory would save (at the pinned bandwidth measured for that direction on the device, or half of it when
 none is measured) plus the idle time of gaps the host spent in pageable copies (analysis/attribution.py),
-never more than those copies take: the union of their transfers and their calls (pageable_span_ns);
-excessive-h2d-transfers claims the rest of the exposed H2D time, and says which part pinning would save.
+never more than those copies take: the union of their transfers and their calls (pageable_span_ns), outside the
+small uploads' host time when that finding fires; excessive-h2d-transfers claims the rest of the exposed H2D time
+(less what the small uploads claim), and says which part pinning would save.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import duckdb
 import numpy as np
 from pydantic import BaseModel, Field, PrivateAttr
 
-from stallhound.analysis import attribution, copy_exposure, cover, rules
+from stallhound.analysis import attribution, copy_exposure, cover, rules, small_uploads
 from stallhound.analysis.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -45,6 +48,7 @@ from stallhound.analysis.common import (
     scope_args,
 )
 from stallhound.analysis.contracts import TriageRole
+from stallhound.analysis.small_uploads import SmallUploads
 from stallhound.model.duck import one_row
 
 PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
@@ -115,12 +119,15 @@ class _Pageable(BaseModel):
 @dataclass(frozen=True)
 class _Basis:
     """The figures the findings are decided on: every (direction, device) row, the pageable copies' figures beyond
-    a row, each device's idle time in pageable copies (analysis/attribution.py) and the time its pageable copies take
-    (the union of their transfers and calls: no saving exceeds it)."""
+    a row, each device's idle time in pageable copies and in all (analysis/attribution.py), the time its pageable
+    copies take (the union of their transfers and calls: no saving exceeds it) in all and outside the host time of
+    its small uploads, and its small uploads with the steps in the window (where there are enough to count)."""
     rows: list[DirectionRow]
     pageable: dict[tuple[int, str], _Pageable]
     idle_ns: dict[int, int]
-    span_ns: dict[int, int]
+    device_idle_ns: dict[int, int]
+    span_ns: dict[int, tuple[int, int]]
+    small: dict[int, SmallUploads]
 
 
 COPIES = """
@@ -259,24 +266,31 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     pageable = {(d, dr): _Pageable(largest_ns=n, async_count=a)
                 for d, dr, n, a in con.execute(PAGEABLE_SQL, args).fetchall()}
     idle = attribution.attribute(con, scope).devices if count else {}
+    uploads = small_uploads.figures(con, scope, resolve_scope(con, ScopedParams(profile=params.profile,
+                                                                                 device=params.device)))
     result._basis = _Basis(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()},
-                           _spans(con, args))
+                           {d: i.idle_ns for d, i in idle.items()}, _spans(con, args, uploads), uploads)
     return result
 
 
-def _spans(con: duckdb.DuckDBPyConnection, args: dict) -> dict[int, int]:
-    """Per device, the union of its pageable copies' transfers and calls in the window (PAGEABLE_SPANS_SQL)."""
+def _spans(con: duckdb.DuckDBPyConnection, args: dict, small: dict[int, SmallUploads]
+           ) -> dict[int, tuple[int, int]]:
+    """Per device, the union of its pageable copies' transfers and calls in the window (PAGEABLE_SPANS_SQL), in all
+    and outside its small uploads' host time."""
     spans = con.execute(PAGEABLE_SPANS_SQL, args).fetchnumpy()
     out = {}
     for device in np.unique(spans["device_id"]).tolist():
         mine = spans["device_id"] == device
         starts, ends = cover.islands(spans["s"][mine].astype(np.int64), spans["e"][mine].astype(np.int64))
-        out[int(device)] = int((ends - starts).sum())
+        total = int((ends - starts).sum())
+        owned = int(cover.covered(starts, ends, *small[device].islands).sum()) if device in small else 0
+        out[int(device)] = (total, total - owned)
     return out
 
 
 def findings(result: Result) -> list[Finding]:
-    """Per device: pageable-host-memory (recurring pageable copies, or one long one, or idle spent in them),
+    """Per device: excessive-h2d-transfers for many small uploads (their host time while no kernel runs), then
+    pageable-host-memory (recurring pageable copies, or one long one, or idle spent in them) outside that time,
     then excessive-h2d-transfers (H2D time above 5% of the window) for the exposed H2D time left."""
     b = result._basis
     return _findings(b, result.scope.duration_ns) if b else []
@@ -294,9 +308,11 @@ def _findings(b: _Basis, window_ns: int) -> list[Finding]:
     out = []
     idle_ns = b.idle_ns
     for device, mine in _by_device(b.rows):
+        batched = small_uploads.finding(device, b.small.get(device), b.device_idle_ns.get(device, 0), window_ns)
+        span = b.span_ns.get(device, (0, 0))[1 if batched else 0]  # the small uploads' host time is batched's
         host = [r for r in mine if r.direction in HOST_SIDE and r.pageable_count]
         saving = {r.direction: _pageable_saving(r) for r in host}
-        stake = min(sum(saving.values()) + idle_ns.get(device, 0), b.span_ns.get(device, 0))
+        stake = min(sum(saving.values()) + idle_ns.get(device, 0), span)
         extra = [b.pageable.get((device, r.direction)) for r in host]
         largest = max((x.largest_ns for x in extra if x), default=0)
         recurring = any(r.pageable_count >= PAGEABLE_MIN_COUNT and r.pageable_bytes >= PAGEABLE_MIN_BYTES for r in host)
@@ -305,12 +321,13 @@ def _findings(b: _Basis, window_ns: int) -> list[Finding]:
         if pinned:
             tags = (["large-single"] if large and not recurring else []) + (
                 ["async-blocking"] if any(x and x.async_count for x in extra) else [])
-            out.append(_pageable_finding(device, host, stake, idle_ns.get(device, 0), largest, tags,
-                                         b.span_ns.get(device, 0)))
+            out.append(_pageable_finding(device, host, stake, idle_ns.get(device, 0), largest, tags, span))
         owned = saving.get("H2D", 0) if pinned else 0  # pageable-host-memory owns what pinning saves of these copies
-        out += [_h2d_finding(device, r, owned, window_ns) for r in mine
+        taken = owned + (batched.time_at_stake_ns if batched else 0)
+        out += [batched] if batched else []
+        out += [_h2d_finding(device, r, owned, taken, window_ns) for r in mine
                 if r.direction == "H2D" and r.window_pct >= H2D_WINDOW_PCT
-                and rules.worth_reporting(r.exposed_time_ns - owned, window_ns)]
+                and rules.worth_reporting(r.exposed_time_ns - taken, window_ns)]
     return out
 
 
@@ -338,9 +355,10 @@ def _pageable_finding(device: int, host: list[DirectionRow], stake: int, idle: i
         time_at_stake_ns=stake, device=device, tags=tags)
 
 
-def _h2d_finding(device: int, r: DirectionRow, pinned_ns: int, window_ns: int) -> Finding:
-    """pinned_ns: the part of the exposed H2D time that pageable-host-memory claims on this device."""
-    stake = r.exposed_time_ns - pinned_ns
+def _h2d_finding(device: int, r: DirectionRow, pinned_ns: int, taken_ns: int, window_ns: int) -> Finding:
+    """pinned_ns: the part of the exposed H2D time that pageable-host-memory claims on this device; taken_ns: that
+    and the time at stake of its many small uploads."""
+    stake = r.exposed_time_ns - taken_ns
     cited = (f"; pinning saves ~{ms(pinned_ns)} of it (pageable-host-memory), moving less data the rest"
              if pinned_ns else "")
     return Finding(
