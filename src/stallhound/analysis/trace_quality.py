@@ -129,8 +129,8 @@ def _lost_cuda_events(con: duckdb.DuckDBPyConnection, t: _Trace) -> list[str]:
 def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture: Window, derived: str | None) -> list[str]:
     """Launches without kernels, whole-graph records, CUDA calls or copies without any kernel."""
     launches = _launches(con, t)
-    if not (t.kernels or t.graph_execs) and (lost := _lost_cuda_events(con, t)):
-        return lost
+    if not (t.kernels or t.graph_execs) and (incomplete := _lost_cuda_events(con, t)):
+        return incomplete
     if not (t.kernels or t.graph_execs):
         if launches + t.graph_calls:
             return [f"{launches + t.graph_calls:,} kernel launch calls were traced but the export holds no kernel "
