@@ -169,8 +169,8 @@ CLAIMS: tuple[Claim, ...] = (
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny "
                            "kernels, waiting for their launches"),
     Claim("alloc-in-loop", ("alloc",), lambda d, c: True,
-          lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host allocates or frees device or pinned "
-                           f"memory ({counted(_gaps(d, 'alloc'), 'gap')})", recurs=True,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and right after the host's allocation or free "
+                           f"calls of device or pinned memory ({counted(_gaps(d, 'alloc'), 'gap')})", recurs=True,
           doing="allocating or freeing device or pinned memory"),
     Claim("module-loading-hot-path", ("jit",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host loads or compiles GPU code "
