@@ -269,6 +269,72 @@ def test_attribution_a_gap_begun_after_the_blocking_call_returned_is_not_blocked
     assert (gap.blocked_in, gap.cause) == (None, "host_untraced")
 
 
+def drained(first: str) -> dict:
+    """k1 (0-10 us) runs dry at 10 us inside a cudaFree (2-40 us); a cudaMalloc follows (41-60 us), then `first`: a
+    4-byte memset (issued at 61-64 us, run at 65-66 us) or a tiny kernel (launched at 61-64 us, run at 62-63 us,
+    before its launch call returned), then k2, launched at 65-73 us, at 74 us."""
+    calls = [call("cudaFree", "alloc", 2_000, 40_000), call("cudaMalloc", "alloc", 41_000, 60_000),
+             call("cudaLaunchKernel", "launch", -5_000, -1_000, 1),
+             call("cudaLaunchKernel", "launch", 65_000, 73_000, 2)]
+    kernels = [kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 74_000, 90_000, (65_000, 73_000))]
+    memset = []
+    if first == "memset":
+        calls.append(call("cudaMemset", "memset", 61_000, 64_000, 60))
+        memset = [{"device_id": 0, "stream_id": 7, "pid": 1, "tid": 7, "correlation_id": 60, "start_ns": T + 65_000,
+                   "end_ns": T + 66_000, "bytes": 4, "launch_start_ns": T + 61_000, "launch_end_ns": T + 64_000}]
+    else:
+        calls.append(call("cudaLaunchKernel", "launch", 61_000, 64_000, 3))
+        kernels.append(kernel(3, 62_000, 63_000, (61_000, 64_000)))
+    return make_model(kernels=kernels, memset=memset, cuda_api=calls)
+
+
+@pytest.mark.parametrize("first, causes", [
+    # the malloc's wake runs until the first kernel launch after it has returned (73 us): the 8 us before k2 are its
+    ("memset", {"alloc": (63_000, 2)}),
+    # ... here until the tiny kernel's launch returned (64 us): the gap after it (63-74 us) begins in the wake, but
+    # k2 was launched later (73 us): it waits on its own launch, after a tiny kernel
+    ("kernel", {"alloc": (52_000, 1), "launch_tiny": (11_000, 1)}),
+])
+def test_attribution_a_free_that_drains_the_queue_keeps_the_idle_until_the_first_launch_lands(first, causes):
+    con = drained(first)
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == causes
+
+
+@pytest.mark.parametrize("name, cause", [("cudaFree", "alloc"),  # waits for the device, which runs dry inside it
+                                         ("cudaFreeAsync", "launch")])  # stream-ordered: never blocks the host
+def test_attribution_a_short_gap_begun_inside_a_free_is_the_frees(name, cause):
+    """k1 ends at 10 us inside the free (5-12 us); k2 is launched at 13-20 us and runs at 21 us."""
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 21_000, 40_000, (13_000, 20_000))],
+                     cuda_api=[call(name, "alloc", 5_000, 12_000)])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: t.ns for c, t in idle.causes.items()} == {cause: 11_000}
+
+
+@pytest.mark.parametrize("malloc, launch, cause", [
+    ((15_000, 92_000), (160_000, 173_000), "alloc"),  # 77 us allocating, 13 us launching, the rest untraced
+    ((15_000, 40_000), (120_000, 173_000), "launch"),  # 25 us allocating, 53 us launching
+])
+def test_attribution_an_ops_overhead_is_its_allocation_when_that_is_the_most_seen(malloc, launch, cause):
+    """A 165 us gap (10-175 us) before a late launch, begun before the cudaMalloc in it (as an eager op's Python
+    runs before its allocator calls the driver): no activity covers half of it, so it is one op's overhead."""
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 175_000, 185_000, launch)],
+                     cuda_api=[call("cudaMalloc", "alloc", *malloc), call("cudaLaunchKernel", "launch", *launch, 2)])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: t.ns for c, t in idle.causes.items()} == {cause: 165_000}
+
+
+def test_attribution_a_gap_that_allocation_covers_has_no_late_resume_after_the_first_call():
+    """The device runs dry at 10 us inside a cudaMalloc (5-100 us); a second one runs 0.2-2 ms and k2 lands at
+    2.2 ms: allocation covers 1.89 of the 2.19 ms, so all of it is alloc, none a late resume past the first call."""
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)),
+                              kernel(2, 2_200_000, 2_210_000, (2_100_000, 2_150_000))],
+                     cuda_api=[call("cudaMalloc", "alloc", 5_000, 100_000), call("cudaMalloc", "alloc", 200_000,
+                                                                                   2_000_000)])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == {"alloc": (2_190_000, 1)}
+
+
 @pytest.mark.parametrize("starts_ms, periodic", [
     ([10, 20, 30, 40], 4),  # four 2 ms gaps every 10 ms, host on a CPU: a periodic pattern
     ([10, 20], 0),  # two are not a pattern
@@ -350,7 +416,7 @@ def _random_timeline(seed: int):
             corr += 1
             if rng.random() < 0.3:  # a blocking call begun before the kernel ended, returning after it
                 name, kind = rng.choice([("cudaStreamSynchronize", "sync"), ("cudaMemcpyAsync", "memcpy"),
-                                         ("cudaMemcpy", "memcpy")])
+                                         ("cudaMemcpy", "memcpy"), ("cudaFree", "alloc"), ("cudaMalloc", "alloc")])
                 s = t + length - rng.choice([0, 500, 1_000, 2_000])  # 1_000: may return as the gap begins
                 calls.append({**call(name, kind, s, s + rng.choice([1_000, 10_000, 60_000]), corr), "tid": tid})
                 if kind == "memcpy":
@@ -375,4 +441,5 @@ def test_attribution_short_gaps_judged_in_the_pass_equal_the_sql_labelling(seed,
     monkeypatch.setattr(attribution.ShortGaps, "__call__", lambda self, device, gaps: np.zeros(len(gaps["gap_id"]),
                                                                                                dtype=bool))
     assert attribution.attribute(con, scope(con)) == judged
-    assert {c for d in judged.devices.values() for c in d.causes} >= {"launch", "launch_tiny", "host_untraced", "sync"}
+    assert {c for d in judged.devices.values() for c in d.causes} >= {"launch", "launch_tiny", "host_untraced", "sync",
+                                                                      "alloc"}

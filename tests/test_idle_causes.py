@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from modeldb import make_model
 
 from stallhound import book
-from stallhound.analysis import idle_causes
+from stallhound.analysis import common, idle_causes
 from stallhound.analysis.attribution import CauseTime, DeviceIdle
 from stallhound.analysis.program import FIX_CHAINS, Program
 from stallhound.analysis.trace_quality import LostKernels
@@ -192,3 +193,34 @@ def test_idle_causes_idle_is_not_ranked_when_the_trace_lost_its_kernels(lost, de
     got = idle_causes.findings({0: d}, prog(), seen=idle_causes.Seen(lost=lost))
     assert [f.severity for f in got] == (["info", "info"] if demoted else ["high", "high"])
     assert all(("not ranked: 10 of the 100 kernels" in f.title) == demoted for f in got)
+
+
+@pytest.mark.parametrize("program, api_ns, tags, words", [
+    # launch calls of 2 ms for 20 ms of kernels: a tenth, fast enough to pace the device in bursts
+    ("pytorch", 2 * MS, ["launch"], "launching 10.000 ms"),
+    ("cuda", 2 * MS, ["launch"], "launching 10.000 ms"),
+    # 1 ms for 20 ms: they issue the work twenty times faster than it runs, so other host work keeps them late
+    ("pytorch", MS, ["host-cpu"], "before late launches 10.000 ms (the launch calls take 1.000 ms for 20.000 ms"),
+    ("cuda", MS, ["host-cpu"], "before late launches 10.000 ms (the launch calls take 1.000 ms for 20.000 ms"),
+])
+def test_idle_causes_the_launch_fix_only_where_the_launches_can_pace_the_device(program, api_ns, tags, words):
+    """A CUDA graph or fused kernels (the launch fix) save launch calls: no help where they are not the bottleneck."""
+    [f] = idle_causes.findings({0: device(launch=CauseTime(10 * MS, 500))}, prog(program),
+                               seen=idle_causes.Seen(launches={0: (api_ns, 20 * MS)}))
+    fix = book.get_entry(f.root_cause).fix_for(tuple(FIX_CHAINS[program]), f.tags)
+    assert (f.root_cause, f.tags, words in f.title, "graph" in fix.text.lower()) == (
+        "cpu-bottleneck", tags, True, tags == ["launch"])
+
+
+def test_idle_causes_launches_count_each_launch_call_once():
+    """Per device: a call launching two kernels (correlation 1) counts once; an untraced launch is left out, with its
+    kernel; a kernel starting outside the window too. Figures by hand from the rows below."""
+    def k(corr: int, start: int, end: int, launch: tuple[int, int] | None, dev: int = 0) -> dict:
+        return {"device_id": dev, "pid": 1, "tid": 7, "correlation_id": corr, "start_ns": start, "end_ns": end,
+                "short_name": "k", "name": "k", "category": "compute",
+                **({"launch_start_ns": launch[0], "launch_end_ns": launch[1]} if launch else {})}
+    con = make_model(kernels=[k(1, 100, 300, (10, 40)), k(1, 300, 350, (10, 40)), k(2, 400, 900, (350, 360)),
+                              k(3, 950, 990, None), k(4, 2_000, 2_100, (1_900, 1_990)), k(5, 500, 600, (450, 470), 1)])
+    scope = common.Scope(profile="t", start_ns=0, end_ns=1_000, duration_ns=1_000, devices=[0, 1],
+                         window_basis="requested")
+    assert idle_causes.launches(con, scope) == {0: (30 + 10, 200 + 50 + 500), 1: (20, 100)}

@@ -18,11 +18,17 @@ nanoseconds and their sum is the device's idle time:
   (late_ns), judged by what the host did in the gap like a gap without a blocking call (sync, launch,
   host_cpu, host_untraced). A synchronize call covering most of a longer gap also counts as sync (the host
   waited on other work meanwhile). Each blocking cause counts the distinct calls whose gaps it holds (calls).
+  A short gap that starts in a blocking call's wake (after it returned, until the thread's first kernel launch
+  after it has returned) is the call's too: the call left the queue empty, so that launch's latency is exposed
+  however fast the host launches (attribution_sql.CALLS_SQL).
 - launch_tiny / launch: a short gap (<= LAUNCH_GAP_MAX_NS) before a work item the host launched only after
   the device had gone idle: the cost of launching, between tiny kernels or not. A gap of up to
   OP_OVERHEAD_MAX_NS before such a late launch, with no other host activity seen, counts too: the host was
   busy issuing work (a framework's per-operation overhead), not waiting.
-- alloc: memory allocation or free calls (device, or pinned host memory) cover most of the gap.
+- alloc: memory allocation or free calls (device, or pinned host memory) cover most of the gap; or the gap began
+  inside (or in the wake of) one that is not stream-ordered, a blocking call like those above (cudaFree waits for
+  the device; while the host allocates it launches nothing); or, in a gap of up to OP_OVERHEAD_MAX_NS before a late
+  launch, allocating is the most the host is seen doing (the op's overhead was its allocation).
 - jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges, the first launch of a kernel
   when that call is long: lazy loading) inside the gap, unless allocation, communication, a loader or waits (below)
   cover most of it; charged for the time they run (their union within the gap), the rest of the gap judged like a
@@ -116,8 +122,8 @@ UNBLOCKED = ("host_untraced", "launch_tiny", "launch")  # a short gap's cause wi
 class ShortGaps:
     """The gap pass's judge (gap_pass.Judge) of the gaps LABELLED would only count: not queued, at most
     LAUNCH_GAP_MAX_NS and shorter than the pass's fold limit. Each gets the cause LABELLED gives it (the blocking
-    call whose span (CALLS_SQL) holds its start on its thread, else host_untraced when the work after it was not
-    launched by a traced call, else launch_tiny or launch) and is counted and summed per (device, cause, call)
+    call whose span or wake (CALLS_SQL) holds its start on its thread, else host_untraced when the work after it was
+    not launched by a traced call, else launch_tiny or launch) and is counted and summed per (device, cause, call)
     instead of written: most gaps of a large export, which the labelling then no longer reads."""
 
     def __init__(self, spans: dict[str, np.ndarray], main_threads: dict[int, tuple[int, int]], below_ns: int):
@@ -132,8 +138,8 @@ class ShortGaps:
         for lo, hi in zip(np.concatenate(([0], edges)), np.concatenate((edges, [len(thread)])), strict=True):
             if hi > lo:
                 self.spans[int(thread[lo, 0]), int(thread[lo, 1])] = (
-                    spans["start_ns"][lo:hi], spans["until_ns"][lo:hi], spans["end_ns"][lo:hi], cause[lo:hi],
-                    name[lo:hi])
+                    spans["start_ns"][lo:hi], spans["until_ns"][lo:hi], spans["reach_ns"][lo:hi],
+                    spans["end_ns"][lo:hi], cause[lo:hi], name[lo:hi])
         self.counted: dict[tuple[int, str, str | None], list[int]] = {}
         self.calls: dict[tuple[int, str], set[tuple[int, int, int]]] = {}  # (device, cause) -> (pid, tid, call start)
 
@@ -148,15 +154,18 @@ class ShortGaps:
         untraced = launch_end[at] >= gap_pass.DRIVER_TIME
         cause = np.where(untraced, -1, np.where(gaps["tiny"][at], -2, -3))  # UNBLOCKED
         call = np.full(len(at), -1)
-        begins, ends, driver = start[at], end[at], launch_end[at] == gap_pass.DRIVER_TIME
-        for key, (starts, untils, call_ends, causes, names) in self.spans.items():
+        begins, ends, launched = start[at], end[at], launch_end[at]
+        driver = launched == gap_pass.DRIVER_TIME
+        for key, (starts, untils, reaches, call_ends, causes, names) in self.spans.items():
             mine = np.flatnonzero((pid == key[0]) & (tid == key[1]))
             if not len(mine):
                 continue
             span = np.searchsorted(starts, begins[mine], side="right") - 1
-            inside = (span >= 0) & (begins[mine] < untils[np.maximum(span, 0)])
+            pos = np.maximum(span, 0)
+            woken = (begins[mine] < reaches[pos]) & (launched[mine] <= reaches[pos])  # in its wake (CALLS_SQL)
+            inside = (span >= 0) & ((begins[mine] < untils[pos]) | woken)
             cause[mine[inside]], call[mine[inside]] = causes[span[inside]], names[span[inside]]
-            waited = inside & driver[mine] & (ends[mine] <= call_ends[np.maximum(span, 0)])  # gap_causes.sql: queued
+            waited = inside & driver[mine] & (ends[mine] <= call_ends[pos])  # gap_causes.sql: queued
             cause[mine[waited]], call[mine[waited]] = self.labels.index("queued"), -1
             blocked = inside & ~waited
             for c, at_call in set(zip(causes[span[blocked]].tolist(), starts[span[blocked]].tolist(), strict=True)):

@@ -28,7 +28,9 @@ gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with it
          CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
   FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),"""
 
-# Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it.
+# Blocking calls of the launching threads, each with the cause it stands for when the device runs dry inside it (or in
+# its wake, CALLS_SQL): synchronize calls, copies that block the host, and allocation or free calls that are not
+# stream-ordered (no Async: cudaFree waits for the device, and the host launches nothing while it allocates).
 BLOCKING = """
 copies AS (  -- the copies a call's cause depends on: a small device-to-host read ($small_read bytes or less), or
   -- pageable (any other copy is a plain copy)
@@ -37,7 +39,8 @@ copies AS (  -- the copies a call's cause depends on: a small device-to-host rea
   FROM memcpy WHERE (direction = 'D2H' AND bytes <= $small_read) OR 'pageable' IN (src_kind, dst_kind) GROUP BY ALL),
 thread_calls AS (
   SELECT a.* FROM cuda_api a JOIN threads_in t ON t.pid = a.pid AND t.tid = a.tid
-  WHERE a.kind IN ('sync', 'memcpy') AND a.end_ns > $start AND a.start_ns < $end),
+  WHERE (a.kind IN ('sync', 'memcpy') OR (a.kind = 'alloc' AND a.name NOT LIKE '%Async%'))
+    AND a.end_ns > $start AND a.start_ns < $end),
 reach AS (  -- the (thread, bucket of $follow) in which a call returning can be the one a sync follows
   SELECT DISTINCT pid, tid, start_ns // $follow - unnest([0, 1]) AS bucket FROM thread_calls WHERE kind = 'sync'),
 calls0 AS (  -- the syncs, and the copy calls that can block (below) or that a sync can follow: a small share of
@@ -56,7 +59,8 @@ bcopies AS (
 syncs AS (SELECT row_number() OVER () AS sync_id, pid, tid, start_ns, end_ns, name FROM calls0 WHERE kind = 'sync'),
 returns AS (  -- the calls' returns in buckets of $follow: one a sync follows is in its start's bucket or the one before
   SELECT pid, tid, start_ns, end_ns, end_ns // $follow AS bucket, CASE WHEN kind = 'sync' THEN 'sync'
-    WHEN small_read THEN 'D2H' WHEN pageable THEN 'pageable' ELSE 'copy' END AS what FROM calls0),
+    WHEN small_read THEN 'D2H' WHEN pageable THEN 'pageable' ELSE 'copy' END AS what FROM calls0
+  WHERE kind <> 'alloc'),
 followed AS (  -- what the call that returned last, up to $follow before a sync began, was
   SELECT s.pid, s.tid, s.start_ns, s.end_ns, s.name, arg_max(r.what, [r.end_ns, r.start_ns]) AS what
   FROM (SELECT *, unnest([0, 1]) AS back FROM syncs) s
@@ -66,28 +70,54 @@ followed AS (  -- what the call that returned last, up to $follow before a sync 
 bcalls AS (
   SELECT * FROM bcopies WHERE cause IS NOT NULL
   UNION ALL
+  SELECT pid, tid, start_ns, end_ns, name, 'alloc' FROM calls0 WHERE kind = 'alloc'
+  UNION ALL
   SELECT pid, tid, start_ns, end_ns, name, CASE WHEN what = 'D2H' THEN 'readback'
     WHEN what = 'pageable' THEN 'pageable_copy' ELSE 'sync' END FROM followed),
 """
 # The blocking calls as the gap starts they stand for: the thread's latest call begun by then, while it lasts (a call
-# nested in another ends the outer one's span), so a thread's spans are disjoint; written once, read by the gap
-# pass (ShortGaps) and by the labelling.
-CALLS_SQL = "CREATE TEMP TABLE gap_blocking_calls AS WITH " + THREADS + BLOCKING.rstrip().rstrip(",") + """
+# nested in another ends the outer one's span: until_ns), and for a short gap also in its wake (reach_ns): after it
+# returned, until the thread's first kernel launch after it has returned (a launch begun within $resume_max), when
+# the work after the gap was launched by then: the queue the call left is empty, so the device idles until that
+# launch lands whatever the host does. A thread's spans are disjoint; written once, read by the gap pass (ShortGaps)
+# and by the labelling.
+CALLS_SQL = "CREATE TEMP TABLE gap_blocking_calls AS WITH " + THREADS + BLOCKING + """
+woken AS (  -- the (thread, bucket) pairs in which a launch can begin within $resume_max after a call returned
+  SELECT DISTINCT pid, tid, unnest(range(end_ns // $bucket_ns, (end_ns + $resume_max) // $bucket_ns + 1)) AS bucket
+  FROM bcalls),
+wake_launches AS (
+  SELECT a.pid, a.tid, a.start_ns, a.end_ns FROM cuda_api a
+  WHERE a.kind IN ('launch', 'graph')
+    AND (a.pid, a.tid, a.start_ns // $bucket_ns) IN (SELECT (pid, tid, bucket) FROM woken)),
+wakes AS (  -- each call's first launch begun within $resume_max after it returned: the end of its wake
+  SELECT b.pid, b.tid, b.start_ns, b.end_ns, l.end_ns AS wake_ns
+  FROM (SELECT DISTINCT pid, tid, start_ns, end_ns FROM bcalls) b
+  ASOF JOIN wake_launches l ON l.pid = b.pid AND l.tid = b.tid AND b.end_ns <= l.start_ns
+  WHERE l.start_ns < b.end_ns + $resume_max)
 SELECT * FROM (
-  SELECT pid, tid, cause, name, start_ns, end_ns, least(end_ns, coalesce(lead(start_ns) OVER (
-           PARTITION BY pid, tid ORDER BY start_ns, end_ns), end_ns)) AS until_ns FROM bcalls)
+  SELECT c.pid, c.tid, c.cause, c.name, c.start_ns, c.end_ns, least(c.end_ns, next_ns) AS until_ns,
+         least(greatest(c.end_ns, w.wake_ns), next_ns) AS reach_ns  -- least and greatest skip a NULL
+  FROM (SELECT *, lead(start_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns, end_ns) AS next_ns FROM bcalls) c
+  LEFT JOIN wakes w USING (pid, tid, start_ns, end_ns))
 WHERE until_ns > start_ns"""
 SPANS = """
 bspans AS (  -- cut in buckets for an equality join of the few calls with the many gaps (an ASOF join sorts every gap)
-  SELECT *, unnest(range(start_ns // $bucket_ns, (until_ns - 1) // $bucket_ns + 1)) AS bucket
+  SELECT *, unnest(range(start_ns // $bucket_ns, (reach_ns - 1) // $bucket_ns + 1)) AS bucket
   FROM gap_blocking_calls),
-at_start AS (  -- each gap with the call its start falls in (a queued gap's call shows only in listed gaps)
-  SELECT g.*, b.cause AS blocked_cause, b.name AS blocked_in, b.start_ns AS b_start, b.end_ns AS b_end
+spanned AS (  -- each gap with the span its start falls in (a queued gap's shows only in listed gaps), and whether it
+  -- holds the gap: it starts inside the call, or for a short gap in its wake, before the work launched by then
+  SELECT g.*, b.cause AS b_cause, b.name AS b_name, b.start_ns AS b_start, b.end_ns AS b_end,
+         g.start_ns < b.until_ns OR g.duration_ns <= $launch_gap_max AND g.launch_end_ns <= b.reach_ns AS held
   FROM gap_thread g
   LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
       WHEN g.duration_ns >= $min_gap OR NOT coalesce(g.launch_end_ns <= g.start_ns, false)
       THEN g.start_ns // $bucket_ns END  -- a NULL bucket joins nothing
-    AND g.start_ns >= b.start_ns AND g.start_ns < b.until_ns),"""
+    AND g.start_ns >= b.start_ns AND g.start_ns < b.reach_ns),  -- held apart: an OR here made the labelling 6x slower
+at_start AS (  -- each gap with the blocking call that holds it (blocked_cause, blocked_in, b_start, b_end)
+  SELECT * EXCLUDE (b_cause, b_name, b_start, b_end, held), CASE WHEN held THEN b_cause END AS blocked_cause,
+         CASE WHEN held THEN b_name END AS blocked_in, CASE WHEN held THEN b_start END AS b_start,
+         CASE WHEN held THEN b_end END AS b_end
+  FROM spanned),"""
 
 # What the launching threads did during the gaps that are neither queued nor short; for the activities a gap is
 # charged to only while they run (loading or compiling GPU code, the profiler's overhead) and the ranges that nest
@@ -154,5 +184,5 @@ TOTALS_SQL = (LABELLED + "," + sql_beside(__package__, "idle_pieces.sql")
 
 MAIN_THREAD_SQL = "WITH " + THREADS.rstrip().rstrip(",") + """
 SELECT device_id, pid, tid FROM main_thread WHERE pid IS NOT NULL AND tid IS NOT NULL"""
-SPANS_SQL = """SELECT pid, tid, cause, name, start_ns, until_ns, end_ns FROM gap_blocking_calls
+SPANS_SQL = """SELECT pid, tid, cause, name, start_ns, until_ns, reach_ns, end_ns FROM gap_blocking_calls
 WHERE pid IS NOT NULL AND tid IS NOT NULL ORDER BY pid, tid, start_ns"""

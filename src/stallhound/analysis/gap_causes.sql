@@ -1,9 +1,11 @@
 -- Each gap's cause (judged): queued (also a gap inside a blocking call before a migration the driver issued); for a
--- short gap its blocking call, else its launch; for a longer one alloc, host communication, a data loader's ranges
--- or OS waits covering most of it (a load of 0.5 ms does not explain a second of allocation), else jit or profiler
--- when a load, compile or profiler flush ran in it (charged only while it ran: the rest of the gap is what the host
--- did meanwhile), else the blocking call it began in; else what the host did meanwhile (host_cause). The late resume
--- past a blocking call's share, or a jit or profiler gap's time outside its activity (split); the result as labelled.
+-- short gap its blocking call (or the one in whose wake it began), else its launch; for a longer one alloc, host
+-- communication, a data loader's ranges or OS waits covering most of it (a load of 0.5 ms does not explain a second
+-- of allocation), else jit or profiler when a load, compile or profiler flush ran in it (charged only while it ran:
+-- the rest of the gap is what the host did meanwhile), else the blocking call it began in; else what the host did
+-- meanwhile (host_cause; before a late launch, one op's overhead, alloc when allocating is the most of it seen). The
+-- late resume past a blocking call's share in a longer gap, or a jit or profiler gap's time outside its activity
+-- (split); the result as labelled.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
 -- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max.
 judged AS (
@@ -21,11 +23,15 @@ judged AS (
     WHEN h.jit_ns > 0 THEN 'jit'
     WHEN h.profiler_ns > 0 THEN 'profiler'
     WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
+    WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'  -- as early_cause: no late resume after the call
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
     WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
-    WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN
-      CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
+    WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN CASE  -- one op's overhead: allocating
+      -- when that is the most the host is seen doing in it
+      WHEN h.alloc_ns >= greatest(coalesce(h.launch_ns, 0), coalesce(h.sync_ns, 0),
+                                  coalesce(h.cpu_ns, 0) - coalesce(h.api_ns, 0)) THEN 'alloc'
+      WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
     WHEN h.op_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_op'  -- past one op's overhead
     ELSE 'host_untraced' END AS host_cause
   FROM at_start g LEFT JOIN gap_host h USING (gap_id)),
@@ -33,7 +39,8 @@ split AS (
   SELECT *, coalesce(early_cause, host_cause) AS cause, CASE
     WHEN early_cause = 'jit' THEN duration_ns - jit_ns
     WHEN early_cause = 'profiler' THEN duration_ns - profiler_ns
-    WHEN early_cause = blocked_cause AND host_cause <> early_cause THEN greatest(0, end_ns - (b_end + $resume_max))
+    WHEN early_cause = blocked_cause AND host_cause <> early_cause AND duration_ns > $launch_gap_max
+      THEN greatest(0, end_ns - (b_end + $resume_max))
     ELSE 0 END AS late_ns
   FROM judged),
 labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls

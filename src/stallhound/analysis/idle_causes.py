@@ -5,7 +5,9 @@ and kernel_launch_overhead the ones they measure), so the figures always agree. 
 idle time of its gap causes (analysis/attribution.py) on one device; causes never share nanoseconds, so
 findings never count the same nanoseconds twice and a device's findings never exceed its idle time. A finding
 fires only when its claim is worth reporting (rules.MIN_STAKE_PCT of the window) and its own precondition
-holds. dataloader-starvation needs evidence of a data loader: its ranges cover the gap (input_wait), or the
+holds. cpu-bottleneck's fix is about launching (tag launch) only where the launch calls can pace the device (they
+take PACING_RATIO of their kernels' time or more); else its late launches wait on other host work (host-cpu).
+dataloader-starvation needs evidence of a data loader: its ranges cover the gap (input_wait), or the
 launching thread waits in OS calls (host_wait) in a program whose trace shows a loader (input_pipeline). Outside the
 loop's steady state, the stretches before a device's first work and after its last are start-up and teardown, and an
 allocation or code load paid once or twice is one-time setup (profiler-window-on-warmup), never a bubble.
@@ -19,7 +21,7 @@ idle time ran kernels the trace does not show.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import duckdb
 
@@ -40,6 +42,16 @@ BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy"}  # causes that nam
 UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy: memory_transfers')
 GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-generation pass, which fires on every
 # 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
+PACING_RATIO = 0.1  # book cpu-bottleneck: launch calls taking under a tenth of their kernels' time issue the work ten
+# times faster than the device runs it, so they cannot pace it: what keeps launches late is other host work
+# Per device, the launch calls of the kernels starting in the window (each call once) and those kernels' time, as
+# kernel_launch_overhead's launch_api_ns and launched_kernel_ns.
+PACE_SQL = """
+SELECT device_id, sum(api_ns)::BIGINT, sum(gpu_ns)::BIGINT FROM (
+  SELECT device_id, any_value(launch_end_ns - launch_start_ns) AS api_ns, sum(duration_ns) AS gpu_ns FROM kernels
+  WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end AND launch_end_ns IS NOT NULL
+  GROUP BY device_id, pid, correlation_id)
+GROUP BY device_id"""
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,8 @@ class Seen:
     """What the trace shows besides the idle attribution that the idle findings depend on."""
     loader: tuple[str, ...] = ()  # what shows the program's data loader (input_pipeline.evidence; empty: none)
     lost: LostKernels | None = None  # the window's launches whose kernel records were lost (trace_quality)
+    launches: dict[int, tuple[int, int]] = field(default_factory=dict)  # per device (launch calls' ns, their
+    # kernels' ns) over the window (PACE_SQL); a device absent: its launches were not traced
 
 
 @dataclass(frozen=True)
@@ -123,25 +137,44 @@ def _calls(d: DeviceIdle, *causes: str) -> int:
     return sum(d.causes[c].calls for c in causes if c in d.causes)
 
 
-def _host_title(d: DeviceIdle, ns: int, _: Context) -> str:
+def _paced(d: DeviceIdle, c: Context) -> bool:
+    """Can the device's launch calls pace it: do they take PACING_RATIO of their kernels' time or more (unknown when
+    its launches were not traced: they may)?"""
+    api_ns, kernel_ns = c.seen.launches.get(d.device, (0, 0))
+    return not kernel_ns or api_ns >= PACING_RATIO * kernel_ns
+
+
+def _launching(d: DeviceIdle, c: Context) -> str:
+    """The launch part, said as what it is: launching, or late launches (with why, where it is the largest part)."""
+    if _paced(d, c):
+        return f"launching {ms(d.ns('launch'))}"
+    late = f"before late launches {ms(d.ns('launch'))}"
+    if d.ns("launch") < d.ns("host_cpu", "host_op"):
+        return late
+    api_ns, kernel_ns = c.seen.launches[d.device]
+    return (f"{late} (the launch calls take {ms(api_ns)} for {ms(kernel_ns)} of kernels: other host work, not "
+            "launching, keeps them late)")
+
+
+def _host_title(d: DeviceIdle, ns: int, c: Context) -> str:
     ops = d.ns("host_op")
-    parts = [f"launching {ms(d.ns('launch'))}", *([f"CPU work {ms(d.ns('host_cpu'))}"] if d.ns("host_cpu") or not ops
-                                                  else []),
+    parts = [_launching(d, c), *([f"CPU work {ms(d.ns('host_cpu'))}"] if d.ns("host_cpu") or not ops else []),
              *([f"inside framework operators that launched no GPU work {ms(ops)}"] if ops else [])]
     return f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: {', '.join(parts)}"
 
 
-def _host_tag(d: DeviceIdle) -> str:
-    """What holds most of the host's time: launching, its own CPU work, or the framework's operators (host_op)."""
+def _host_tag(d: DeviceIdle, c: Context) -> str:
+    """What holds most of the host's time: launching (where the launch calls can pace the device, else the host's
+    other work between launches), its own CPU work, or the framework's operators (host_op)."""
     if d.ns("launch") >= d.ns("host_cpu", "host_op"):
-        return "launch"
+        return "launch" if _paced(d, c) else "host-cpu"
     return "host-ops" if d.ns("host_op") > d.ns("host_cpu") else "host-cpu"
 
 
 def _host_tags(d: DeviceIdle, c: Context) -> list[str]:
     """_host_tag, and input-pipeline where the trace shows a data loader (input_pipeline.evidence): only a program
     with one is told to move its CPU work into the loader's workers (book cpu-bottleneck)."""
-    return [_host_tag(d), *(["input-pipeline"] if c.seen.loader else [])]
+    return [_host_tag(d, c), *(["input-pipeline"] if c.seen.loader else [])]
 
 
 def _input_ns(d: DeviceIdle, _: tuple[str, ...], c: Context) -> int:
@@ -169,8 +202,8 @@ CLAIMS: tuple[Claim, ...] = (
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny "
                            "kernels, waiting for their launches"),
     Claim("alloc-in-loop", ("alloc",), lambda d, c: True,
-          lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host allocates or frees device or pinned "
-                           f"memory ({counted(_gaps(d, 'alloc'), 'gap')})", recurs=True,
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and right after the host's allocation or free "
+                           f"calls of device or pinned memory ({counted(_gaps(d, 'alloc'), 'gap')})", recurs=True,
           doing="allocating or freeing device or pinned memory"),
     Claim("module-loading-hot-path", ("jit",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} while the host loads or compiles GPU code "
@@ -323,8 +356,15 @@ class IdleBasis:
         return [f for f in self.findings() if f.root_cause in causes]
 
 
+def launches(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, tuple[int, int]]:
+    """Per device, its launch calls' time and their kernels' time over the window (PACE_SQL)."""
+    rows = con.execute(PACE_SQL, {"devices": scope.devices, "start": scope.start_ns, "end": scope.end_ns}).fetchall()
+    return {device: (api_ns, kernel_ns) for device, api_ns, kernel_ns in rows}
+
+
 def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = None) -> IdleBasis:
     """The idle basis of a window (no device in scope: nothing idles)."""
     idle = attribution.attribute(con, scope).devices if scope.devices else {}
-    seen = Seen(input_pipeline.evidence(con), trace_quality.lost_kernels(con, scope.start_ns, scope.end_ns))
+    seen = Seen(input_pipeline.evidence(con), trace_quality.lost_kernels(con, scope.start_ns, scope.end_ns),
+                launches(con, scope) if scope.devices else {})
     return IdleBasis(idle, program.detect(con), step_ns, seen)

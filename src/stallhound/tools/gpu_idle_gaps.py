@@ -84,7 +84,8 @@ class Gap(BaseModel):
     end_ns: int
     duration_ns: int
     cause: str
-    blocked_in: str | None = Field(description="blocking API the host was inside when the device ran dry")
+    blocked_in: str | None = Field(description="blocking API the host was inside when the device ran dry (or, for a "
+                                                           "short gap, had returned from before its next launch)")
     late_ns: int = Field(description="for a gap begun inside a blocking call: the time the host resumed late, past "
                                      "the call's share (its return + 1 ms turnaround); for a jit or profiler gap: "
                                      "the time no load, compile or profiler flush ran; charged to late_cause")

@@ -81,7 +81,8 @@ class GapSpan(BaseModel):
     end_ns: int
     duration_ns: int
     cause: str = Field(description="as gpu_idle_gaps: queued, sync, readback, pageable_copy, ..., host_untraced")
-    blocked_in: str | None = Field(description="blocking API the host was inside when the device ran dry")
+    blocked_in: str | None = Field(description="blocking API the host was inside when the device ran dry (or, for a "
+                                                           "short gap, had returned from before its next launch)")
 
 
 class DeviceSummary(BaseModel):
