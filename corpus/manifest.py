@@ -37,6 +37,14 @@ TOOLING_ROWS = (
      "not captures", "code", "none", "the project's"),
     ("`sources/*.toml`, `expect/*.toml`", "where each profile comes from, what an expert expects of it",
      "not captures", "the tables above are written from them", "as listed above", "the project's"),
+    ("`captures/_profiled.py`", "the helper every torch.profiler capture program imports: runs a program's step "
+     "under torch.profiler with `schedule(wait, warmup, active, repeat=1)` and writes the Kineto trace; under nsys "
+     "(`CAPTURE_WITH=nsys`) it leaves torch.profiler off and wraps each step in an NVTX range 'train_step'",
+     "not a capture: it made the 14 Kineto captures and the 4 PyTorch nsys captures above, on the H100 of "
+     "2026-11-27 (torch 2.11.0+cu130)", "code",
+     "none of its own: each capture's are listed above", "Apache-2.0 (the project's)"),
+    ("`captures/capture_all.sh`", "makes every capture above on a GPU machine (`ONLY=\"a b\"`, `NSYS_ONLY=1`)",
+     "not a capture: it ran the programs beside it", "code", "none", "Apache-2.0 (the project's)"),
 )
 TOOLING = "\n".join(["## Files in this folder that are not profiles", "",
                      "| file | program | captured | what is in it | expected findings | license |",
