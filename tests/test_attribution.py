@@ -163,6 +163,37 @@ def test_attribution_a_gap_inside_a_sync_before_a_driver_migration_is_queued(dir
     assert {c: (t.ns, t.gaps, t.calls) for c, t in idle.causes.items()} == expected
 
 
+def _touch(s: int, e: int, cause: str = "page_fault", direction: str = "UVM_D2H") -> dict:
+    return {**copy(None, s, e, direction, "unknown", "unknown", 4096), "tid": None, "migration_cause": cause}
+
+
+@pytest.mark.parametrize("gap_ns, before, after, fault", [
+    (4_900_000, "touch", "touch", True),  # between two pages the host faulted in: the faults' time
+    (20_000, "touch", "touch", True),  # short: judged in the pass, the same rule
+    (5_100_000, "touch", "touch", False),  # longer than a fault cycle: the host's own work between two reads
+    (4_900_000, "kernel", "touch", False),  # the host's first read after GPU work: what it did before is its own
+    (4_900_000, "touch", "kernel", False),  # the next kernel's launch is late: the host's, not a fault
+    (4_900_000, "touch", "prefetch", False),  # a prefetch to the host is the host's call, not a fault
+])
+def test_attribution_the_idle_between_pages_the_host_faults_in_is_host_fault(gap_ns, before, after, fault):
+    """k1 (0-10 us), then the stretch `before` (a host page fault's migration to the host, else a kernel), a gap of
+    gap_ns, the stretch `after`, and k2 10 ms later: only a gap between two migrations a host touch caused, of at
+    most FAULT_CYCLE_MAX_NS, is host_fault."""
+    def op(what: str, s: int, n: int) -> tuple[list, list]:
+        if what == "kernel":
+            return [kernel(n, s, s + 1_000, (s - 3_000, s - 2_000))], []
+        return [], [_touch(s, s + 1_000, "user_prefetch" if what == "prefetch" else "page_fault")]
+    k_before, m_before = op(before, 20_000, 3)
+    k_after, m_after = op(after, 21_000 + gap_ns, 4)
+    end = 21_000 + gap_ns + 1_000
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), *k_before, *k_after,
+                              kernel(2, end + 10_000_000, end + 10_010_000, (end + 9_000_000, end + 9_001_000))],
+                     memcpy=[*m_before, *m_after])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert idle.ns("host_fault") == (gap_ns if fault else 0)
+    assert sum(t.ns for t in idle.causes.values()) == idle.idle_ns
+
+
 def loading(*calls: dict, other: tuple[dict, ...] = (), **tables) -> tuple[attribution.DeviceIdle,
                                                                            list[attribution.Gap]]:
     """k1 (0-10 us), then k2 at 5 ms, launched at 4.9-4.95 ms: a 4.99 ms gap of device 0, with the host calls and the

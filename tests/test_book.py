@@ -162,7 +162,7 @@ CHAINS = {
 # The `when` tags the detectors put on their findings, per root cause; a fix for any other tag is never shown.
 DETECTOR_TAGS = {
     "kernel-hotspot": {"gemm-fp32", "gemm-tensor", "attention", "conv", "elementwise", "reduction", "norm", "copy",
-                       "custom", "runtime"},
+                       "custom", "runtime", "launch-shape"},
     "fp32-gemm-no-tensor-cores": {"gemm-fp32"},
     "excessive-h2d-transfers": {"pinned", "pageable", "many-small"},
     "pageable-host-memory": {"async-blocking", "large-single"},

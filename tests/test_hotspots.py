@@ -123,6 +123,45 @@ def test_hotspot_severity_from_the_window_and_the_evidence(name, threads, regist
     assert ("of each warp's lanes used" in hot.title) == (threads == 16)
 
 
+def test_two_instantiations_of_one_kernel_are_one_undersized_grid_finding():
+    """bn<float> 8 ms and bn<half> 4 ms on 57 of 114 SMs each (their demangled names differ, their short name is one):
+    one finding, launches, time and idle SM time summed."""
+    kernels = [{**launch("bn", i * 10 * MS, i * 10 * MS + 2 * MS, 57, 256), "name": "void bn<float>()"}
+               for i in range(4)]
+    kernels += [{**launch("bn", (5 + i) * 10 * MS, (5 + i) * 10 * MS + 2 * MS, 57, 256), "name": "void bn<half>()"}
+                for i in range(2)]
+    [grid] = [f for f in run(make_model(kernels=kernels, gpus=[H100])).findings if f.root_cause == "undersized-grid"]
+    assert (grid.evidence["launches"], grid.evidence["kernel_ns"], grid.time_at_stake_ns) == (6, 12 * MS, 6 * MS)
+    assert grid.title.startswith("bn runs 12.000 ms on device 0 in 6 launches of fewer blocks than SMs, most time in "
+                                 "57 blocks")
+
+
+def test_hot_kernels_of_a_device_are_one_kernel_hotspot_finding():
+    """a (60 ms) and b (35 ms) each above 30% of 100 ms of kernel time on one device: one finding naming both, most
+    time first, their shares summed; still no time at stake."""
+    kernels = [launch("a", 0, 60 * MS, 4096, 256), launch("b", 60 * MS, 95 * MS, 4096, 256),
+               launch("c", 95 * MS, 100 * MS, 4096, 256)]
+    [hot] = run(make_model(kernels=kernels, gpus=[H100])).findings
+    assert (hot.root_cause, hot.time_at_stake_ns, hot.evidence["kernel"], hot.evidence["hot_kernels"]) == (
+        "kernel-hotspot", 0, "a", 2)
+    assert hot.evidence["hot_kernel_time_pct"] == 95.0 and hot.title.startswith("2 kernels take 95.0% of kernel time")
+    assert hot.title.index("1) a (") < hot.title.index("2) b (")
+
+
+@pytest.mark.parametrize("blocks, threads, registers, gpu, shape", [
+    (4096, 16, 16, RTX3060, ["16 threads per block fill 50% of each warp's lanes",
+                             "limit of 16 resident blocks: 33% occupancy"]),  # rodinia's Fan2: 4x4 blocks
+    (40, 256, 192, RTX3060, ["192 registers per thread allow 1 block per SM: 17% occupancy",
+                             "40 blocks make 2 waves of 28 resident blocks, the last 43% full"]),  # threebody
+    (28 * 6 * 5 + 1, 256, 32, RTX3060, []),  # 6 resident blocks per SM: 6 waves, the last one's tail costs little
+    (4096, 256, 32, RTX3060, []),  # full warps, full occupancy, many waves: nothing in the launch is wasted
+])
+def test_a_dominant_kernel_whose_launch_shape_wastes_the_gpu_is_told_so(blocks, threads, registers, gpu, shape):
+    [hot] = run(make_model(kernels=[launch("k", 0, 90 * MS, blocks, threads, registers)], gpus=[gpu])).findings
+    assert all(part in hot.title for part in shape) and ("launch-shape" in hot.tags) == bool(shape)
+    assert ("fix the launch first" in hot.title) == bool(shape) and "cannot be told without Nsight Compute" in hot.title
+
+
 def test_runtime_helper_kernel_is_named_as_such():
     kernels = [launch("__pgi_uacc_cuda_fill_42_gpu", 0, 90 * MS, 1, 128), launch("feed_23_gpu", 90 * MS, 91 * MS,
                                                                                   1024, 128)]

@@ -64,7 +64,7 @@ def test_top_kernels_whole_result_by_name():
         device=0, kernel_time_ns=110, gemm_fp32_ns=50, gemm_fp32_count=1, gemm_fp32_pct=45.45, gemm_tensor_ns=0,
         gemm_other_ns=0, top_fp32_gemm=FFMA, compute_capability="9.0", min_arch_from_names=80, tf32_tensor_cores=True,
         basis="compute_capability")]
-    fp32, hot_gemm, hot_add = result.findings
+    fp32, hot = result.findings  # the device's two hot kernels: one finding, most time first
     assert fp32.model_dump() == {
         "root_cause": "fp32-gemm-no-tensor-cores", "severity": "medium", "device": 0, "time_at_stake_ns": 25,
         "tags": ["gemm-fp32"],
@@ -75,14 +75,15 @@ def test_top_kernels_whole_result_by_name():
                      "tf32_min_speedup": 2.0}}
     ncu = ("ncu --kernel-name vectorized_elementwise_kernel --launch-skip 0 --launch-count 1 --set full "
            "-o vectorized_elementwise_kernel <program>")  # no grid recorded: no configuration to skip to
-    assert hot_add.model_dump() == {
-        "root_cause": "kernel-hotspot", "severity": "info", "device": 0, "time_at_stake_ns": 0, "tags": ["elementwise"],
-        "title": "vectorized_elementwise_kernel<CUDAFunctor_add<float>> (elementwise) takes 36.4% of kernel time "
-                 "and 11.4% of the window on device 0; the timeline holds no FLOP or byte counts, so whether it runs "
-                 f"near the GPU's limits cannot be told without Nsight Compute: `{ncu}`",
-        "evidence": {"kernel_time_pct": 36.36, "window_pct": 11.43, "total_ns": 40, "count": 2, "kind": "elementwise",
-                     "kernel": "vectorized_elementwise_kernel<CUDAFunctor_add<float>>", "ncu": ncu}}
-    assert (hot_gemm.root_cause, hot_gemm.tags, hot_gemm.time_at_stake_ns) == ("kernel-hotspot", ["gemm-fp32"], 0)
+    add = ("vectorized_elementwise_kernel<CUDAFunctor_add<float>> (elementwise) takes 36.4% of kernel time and 11.4% "
+           "of the window on device 0; the timeline holds no FLOP or byte counts, so whether it runs near the GPU's "
+           f"limits cannot be told without Nsight Compute: `{ncu}`")
+    assert (hot.root_cause, hot.severity, hot.device, hot.time_at_stake_ns, hot.tags) == (
+        "kernel-hotspot", "info", 0, 0, ["gemm-fp32", "elementwise"])
+    assert hot.title.startswith("2 kernels take 81.8% of kernel time and 25.7% of the window on device 0: 1) "
+                                f"{FFMA} (gemm-fp32) takes 45.5%") and hot.title.endswith(f" | 2) {add}")
+    assert (hot.evidence["kernel"], hot.evidence["hot_kernels"], hot.evidence["hot_kernel_time_pct"],
+            hot.evidence["hot_window_pct"]) == (FFMA, 2, 81.8, 25.7)
     assert "GEMMs on device 0: FP32" in tk.render(result) and "CUDAFunctor_add<float>" in tk.render(result)
 
 
@@ -101,9 +102,10 @@ def test_top_kernels_per_device_shares_are_of_each_device():
     merged = run(make_model(kernels=kernels))
     assert [(r.display_name, r.device, r.kernel_time_pct, r.window_pct) for r in merged.rows] == [
         ("y", None, 60.0, 50.0), ("x", None, 40.0, 33.33)]
-    assert [(f.title.split(";")[0], f.device, f.severity) for f in merged.findings] == [
-        ("y (custom) takes 60.0% of kernel time and 50.0% of the window", None, "medium"),
-        ("x (custom) takes 40.0% of kernel time and 33.3% of the window", None, "info")]
+    [both] = merged.findings  # two hot kernels over the devices together: one finding, most time first
+    assert (both.title.split(": 1) ")[0], both.device, both.severity) == (
+        "2 kernels take 100.0% of kernel time and 83.3% of the window", None, "medium")
+    assert both.title.index("1) y (custom) takes 60.0%") < both.title.index("2) x (custom) takes 40.0%")
     split = run(make_model(kernels=kernels), per_device=True)
     assert [(r.display_name, r.device, r.kernel_time_pct, r.window_pct) for r in split.rows] == [
         ("y", 1, 83.33, 83.33), ("x", 0, 75.0, 50.0), ("x", 1, 16.67, 16.67), ("y", 0, 25.0, 16.67)]
@@ -114,7 +116,7 @@ def test_top_kernels_per_device_shares_are_of_each_device():
 
 @pytest.mark.parametrize("kernels, kw, hot", [
     ([k("a", 0, 30), k("b", 30, 100)], {}, [("b", "medium")]),  # exactly 30% is not above it
-    ([k("a", 0, 40), k("b", 40, 100)], {"limit": 1}, [("b", "medium"), ("a", "info")]),  # whatever the limit
+    ([k("a", 0, 40), k("b", 40, 100)], {"limit": 1}, [("b", "medium")]),  # whatever the limit: one finding for both
     ([k(NCCL, 0, 90), k("b", 90, 100)], {}, []),  # NCCL time includes waiting for peers
     ([k("a", 0, 10), k("a", 90, 100), k("b", 40, 45)], {}, [("a", "info")]),  # not most of the window: by kernel time
     ([k("a", 0, 10), k("a", 90, 100)], {}, []),  # one name: its 100% of kernel time says nothing...

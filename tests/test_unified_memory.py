@@ -43,10 +43,30 @@ def _raw_clue() -> dict:
     bandwidth = sum(b for *_, b in device) / sum(e - s for s, e, _ in device)  # bytes per ns
     outside = union_ns(spans + [(s, e) for s, e, _ in stalled]) - on_demand
     return {"count": len(migrations), "bytes": sum(b for *_, b in migrations), "on_demand_ns": on_demand,
+            "host_stall_ns": _host_stall_ns(raw),
             "exposed_ns": on_demand - (union_ns(spans) + union_ns(kernels) - union_ns(spans + kernels)),
             "stalled_count": len(stalled), "stalled_ns": sum(e - s for s, e, _ in stalled),
             "stalled_extra_ns": outside - int(sum(b for *_, b in stalled) / bandwidth),
             "prefetch": calls.get("prefetch", 0), "advise": calls.get("advise", 0), "managed": calls.get("managed", 0)}
+
+
+def _host_stall_ns(raw: sqlite3.Connection) -> int:
+    """The device's idle time in gaps of at most 5 ms whose operation before (the latest end) and after are both
+    migrations to the host on demand or of unknown cause (copyKind 12, migrationCause 0, 2 or 3): a sweep in Python."""
+    ops = [(s, e, False) for s, e in raw.execute('SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL')]
+    ops += [(s, e, False) for s, e in raw.execute('SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMSET')]
+    ops += [(s, e, bool(t)) for s, e, t in raw.execute(
+        'SELECT start, "end", copyKind = 12 AND coalesce(migrationCause, 0) IN (0, 2, 3) '
+        'FROM CUPTI_ACTIVITY_KIND_MEMCPY')]
+    reach, touched, total = None, False, 0
+    for s, e, touch in sorted(ops):
+        if reach is not None and reach < s <= reach + 5_000_000 and touch and touched:
+            total += s - reach
+        if reach is None or e > reach:
+            reach, touched = e, touch
+        elif e == reach:
+            touched = touched or touch
+    return total
 
 
 def test_unified_memory_clue_figures_match_the_raw_export(open_fixture):
@@ -69,8 +89,10 @@ def test_unified_memory_clue_finding_claims_no_more_than_the_migrations_and_the_
     want = _raw_clue()
     [f] = run(open_fixture("clue_t4_report4").con).findings
     assert f.root_cause == "unified-memory-migration" and f.device == 0
-    assert f.time_at_stake_ns == want["on_demand_ns"] + want["stalled_extra_ns"]
-    assert f.time_at_stake_ns <= want["on_demand_ns"] + want["stalled_ns"]  # the events' own time
+    assert want["host_stall_ns"] == 1_646_661  # 42 gaps between the 48 pages the host faulted in
+    assert f.time_at_stake_ns == want["on_demand_ns"] + want["stalled_extra_ns"] + want["host_stall_ns"]
+    # the events' own time, and the idle between the pages the host touched
+    assert f.time_at_stake_ns <= want["on_demand_ns"] + want["stalled_ns"] + want["host_stall_ns"]
     assert set(f.tags) == {"prefetching", "memset"} and "180 prefetch calls" in f.title
     assert f"{want['count']} unified-memory migrations on demand" in f.title
 
@@ -162,3 +184,23 @@ def test_unified_memory_clips_to_the_window(window):
     d = run(con, start_ns=window[0], end_ns=window[1]).devices[0]
     # migrations starting in the window, their ends clipped to it
     assert d.on_demand_ns == {(0, 350): 250, (250, 10_000): 100}[window]
+
+
+def test_unified_memory_the_idle_between_pages_the_host_faults_in_is_its_cost_not_cpu_work():
+    """A kernel ends at 1,000 ns; the host then reads its result through page faults: each a 4 KB fault and the
+    driver's 60 KB speculative migration right after it (to the host), 0.4 ms apart. The device idles between them
+    because the host is stalled in the faults: those gaps (not the one after the kernel, whose side before is GPU
+    work) are the migrations' cost, and the idle attribution gives none of it to the host's CPU work."""
+    migrations, t = [], 2_000
+    for _ in range(4):
+        migrations += [mig(t, t + 1_000, "page_fault", "UVM_D2H"),
+                       mig(t + 1_000, t + 3_000, "speculative_prefetch", "UVM_D2H", 61_440)]
+        t += 400_000
+    con = make_model(kernels=[kernel(0, 1_000)], memcpy=migrations)
+    got = run(con)
+    [d] = got.devices
+    assert (d.on_demand_count, d.on_demand_ns) == (8, 4 * 3_000)
+    assert d.host_stall_ns == 3 * (400_000 - 3_000)  # the 1,000 ns after the kernel is not the faults'
+    [f] = got.findings
+    assert f.time_at_stake_ns == 4 * 3_000 + 3 * 397_000 and "host-touch" in f.tags
+    assert f.time_at_stake_ns <= migrations[-1]["end_ns"] - migrations[0]["start_ns"]  # the reading phase

@@ -21,6 +21,9 @@ nanoseconds and their sum is the device's idle time:
   A short gap that starts in a blocking call's wake (after it returned, until the thread's first kernel launch
   after it has returned) is the call's too: the call left the queue empty, so that launch's latency is exposed
   however fast the host launches (attribution_sql.CALLS_SQL).
+- host_fault: the device's work on both sides of the gap is unified-memory migrations that a host thread's touch
+  caused (rules.HOST_TOUCH_SQL: the host reads managed memory that lives on the device, page by page), and the gap
+  lasts at most FAULT_CYCLE_MAX_NS: the host is stalled in page faults between them, not launching or computing.
 - launch_tiny / launch: a short gap (<= LAUNCH_GAP_MAX_NS) before a work item the host launched only after
   the device had gone idle: the cost of launching, between tiny kernels or not. A gap of up to
   OP_OVERHEAD_MAX_NS before such a late launch, with no other host activity seen, counts too: the host was
@@ -86,6 +89,9 @@ HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host even
 DEVICE_PASS_SLICES = DEFAULT_SLICES  # the device pass the gap pass fills
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
 SHARE_CAUSES = ("jit", "profiler")  # charged only while their activity runs inside the gap (gap_causes.sql)
+FAULT_CYCLE_MAX_NS = 5_000_000  # 5 ms: a host fault on managed memory takes tens of us to ~2 ms of driver work
+# (unmapping on the device, the migration, the speculative pages around it); a longer stretch between two touched
+# pages is the host's own work
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
 
 
@@ -104,7 +110,7 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
             "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS,
-            "op_domain": nvtx_texts.OP_DOMAIN}
+            "op_domain": nvtx_texts.OP_DOMAIN, "fault_max": FAULT_CYCLE_MAX_NS}
 
 
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}
@@ -128,7 +134,8 @@ class ShortGaps:
 
     def __init__(self, spans: dict[str, np.ndarray], main_threads: dict[int, tuple[int, int]], below_ns: int):
         self.below_ns, self.main_threads = below_ns, main_threads
-        self.labels = sorted(set(spans["cause"].tolist()) | set(spans["name"].tolist()) - {None} | {"queued"})
+        self.labels = sorted(set(spans["cause"].tolist()) | set(spans["name"].tolist()) - {None}
+                             | {"queued", "host_fault"})
         ids = {label: i for i, label in enumerate(self.labels)}  # a call with no name: -1, as no call (NULL)
         self.spans: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         cause = np.array([ids[c] for c in spans["cause"].tolist()], dtype=np.int64)
@@ -151,13 +158,15 @@ class ShortGaps:
             return judged
         at = np.flatnonzero(judged)
         pid, tid = self._threads(device, {k: gaps[k][at] for k in ("pid", "tid", "prev_pid", "prev_tid")})
-        untraced = launch_end[at] >= gap_pass.DRIVER_TIME
-        cause = np.where(untraced, -1, np.where(gaps["tiny"][at], -2, -3))  # UNBLOCKED
+        untraced = launch_end[at] >= gap_pass.TOUCH_TIME
+        touched = gaps["touched"][at]  # host_fault, whatever call the thread is in (gap_causes.sql)
+        cause = np.where(touched, self.labels.index("host_fault"),
+                         np.where(untraced, -1, np.where(gaps["tiny"][at], -2, -3)))  # UNBLOCKED
         call = np.full(len(at), -1)
         begins, ends, launched = start[at], end[at], launch_end[at]
         driver = launched == gap_pass.DRIVER_TIME
         for key, (starts, untils, reaches, call_ends, causes, names) in self.spans.items():
-            mine = np.flatnonzero((pid == key[0]) & (tid == key[1]))
+            mine = np.flatnonzero((pid == key[0]) & (tid == key[1]) & ~touched)
             if not len(mine):
                 continue
             span = np.searchsorted(starts, begins[mine], side="right") - 1

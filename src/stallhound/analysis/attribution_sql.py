@@ -23,7 +23,7 @@ threads_in AS (SELECT DISTINCT pid, tid FROM gap_work_threads),"""
 WORK = THREADS + """
 gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with its thread; recomputed for each reader,
   -- which costs less than writing every gap (that spills on the largest exports)
-  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny, g.driver,
+  SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny, g.driver, g.touched,
          CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
          CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
   FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),"""

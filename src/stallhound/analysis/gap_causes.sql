@@ -1,4 +1,5 @@
--- Each gap's cause (judged): queued (also a gap inside a blocking call before a migration the driver issued); for a
+-- Each gap's cause (judged): queued (also a gap inside a blocking call before a migration the driver issued); host_fault
+-- between two migrations a host thread's touch caused, up to $fault_max; for a
 -- short gap its blocking call (or the one in whose wake it began), else its launch; for a longer one alloc, host
 -- communication, a data loader's ranges or OS waits covering most of it (a load of 0.5 ms does not explain a second
 -- of allocation), else jit or profiler when a load, compile or profiler flush ran in it (charged only while it ran:
@@ -7,11 +8,12 @@
 -- late resume past a blocking call's share in a longer gap, or a jit or profiler gap's time outside its activity
 -- (split); the result as labelled.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
--- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max.
+-- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $fault_max.
 judged AS (
   SELECT g.*, h.jit_ns, h.profiler_ns, CASE
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
     WHEN g.driver AND g.end_ns <= g.b_end THEN 'queued'  -- the host sat in a call: the driver's migration, asked before
+    WHEN g.touched AND g.duration_ns <= $fault_max THEN 'host_fault'  -- between two pages the host faulted in
     WHEN g.duration_ns <= $launch_gap_max AND g.blocked_cause IS NOT NULL THEN g.blocked_cause
     WHEN g.duration_ns <= $launch_gap_max AND g.launch_end_ns IS NULL THEN 'host_untraced'
     WHEN g.duration_ns <= $launch_gap_max THEN

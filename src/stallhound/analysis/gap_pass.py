@@ -10,9 +10,11 @@ operation just before or just after it is a tiny kernel), pid/tid of the thread 
 it (of operations starting together, the one whose launch returned first; NULL: not traced), and prev_pid/prev_tid
 of the thread that launched an operation ending where the gap begins (of several, the last in that order; NULL:
 none traced), and driver (the operation after it is a unified-memory migration the driver issued,
-rules.DRIVER_MIGRATION_SQL, and none starting with it was launched by a traced call). DuckDB's window operator over
-millions of operations costs several times the sort it needs, and spills on the largest exports; the pass reads at
-most device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
+rules.DRIVER_MIGRATION_SQL, and none starting with it was launched by a traced call), and touched (the operations
+ending where it begins and starting where it ends are migrations a host thread's touch caused, rules.HOST_TOUCH_SQL,
+none launched by a traced call: the host was reading managed memory page by page across it). DuckDB's window
+operator over millions of operations costs several times the sort it needs, and spills on the largest exports; the
+pass reads at most device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from stallhound.model import allocator
 GAP_ID_STRIDE = 2**32  # a device in a window has far fewer operations than this
 NO_TIME = np.iinfo(np.int64).max  # a launch end not traced (sorts after every traced one)
 DRIVER_TIME = NO_TIME - 1  # the "launch end" of a migration the driver issued: no call launched it either
+TOUCH_TIME = NO_TIME - 2  # ... and of one a host thread's touch caused (a page fault on the host)
 NO_THREAD = -1  # pid/tid not traced
 
 KERNEL_CAT, COPY_CAT, _, GRAPH_CAT = CATEGORY_LABELS
@@ -42,7 +45,9 @@ OPS = f"""ops AS (
   FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid, stream_id,
                {KERNEL_CAT} AS cat FROM kernels
         UNION ALL SELECT device_id, start_ns, end_ns,
-                         CASE WHEN {rules.DRIVER_MIGRATION_SQL} THEN $driver_time ELSE launch_end_ns END,
+                         CASE WHEN {rules.DRIVER_MIGRATION_SQL} THEN $driver_time
+                              WHEN {rules.HOST_TOUCH_SQL} AND launch_end_ns IS NULL THEN $touch_time
+                              ELSE launch_end_ns END,
                          false, pid, tid, stream_id, {COPY_CAT} FROM memcpy
         UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {COPY_CAT} FROM memset
         UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {GRAPH_CAT}
@@ -56,20 +61,23 @@ SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(tiny, false) AS t
 FROM ops"""
 CREATE_SQL = """CREATE OR REPLACE TEMP TABLE idle_gaps (gap_id BIGINT, device_id INTEGER, start_ns BIGINT,
   end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT, prev_pid BIGINT,
-  prev_tid BIGINT, driver BOOLEAN)"""
+  prev_tid BIGINT, driver BOOLEAN, touched BOOLEAN)"""
 INSERT_SQL = """INSERT INTO idle_gaps SELECT gap_id, $device, start_ns, end_ns, end_ns - start_ns,
-  CASE WHEN launch_end_ns < $driver_time THEN launch_end_ns END, tiny, nullif(pid, $no_thread),
-  nullif(tid, $no_thread), nullif(prev_pid, $no_thread), nullif(prev_tid, $no_thread), launch_end_ns = $driver_time
+  CASE WHEN launch_end_ns < $touch_time THEN launch_end_ns END, tiny, nullif(pid, $no_thread),
+  nullif(tid, $no_thread), nullif(prev_pid, $no_thread), nullif(prev_tid, $no_thread), launch_end_ns = $driver_time,
+  touched
 FROM gap_chunk"""
 
 
 class _Device:
     """One device's pass: the running maximum of end x 2 + tiny (the latest end, and whether an operation ending
-    then is tiny), of end x 2 + traced with the thread of the last operation reaching it (prev), and the rows
-    counted so far, carried from chunk to chunk; the queued gaps shorter than fold_below only counted and summed."""
+    then is tiny), of end x 2 + touch (... whether one ending then is a host-touch migration), of end x 2 + traced
+    with the thread of the last operation reaching it (prev), and the rows counted so far, carried from chunk to chunk;
+    the queued gaps shorter than fold_below only counted and summed."""
 
     def __init__(self, device: int, start: int, fold_below: int) -> None:
         self.device, self.reach2, self.rows = device, start * 2, 1  # the window's start is row 1
+        self.touch2 = start * 2
         self.traced2, self.prev = start * 2, (NO_THREAD, NO_THREAD)
         self.fold_below, self.folded_gaps, self.folded_ns = fold_below, 0, 0
 
@@ -89,6 +97,7 @@ class _Device:
         s, e, le, tiny, pid, tid = (c[k][order] for k in ("s", "e", "le", "tiny", "pid", "tid"))
         reach2 = np.maximum.accumulate(np.concatenate(([self.reach2], e * 2 + tiny)))
         before = reach2[:-1]  # the latest end x 2 + tiny before each operation
+        touch2 = np.maximum.accumulate(np.concatenate(([self.touch2], e * 2 + (le == TOUCH_TIME))))
         at = np.flatnonzero(s > before // 2)  # the operations a gap ends at
         heads = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))  # runs of operations starting together
         run = np.searchsorted(heads, at, side="right") - 1
@@ -98,6 +107,7 @@ class _Device:
         self.folded_ns += int((end - start)[fold].sum())
         kept = ~fold
         at, run, start, end, launch_end = at[kept], run[kept], start[kept], end[kept], launch_end[kept]
+        touched = (launch_end == TOUCH_TIME) & (touch2[:-1][at] % 2 == 1)  # a touched page on either side
         # a run's thread: of its traced operations, the first whose launch returned (untraced returns last)
         sizes = np.diff(np.append(heads, len(s)))
         key = np.where(tid != NO_THREAD, np.minimum(le, NO_TIME - 1), NO_TIME)
@@ -109,9 +119,10 @@ class _Device:
         found = {"gap_id": self.device * GAP_ID_STRIDE + self.rows + at, "start_ns": start, "end_ns": end,
                  "launch_end_ns": launch_end,
                  "tiny": np.logical_or.reduceat(tiny, heads)[run] | (before[at] % 2 == 1),
-                 "pid": np.where(traced, pid[pick[run]], NO_THREAD), "tid": np.where(traced, tid[pick[run]], NO_THREAD)}
+                 "pid": np.where(traced, pid[pick[run]], NO_THREAD), "tid": np.where(traced, tid[pick[run]], NO_THREAD),
+                 "touched": touched}
         found["prev_pid"], found["prev_tid"] = self._prev(e, pid, tid, at)
-        self.reach2, self.rows = int(reach2[-1]), self.rows + len(s)
+        self.reach2, self.touch2, self.rows = int(reach2[-1]), int(touch2[-1]), self.rows + len(s)
         return found
 
     def last(self, end: int) -> dict[str, np.ndarray]:
@@ -124,7 +135,8 @@ class _Device:
                 "tiny": np.array([self.reach2 % 2 == 1] * one, dtype=bool),
                 "pid": np.array([NO_THREAD] * one, dtype=np.int64), "tid": np.array([NO_THREAD] * one, dtype=np.int64),
                 "prev_pid": np.array([self.prev[0] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64),
-                "prev_tid": np.array([self.prev[1] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64)}
+                "prev_tid": np.array([self.prev[1] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64),
+                "touched": np.array([False] * one, dtype=bool)}
 
 
 @dataclass(frozen=True)
@@ -165,7 +177,7 @@ def _walk(con: duckdb.DuckDBPyConnection, scope: Scope, tiny_ns: int, passes: di
     idle_gaps (but those the judge counted) and, with `slices`, its device figures added up."""
     chunks = device_pass.chunk_params(con, scope, {"start": scope.start_ns, "end": scope.end_ns, "tiny": tiny_ns,
                                                    "no_time": NO_TIME, "no_thread": NO_THREAD,
-                                                   "driver_time": DRIVER_TIME})
+                                                   "driver_time": DRIVER_TIME, "touch_time": TOUCH_TIME})
     figures = {device: device_pass.DevicePass() for device, _ in chunks}
     with FetchAhead(con, CHUNK_SQL, [params for _, params in chunks]) as ahead:
         for (device, _), cols in zip(chunks, ahead, strict=True):
@@ -190,6 +202,7 @@ def _insert(con: duckdb.DuckDBPyConnection, device: int, gaps: dict[str, np.ndar
         return
     con.register("gap_chunk", gaps)
     try:
-        con.execute(INSERT_SQL, {"device": device, "no_thread": NO_THREAD, "driver_time": DRIVER_TIME})
+        con.execute(INSERT_SQL, {"device": device, "no_thread": NO_THREAD, "driver_time": DRIVER_TIME,
+                                 "touch_time": TOUCH_TIME})
     finally:
         con.unregister("gap_chunk")

@@ -13,7 +13,13 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
   could be saved), so never high; severity by its share of the window and the evidence of under-use: medium when it
   takes most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT) with launches that leave
   most of the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer blocks than SMs), else
-  info. A kernel with an undersized-grid finding gets no second finding.
+  info. A kernel with an undersized-grid finding gets no second finding. Where the launch shape alone leaves much of
+  the GPU unused whatever the code does (launch_shape: warps partly empty, blocks so small the SM's block slots cap
+  its occupancy, registers capping the program's own kernel at LOW_OCCUPANCY_PCT or less, or a grid of a few waves
+  whose last keeps SMs idle), the statement says so and its fix is the launch's (tag launch-shape).
+- One finding per thing: the kernels of one short name on a device (template instantiations) are one undersized-grid
+  finding, their figures summed; a device's hot kernels are one kernel-hotspot finding, most time first (a runtime's
+  helper kernels apart).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import shlex
 from dataclasses import dataclass
 
 from stallhound.analysis import rules
-from stallhound.analysis.common import Finding, Severity, counted, ms
+from stallhound.analysis.common import Finding, Severity, counted, ms, pct
 from stallhound.analysis.kernel_kinds import NAME_CHARS
 from stallhound.analysis.launch_fill import KernelFill, LaunchFill
 
@@ -32,6 +38,7 @@ PROGRAM_CHARS = 120  # a recorded command line longer than this is shown as <pro
 NCU_SKIP = 10  # launches of a configuration launched more often to skip before the one measured: their warmup
 TILED_KINDS = {"gemm-tensor", "gemm-fp32", "gemm", "attention", "conv"}  # library kernels built on large register
 # tiles: a low occupancy is their design, not a sign of under-use
+TAIL_MAX_WAVES = 4  # a grid of more waves than this loses little to its last, partial one
 NOT_THE_PROGRAMS = {"runtime", "nccl"}  # a runtime's helpers, communication: their grids are not the program's choice
 
 
@@ -86,14 +93,53 @@ def _under_used(k: KernelFill) -> bool:
     blocks than SMs, or (for the program's own kernels: library GEMM, attention and convolution kernels run few,
     register-heavy warps by design) a low theoretical occupancy."""
     f = k.main
-    low = f.occupancy_pct is not None and f.occupancy_pct <= LOW_OCCUPANCY_PCT and k.kind not in TILED_KINDS
-    return low or f.lanes_pct < 100 or bool(f.sm_count and f.blocks < f.sm_count)
+    return _low(k) or f.lanes_pct < 100 or bool(f.sm_count and f.blocks < f.sm_count)
+
+
+def launch_shape(k: KernelFill) -> list[str]:
+    """What in the main launch configuration leaves the GPU unused whatever the kernel's code does (empty: nothing)."""
+    f, parts = k.main, []
+    if f.lanes_pct < 100:
+        parts.append(f"{f.threads_per_block} threads per block fill {f.lanes_pct:.0f}% of each warp's lanes")
+    if f.limited_by == "block slots" and f.occupancy_pct is not None and f.occupancy_pct < 100:
+        parts.append(f"blocks this small hit the SM's limit of {f.blocks_per_sm} resident blocks: "
+                     f"{f.occupancy_pct:.0f}% occupancy")
+    if f.limited_by == "registers" and _low(k):
+        parts.append(f"{f.registers_per_thread} registers per thread allow {counted(f.blocks_per_sm or 0, 'block')} "
+                     f"per SM: {f.occupancy_pct:.0f}% occupancy")
+    if f.sm_count and f.blocks_per_sm and f.blocks >= f.sm_count:
+        wave = f.sm_count * f.blocks_per_sm
+        waves, last = -(-f.blocks // wave), f.blocks % wave
+        if waves <= TAIL_MAX_WAVES and last:
+            parts.append(f"{f.blocks:,} blocks make {waves} waves of {wave:,} resident blocks, the last "
+                         f"{pct(last, wave):.0f}% full")
+    return parts
+
+
+def _low(k: KernelFill) -> bool:
+    f = k.main
+    return f.occupancy_pct is not None and f.occupancy_pct <= LOW_OCCUPANCY_PCT and k.kind not in TILED_KINDS
+
+
+def by_short_name(kernels: list[KernelFill]) -> list[KernelFill]:
+    """The kernels with fewer blocks than SMs, one per (device, short name): template instantiations of one kernel
+    summed, the configurations of the one with the most time of them kept."""
+    groups: dict[tuple[int, str], list[KernelFill]] = {}
+    for k in kernels:
+        if k.undersized is not None:
+            groups.setdefault((k.device, k.short_name), []).append(k)
+    out = []
+    for group in groups.values():
+        first = max(group, key=lambda k: k.undersized_ns)
+        out.append(first.model_copy(update={key: sum(getattr(k, key) for k in group) for key in (
+            "count", "total_ns", "idle_sm_ns", "undersized_ns", "undersized_launches")}))
+    return out
 
 
 def undersized(kernels: list[KernelFill], window_ns: int, command: str | None) -> list[Finding]:
     """undersized-grid per (device, kernel) whose launches with fewer blocks than SMs leave SM time worth reporting."""
     out = []
-    for k in kernels:
+    for k in by_short_name(kernels):
         stake = min(k.idle_sm_ns, window_ns)
         if k.undersized is None or k.kind in NOT_THE_PROGRAMS or not rules.worth_reporting(stake, window_ns):
             continue
@@ -140,11 +186,40 @@ def statement(hot: Hot, kernels: list[KernelFill], command: str | None) -> Findi
     ncu = ncu_command(hot.short_name, main, command)
     if main is not None and main.occupancy_pct is not None:
         evidence.update(occupancy_pct=main.occupancy_pct, limited_by=main.limited_by)
-    title = (f"{hot.display_name} ({hot.kind}) {share}{f' ({_shape(main)})' if main else ''}; the timeline holds no "
-             f"FLOP or byte counts, so whether it runs near the GPU's limits cannot be told without Nsight Compute: "
-             f"`{ncu}`")
+    waste = launch_shape(kernel) if kernel else []
+    shape = (f"; its launch shape leaves much of the GPU unused whatever its code does ({'; '.join(waste)}): fix the "
+             "launch first" if waste else "")
+    title = (f"{hot.display_name} ({hot.kind}) {share}{f' ({_shape(main)})' if main else ''}{shape}; the timeline "
+             f"holds no FLOP or byte counts, so whether it runs near the GPU's limits cannot be told without Nsight "
+             f"Compute: `{ncu}`")
     return Finding(root_cause="kernel-hotspot", severity=_severity(hot, kernel), title=title,
-                   evidence={**evidence, "ncu": ncu}, time_at_stake_ns=0, device=hot.device, tags=[hot.kind])
+                   evidence={**evidence, "ncu": ncu}, time_at_stake_ns=0, device=hot.device,
+                   tags=[hot.kind, *(["launch-shape"] if waste else [])])
+
+
+SEVERITY_ORDER: tuple[Severity, ...] = ("info", "medium", "high")
+
+
+def one_per_device(statements: list[Finding]) -> list[Finding]:
+    """A device's kernel-hotspot statements as one finding, most time first (the order of the hot rows), their
+    shares summed; a runtime's helper kernels apart (they are not the program's compute)."""
+    groups: dict[tuple[int | None, bool], list[Finding]] = {}
+    for f in statements:
+        groups.setdefault((f.device, "runtime" in f.tags), []).append(f)
+    return [group[0] if len(group) == 1 else _merged(group) for group in groups.values()]
+
+
+def _merged(group: list[Finding]) -> Finding:
+    kernel_pct = round(sum(float(f.evidence["kernel_time_pct"]) for f in group), 1)
+    window_pct = round(sum(float(f.evidence["window_pct"]) for f in group), 1)
+    where = f" on device {group[0].device}" if group[0].device is not None else ""
+    title = (f"{len(group)} kernels take {kernel_pct:.1f}% of kernel time and {window_pct:.1f}% of the window{where}: "
+             + " | ".join(f"{i}) {f.title}" for i, f in enumerate(group, start=1)))
+    tags = list(dict.fromkeys(t for f in group for t in f.tags))
+    return group[0].model_copy(update={
+        "title": title, "tags": tags, "severity": max((f.severity for f in group), key=SEVERITY_ORDER.index),
+        "evidence": {**group[0].evidence, "hot_kernels": len(group), "hot_kernel_time_pct": kernel_pct,
+                     "hot_window_pct": window_pct}})
 
 
 def read(kernels: list[KernelFill], hot_names: set[str], window_ns: int) -> list[KernelFill]:
@@ -155,7 +230,8 @@ def read(kernels: list[KernelFill], hot_names: set[str], window_ns: int) -> list
 
 
 def findings(hot: list[Hot], kernels: list[KernelFill], window_ns: int, command: str | None) -> list[Finding]:
-    """undersized-grid findings, then a kernel-hotspot statement for each hot row whose kernel has none."""
+    """undersized-grid findings, then the kernel-hotspot statements of the hot rows whose kernel has none, one per
+    device."""
     grids = undersized(kernels, window_ns, command)
     named = {f.evidence["kernel"] for f in grids}
-    return grids + [statement(h, kernels, command) for h in hot if h.short_name not in named]
+    return grids + one_per_device([statement(h, kernels, command) for h in hot if h.short_name not in named])

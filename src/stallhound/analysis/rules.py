@@ -4,7 +4,8 @@ Kernels: what is tiny (TINY_KERNEL_NS) and what is a hotspot (HOTSPOT_PCT). Host
 calls reach the whole device, a stream or an event (sync_scope, SYNC_SCOPE_SQL); which copy calls block the
 host (BLOCKING_COPY_SQL), which synchronize belongs to the device-to-host copy before it (READBACK_FOLLOW_NS) and
 how small such a read is (SMALL_READ_BYTES); which OS-runtime calls are waits (WAIT_CALLS). Unified memory: which
-migrations the driver issued rather than the host (DRIVER_MIGRATION_SQL). Findings: the least time at stake worth
+migrations the driver issued rather than the host (DRIVER_MIGRATION_SQL), and those a host thread's touch caused
+(HOST_TOUCH_SQL). Findings: the least time at stake worth
 reporting (MIN_STAKE_PCT) and the severity cutoff by share of the window (severity). Capture: what the profile lacks
 and the capture option that records it (Missing, missing).
 """
@@ -43,8 +44,9 @@ SMALL_READ_BYTES = 1024  # a device-to-host copy this small reads back a scalar 
 # to a fault of GPU work, an eviction. Only pages a host thread itself touched (to the host, by a fault or the driver's
 # speculation around it; an unknown cause may be one) are the host's doing. Before the others the device waits on the
 # driver, not on the host.
-DRIVER_MIGRATION_SQL = ("(direction LIKE 'UVM%' AND NOT (direction = 'UVM_D2H' AND coalesce(migration_cause, "
-                        "'unknown') IN ('page_fault', 'speculative_prefetch', 'unknown')))")
+HOST_TOUCH_SQL = ("(direction = 'UVM_D2H' AND coalesce(migration_cause, 'unknown') IN ('page_fault', "
+                  "'speculative_prefetch', 'unknown'))")
+DRIVER_MIGRATION_SQL = f"(direction LIKE 'UVM%' AND NOT {HOST_TOUCH_SQL})"
 # OS-runtime calls in which a thread waits (for input, a lock, a child, a peer) rather than works.
 WAIT_CALLS = "wait|poll|select|sleep|futex|pause|sem_|pthread_join|pthread_cond|accept|recv|read|epoll"
 

@@ -27,7 +27,7 @@ FEW_OPS_MIN_BUSY_NS = 10_000_000  # 10 ms of GPU work or more: then they are the
 MIN_BUSY_NS = 1_000_000  # less than 1 ms of GPU work says nothing either
 HOST_CAUSES = {"cpu-bottleneck", "small-kernel-overhead", "excessive-synchronization", "blocking-d2h-sync",
                "alloc-in-loop", "module-loading-hot-path", "torch-compile-recompilation", "gc-pauses",
-               "dataloader-starvation", "host-communication", "pageable-host-memory"}
+               "dataloader-starvation", "host-communication", "pageable-host-memory", "unified-memory-migration"}
 Bound = Literal["compute-bound", "transfer-bound", "communication-bound", "host-bound", "idle-dominated",
                 "too little GPU activity", "no GPU activity"]
 

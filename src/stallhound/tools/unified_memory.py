@@ -9,15 +9,19 @@ Per device: on_demand_ns = the union of its on-demand migrations, clipped to the
 it with no kernel of the device running; faulting_memsets = memsets on managed memory that overlap an on-demand
 migration or a GPU fault group (a memset on managed memory faults its pages in), stalled_memset_ns = their time
 outside the migrations, less the work they would do at the device's own memset bandwidth on device memory
-(measured in the window; without that reference they add nothing). Faults: uvm_faults rows starting in the
+(measured in the window; without that reference they add nothing), host_stall_ns = the device's idle time between
+migrations a host thread's touch caused (the idle attribution's host_fault: the host reads managed memory that lives
+on the device page by page, stalled in faults, not computing or launching). Faults: uvm_faults rows starting in the
 window, host faults of the processes in scope and GPU fault counts of the devices in scope (null when the
-capture did not record faults). Calls in the window by the processes in scope: prefetches (cudaMemPrefetchAsync,
+capture did not record faults). Calls overlapping the window (a prefetch that starts the window's first migration
+begins before it) by the processes in scope: prefetches (cudaMemPrefetchAsync,
 cuMemPrefetchAsync) and advice (cudaMemAdvise, cuMemAdvise); managed allocations (cudaMallocManaged,
 cuMemAllocManaged) over the whole capture.
 Finding unified-memory-migration, per device, when on-demand migrations recur and cost time worth reporting: a
 fault stalls the kernel, memset or host thread that touched the page until the page has moved, so the migrations
-lie on the critical path whether a kernel runs meanwhile or not. Time at stake = on_demand_ns + stalled_memset_ns:
-never more than the time of the migrations and of the memsets they stall, in the window.
+lie on the critical path whether a kernel runs meanwhile or not. Time at stake = on_demand_ns + stalled_memset_ns +
+host_stall_ns: never more than the time of the migrations, of the memsets they stall and of the device's idle between
+the pages the host faulted in, in the window (disjoint: two kinds of busy time and idle time).
 """
 
 from __future__ import annotations
@@ -79,6 +83,8 @@ class DeviceRow(BaseModel):
     stalled_memset_ns: int = Field(description="their time outside the migrations beyond their own work at the "
                                                "device's memset bandwidth on device memory (0 without that)")
     memset_gb_per_s: float | None = Field(description="the device's memsets on device memory in the window")
+    host_stall_ns: int = Field(description="the device's idle time between migrations a host thread's touch caused "
+                                           "(the host faulting pages in)")
 
 
 class Result(Output):
@@ -110,8 +116,8 @@ FROM memcpy WHERE direction LIKE 'UVM%' AND device_id IN (SELECT unnest($devices
 GROUP BY ALL ORDER BY 6 DESC, 1, 2, 3
 """
 CALLS_SQL = "WITH " + PROCESSES + """
-SELECT count(*) FILTER (WHERE regexp_matches(name, $prefetch) AND start_ns >= $start AND start_ns < $end),
-       count(*) FILTER (WHERE regexp_matches(name, $advise) AND start_ns >= $start AND start_ns < $end),
+SELECT count(*) FILTER (WHERE regexp_matches(name, $prefetch) AND end_ns > $start AND start_ns < $end),
+       count(*) FILTER (WHERE regexp_matches(name, $advise) AND end_ns > $start AND start_ns < $end),
        count(*) FILTER (WHERE regexp_matches(name, $managed))
 FROM cuda_api WHERE pid IN (SELECT pid FROM procs)
 """
@@ -148,7 +154,8 @@ def _union(s: np.ndarray, e: np.ndarray) -> int:
     return int((ends - starts).sum())
 
 
-def _device(con: duckdb.DuckDBPyConnection, args: dict, device: int, faults_recorded: bool) -> DeviceRow:
+def _device(con: duckdb.DuckDBPyConnection, args: dict, device: int, faults_recorded: bool,
+            host_stall_ns: int) -> DeviceRow:
     """One device's on-demand figures from INTERVALS_SQL."""
     mine = {**args, "device": device}
     r = con.execute(INTERVALS_SQL, attribution.bound(INTERVALS_SQL, mine)).fetchnumpy()
@@ -167,7 +174,7 @@ def _device(con: duckdb.DuckDBPyConnection, args: dict, device: int, faults_reco
         exposed_ns=on_demand - int(cover.covered(*cover.islands(s[mig], e[mig]), s[kernels], e[kernels]).sum()),
         gpu_faults=int(gpu_faults) if faults_recorded else None, faulting_memsets=int(stalled.sum()),
         faulting_memset_ns=int((e[stalled] - s[stalled]).sum()), stalled_memset_ns=max(0, outside - work),
-        memset_gb_per_s=None if bandwidth is None else round(bandwidth, 3))
+        memset_gb_per_s=None if bandwidth is None else round(bandwidth, 3), host_stall_ns=host_stall_ns)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, scope: Scope, prefetches: int) -> list[MigrationRow]:
@@ -175,6 +182,15 @@ def _rows(con: duckdb.DuckDBPyConnection, scope: Scope, prefetches: int) -> list
     return [MigrationRow(device=d, direction=dr, cause=c, count=n, bytes=int(b), time_ns=int(t),
                          on_demand=c in ON_DEMAND or (c == "unknown" and not prefetches))
             for d, dr, c, n, b, t in con.execute(MIGRATIONS_SQL, scope_args(scope)).fetchall()]
+
+
+def _host_stalls(con: duckdb.DuckDBPyConnection, scope: Scope, touched: set[int]) -> dict[int, int]:
+    """Per device with migrations to the host on demand, its idle time between pages the host faulted in (the idle
+    attribution's host_fault, computed once per model and window, as triage's idle findings read it)."""
+    if not touched:
+        return {}
+    idle = attribution.attribute(con, scope).devices
+    return {d: idle[d].ns("host_fault") for d in touched if d in idle}
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
@@ -185,11 +201,12 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     recorded = bool(one_row(con.execute("SELECT count(*) FROM capabilities WHERE data = 'uvm_faults' AND present"))[0])
     migrating = sorted({r.device for r in rows if r.on_demand})
     device_args = {**scope_args(scope), "causes": list(ON_DEMAND), "unknown": not prefetches}
+    stalls = _host_stalls(con, scope, {r.device for r in rows if r.on_demand and r.direction == "UVM_D2H"})
     return Result(
         scope=scope, migration_count=sum(r.count for r in rows), migration_bytes=sum(r.bytes for r in rows),
         migration_time_ns=sum(r.time_ns for r in rows), on_demand_count=sum(r.count for r in rows if r.on_demand),
         rows=rows[:params.limit], truncated=len(rows) > params.limit, total_rows=len(rows),
-        devices=[_device(con, device_args, d, recorded) for d in migrating],
+        devices=[_device(con, device_args, d, recorded, stalls.get(d, 0)) for d in migrating],
         cpu_faults=one_row(con.execute(CPU_FAULTS_SQL, scope_args(scope)))[0] if recorded else None,
         prefetch_calls=prefetches, advise_calls=advice, managed_alloc_calls=allocs,
         capture_faults=None if recorded or not rows else remedy(con, ("uvm_faults",)))
@@ -203,33 +220,36 @@ def findings(result: Result) -> list[Finding]:
 
 
 def _stake(d: DeviceRow) -> int:
-    return d.on_demand_ns + d.stalled_memset_ns
+    return d.on_demand_ns + d.stalled_memset_ns + d.host_stall_ns
 
 
 def _tags(d: DeviceRow, result: Result) -> list[str]:
     to_host = sum(r.time_ns for r in result.rows if r.device == d.device and r.on_demand and r.direction == "UVM_D2H")
     return ((["prefetching"] if result.prefetch_calls else [])
             + (["memset"] if d.stalled_memset_ns >= d.on_demand_ns else [])
-            + (["host-touch"] if 2 * to_host > d.on_demand_ns else []))
+            + (["host-touch"] if 2 * (to_host + d.host_stall_ns) > d.on_demand_ns + d.host_stall_ns else []))
 
 
 def _finding(d: DeviceRow, result: Result) -> Finding:
     stake = _stake(d)
     memsets = (f"; {d.faulting_memsets} memsets on managed memory wait on them ({ms(d.faulting_memset_ns)})"
                if d.faulting_memsets else "")
+    stall = (f"; the device idles {ms(d.host_stall_ns)} between them while the host faults pages in one at a time "
+             "(reading managed memory that lives on the device)" if d.host_stall_ns else "")
     calls = (f"; the program prefetches ({result.prefetch_calls:,} prefetch call"
              f"{'s' if result.prefetch_calls > 1 else ''}) but these pages still fault"
              if result.prefetch_calls else "; no prefetch or advice calls in the window")
     evidence: dict[str, int | float | str] = {
         "on_demand_count": d.on_demand_count, "on_demand_bytes": d.on_demand_bytes, "on_demand_ns": d.on_demand_ns,
         "exposed_ns": d.exposed_ns, "faulting_memsets": d.faulting_memsets, "stalled_memset_ns": d.stalled_memset_ns,
+        "host_stall_ns": d.host_stall_ns,
         "prefetch_calls": result.prefetch_calls, "advise_calls": result.advise_calls,
         **({"gpu_faults": d.gpu_faults} if d.gpu_faults is not None else {})}
     return Finding(
         root_cause="unified-memory-migration", severity=rules.severity(stake, result.scope.duration_ns),
         title=f"device {d.device}: {d.on_demand_count:,} unified-memory migrations on demand "
               f"({d.on_demand_bytes / 2**20:,.1f} MiB in {ms(d.on_demand_ns)}, "
-              f"{pct(d.exposed_ns, d.on_demand_ns):.0f}% with no kernel running){memsets}{calls}",
+              f"{pct(d.exposed_ns, d.on_demand_ns):.0f}% with no kernel running){stall}{memsets}{calls}",
         evidence=evidence, time_at_stake_ns=stake, device=d.device, tags=_tags(d, result))
 
 
@@ -245,8 +265,8 @@ def render(result: Result) -> str:
         lines.extend(more_rows(result, result.total_rows - len(result.rows), "rows"))
     lines.extend(f"device {d.device}: on demand {ms(d.on_demand_ns)}, {ms(d.exposed_ns)} with no kernel running; "
                  f"{d.faulting_memsets} memsets on managed memory over them ({ms(d.faulting_memset_ns)}), stalled "
-                 f"{ms(d.stalled_memset_ns)}; GPU faults {'-' if d.gpu_faults is None else f'{d.gpu_faults:,}'}"
-                 for d in result.devices)
+                 f"{ms(d.stalled_memset_ns)}; idle while the host faults pages in {ms(d.host_stall_ns)}; GPU faults "
+                 f"{'-' if d.gpu_faults is None else f'{d.gpu_faults:,}'}" for d in result.devices)
     if result.capture_faults:
         lines.append(f"page faults not recorded: {result.capture_faults}")
     elif result.cpu_faults is not None:
