@@ -21,6 +21,9 @@ NATIVE_LAYERS = (
     ("interpreter", r"^(libpython|python[0-9.]*$|_ctypes|libffi)"),
     ("framework", r"^(libtorch|libc10|_c\.cpython|libshm)"),
 )
+# The CUDA runtime's C++ templates (cuda_runtime.h: cudaMalloc<T>, cudaLaunchKernel<T>) are compiled into the
+# user's executable, yet are CUDA's code: known by their symbol.
+CUDA_TEMPLATE = r"^cudaError(_t)? cuda[A-Z][A-Za-z]*<"
 # Python files of PyTorch, as Kineto writes them (relative to their sys.path entry) or as a full path.
 TORCH_FILE = r"(^|/site-packages/|/dist-packages/)torch/"
 STDLIB_DIR = r"/lib/python3[0-9.]*/"  # a full path into the standard library (not its site-packages)
@@ -29,10 +32,12 @@ STDLIB_DIR = r"/lib/python3[0-9.]*/"  # a full path into the standard library (n
 STDLIB_MODULES = sorted(sys.stdlib_module_names)
 
 
-def native_layer_sql(module: str) -> str:
-    """SQL for a native frame's layer (NULL: the user's code) from its `module` column (the library's path)."""
+def native_layer_sql(module: str, function: str) -> str:
+    """SQL for a native frame's layer (NULL: the user's code) from its `module` (the library's path) and
+    `function` (the symbol) columns."""
     base = f"lower(regexp_extract({module}, '[^/]*$'))"
     cases = " ".join(f"WHEN regexp_matches({base}, '{pattern}') THEN '{layer}'" for layer, pattern in NATIVE_LAYERS)
+    cases = f"WHEN regexp_matches({function}, '{CUDA_TEMPLATE}') THEN 'cuda' {cases}"
     return f"CASE {cases} END"
 
 

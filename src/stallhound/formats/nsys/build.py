@@ -73,6 +73,7 @@ class Builder(ActivityJoins):
         self.out = out
         self.enum_source = "profile"
         self.has_stacks: set[str] = set()  # the stacks.SOURCES the export has call stacks of
+        self.chain_shift = 0  # added to a CUDA call's callchainId to find its chain (stacks.CUDA_SHIFT_SQL)
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
     def strings(self) -> None:

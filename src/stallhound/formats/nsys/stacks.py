@@ -21,6 +21,15 @@ SOURCES = {"CUDA_CALLCHAINS": "cuda", "OSRT_CALLCHAINS": "osrt", "SAMPLING_CALLC
 COLUMNS = {"id", "symbol", "module", "stackDepth"}  # read without checking once present; unresolved, originalIP
 # where the export has them
 HELPERS = ("_frames", "_chains", "_stack_keys", "_stack_map")
+# Frames of the CUDA calls' chains, read 0 and 1 past each call's callchainId, whose symbol is the call's own
+# name: some exports (nsys 2022.2: pipit_saxpy_mpi_a100) count the calls' callchainId from 0 and the chains' ids
+# from 1, so the chain at callchainId is the previous call's. The shift that names more calls' own function wins.
+CUDA_SHIFT_SQL = """SELECT o.shift, count(*) AS named FROM (SELECT unnest([0, 1]) AS shift) o
+  JOIN {runtime} r ON r.callchainId IS NOT NULL JOIN _strings n ON n.id = r.nameId
+  JOIN _frames f ON f.source = 'cuda' AND f.id = r.callchainId + o.shift
+  JOIN _strings s ON s.id = f.symbol AND s.value = regexp_replace(n.value, '_v[0-9]+$', '')
+GROUP BY o.shift ORDER BY named DESC, o.shift LIMIT 1"""
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 
 
 def _col(b: Builder, table: str, name: str) -> str:
@@ -52,9 +61,12 @@ def build(b: Builder) -> None:
              USING (key)""")
     b.sql(f"""INSERT INTO stacks
         SELECT k.stack_id, f.depth, s.value, m.value, NULL, 'native', NOT f.unresolved, f.address,
-               {native_layer_sql('m.value')}
+               {native_layer_sql('m.value', 's.value')}
         FROM _stack_keys k JOIN _frames f ON f.source = k.source AND f.id = k.id
         LEFT JOIN _strings s ON s.id = f.symbol LEFT JOIN _strings m ON m.id = f.module""")
+    if "cuda" in b.has_stacks and {"callchainId", "nameId"} <= b.cols(RUNTIME):
+        shift = b.con.execute(CUDA_SHIFT_SQL.format(runtime=b.src(RUNTIME))).fetchone()
+        b.chain_shift = shift[0] if shift else 0
 
 
 def link(b: Builder, source: str, table: str, column: str) -> tuple[str, str]:
@@ -62,4 +74,5 @@ def link(b: Builder, source: str, table: str, column: str) -> tuple[str, str]:
     id of `source`; a NULL and no join when the export has no such chains."""
     if source not in b.has_stacks or column not in b.cols(table):
         return "NULL", ""
-    return "sm.stack_id", (f"LEFT JOIN _stack_map sm ON sm.source = '{source}' AND sm.id = r.\"{column}\"")
+    shift = b.chain_shift if source == "cuda" else 0
+    return "sm.stack_id", f"LEFT JOIN _stack_map sm ON sm.source = '{source}' AND sm.id = r.\"{column}\" + {shift}"
