@@ -24,7 +24,8 @@ from stallhound.tools import JOB_TOOL_NAMES, PAIR_TOOL_NAMES, TOOL_NAMES
 LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile", "load_job", "list_jobs", "close_job"}
 ALL_TOOLS = set(TOOL_NAMES) | set(PAIR_TOOL_NAMES) | set(JOB_TOOL_NAMES) | LIFECYCLE_TOOLS
 MODES = ["legacy", "auto"]
-REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"}}
+REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"},
+                 "call_sites": {"events": "api_calls", "full_stacks": 5}}  # the largest result it gives
 
 
 
@@ -52,8 +53,8 @@ def test_server_every_tool_is_in_the_readme_and_every_analysis_is_cited_by_the_b
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in sorted(ALL_TOOLS) if f"`{t}`" not in readme] == []
     cited = {s.tool for entry in book.load_book().values() for s in entry.signals}
-    readers = {"describe_schema", "query_sql", "triage", "answer_questions", "triage_job"}  # run or read the
-    # others' detectors
+    readers = {"describe_schema", "query_sql", "triage", "answer_questions", "triage_job",  # run or read the
+               "call_sites"}  # others' detectors, or place their events in the program's code
     assert sorted(set(TOOL_NAMES + JOB_TOOL_NAMES) - readers - cited) == []
 
 

@@ -48,7 +48,8 @@ SELECT (SELECT min(s) FROM (SELECT s FROM spans UNION ALL SELECT s FROM host)),
 DATA_TABLES: dict[str, str] = {
     "kernels": "kernels", "memcpy": "memcpy", "memset": "memset", "cuda_api": "cuda_api", "sync": "sync",
     "nvtx": "nvtx", "os_runtime": "os_runtime", "cpu_samples": "cpu_samples", "sched": "sched",
-    "graph_exec": "graph_exec", "memory_usage": "memory_usage", "uvm_faults": "uvm_faults", "gpu_info": "gpus",
+    "graph_exec": "graph_exec", "memory_usage": "memory_usage", "uvm_faults": "uvm_faults", "stacks": "stacks",
+    "gpu_info": "gpus",
 }
 # What a remedy may ask a capture for besides the capabilities' data: each kernel inside a CUDA graph on its own,
 # and a capture kept to the program's GPU phase.

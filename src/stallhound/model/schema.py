@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 16  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 17  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ TABLES: tuple[Table, ...] = (
     )),
     Table("capabilities", "Which data this profile has; for what it lacks, the capture option that records it.", (
         ("data", "VARCHAR", "kernels, memcpy, memset, cuda_api, sync, nvtx, os_runtime, cpu_samples, "
-                            "sched, graph_exec, memory_usage, uvm_faults, gpu_info"),
+                            "sched, graph_exec, memory_usage, uvm_faults, stacks, gpu_info"),
         ("present", "BOOLEAN", "true when the export has rows for it (gpu_info: a hardware name for a device)"),
         ("rows", "BIGINT", "rows in the model table (gpu_info: devices with a hardware name)"),
         ("capture_flag", "VARCHAR", "the capture option that records it; for gpu_info what the profile lacks, with a "
@@ -192,6 +192,8 @@ TABLES: tuple[Table, ...] = (
         ("kind", "VARCHAR", "launch | graph | sync | memcpy (copies and unified-memory prefetches, whose "
                                  "migrations are memcpy rows) | memset | module | alloc | other"),
         ("return_value", "BIGINT", "CUDA error code returned (0 = success)"),
+        ("stack_id", "BIGINT", "the call's stack in `stacks` (nsys CUDA_CALLCHAINS; Kineto: the innermost "
+                               "python_function around the call); NULL when none was recorded"),
     )),
     Table("sync", "Synchronization records (CUPTI_ACTIVITY_KIND_SYNCHRONIZATION).", (
         ("device_id", "INTEGER", ""), ("stream_id", "INTEGER", "stream waited on (-1/NULL when none)"),
@@ -214,9 +216,33 @@ TABLES: tuple[Table, ...] = (
     Table("os_runtime", "OS runtime calls (OSRT_API): blocking libc/pthread calls on CPU threads.", (
         ("pid", "BIGINT", ""), ("tid", "BIGINT", ""), ("name", "VARCHAR", "function, e.g. pthread_cond_wait"),
         ("start_ns", "BIGINT", ""), ("end_ns", "BIGINT", ""), ("duration_ns", "BIGINT", ""),
+        ("stack_id", "BIGINT", "the call's stack in `stacks` (OSRT_CALLCHAINS: nsys records one for calls longer "
+                               "than its backtrace threshold); NULL when none was recorded"),
     )),
     Table("cpu_samples", "CPU instruction-pointer samples (COMPOSITE_EVENTS).", (
         ("pid", "BIGINT", ""), ("tid", "BIGINT", ""), ("time_ns", "BIGINT", ""), ("cpu", "INTEGER", ""),
+        ("stack_id", "BIGINT", "the sampled stack in `stacks` (SAMPLING_CALLCHAINS); NULL when none was recorded"),
+    )),
+    Table("stacks", "Call stacks, one row per frame, each distinct stack once (events with the same frames share "
+                    "its stack_id): nsys' CUDA_CALLCHAINS, OSRT_CALLCHAINS and SAMPLING_CALLCHAINS, and a Kineto "
+                    "trace's python_function events (with_stack=True). cuda_api, os_runtime and cpu_samples rows "
+                    "point at theirs by stack_id. The first user frame of a stack is its lowest depth with a NULL "
+                    "layer (analysis.stacks).", (
+        ("stack_id", "BIGINT", "the stack"),
+        ("depth", "INTEGER", "0 = the innermost frame (the one running when the stack was recorded), up to the "
+                             "outermost"),
+        ("function", "VARCHAR", "symbol or Python function; for a symbol nsys did not resolve, its address as nsys "
+                                "wrote it (0x...)"),
+        ("module", "VARCHAR", "native frames: the library or executable's path; Python frames: the file as "
+                              "recorded (relative to its sys.path entry in Kineto traces); NULL for built-ins"),
+        ("line", "INTEGER", "source line (Python frames); NULL when not recorded"),
+        ("kind", "VARCHAR", "native | python"),
+        ("resolved", "BOOLEAN", "false when nsys could not resolve the symbol (function is then an address)"),
+        ("address", "BIGINT", "instruction address nsys recorded (originalIP); NULL for Python frames"),
+        ("layer", "VARCHAR", "what the frame belongs to when it is not the user's code: profiler, cuda (driver, "
+                             "runtime and CUDA libraries), system (C/C++ runtime, loader, MPI), interpreter (Python's "
+                             "eval loop, built-ins, standard library), framework (PyTorch's dispatch, autograd and "
+                             "modules); NULL for the user's own code (formats.frames)"),
     )),
     Table("sched", "Thread scheduling events (SCHED_EVENTS).", (
         ("pid", "BIGINT", ""), ("tid", "BIGINT", ""), ("time_ns", "BIGINT", ""), ("cpu", "INTEGER", ""),

@@ -23,6 +23,7 @@ TOOL_NAMES = (
     "nvtx_breakdown",
     "iterations",
     "find_kernels",
+    "call_sites",
     "describe_schema",
     "query_sql",
     "triage",

@@ -17,6 +17,7 @@ from pathlib import Path
 from stallhound.formats.build_steps import BuildSteps, Progress
 from stallhound.formats.derive import WINDOW_SQL
 from stallhound.formats.kineto import read as kineto_read
+from stallhound.formats.kineto import stacks
 from stallhound.formats.kineto.meta import capability_rows, diagnostic_rows, distributed, gpu_rows, meta_row
 from stallhound.formats.kineto.sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from stallhound.formats.kineto.stage import Stage, Writer
@@ -47,13 +48,14 @@ class KinetoBuilder(BuildSteps):
         self.names[(kind, pid, tid if kind == "thread_name" else None)] = name  # the last name given wins
 
     def stage(self) -> dict:
-        """Stream the events into _k_gpu, _k_host and _k_comms; return the top-level values after the events."""
+        """Stream the events into _k_gpu, _k_host, _k_comms and _k_py; return the top-level values after the
+        events."""
         writer, failed = Writer(self), True
         try:
-            gpu, host, comms = (Stage(writer, "_k_gpu", GPU_COLUMNS), Stage(writer, "_k_host", HOST_COLUMNS),
-                                Stage(writer, "_k_comms", COMMS_COLUMNS))
-            after = kineto_read.events(self.path, gpu.add, host.add, comms.add, self.on_name)
-            for s in (gpu, host, comms):
+            gpu, host, comms, py = (Stage(writer, "_k_gpu", GPU_COLUMNS), Stage(writer, "_k_host", HOST_COLUMNS),
+                                    Stage(writer, "_k_comms", COMMS_COLUMNS), Stage(writer, "_k_py", stacks.COLUMNS))
+            after = kineto_read.events(self.path, gpu.add, host.add, comms.add, self.on_name, py.add)
+            for s in (gpu, host, comms, py):
                 s.flush()
             failed = False
         finally:
@@ -72,6 +74,7 @@ class KinetoBuilder(BuildSteps):
     def model(self, rank: int | None) -> None:
         """The model tables from the staged events; `rank` (meta.rank) places NCCL kernels in their groups."""
         self.sql(f"SET memory_limit = '{MAP_MEMORY_LIMIT}'")
+        stacks.build(self)
         for table, query in MAPPING:
             self.sql(ddl(table))
             if query:
@@ -95,7 +98,7 @@ def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = N
         b.load_list("diagnostics", diagnostic_rows(head))
         b.load_list("meta", [meta_row(path, fingerprint, head, one_row(b.con.execute(WINDOW_SQL)))])
         b.load_list("capabilities", capability_rows(b.con))
-        for helper in ("_k_gpu", "_k_host", "_k_comms"):
-            b.sql(f"DROP TABLE {helper}")
+        for helper in ("_k_gpu", "_k_host", "_k_comms", "_k_py", *stacks.HELPERS):
+            b.sql(f"DROP TABLE IF EXISTS {helper}")
         b.step("writing the model")
         b.sql("CHECKPOINT")

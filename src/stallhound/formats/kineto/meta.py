@@ -24,6 +24,7 @@ OPTIONS: dict[str, str] = {
     "kernels": CUDA_ACTIVITY, "memcpy": CUDA_ACTIVITY, "memset": CUDA_ACTIVITY, "cuda_api": CUDA_ACTIVITY,
     "nvtx": "torch.profiler with ProfilerActivity.CPU (CPU ops) and record_function ranges; prof.step() in the "
             "loop records ProfilerStep#N",
+    "stacks": "torch.profiler with with_stack=True (the Python call stack of each op and CUDA call)",
 }
 DEVICES_SQL = """SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL SELECT device_id FROM memcpy
     UNION ALL SELECT device_id FROM memset) WHERE device_id IS NOT NULL ORDER BY 1"""

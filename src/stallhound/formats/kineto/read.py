@@ -37,7 +37,9 @@ CATEGORIES = {
     "kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy", "gpu_memset": "memset", "memset": "memset",
     "cuda_runtime": "api", "cuda_driver": "api", "runtime": "api", "driver": "api",
     "cpu_op": "cpu_op", "operator": "cpu_op", "user_annotation": "user_annotation",
+    "python_function": "python_function",
 }
+PYTHON_FUNCTION = "python_function"  # a Python frame, written with with_stack=True: staged apart, as stacks
 THREAD_NAME = re.compile(r"^thread \d+ \((.*)\)$")  # Kineto's 'thread <tid> (<OS thread name>)'
 # Kineto's collective names (allreduce, _allgather_base, reduce_scatter_tensor_coalesced, ...) are matched, letters
 # only, by their longest leading model name: the model's nccl_collective labels, longest first.
@@ -146,6 +148,13 @@ def comms_row(ev: dict, args: dict) -> tuple:
             ns(start + ev.get("dur", 0)), coll, *kineto_nccl.fields(name, args, coll))
 
 
+def python_row(ev: dict, args: dict) -> tuple:
+    """(pid, tid, Python id, Python parent id, name, start, end) of a python_function event (with_stack=True)."""
+    start = ev["ts"]
+    return (as_int(ev.get("pid")), as_int(ev.get("tid")), as_int(args.get("Python id")),
+            as_int(args.get("Python parent id")), ev.get("name"), ns(start), ns(start + ev.get("dur", 0)))
+
+
 def host_row(kind: str, ev: dict, args: dict) -> tuple:
     """(kind, pid, tid, correlation, name, start, end) of a CPU-side event."""
     start = ev["ts"]
@@ -201,9 +210,11 @@ def trailing(tail: bytes) -> dict:
 
 
 def events(path: Path, on_gpu: Callable[[tuple], None], on_host: Callable[[tuple], None],
-           on_comms: Callable[[tuple], None], on_name: Callable[[str, int | None, int | None, str], None]) -> dict:
-    """Feed every complete ('X') event of a known category, every comms op (kineto_nccl.COMM_OPS), and every
-    process/thread name to the callbacks; return the top-level values written after traceEvents."""
+           on_comms: Callable[[tuple], None], on_name: Callable[[str, int | None, int | None, str], None],
+           on_python: Callable[[tuple], None]) -> dict:
+    """Feed every complete ('X') event of a known category, every comms op (kineto_nccl.COMM_OPS), every Python
+    frame (python_function) and every process/thread name to the callbacks; return the top-level values written
+    after traceEvents."""
     try:
         with _open(path) as fh:
             tail = _Tail(fh)
@@ -211,7 +222,9 @@ def events(path: Path, on_gpu: Callable[[tuple], None], on_host: Callable[[tuple
                 ph, args = ev.get("ph"), ev.get("args") or {}
                 if ph == "X" and "ts" in ev:
                     kind = CATEGORIES.get(str(ev.get("cat", "")).lower())
-                    if kind in ("kernel", "memcpy", "memset"):
+                    if kind == PYTHON_FUNCTION:
+                        on_python(python_row(ev, args))
+                    elif kind in ("kernel", "memcpy", "memset"):
                         on_gpu(gpu_row(kind, ev, args))
                     elif kind is not None:
                         on_host(host_row(kind, ev, args))

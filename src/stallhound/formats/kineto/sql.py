@@ -37,8 +37,10 @@ def _api(*kinds: str) -> str:
             "ON a.correlation_id = g.correlation_id")
 
 
-CUDA_API = f"""INSERT INTO cuda_api SELECT pid, tid, correlation_id, name, start_ns, end_ns, end_ns - start_ns,
-    {API_KIND_SQL}, NULL FROM _k_host WHERE kind = 'api'"""
+# Each call's stack from _k_api_stack (formats.kineto.stacks), keyed by the staged row's rowid.
+CUDA_API = f"""INSERT INTO cuda_api SELECT h.pid, h.tid, h.correlation_id, h.name, h.start_ns, h.end_ns,
+    h.end_ns - h.start_ns, {API_KIND_SQL}, NULL, s.stack_id
+FROM _k_host h LEFT JOIN _k_api_stack s ON s.rid = h.rowid WHERE h.kind = 'api'"""
 
 # short_name as nsys gives it: the function's own name, without return type, namespaces, templates or arguments.
 KERNELS = f"""INSERT INTO kernels

@@ -18,7 +18,7 @@ import duckdb
 from stallhound.formats.build_steps import NO_PROGRESS_BAR, Progress, insert_rows
 from stallhound.formats.comm_kernels import COLLECTIVE_SQL, FAMILY_SQL
 from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL, WINDOW_SQL
-from stallhound.formats.nsys import checks, libraries
+from stallhound.formats.nsys import checks, libraries, stacks
 from stallhound.formats.nsys import nvtx as nvtx_build
 from stallhound.formats.nsys.activity_join import PID_SQL, TID_SQL, ActivityJoins
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range
@@ -72,6 +72,8 @@ class Builder(ActivityJoins):
         super().__init__(raw, out, progress, f"{build_memory_mb()}MB", cancelled)
         self.out = out
         self.enum_source = "profile"
+        self.has_stacks: set[str] = set()  # the stacks.SOURCES the export has call stacks of
+        self.chain_shift = 0  # added to a CUDA call's callchainId to find its chain (stacks.CUDA_SHIFT_SQL)
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
     def strings(self) -> None:
@@ -147,11 +149,12 @@ class Builder(ActivityJoins):
         # are then written in one pass of the SQLite scanner, with no copy to learn which names they use.
         self.sql(f"""CREATE TABLE _api_names AS SELECT id, name, {API_KIND_SQL} AS kind FROM (
               SELECT id, regexp_replace(value, '_v[0-9]+$', '') AS name FROM _strings)""", cur)
+        stack, chains = stacks.link(self, "cuda", t, "callchainId")
         self.sql(f"""INSERT INTO cuda_api
             SELECT {PID_SQL.format(col='r.globalTid')}, {TID_SQL.format(col='r.globalTid')},
                 r.correlationId, n.name, r.start, r."end", r."end" - r.start, coalesce(n.kind, 'other'),
-                {self.col(t, 'returnValue')}
-            FROM {self.src(t)} r LEFT JOIN _api_names n ON n.id = r.nameId""", cur)
+                {self.col(t, 'returnValue')}, {stack}
+            FROM {self.src(t)} r LEFT JOIN _api_names n ON n.id = r.nameId {chains}""", cur)
         self.ranges = correlation_ranges(cur, rows_per_range())
 
     def kernels(self, cur: duckdb.DuckDBPyConnection) -> None:
@@ -267,16 +270,18 @@ class Builder(ActivityJoins):
         t = "OSRT_API"
         self.create("os_runtime", cur)
         if self.raw.has(t):
+            stack, chains = stacks.link(self, "osrt", t, "callchainId")
             self.sql(f"""INSERT INTO os_runtime SELECT {PID_SQL.format(col='r.globalTid')},
-                    {TID_SQL.format(col='r.globalTid')}, s.value, r.start, r."end", r."end" - r.start
-                FROM {self.src(t)} r LEFT JOIN _strings s ON s.id = r.nameId""", cur)
+                    {TID_SQL.format(col='r.globalTid')}, s.value, r.start, r."end", r."end" - r.start, {stack}
+                FROM {self.src(t)} r LEFT JOIN _strings s ON s.id = r.nameId {chains}""", cur)
 
     def cpu_samples(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.create("cpu_samples", cur)
         if {"start", "globalTid"} <= self.cols("COMPOSITE_EVENTS"):
+            stack, chains = stacks.link(self, "sampling", "COMPOSITE_EVENTS", "id")
             self.sql(f"""INSERT INTO cpu_samples SELECT {PID_SQL.format(col='r.globalTid')},
-                    {TID_SQL.format(col='r.globalTid')}, r.start, {self.col('COMPOSITE_EVENTS', 'cpu')}
-                FROM {self.src('COMPOSITE_EVENTS')} r""", cur)
+                    {TID_SQL.format(col='r.globalTid')}, r.start, {self.col('COMPOSITE_EVENTS', 'cpu')}, {stack}
+                FROM {self.src('COMPOSITE_EVENTS')} r {chains}""", cur)
 
     def sched(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.create("sched", cur)
@@ -359,13 +364,14 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
         b.enums()
         b.processes_threads()
         b.diagnostics()
+        stacks.build(b)
         both_sides(b)
         checks.clean(b.con, raw.notes)
         b.step("devices, metadata, capabilities")
         b.gpus()
         b.meta(raw.path, raw.path.stat().st_size, fingerprint)
         b.capabilities()
-        for helper in ("_strings", "_api_names", "_kernel_names", *nvtx_build.HELPERS, "enums"):
+        for helper in ("_strings", "_api_names", "_kernel_names", *nvtx_build.HELPERS, *stacks.HELPERS, "enums"):
             b.sql(f"DROP TABLE IF EXISTS {helper}")
         b.sql("DETACH raw")
         b.step("writing the model")

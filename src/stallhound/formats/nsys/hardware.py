@@ -26,6 +26,7 @@ OPTIONS: dict[str, str] = {
     "graph_exec": "--trace=cuda --cuda-graph-trace=graph",
     "memory_usage": "--cuda-memory-usage=true",
     "uvm_faults": "--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true",
+    "stacks": "--cudabacktrace=all --python-backtrace=cuda --sample=process-tree",
     KERNELS_IN_GRAPHS: "--cuda-graph-trace=node",
     GPU_PHASE: "--capture-range=cudaProfilerApi",
 }
