@@ -204,3 +204,18 @@ async def test_show_timeline_bad_buckets_is_one_sentence(server):
         assert result.is_error and "buckets must be an integer from 10 to 10000 (got 5)" in text_of(result)
         still = await client.call_tool("show_timeline", {"profile": str(FIXTURES / f"{REAL}.sqlite")})
         assert not still.is_error
+
+
+def test_show_timeline_range_name_picks_the_step_range_as_iterations_does():
+    """Two ranges recur with GPU work; auto takes the step-named one, range_name the other, as iterations does."""
+    nvtx = [{"pid": 1, "tid": 1, "text": text, "start_ns": s, "end_ns": s + length, "kind": "push_pop",
+             "depth": depth} for s in (0, 1000, 2000) for text, length, depth in (("train_step", 900, 0),
+                                                                                 ("forward", 400, 1))]
+    kernels = [{**k(s + 10, s + 300), "pid": 1, "tid": 1, "launch_start_ns": s + 5} for s in (0, 1000, 2000)]
+    con = make_model(nvtx=nvtx, kernels=kernels)
+    by_range = {name: iterations.run(con, iterations.Params(profile="t", range_name=name))
+                for name in (None, "forward")}
+    for name, found in by_range.items():
+        result = run(con, range_name=name)
+        assert result.step_method == found.method == ("nvtx:forward" if name else "nvtx:train_step")
+        assert [(s.start_ns, s.end_ns) for s in result.steps] == [(r.start_ns, r.end_ns) for r in found.rows]

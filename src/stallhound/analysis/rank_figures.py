@@ -154,7 +154,7 @@ def rank_view(con: duckdb.DuckDBPyConnection, rank: int) -> Iterator[duckdb.Duck
 @dataclass
 class RankSteps:
     """One rank's steps, as the iterations tool finds them on the rank alone."""
-    method: str | None  # iterations' method: 'nvtx:<range>' or 'kernel_pattern:<kernel>'
+    method: str | None  # iterations' method: 'nvtx:<range>', 'graph:<call>' or 'kernel_pattern:<kernel>'
     durations: list[int]  # each step's duration, in time order
     numbers: list[tuple[int, ...]] | None  # each step's numbers in its marker's name (ProfilerStep#10: (10,)),
     #                                        strictly increasing; None when the steps have no such numbers

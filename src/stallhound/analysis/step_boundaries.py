@@ -76,6 +76,10 @@ MAX_IDLE_IN_SHIFT = 0.25  # a step starts when the GPU's earlier work ends only 
 #                           wait: a device idle behind a stream wait on an untraced event leaves the step where it began
 SHIFT_BUCKETS = 16  # overlap-join buckets per typical shift
 PATTERN_SQL = sql_beside(__package__, "kernel_step_pattern.sql")
+GRAPH_SQL = sql_beside(__package__, "step_graph_replays.sql")
+GRAPH_LAUNCH = "(?i)graphlaunch"  # cudaGraphLaunch, cuGraphLaunch, hipGraphLaunch (nsys' version suffixes removed)
+MIN_GRAPH_SHARE = 0.5  # replays holding half a device's GPU time are the program's unit of work (a decode step, a
+#                        whole training step captured); a graph of one layer or a piece between eager ops holds less
 MARKER_SQL = """
 SELECT start_ns FROM kernels WHERE device_id = $device AND coalesce(short_name, name, '') = $kname
   AND start_ns >= $start AND end_ns <= $end ORDER BY start_ns
@@ -196,6 +200,24 @@ def _kernel_pattern(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str |
     return kname, reason, list(zip(starts, starts[1:], strict=False))
 
 
+def _graph_replays(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str | None, str, Spans]:
+    """(the launch call, reason or why none, spans): each replay of a CUDA graph starts a step on the threads whose
+    replays hold MIN_GRAPH_SHARE of their device's GPU time; a step runs to the next replay's start (the eager work
+    after a replay, a sampler or an optimizer, is the step's), the last to its own end."""
+    rows = con.execute(GRAPH_SQL, {"start": scope.start_ns, "end": scope.end_ns, "devices": scope.devices,
+                                   "graph_launch": GRAPH_LAUNCH}).fetchall()
+    if not rows:
+        return None, "no CUDA graph replays", []
+    held = [r for r in rows if r[5] >= MIN_GRAPH_SHARE]
+    if not held:
+        return None, (f"CUDA graph replays hold at most {rows[0][5]:.0%} of a device's GPU time (a step's replays "
+                      f"hold {MIN_GRAPH_SHARE:.0%} or more)"), []
+    replays, api = sum(r[3] for r in held), held[0][4]
+    reason = (f"CUDA graph replays ({api}): {replays} on {len(held)} thread(s), holding {min(r[5] for r in held):.0%} "
+              "or more of their device's GPU time; each replay starts a step")
+    return api, reason, _combine([_thread_spans([(s, e) for s, e in r[6]], own=False) for r in held], own=False)
+
+
 def boundaries(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, method: str
                ) -> tuple[str | None, str | None, list[Candidate], Spans]:
     """(method, reason or why none, NVTX candidates, spans): NVTX when a range qualifies, else the kernels. Found
@@ -207,9 +229,11 @@ def boundaries(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | N
 
 def _find(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, method: str
           ) -> tuple[str | None, str | None, list[Candidate], Spans]:
-    nvtx = "" if method == "kernel_pattern" else (
-        f"no NVTX range occurs {MIN_REPEATS}+ times on a thread with GPU work; ")
-    if method != "kernel_pattern":
+    """Explicit step ranges, then repeating ranges (NVTX), then CUDA graph replays, then the kernel pattern: a range
+    that repeats with GPU work encloses what a graph replays (a step may replay one several times), and a replay
+    holds the work that a kernel's rhythm only samples (one layer's kernel runs many times a replay)."""
+    said = []
+    if method in ("auto", "nvtx"):
         candidates, reason, spans = _nvtx(con, scope, range_name)
         if candidates:
             return f"nvtx:{candidates[0].name}", reason, candidates, spans
@@ -218,17 +242,33 @@ def _find(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, 
                 f"range that occurs {MIN_REPEATS}+ times on a thread with GPU work, outside per-op ranges,")
             raise InvalidRequest(f"no NVTX {what} in this window; omit range_name and method to auto-detect (the "
                                  "result's candidates then lists the ranges that qualify), or use "
-                                 "method='kernel_pattern'")
+                                 "method='graph' or method='kernel_pattern'")
+        said.append(f"no NVTX range occurs {MIN_REPEATS}+ times on a thread with GPU work")
+    if method in ("auto", "graph"):
+        api, why, spans = _graph_replays(con, scope)
+        if api is not None:
+            return f"graph:{api}", "; ".join([*said, why]), [], spans
+        if method == "graph":
+            raise InvalidRequest(f"{why} in this window; omit method to auto-detect")
+        if why != "no CUDA graph replays":
+            said.append(why)
     kname, reason, spans = _kernel_pattern(con, scope)
-    return (f"kernel_pattern:{kname}" if kname else None), nvtx + reason, [], spans
+    return (f"kernel_pattern:{kname}" if kname else None), "; ".join([*said, reason]), [], spans
 
 
 def duration_basis(method: str | None) -> str | None:
     """How a step's duration is taken: a step range's own span on the device, or start to next start (of another
-    range, or of a marker kernel)."""
+    range, a graph replay or a marker kernel)."""
     if method is None:
         return None
     return "range" if method.startswith("nvtx:") and own_span(method[5:]) else "start_to_start"
+
+
+def own_unit(method: str | None) -> bool:
+    """The steps are the program's own: ranges that say they are one step, or the replays of its CUDA graph (the
+    work it launches whole); these bound a window however few they are."""
+    return method is not None and (method.startswith("graph:") or (method.startswith("nvtx:")
+                                                                   and own_span(method[5:])))
 
 
 def durations(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None = None, method: str = "auto"

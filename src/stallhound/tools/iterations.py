@@ -27,10 +27,19 @@ Boundaries ('method'):
   median of the others (else it is a step cut off by the window) or is the only one.
   Threads combine by index: iteration k runs from the median over the threads that have a k-th range of their
   k-th starts to the median of their k-th ends (a straggling rank does not move it).
-* 'kernel_pattern:<kernel>' (no qualifying NVTX range): on the first device in scope with kernels, a kernel
-  name marks steps when it runs >= 3 times, its first to last start covers at least half the device's first to
-  last kernel, at least 75% of its periods (start to next start) lie within 25% of their median, and those
-  fill at least a quarter of the time after its first period. The coarsest such rhythm wins (fewest runs, then
+* 'graph:<launch call>' (no qualifying NVTX range): CUDA graph replays. A replay is the kernels one graph launch
+  ran (sharing its correlation id; Kineto, nsys' node-level trace) or one graph_exec row (nsys' whole-graph trace),
+  all of it inside the window. On each launching thread whose replays hold at least half of its device's GPU time
+  (kernels, graph executions, copies and memsets, summed), each replay starts a step: iteration k runs from replay
+  k's GPU start to replay k+1's (the eager work after a replay is its step's; duration_basis 'start_to_start'), the
+  last to its own end (kept as a last range is, above); threads combine by index as above. One replay is one step.
+  A repeating range comes first: it encloses a graph replayed several times a step; a replay comes before a kernel
+  rhythm, which only samples it (one layer's kernel runs many times a replay). Replays of graphs that hold less (one
+  layer captured, a piece between eager ops) mark no step.
+* 'kernel_pattern:<kernel>' (no qualifying NVTX range or graph replays): on the first device in scope with
+  kernels, a kernel name marks steps when it runs >= 3 times, its first to last start covers at least half the
+  device's first to last kernel, at least 75% of its periods (start to next start) lie within 25% of their median,
+  and those fill at least a quarter of the time after its first period. The coarsest such rhythm wins (fewest runs, then
   the one that runs first, so boundaries fall on a step's first kernel); iteration k runs from its k-th start
   to its (k+1)-th (duration_basis 'start_to_start').
 gpu_busy_pct: per device in scope, the union of its kernel, memcpy and memset intervals inside the iteration
@@ -68,7 +77,6 @@ from stallhound.analysis.common import (
 from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.span_busy import busy_ns
 from stallhound.analysis.step_boundaries import (
-    EXPLICIT_STEP,
     MAX_CANDIDATES,
     PROFILER_STEP,
     STEP_NAMES,
@@ -76,6 +84,7 @@ from stallhound.analysis.step_boundaries import (
     Spans,
     boundaries,
     duration_basis,
+    own_unit,
     steady_median_ns,
 )
 from stallhound.formats.remedy import remedy
@@ -95,8 +104,8 @@ class Params(ScopedParams):
     range_name: Annotated[str | None, Field(
         description="NVTX range marking one iteration, e.g. 'iteration N' or 'train_step' (letters compared, "
                     "case and numbers ignored); omit to auto-detect")] = None
-    method: Annotated[Literal["auto", "nvtx", "kernel_pattern"], Field(
-        description="auto: NVTX when a range qualifies, else the kernel pattern")] = "auto"
+    method: Annotated[Literal["auto", "nvtx", "graph", "kernel_pattern"], Field(
+        description="auto: NVTX when a range qualifies, else CUDA graph replays, else the kernel pattern")] = "auto"
     limit: LimitParam = DEFAULT_LIMIT
     offset: OffsetParam = 0
 
@@ -117,10 +126,12 @@ class Outlier(BaseModel):
 
 class Result(Paged):
     scope: Scope
-    method: str | None = Field(description="'nvtx:<name>' or 'kernel_pattern:<kernel>'; null when none found")
+    method: str | None = Field(description="'nvtx:<name>', 'graph:<launch call>' or 'kernel_pattern:<kernel>'; null "
+                                           "when none found")
     duration_basis: Literal["range", "start_to_start"] | None = Field(
         description="'range': each iteration is its range's own span on the device (nvtx); 'start_to_start': from "
-                    "one marker kernel's start to the next (kernel_pattern); null when none found")
+                    "one range's, graph replay's or marker kernel's start to the next (the last to its own end); "
+                    "null when none found")
     reason: str | None = Field(description="why these boundaries: the range or kernel, its counts and the rule")
     candidates: list[Candidate] = Field(description=f"qualifying NVTX ranges, the chosen first, at most "
                                                     f"{MAX_CANDIDATES}; pass another's name as range_name")
@@ -193,11 +204,7 @@ def _summary(spans: Spans) -> dict:
 def _judged_spread(method: str | None, spread: float | None, steady_spread: float | None) -> float | None:
     """The spread that says whether the boundaries time one repeating step: without a warmup first step only for
     the program's own markers (a slow first step is theirs; another rhythm's odd first period is no step)."""
-    return steady_spread if _own_marker(method) else spread
-
-
-def _own_marker(method: str | None) -> bool:
-    return method is not None and method.startswith("nvtx:") and re.search(EXPLICIT_STEP, method[5:]) is not None
+    return steady_spread if own_unit(method) else spread
 
 
 def _note(con: duckdb.DuckDBPyConnection, method: str | None, reason: str | None, count: int,
@@ -205,9 +212,10 @@ def _note(con: duckdb.DuckDBPyConnection, method: str | None, reason: str | None
     if method is None:
         return f"{reason}; annotate each step with an NVTX range (capture with {remedy(con, ('nvtx',), bare=True)})"
     if count < MIN_ITERATIONS:
-        own = _own_marker(method)
+        own = own_unit(method)
+        whose = "graph replays" if method.startswith("graph:") else "step marker"
         return (f"only {count} {'step' if own else 'iteration'}(s) by {method}"
-                + (" (the program's own step marker: triage analyses them)" if own else "")
+                + (f" (the program's own {whose}: triage analyses them)" if own else "")
                 + f": too few to tell warmup from steady state (needs {MIN_ITERATIONS}); capture more steps")
     if spread is not None and spread > IRREGULAR_SPREAD:
         return (f"durations vary widely (p90/p10 = {spread}): these boundaries may not time one repeating step; "
@@ -242,7 +250,7 @@ def first_is_warmup(result: Result) -> bool:
 
 def steady_window(result: Result, irregular_ok: bool = False) -> tuple[int, int] | None:
     """(start_ns, end_ns) of steady state: from the first steady iteration (the second when the first is the
-    warmup outlier) to the end of the last. The program's own step markers, however few, bound it (one
+    warmup outlier) to the end of the last. The program's own steps (own_unit), however few, bound it (one
     ProfilerStep is the step the user chose to profile); other boundaries need MIN_ITERATIONS iterations. None
     when the iterations are irregular (the boundaries may not time a step) unless irregular_ok: for the program's
     own markers, irregular after a warmup first step; for other boundaries, over all of them."""
@@ -258,15 +266,15 @@ def steady_window(result: Result, irregular_ok: bool = False) -> tuple[int, int]
 
 def marked_steps(result: Result) -> bool:
     """The boundaries are ranges that say they are one step (torch.profiler's ProfilerStep#N, 'train_step',
-    'iteration N'): the program's own step markers."""
-    return _own_marker(result.method)
+    'iteration N') or the replays of the program's CUDA graph: the program's own steps."""
+    return own_unit(result.method)
 
 
 def step_named(result: Result) -> bool:
-    """The boundaries come from a stable kernel rhythm, torch.profiler's step range or a range named like a step:
-    the program's own loop, even where single durations vary."""
+    """The boundaries come from a stable kernel rhythm, CUDA graph replays, torch.profiler's step range or a range
+    named like a step: the program's own loop, even where single durations vary."""
     method = result.method or ""
-    if method.startswith("kernel_pattern:"):
+    if method.startswith(("kernel_pattern:", "graph:")):
         return True
     return method.startswith("nvtx:") and any(re.search(p, method[5:]) for p in (PROFILER_STEP, STEP_NAMES))
 

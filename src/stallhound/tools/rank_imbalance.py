@@ -97,7 +97,7 @@ class RankRow(BaseModel):
     communication_pct: float
     idle_pct: float
     steps: int = Field(description="iterations found on this rank")
-    step_method: str | None = Field(description="how iterations found them: 'nvtx:<range>' or "
+    step_method: str | None = Field(description="how iterations found them: 'nvtx:<range>', 'graph:<call>' or "
                                                 "'kernel_pattern:<kernel>'; null when none")
     step_ns: float | None = Field(description="median of the compared steps (steps_compared) after the first, the "
                                               "only one's duration when one; null without steps")

@@ -9,8 +9,9 @@ it, else ceil(9 x busy share), busy being the union of the lane's intervals (ove
 single short kernel still shows as 1. Exact, however long the profile: `limit` kernels and `limit` idle gaps
 (>= 1 ms, each with its cause and blocking call from analysis/attribution.py, as gpu_idle_gaps decides them), each
 device's longest in turn (every device's longest, then every device's second, ...), so one device's long
-collectives cannot hide another's. steps: the iterations of the capture (tools/iterations.py, at most 500) that
-overlap the window. Lanes (in device order), kernels and gaps (longest first) are flat lists, a `device` on each.
+collectives cannot hide another's. steps: the iterations of the capture (tools/iterations.py, at most 500;
+`range_name` picks the step range as it takes it) that overlap the window. Lanes (in device order), kernels and
+gaps (longest first) are flat lists, a `device` on each.
 Clients that show MCP Apps draw it as a zoomable picture (ui://stallhound/timeline.html); `stallhound report`
 writes the same picture into an HTML file. No findings: gpu_idle_gaps and triage judge what it shows. Times in ns.
 """
@@ -37,6 +38,7 @@ from stallhound.analysis.common import (
 )
 from stallhound.analysis.intervals import pieces
 from stallhound.analysis.step_boundaries import boundaries
+from stallhound.tools import iterations
 
 LEVELS = 9  # digits 1-9 for busy columns: enough shades for a pixel column, one character each
 # Columns: five screen widths, room for a report to zoom in; and a lane of this many digits still fits the default
@@ -56,6 +58,8 @@ class Params(ScopedParams):
     limit: Annotated[int, Field(description=f"Longest kernels and longest idle gaps kept exactly, each, taking "
                                             f"the devices' longest in turn (1-{MAX_LIMIT})",
                                 ge=1, le=MAX_LIMIT)] = SPANS_SHOWN
+    range_name: Annotated[str | None, Field(
+        description=iterations.Params.model_fields["range_name"].description)] = None
 
 
 class LaneRow(BaseModel):
@@ -189,7 +193,7 @@ def _steps(con: duckdb.DuckDBPyConnection, params: Params, scope: Scope) -> tupl
     the window: a step the window cuts still shows. Only their bounds: not the per-step GPU busy iterations
     measures, which costs more than the search."""
     capture = resolve_scope(con, ScopedParams(profile=params.profile, device=params.device))
-    method, _, _, spans = boundaries(con, capture, None, "auto")
+    method, _, _, spans = boundaries(con, capture, params.range_name, "auto")
     return [StepSpan(index=i, start_ns=s, end_ns=e) for i, (s, e) in enumerate(spans[:MAX_LIMIT])
             if e > scope.start_ns and s < scope.end_ns], method
 

@@ -73,7 +73,7 @@ class Side(BaseModel):
     window_note: str
     classification: Classification
     iterations: int = Field(description="steady iterations in the window; 0 when the window is not steady state")
-    step_method: str | None = Field(description="how the step finder found them (e.g. nvtx:ProfilerStep#N, "
+    step_method: str | None = Field(description="how the step finder found them (nvtx:ProfilerStep#N, graph:<call>, "
                                                 "kernel_pattern:<kernel>); null without steady iterations")
     step_median_ns: float | None = Field(description="median steady iteration duration")
     step_sigma_ns: float | None = Field(description=f"{ROBUST_SIGMA_PER_MAD} x the median absolute deviation of the "

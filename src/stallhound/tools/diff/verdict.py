@@ -15,8 +15,12 @@ medians, from each side's robust spread (tools/diff/side.py): a change inside it
 
 When the work differs, a time is not comparable as it is. With such steps on both sides the step is the unit of work
 (a fix that fuses kernels or changes their dtype changes the kernels, not the step), compared by step time alone.
-Without them only rates compare: the GPU idle share of the window, in percentage points. Either way the result says
-that the work differs.
+Without them only rates compare: the GPU idle share of the window, in percentage points, and only when the GPU ran as
+much work per second. When both ran the same kernels (SAME_KERNELS_PCT of each side's launches in names both launch)
+at launch rates (launches per second of the window) more than WORK_RATE_CHANGE_PCT apart, one side ran more of the
+same work in each second (the same kernels run twice, more iterations packed into the window): a busier GPU is that
+work, not the same work done faster, so the verdict is 'no clear change', decided by the launch rate, and says so.
+Either way the result says that the work differs.
 """
 
 from __future__ import annotations
@@ -40,11 +44,15 @@ KERNEL_TIME_CHANGE_PCT = 5.0  # the same launches of the same kernels: clocks an
 HOST_TIME_CHANGE_PCT = 10.0  # the host's own time moves more between runs (scheduling, allocator, interpreter)
 WINDOW_RATIO_MAX = 3.0  # windows this many times apart see different slices of a run (warmup, periodic events)
 SHARED_KERNEL_MIN_PCT = 50.0  # less of the kernel time in names both sides run: not the same program
+SAME_KERNELS_PCT = 95.0  # launches in kernel names both sides launch: the same kernels, in whatever numbers
+WORK_RATE_CHANGE_PCT = 25.0  # launches per second of the window: a window's edges and jitter move it a few %; the
+#                              same work run twice in a host-paced loop moves it by far more
 EMPTY_BOUNDS = ("no GPU activity", "too little GPU activity")
 
 Verdict = Literal["improved", "regressed", "no clear change"]
 Basis = Literal["per_iteration", "per_run", "per_second"]
-Figure = Literal["step_time_ns", "gpu_active_span_ns", "kernel_time_ns", "host_time_ns", "idle_share_pct", "none"]
+Figure = Literal["step_time_ns", "gpu_active_span_ns", "kernel_time_ns", "host_time_ns", "idle_share_pct",
+                 "launches_per_s", "none"]
 LABELS = {"step_time_ns": "median step", "gpu_active_span_ns": "GPU-active span of the work",
           "kernel_time_ns": "kernel time", "host_time_ns": "host time issuing the work"}
 
@@ -128,7 +136,7 @@ def decide(before: Side, after: Side) -> Decision:
                         compared=[], reason=f"a side has too little GPU activity to compare; {match.note}",
                         warnings=warnings)
     if basis == "per_second":
-        return _by_idle(before, after, match, warnings)
+        return _by_work_rate(before, after, match, warnings) or _by_idle(before, after, match, warnings)
     return _by_work(before, after, basis, match, warnings)
 
 
@@ -219,6 +227,39 @@ def _by_idle(before: Side, after: Side, match: WorkMatch, warnings: list[str]) -
     return Decision(verdict=verdict, basis="per_second", same_work=False, matched_launches_pct=match.matched_pct,
                     work_note=match.note, figure="idle_share_pct", before=b, after=a, change_pct=change,
                     threshold_pct=MIN_IDLE_CHANGE_POINTS, noise_before_pct=None, noise_after_pct=None, compared=[],
+                    reason=reason, warnings=warnings)
+
+
+def _launch_rates(before: Side, after: Side) -> tuple[float, float] | None:
+    """Launches per second of each side's window, when both launched the same kernels (whatever their numbers)."""
+    counts = [s.work.launches_by_name() for s in (before, after)]
+    shared = set(counts[0]) & set(counts[1])
+    if not all(c and sum(c[k] for k in shared) >= SAME_KERNELS_PCT / 100 * sum(c.values()) for c in counts):
+        return None
+    lengths = [s.window.duration_ns if s.window else 0 for s in (before, after)]
+    if not all(lengths):
+        return None
+    return 1e9 * sum(counts[0].values()) / lengths[0], 1e9 * sum(counts[1].values()) / lengths[1]
+
+
+def _by_work_rate(before: Side, after: Side, match: WorkMatch, warnings: list[str]) -> Decision | None:
+    """'no clear change' decided by the launch rate when the same kernels ran at rates far apart: one side ran more of
+    the same work each second, which its idle share and times measure; None when the rates are close."""
+    rates = _launch_rates(before, after)
+    if rates is None or abs(_change(*rates)) <= WORK_RATE_CHANGE_PCT:
+        return None
+    b, a = rates
+    more = "more" if a > b else "less"
+    idle = (before.classification.idle_pct, after.classification.idle_pct)
+    reason = (f"{more} work: the same kernels launched {a / b:.2f}x as often per second of the window ({b:,.0f} -> "
+              f"{a:,.0f} launches/s, {_change(b, a):+.1f}%; a change counts above {WORK_RATE_CHANGE_PCT:.0f}%); "
+              f"{match.note}. The GPU idle share ({idle[0]:.1f}% -> {idle[1]:.1f}%) and the times measure that work, "
+              "not the same work done faster or slower: capture the same steps on both sides, or mark each step with "
+              "an NVTX range, to compare them")
+    return Decision(verdict="no clear change", basis="per_second", same_work=False,
+                    matched_launches_pct=match.matched_pct, work_note=match.note, figure="launches_per_s",
+                    before=round(b, 1), after=round(a, 1), change_pct=_change(b, a),
+                    threshold_pct=WORK_RATE_CHANGE_PCT, noise_before_pct=None, noise_after_pct=None, compared=[],
                     reason=reason, warnings=warnings)
 
 
