@@ -11,6 +11,7 @@ import sqlite3
 import duckdb
 import pytest
 from conftest import FIXTURE_FILES, FIXTURES
+from modeldb import bulk_insert
 
 from stallhound.formats import open_profile
 from stallhound.formats.nsys import nvtx as nvtx_build
@@ -84,9 +85,9 @@ def _staged(rows: list[tuple]) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     con.execute(ddl("nvtx"))
     if rows:
-        con.executemany("INSERT INTO nvtx (pid, tid, start_ns, end_ns, kind) VALUES (?, ?, ?, ?, ?)",
-                        [(None if g is None else g >> 24 & 0xFFFFFF, None if g is None else g & 0xFFFFFF, s,
-                          e if e is not None and e >= s else None, kind) for g, s, e, kind in rows])
+        bulk_insert(con, "nvtx", ("pid", "tid", "start_ns", "end_ns", "kind"),
+                    [(None if g is None else g >> 24 & 0xFFFFFF, None if g is None else g & 0xFFFFFF, s,
+                      e if e is not None and e >= s else None, kind) for g, s, e, kind in rows])
     return con
 
 
@@ -108,14 +109,9 @@ def _export_rows(path) -> list[tuple]:
     return [(tid, start, end, NVTX_KIND.get(names.get(code), "other")) for tid, start, end, code in events]
 
 
-SMALL_WINDOW_BYTES = 2_000_000  # past this, a fixture's 1,000-range windows add minutes of reference SQL to make test
-
-
 def _windows(path) -> list:
-    """The default window on every fixture; 1,000 ranges (many windows) on the small ones here, on all in test-heavy."""
-    heavy = [pytest.mark.heavy] if path.stat().st_size > SMALL_WINDOW_BYTES else []
-    return [pytest.param(path, nvtx_build.WINDOW_RANGES, id=f"{path.stem}-{nvtx_build.WINDOW_RANGES}"),
-            pytest.param(path, 1000, id=f"{path.stem}-1000", marks=heavy)]
+    """The default window, and 1,000 ranges (many windows) on every fixture."""
+    return [pytest.param(path, window, id=f"{path.stem}-{window}") for window in (nvtx_build.WINDOW_RANGES, 1000)]
 
 
 @pytest.mark.parametrize(("path", "window"), [p for path in FIXTURE_FILES for p in _windows(path)])
