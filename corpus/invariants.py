@@ -76,13 +76,14 @@ def fix_fits_program(t: Triaged) -> list[str]:
             for f in t.result.findings if f.fix_for not in chain]
 
 
-def _cost(f: Any) -> tuple[int, int]:
-    return -f.time_at_stake_ns, SEVERITY_RANK[f.severity]
+def _cost(f: Any) -> tuple[bool, int, int]:
+    """Triage's order (common.leads_first): findings of severity info after all others, whatever their time."""
+    return f.severity == "info", -f.time_at_stake_ns, SEVERITY_RANK[f.severity]
 
 
 def ranked(t: Triaged) -> list[str]:
-    """Ranks run 1..n, costliest first (equal cost: more severe first); totals agree with the findings; nothing is
-    high severity with nothing at stake."""
+    """Ranks run 1..n, costliest first (equal cost: more severe first; info last); totals agree with the findings;
+    nothing is high severity with nothing at stake."""
     r = t.result
     broken = []
     if [f.rank for f in r.findings] != list(range(1, len(r.findings) + 1)):

@@ -474,3 +474,44 @@ def test_attribution_short_gaps_judged_in_the_pass_equal_the_sql_labelling(seed,
     assert attribution.attribute(con, scope(con)) == judged
     assert {c for d in judged.devices.values() for c in d.causes} >= {"launch", "launch_tiny", "host_untraced", "sync",
                                                                       "alloc"}
+
+
+def held(copy_at: int, launched: tuple[int, int], tid: int = 8, name: str = "cudaMemcpyAsync",
+         moved_at: int = 9_000_000) -> attribution.Attribution:
+    """k1 (0-1 ms) runs dry at 1 ms; k2, launched at `launched` by thread 7, runs only at 8 ms; thread `tid` calls
+    `name` at `copy_at` until 9.1 ms, a 4-byte device-to-pageable read whose transfer runs at `moved_at`."""
+    kernels = [kernel(1, 0, 1_000_000, (-5_000, -1_000)), kernel(2, 8_000_000, 8_100_000, launched)]
+    copies = [{**copy(60, moved_at, moved_at + 2_000, "D2H", "device", "pageable", 4), "tid": tid}]
+    calls = [call("cudaLaunchKernel", "launch", *launched, 2),
+             {**call(name, "memcpy" if "Memcpy" in name else "sync", copy_at, 9_100_000, 60), "tid": tid}]
+    con = make_model(kernels=kernels, memcpy=copies, cuda_api=calls)
+    return attribution.attribute(con, scope(con, start_ns=T, end_ns=T + 9_100_000))
+
+
+@pytest.mark.parametrize("copy_at, launched, name, moved_at, cause", [
+    # the read begins inside the gap (at 2 ms, 6 of its 7 ms) on another thread, k2 queued before it: held
+    (2_000_000, (1_500_000, 1_600_000), "cudaMemcpyAsync", 9_000_000, "readback"),
+    # the same read spanning the gap from its start: held, although k2 was queued before the gap began
+    (500_000, (-900, -800), "cudaMemcpyAsync", 9_000_000, "readback"),
+    # begun at 4.6 ms, it covers less than half the gap: not held (judged by thread 7, which did nothing seen)
+    (4_600_000, (1_500_000, 1_600_000), "cudaMemcpyAsync", 9_000_000, "host_untraced"),
+    # at 4.4 ms, just over half: held
+    (4_400_000, (1_500_000, 1_600_000), "cudaMemcpyAsync", 9_000_000, "readback"),
+    # k2 launched after the read began: thread 7's late launch, not the read's
+    (2_000_000, (2_500_000, 2_600_000), "cudaMemcpyAsync", 9_000_000, "host_untraced"),
+    # the transfer ran before the gap (beside k1): the read did not wait for the work after it
+    (2_000_000, (1_500_000, 1_600_000), "cudaMemcpyAsync", 500_000, "host_untraced"),
+    # a synchronize names no device and moves nothing: the gap stays thread 7's, and a queued one stays queued
+    (2_000_000, (1_500_000, 1_600_000), "cudaStreamSynchronize", 9_000_000, "host_untraced"),
+    (500_000, (-900, -800), "cudaStreamSynchronize", 9_000_000, "queued"),
+])
+def test_attribution_a_gap_a_blocking_copy_waits_through_is_held_by_it(copy_at, launched, name, moved_at, cause):
+    """The device idles 1-8 ms with k2 queued (launched at `launched`) while another thread sits in a blocking read
+    whose transfer runs after the gap: the read waited on work the trace does not show, so the gap is its cause."""
+    found = held(copy_at, launched, name=name, moved_at=moved_at)
+    gap = found.long_gaps[0]
+    idle = found.devices[0].causes[cause]
+    is_held = cause == "readback"
+    assert (gap.start_ns, gap.end_ns, gap.cause, gap.held) == (T + 1_000_000, T + 8_000_000, cause, is_held)
+    assert (idle.held_ns, idle.calls) == ((7_000_000, 1) if is_held else (0, 0))
+    assert (gap.blocked_in, gap.tid) == (("cudaMemcpyAsync", 8) if is_held else (None, 7))

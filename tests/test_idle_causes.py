@@ -8,10 +8,10 @@ import pytest
 from modeldb import make_model
 
 from stallhound import book
-from stallhound.analysis import common, idle_causes
+from stallhound.analysis import common, idle_causes, trace_quality
 from stallhound.analysis.attribution import CauseTime, DeviceIdle
 from stallhound.analysis.program import FIX_CHAINS, Program
-from stallhound.analysis.trace_quality import LostKernels
+from stallhound.analysis.trace_quality import LostKernels, SampledCalls
 
 MS = 1_000_000
 WINDOW = 100 * MS
@@ -33,10 +33,10 @@ def found(d: DeviceIdle, p: Program | None = None, in_loop: bool = False) -> lis
 
 
 @pytest.mark.parametrize("causes, expected", [
-    ({"sync": CauseTime(5 * MS, 40, api="cudaDeviceSynchronize")},
+    ({"sync": CauseTime(5 * MS, 40, api="cudaDeviceSynchronize", calls=40)},
      [("excessive-synchronization", "medium", 5 * MS, ["device-sync"])]),
-    ({"sync": CauseTime(MS // 2, 4, api="cudaDeviceSynchronize")}, []),  # half a percent of the window
-    ({"sync": CauseTime(MS, 9, api="cudaStreamSynchronize"), "sync_copy": CauseTime(2 * MS, 9)},
+    ({"sync": CauseTime(MS // 2, 4, api="cudaDeviceSynchronize", calls=4)}, []),  # half a percent of the window
+    ({"sync": CauseTime(MS, 9, api="cudaStreamSynchronize", calls=9), "sync_copy": CauseTime(2 * MS, 9, calls=9)},
      [("excessive-synchronization", "medium", 3 * MS, ["sync-copy"])]),
     ({"readback": CauseTime(12 * MS, 30, api="cudaStreamSynchronize")},
      [("blocking-d2h-sync", "high", 12 * MS, [])]),
@@ -188,7 +188,7 @@ def test_idle_causes_operators_without_launches_are_host_work():
 @pytest.mark.parametrize("lost, demoted", [(LostKernels(10, 100), True), (LostKernels(9, 100), False),
                                            (LostKernels(0, 0), False)])
 def test_idle_causes_idle_is_not_ranked_when_the_trace_lost_its_kernels(lost, demoted):
-    d = device(sync=CauseTime(12 * MS, 5, api="cudaDeviceSynchronize"),
+    d = device(sync=CauseTime(12 * MS, 5, api="cudaDeviceSynchronize", calls=5),
                host_untraced=CauseTime(30 * MS, 3, long_ns=30 * MS))
     got = idle_causes.findings({0: d}, prog(), seen=idle_causes.Seen(lost=lost))
     assert [f.severity for f in got] == (["info", "info"] if demoted else ["high", "high"])
@@ -224,3 +224,51 @@ def test_idle_causes_launches_count_each_launch_call_once():
     scope = common.Scope(profile="t", start_ns=0, end_ns=1_000, duration_ns=1_000, devices=[0, 1],
                          window_basis="requested")
     assert idle_causes.launches(con, scope) == {0: (30 + 10, 200 + 50 + 500), 1: (20, 100)}
+
+
+@pytest.mark.parametrize("calls, step_ns, fires", [
+    (1, 40 * MS, False),  # one call in a window of 2.5 steps: paid once, as a sync at the loop's end
+    (2, 40 * MS, True),  # two calls recur
+    (1, 51 * MS, True),  # a window of less than two steps: the one call may be the step's own
+    (1, 50 * MS, False),  # exactly two steps
+    (1, None, True),  # no loop known: the trace cannot tell
+])
+def test_idle_causes_one_sync_in_a_window_of_several_steps_is_not_excessive(calls, step_ns, fires):
+    d = device(sync=CauseTime(8 * MS, 7, api="cudaDeviceSynchronize", calls=calls))
+    got = idle_causes.findings({0: d}, prog(), in_loop=True, step_ns=step_ns)
+    assert [f.root_cause for f in got] == (["excessive-synchronization"] if fires else [])
+
+
+@pytest.mark.parametrize("held_ns, words", [
+    (0, "reads (cudaMemcpyAsync) that drained its queue: "),
+    (9 * MS, "that drained its queue or waited for work it held (9.000 ms of it while the device waited on work the "
+             "trace does not show"),
+])
+def test_idle_causes_reads_held_by_work_the_trace_does_not_show_say_so(held_ns, words):
+    d = device(readback=CauseTime(12 * MS, 3, api="cudaMemcpyAsync", calls=3, held_ns=held_ns))
+    [f] = idle_causes.findings({0: d}, prog())
+    assert (f.root_cause, f.time_at_stake_ns, words in f.title + ": ") == ("blocking-d2h-sync", 12 * MS, True)
+
+
+@pytest.mark.parametrize("sampled, demoted", [(SampledCalls(25, 100), True), (SampledCalls(24, 100), False),
+                                              (SampledCalls(50, 99), False), (SampledCalls(0, 0), False)])
+def test_idle_causes_idle_is_not_ranked_when_the_trace_holds_a_sample_of_the_calls(sampled, demoted):
+    d = device(host_untraced=CauseTime(30 * MS, 3, long_ns=30 * MS))
+    [f] = idle_causes.findings({0: d}, prog(), seen=idle_causes.Seen(sampled=sampled))
+    assert (f.root_cause, f.severity) == ("gpu-bubbles", "info" if demoted else "high")
+    assert ("not ranked: the trace holds a sample of the CUDA calls (25 of the window's 100" in f.title) == demoted
+
+
+@pytest.mark.parametrize("step, share, sampled", [(50, 25, True), (49, 25, False), (50, 24, False)])
+def test_trace_quality_a_trace_that_skips_correlation_ids_holds_a_sample_of_the_calls(step, share, sampled):
+    """101 launch calls of one process, `share` of the 100 after the first following the one before by `step` ids
+    (the others by 2: the driver call inside each): a filtered trace when a quarter skip 50 ids or more."""
+    ids = [0]
+    for i in range(100):
+        ids.append(ids[-1] + (step if i < share else 2))
+    con = make_model(cuda_api=[{"pid": 1, "tid": 7, "correlation_id": c, "name": "cudaLaunchKernel",
+                                "kind": "launch", "start_ns": 1000 * i, "end_ns": 1000 * i + 500}
+                               for i, c in enumerate(ids)])
+    got = trace_quality.sampled_calls(con, 0, 10**9)
+    assert got == (share if step >= 50 else 0, 100)
+    assert got.significant == sampled

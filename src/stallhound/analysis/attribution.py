@@ -18,6 +18,12 @@ nanoseconds and their sum is the device's idle time:
   (late_ns), judged by what the host did in the gap like a gap without a blocking call (sync, launch,
   host_cpu, host_untraced). A synchronize call covering most of a longer gap also counts as sync (the host
   waited on other work meanwhile). Each blocking cause counts the distinct calls whose gaps it holds (calls).
+  A gap of HELD_MIN_NS or more that a blocking copy call (on any thread) spans to its end, for most of it, is held
+  by the copy, before every rule here, queued included: the copy's transfer ran on the gap's device only after the
+  gap, and the work after the gap was launched before the call began (or by no traced call), so the device waited
+  on work the trace does not show (an event of another stream, another process or rank) while the host waited in
+  the copy for it (held_ns, Gap.held). A synchronize call names no device and moves nothing: a queued gap inside
+  one stays queued.
   A short gap that starts in a blocking call's wake (after it returned, until the thread's first kernel launch
   after it has returned) is the call's too: the call left the queue empty, so that launch's latency is exposed
   however fast the host launches (attribution_sql.CALLS_SQL).
@@ -85,6 +91,7 @@ SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; p
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
 FOLD_BELOW_NS = min(BUBBLE_MIN_NS, SYNC_RESUME_MAX_NS + 1)  # queued gaps this short are neither listed nor pauses:
 # the pass only counts them (TOTALS_SQL's kept sums them into one row per device)
+HELD_MIN_NS = FOLD_BELOW_NS  # a held gap (gap_causes.sql) is judged one by one: shorter queued gaps are only counted
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 DEVICE_PASS_SLICES = DEFAULT_SLICES  # the device pass the gap pass fills
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
@@ -109,7 +116,7 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
             "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
-            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS,
+            "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS, "held_min": HELD_MIN_NS,
             "op_domain": nvtx_texts.OP_DOMAIN, "fault_max": FAULT_CYCLE_MAX_NS}
 
 
@@ -231,6 +238,7 @@ class CauseTime:
     period_ns: int | None = None
     api: str | None = None  # for the blocking causes: the API whose gaps hold the most of their idle time
     calls: int = 0  # for the blocking causes: the distinct blocking calls whose gaps they are
+    held_ns: int = 0  # for the copy causes: the time in held gaps (the copy waited on work the trace does not show)
 
 
 @dataclass(frozen=True)
@@ -274,6 +282,7 @@ class Gap:
     late_ns: int = 0  # the part with a second cause (late_cause): a blocking call's late resume past its share, or
     # the time of a SHARE_CAUSES gap in which its activity did not run
     late_cause: str | None = None
+    held: bool = False  # a blocking copy held it (cause): the device waited on work the trace does not show
 
     def at_edge(self, scope: Scope) -> bool:
         """The stretch before the device's first work in the window or after its last: only such a gap starts at
@@ -307,7 +316,7 @@ def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
     for t in totals or []:
         found[t["device_id"]][t["cause"]] = CauseTime(
             ns=int(t["ns"]), gaps=t["gaps"], long_ns=int(t["long_ns"]), periodic_ns=int(t["periodic_ns"]),
-            periodic_gaps=t["periodic_gaps"], period_ns=t["period_ns"], api=t["api"],
+            periodic_gaps=t["periodic_gaps"], period_ns=t["period_ns"], api=t["api"], held_ns=int(t["held_ns"]),
             calls=len({tuple(c) for c in t["calls"] or []} | short.calls.get((t["device_id"], t["cause"]), set())))
     gaps = [Gap(**g) for g in long_gaps or []]
     devices = {d: DeviceIdle(device=d, window_ns=scope.duration_ns, idle_ns=sum(c.ns for c in causes.values()),

@@ -45,13 +45,14 @@ reach AS (  -- the (thread, bucket of $follow) in which a call returning can be 
   SELECT DISTINCT pid, tid, start_ns // $follow - unnest([0, 1]) AS bucket FROM thread_calls WHERE kind = 'sync'),
 calls0 AS (  -- the syncs, and the copy calls that can block (below) or that a sync can follow: a small share of
   -- the copy calls, so the others are never numbered or joined
-  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, coalesce(m.small_read, false) AS small_read,
+  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, a.correlation_id,
+         coalesce(m.small_read, false) AS small_read,
          coalesce(m.pageable, false) AS pageable
   FROM thread_calls a LEFT JOIN copies m ON m.pid = a.pid AND m.correlation_id = a.correlation_id
   WHERE a.kind = 'sync' OR m.pid IS NOT NULL OR a.name NOT LIKE '%Async%'
      OR (a.pid, a.tid, a.end_ns // $follow) IN (SELECT (pid, tid, bucket) FROM reach)),
 bcopies AS (
-  SELECT pid, tid, start_ns, end_ns, name, CASE
+  SELECT pid, tid, start_ns, end_ns, name, correlation_id, CASE
     WHEN small_read AND """ + rules.blocking_copy_sql("name", "pageable") + """ THEN 'readback'
     WHEN pageable THEN 'pageable_copy'
     WHEN name NOT LIKE '%Async%' THEN 'sync_copy' END AS cause
@@ -70,9 +71,9 @@ followed AS (  -- what the call that returned last, up to $follow before a sync 
 bcalls AS (
   SELECT * FROM bcopies WHERE cause IS NOT NULL
   UNION ALL
-  SELECT pid, tid, start_ns, end_ns, name, 'alloc' FROM calls0 WHERE kind = 'alloc'
+  SELECT pid, tid, start_ns, end_ns, name, NULL, 'alloc' FROM calls0 WHERE kind = 'alloc'
   UNION ALL
-  SELECT pid, tid, start_ns, end_ns, name, CASE WHEN what = 'D2H' THEN 'readback'
+  SELECT pid, tid, start_ns, end_ns, name, NULL, CASE WHEN what = 'D2H' THEN 'readback'
     WHEN what = 'pageable' THEN 'pageable_copy' ELSE 'sync' END FROM followed),
 """
 # The blocking calls as the gap starts they stand for: the thread's latest call begun by then, while it lasts (a call
@@ -93,12 +94,18 @@ wakes AS (  -- each call's first launch begun within $resume_max after it return
   SELECT b.pid, b.tid, b.start_ns, b.end_ns, l.end_ns AS wake_ns
   FROM (SELECT DISTINCT pid, tid, start_ns, end_ns FROM bcalls) b
   ASOF JOIN wake_launches l ON l.pid = b.pid AND l.tid = b.tid AND b.end_ns <= l.start_ns
-  WHERE l.start_ns < b.end_ns + $resume_max)
+  WHERE l.start_ns < b.end_ns + $resume_max),
+moved AS (  -- a blocking copy call's transfer: the device it ran on and when it began to move (copy_device, moved_ns)
+  SELECT pid, correlation_id, min(device_id) AS copy_device, min(start_ns) AS moved_ns FROM memcpy
+  WHERE (pid, correlation_id) IN (SELECT (pid, correlation_id) FROM bcalls WHERE correlation_id IS NOT NULL)
+  GROUP BY ALL)
 SELECT * FROM (
   SELECT c.pid, c.tid, c.cause, c.name, c.start_ns, c.end_ns, least(c.end_ns, next_ns) AS until_ns,
-         least(greatest(c.end_ns, w.wake_ns), next_ns) AS reach_ns  -- least and greatest skip a NULL
+         least(greatest(c.end_ns, w.wake_ns), next_ns) AS reach_ns,  -- least and greatest skip a NULL
+         m.copy_device, m.moved_ns
   FROM (SELECT *, lead(start_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns, end_ns) AS next_ns FROM bcalls) c
-  LEFT JOIN wakes w USING (pid, tid, start_ns, end_ns))
+  LEFT JOIN wakes w USING (pid, tid, start_ns, end_ns)
+  LEFT JOIN moved m ON m.pid = c.pid AND m.correlation_id = c.correlation_id)
 WHERE until_ns > start_ns"""
 SPANS = """
 bspans AS (  -- cut in buckets for an equality join of the few calls with the many gaps (an ASOF join sorts every gap)

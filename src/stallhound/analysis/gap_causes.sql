@@ -7,10 +7,25 @@
 -- meanwhile (host_cause; before a late launch, one op's overhead, alloc when allocating is the most of it seen). The
 -- late resume past a blocking call's share in a longer gap, or a jit or profiler gap's time outside its activity
 -- (split); the result as labelled.
+-- Before all that, a held gap: one of $held_min or more that a blocking copy call on any thread spans to its end, for
+-- most of it, whose transfer runs on the gap's device only after the gap, while the work after the gap had been
+-- launched before the call began (or by no traced call): the device waited on work the trace does not show (another
+-- stream's event, another process or rank) and the host waited in the copy for it; the gap is the copy's cause, held.
+-- A synchronize call names no device and moves nothing, so a queued gap inside one stays queued (the device may wait
+-- on another device the host waits for too).
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
--- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $fault_max.
+-- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max.
+held AS (
+  SELECT g.gap_id, b.cause AS h_cause, b.name AS h_name, b.pid AS h_pid, b.tid AS h_tid, b.start_ns AS h_start
+  FROM idle_gaps g JOIN gap_blocking_calls b ON b.copy_device = g.device_id AND b.start_ns < g.end_ns
+    AND b.end_ns >= g.end_ns AND b.moved_ns >= g.end_ns
+  WHERE g.duration_ns >= $held_min AND NOT g.driver AND coalesce(g.launch_end_ns <= b.start_ns, true)
+    AND g.end_ns - greatest(g.start_ns, b.start_ns) >= $dominant * g.duration_ns
+  QUALIFY row_number() OVER (PARTITION BY g.gap_id ORDER BY b.start_ns, b.pid, b.tid) = 1),
 judged AS (
-  SELECT g.*, h.jit_ns, h.profiler_ns, CASE
+  SELECT g.*, h.jit_ns, h.profiler_ns, hd.h_cause IS NOT NULL AS held, hd.h_name, hd.h_pid, hd.h_tid, hd.h_start,
+  CASE
+    WHEN hd.h_cause IS NOT NULL THEN hd.h_cause
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
     WHEN g.driver AND g.end_ns <= g.b_end THEN 'queued'  -- the host sat in a call: the driver's migration, asked before
     WHEN g.touched AND g.duration_ns <= $fault_max THEN 'host_fault'  -- between two pages the host faulted in
@@ -36,16 +51,19 @@ judged AS (
       WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
     WHEN h.op_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_op'  -- past one op's overhead
     ELSE 'host_untraced' END AS host_cause
-  FROM at_start g LEFT JOIN gap_host h USING (gap_id)),
+  FROM at_start g LEFT JOIN gap_host h USING (gap_id) LEFT JOIN held hd USING (gap_id)),
 split AS (
   SELECT *, coalesce(early_cause, host_cause) AS cause, CASE
     WHEN early_cause = 'jit' THEN duration_ns - jit_ns
     WHEN early_cause = 'profiler' THEN duration_ns - profiler_ns
-    WHEN early_cause = blocked_cause AND host_cause <> early_cause AND duration_ns > $launch_gap_max
+    WHEN early_cause = blocked_cause AND host_cause <> early_cause AND duration_ns > $launch_gap_max AND NOT held
       THEN greatest(0, end_ns - (b_end + $resume_max))
     ELSE 0 END AS late_ns
   FROM judged),
-labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls
-  SELECT gap_id, device_id, start_ns, end_ns, duration_ns, pid, tid, blocked_in, cause, late_ns,
-         CASE WHEN late_ns > 0 THEN host_cause END AS late_cause,
-         CASE WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call FROM split)
+labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls; a held
+  -- gap is the copy's thread's
+  SELECT gap_id, device_id, start_ns, end_ns, duration_ns, CASE WHEN held THEN h_pid ELSE pid END AS pid,
+         CASE WHEN held THEN h_tid ELSE tid END AS tid, CASE WHEN held THEN h_name ELSE blocked_in END AS blocked_in,
+         cause, late_ns, CASE WHEN late_ns > 0 THEN host_cause END AS late_cause, CASE
+           WHEN held THEN [h_pid, h_tid, h_start] WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call,
+         held FROM split)

@@ -15,8 +15,12 @@ gpu-bubbles takes the gaps of 1 ms or more that no cause explains: nothing trace
 work, OS waits in a program without a loader. gc-pauses (book gc-pauses) needs a Python program and periodic gaps
 of 1 ms or more in which the host did nothing traced (no blocking call, copy or launch), recurring less often than
 every step when the loop's step is known: a gap in every step is the step's own work. When the window lost a real
-share of its kernel records (trace_quality.lost_kernels), every idle finding is demoted to info, as part of its
-idle time ran kernels the trace does not show.
+share of its kernel records (trace_quality.lost_kernels), or the trace holds only a sample of its CUDA calls
+(trace_quality.sampled_calls), every idle finding is demoted to info, as part of its idle time ran work the trace does
+not show. A blocking cause's title says when its calls waited for work the device held (attribution's held gaps) rather
+than drained its queue; excessive-synchronization needs its calls to recur (two or more, or one in a window shorter
+than LOOP_STEPS steps, or a step not known): one call in a window of several steps, such as the sync at the loop's
+end, is paid once.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from stallhound.analysis.attribution import DeviceIdle
 from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
-from stallhound.analysis.trace_quality import LostKernels
+from stallhound.analysis.trace_quality import LostKernels, SampledCalls
 
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
@@ -40,6 +44,7 @@ TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launc
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
 BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy"}  # causes that name a blocking call (they count calls)
 UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy: memory_transfers')
+LOOP_STEPS = 2  # a window of two steps or more: a call seen once in it is not paid per step
 GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-generation pass, which fires on every
 # 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
 PACING_RATIO = 0.1  # book cpu-bottleneck: launch calls taking under a tenth of their kernels' time issue the work ten
@@ -59,6 +64,7 @@ class Seen:
     """What the trace shows besides the idle attribution that the idle findings depend on."""
     loader: tuple[str, ...] = ()  # what shows the program's data loader (input_pipeline.evidence; empty: none)
     lost: LostKernels | None = None  # the window's launches whose kernel records were lost (trace_quality)
+    sampled: SampledCalls | None = None  # the window's calls recorded after calls the trace left out (trace_quality)
     launches: dict[int, tuple[int, int]] = field(default_factory=dict)  # per device (launch calls' ns, their
     # kernels' ns) over the window (PACE_SQL); a device absent: its launches were not traced
 
@@ -70,6 +76,7 @@ class Context:
     program: Program
     in_loop: bool = False
     seen: Seen = Seen()
+    step_ns: int | None = None  # the loop's steady step, when known
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,25 @@ def _calls(d: DeviceIdle, *causes: str) -> int:
     return sum(d.causes[c].calls for c in causes if c in d.causes)
 
 
+def _drained(d: DeviceIdle, cause: str) -> str:
+    """How the blocking calls of a cause left the device idle: they drained its queue, or (held gaps, attribution) they
+    waited for work it had queued but did not run, held by a wait the trace does not show."""
+    held = d.causes[cause].held_ns if cause in d.causes else 0
+    if not held:
+        return "that drained its queue"
+    return (f"that drained its queue or waited for work it held ({ms(held)} of it while the device waited on work "
+            "the trace does not show, such as an event of another stream, another process or rank, and the calls "
+            "waited for it)")
+
+
+def _recurring_syncs(d: DeviceIdle, c: Context) -> bool:
+    """Synchronization recurs, as far as the trace shows: two calls or more, or one in a window not known to hold
+    LOOP_STEPS of the loop's steps (it may be the step's own). One call in a window of several steps is paid once, as
+    a sync at the loop's end is."""
+    return (_calls(d, "sync", "sync_copy") >= 2 or c.step_ns is None
+            or d.window_ns < LOOP_STEPS * c.step_ns)
+
+
 def _paced(d: DeviceIdle, c: Context) -> bool:
     """Can the device's launch calls pace it: do they take PACING_RATIO of their kernels' time or more (unknown when
     its launches were not traced: they may)?"""
@@ -191,13 +217,13 @@ def _input_title(d: DeviceIdle, ns: int, c: Context) -> str:
 
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim("excessive-synchronization", ("sync", "sync_copy"), lambda d, c: True,
+    Claim("excessive-synchronization", ("sync", "sync_copy"), _recurring_syncs,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and right after {_calls(d, 'sync', 'sync_copy'):,} "
-                           f"{_api(d, 'sync' if 'sync' in d.causes else 'sync_copy')} calls that drained its queue",
+                           f"{_api(d, 'sync' if 'sync' in d.causes else 'sync_copy')} calls {_drained(d, 'sync_copy')}",
           _sync_tags),
     Claim("blocking-d2h-sync", ("readback",), lambda d, c: True,
-          lambda d, ns, c: f"device {d.device} idles {ms(ns)} after {_calls(d, 'readback'):,} small device-to-host "
-                           f"reads ({_api(d, 'readback')}) drained its queue"),
+          lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and after {_calls(d, 'readback'):,} small "
+                           f"device-to-host reads ({_api(d, 'readback')}) {_drained(d, 'readback')}"),
     Claim("small-kernel-overhead", ("launch_tiny",), lambda d, c: _gaps(d, "launch_tiny") >= TINY_MIN_GAPS,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny "
                            "kernels, waiting for their launches"),
@@ -239,13 +265,14 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
     teardown, no cause's at all. step_ns: the loop's steady step, when known (iterations), so that a gap recurring
     every step is not taken for a collection pause. seen: the data loader, and the kernel records the window lost
     (then every idle finding is demoted: part of the idle time ran kernels the trace does not show)."""
-    context = Context(program, in_loop, seen)
+    context = Context(program, in_loop, seen, step_ns)
     out: list[Finding] = []
     for d in (_off_step(d if in_loop else d.without_edges(), step_ns) for d in idle.values()):
         d, setup = _one_time(d, in_loop)
         found, fired = _claimed(d, context)
         found += _setup(d, setup) + _bubbles(d, fired, context)
-        out += [_demoted(f, seen.lost) for f in found] if seen.lost and seen.lost.significant else found
+        missing = trace_quality.missing_work(seen.lost, seen.sampled)
+        out += [trace_quality.not_ranked(f, seen.lost, seen.sampled) for f in found] if missing else found
     return out
 
 
@@ -323,14 +350,6 @@ def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
     return [_finding(d, "gpu-bubbles", ns, title, [], {"device_idle_ns": d.idle_ns})]
 
 
-def _demoted(f: Finding, lost: LostKernels) -> Finding:
-    """An idle finding on a window whose kernel records were partly lost: not ranked as if its idle were real."""
-    why = (f"; not ranked: {lost.lost:,} of the {lost.launches:,} kernels launched in the window have no record "
-           "(lost by the trace), so part of this idle time ran kernels it does not show")
-    return f.model_copy(update={"severity": "info", "title": f.title + why, "evidence": {
-        **f.evidence, "lost_kernels": lost.lost, "window_launches": lost.launches}})
-
-
 def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], extra: dict) -> Finding:
     return Finding(root_cause=root, severity=rules.severity(ns, d.window_ns), title=title,
                    evidence={"window_pct": pct(ns, d.window_ns), "device_busy_pct": d.busy_pct, **extra},
@@ -366,5 +385,6 @@ def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = No
     """The idle basis of a window (no device in scope: nothing idles)."""
     idle = attribution.attribute(con, scope).devices if scope.devices else {}
     seen = Seen(input_pipeline.evidence(con), trace_quality.lost_kernels(con, scope.start_ns, scope.end_ns),
+                trace_quality.sampled_calls(con, scope.start_ns, scope.end_ns),
                 launches(con, scope) if scope.devices else {})
     return IdleBasis(idle, program.detect(con), step_ns, seen)

@@ -1,6 +1,7 @@
 -- Idle time per device and cause (totals: gaps, time, the time in gaps of at least $bubble_min and in periodic
--- pauses with their period, and for a blocking cause the API whose gaps hold most of it), and the gaps of at least
--- $min_gap (gap_id, device, start_ns, end_ns, cause, blocked_in, pid, tid, late_ns, late_cause): two lists.
+-- pauses with their period, for a blocking cause the API whose gaps hold most of it, and the time in held gaps), and
+-- the gaps of at least $min_gap (gap_id, device, start_ns, end_ns, cause, blocked_in, pid, tid, late_ns, late_cause,
+-- held): two lists.
 -- The end of attribution_sql.TOTALS_SQL, after the pauses (periodic).
 -- Binds $bubble_min, $min_gap.
 apis AS (
@@ -14,12 +15,14 @@ totals AS (
          coalesce(sum(l.ns) FILTER (WHERE p.periodic), 0)::BIGINT AS periodic_ns,
          count(*) FILTER (WHERE p.periodic) AS periodic_gaps,
          median(p.period_ns) FILTER (WHERE p.periodic)::BIGINT AS period_ns, any_value(a.api) AS api,
-         list_distinct(flatten(list(l.calls) FILTER (WHERE l.calls IS NOT NULL))) AS calls
+         list_distinct(flatten(list(l.calls) FILTER (WHERE l.calls IS NOT NULL))) AS calls,
+         sum(l.held_ns)::BIGINT AS held_ns
   FROM pieces l LEFT JOIN pauses p ON p.gap_id = l.host_id
   LEFT JOIN apis a ON a.device_id = l.device_id AND a.cause = l.cause
   GROUP BY l.device_id, l.cause)
 SELECT (SELECT list(t ORDER BY t.device_id, t.ns DESC, t.cause) FROM totals t),
        (SELECT list({gap_id: gap_id, device: device_id, start_ns: start_ns, end_ns: end_ns, cause: cause,
-                     blocked_in: blocked_in, pid: pid, tid: tid, late_ns: late_ns, late_cause: late_cause}
+                     blocked_in: blocked_in, pid: pid, tid: tid, late_ns: late_ns, late_cause: late_cause,
+                     held: held_ns > 0}
                     ORDER BY gap_id)
         FROM kept WHERE duration_ns >= $min_gap)

@@ -1,7 +1,8 @@
 """Can a profile's trace be trusted? One sentence per problem of the trace itself, most severe first, each with its
 next action (profile_summary's trace_quality, which triage shows first): what loading left out, launch calls
-without kernels, whole-graph records, CUDA calls or copies without any kernel, nsys errors, exports cut by another
-tool, devices without hardware records, GPU work covering a small part of the capture.
+without kernels, a sample of the CUDA calls (a filtered trace), whole-graph records, CUDA calls or copies without
+any kernel, nsys errors, exports cut by another tool, devices without hardware records, GPU work covering a small
+part of the capture. Idle findings on a window whose device timeline misses work are not ranked (not_ranked).
 """
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ from typing import NamedTuple
 
 import duckdb
 
-from stallhound.analysis.common import Window, ms, pct
+from stallhound.analysis.common import Finding, Window, ms, pct
 from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS, LOAD_SOURCE
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row
 
 MISSING_KERNEL_PCT = 10.0  # a few launches at the capture's end always lack their kernel; past this share the
 #                            per-kernel figures miss a real part of the work
+SAMPLED_SKIP_IDS = 50  # CUPTI numbers a process's CUDA calls in order (correlation ids); a full recording skips a
+#                        few ids per call (the driver calls made inside it), so a skip of 50 or more left calls out
+SAMPLED_SHARE_PCT = 25.0  # a quarter of the calls after such a skip: a sample (full traces: < 3%, HTA's sampled 41%)
+SAMPLED_MIN_CALLS = 100  # fewer recorded calls give no share to judge
 GPU_ACTIVE_MIN_PCT = 50.0  # below half, the capture is mostly host-only time: capture-wide averages understate
 #                            the GPU phase
 
@@ -61,6 +66,15 @@ last_recorded AS (SELECT pid, tid, max(start_ns) FILTER (WHERE recorded) AS last
 SELECT count(*) FILTER (WHERE NOT recorded AND j.start_ns < r.last_ns), count(*)
 FROM judged j JOIN last_recorded r USING (pid, tid) WHERE j.start_ns >= $start AND j.start_ns < $end
 """
+# The calls begun in [$start, $end) (one per (pid, correlation id)) that follow their process's previous one there by
+# $skip ids or more, and all of them but each process's first.
+SAMPLED_SQL = """
+WITH calls AS (SELECT pid, correlation_id FROM cuda_api
+               WHERE correlation_id IS NOT NULL AND start_ns >= $start AND start_ns < $end GROUP BY ALL),
+steps AS (SELECT correlation_id - lag(correlation_id) OVER (PARTITION BY pid ORDER BY correlation_id) AS step
+          FROM calls)
+SELECT count(*) FILTER (WHERE step >= $skip), count(step) FROM steps
+"""
 LOAD_NOTES_SQL = f"SELECT text FROM diagnostics WHERE source = '{LOAD_SOURCE}' ORDER BY rowid"
 CUDA_EVENTS_LOST = "Not all CUDA events might have been collected"  # nsys's own word that its CUDA trace has holes
 LOST_EVENTS_SQL = "SELECT min(text) FROM diagnostics WHERE contains(text, $words)"
@@ -82,6 +96,50 @@ class LostKernels(NamedTuple):
 def lost_kernels(con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int) -> LostKernels:
     """The launches in [start_ns, end_ns) whose kernel records were lost (LOST_SQL), and all of them."""
     return LostKernels(*one_row(con.execute(LOST_SQL, {"start": start_ns, "end": end_ns})))
+
+
+class SampledCalls(NamedTuple):
+    """CUDA calls of a window recorded right after calls the trace left out (SAMPLED_SQL), of all it recorded."""
+    skipped: int
+    calls: int
+
+    @property
+    def significant(self) -> bool:
+        """The trace holds a sample of the CUDA calls (SAMPLED_SHARE_PCT): the work the others launched is missing."""
+        return self.calls >= SAMPLED_MIN_CALLS and pct(self.skipped, self.calls) >= SAMPLED_SHARE_PCT
+
+    def note(self) -> str:
+        return (f"{self.skipped:,} of {self.calls:,} recorded CUDA calls ({pct(self.skipped, self.calls)}%) follow the "
+                f"one before by {SAMPLED_SKIP_IDS} correlation ids or more: the trace holds a sample of the calls (a "
+                "filtered or sampled trace), so the kernels and copies of the calls left out are missing and the GPU "
+                "looks idle where they ran; re-capture without filtering for idle or overlap figures")
+
+
+def missing_work(lost: LostKernels | None, sampled: SampledCalls | None) -> bool:
+    """A window's device timeline misses a real part of its work: kernel records lost, or a sample of the calls."""
+    return bool(lost and lost.significant or sampled and sampled.significant)
+
+
+def not_ranked(f: Finding, lost: LostKernels | None, sampled: SampledCalls | None) -> Finding:
+    """An idle finding on a window whose device timeline misses part of its work (missing_work): not ranked as if its
+    idle were real."""
+    if lost and lost.significant:
+        why = (f"; not ranked: {lost.lost:,} of the {lost.launches:,} kernels launched in the window have no record "
+               "(lost by the trace), so part of this idle time ran kernels it does not show")
+        more = {"lost_kernels": lost.lost, "window_launches": lost.launches}
+    else:
+        sampled = sampled or SampledCalls(0, 0)
+        why = (f"; not ranked: the trace holds a sample of the CUDA calls ({sampled.skipped:,} of the window's "
+               f"{sampled.calls:,} recorded calls follow calls it left out), so part of this idle time ran work the "
+               "calls left out launched")
+        more = {"sampled_after_skip": sampled.skipped, "window_calls": sampled.calls}
+    return f.model_copy(update={"severity": "info", "title": f.title + why, "evidence": {**f.evidence, **more}})
+
+
+def sampled_calls(con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int) -> SampledCalls:
+    """The window's CUDA calls recorded right after calls the trace left out (SAMPLED_SQL), and all of them."""
+    return SampledCalls(*one_row(con.execute(SAMPLED_SQL, {"start": start_ns, "end": end_ns,
+                                                           "skip": SAMPLED_SKIP_IDS})))
 
 
 class _Trace(NamedTuple):
@@ -178,6 +236,8 @@ def notes(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Wi
     notes = loading + ([f"nsys recorded {t.errors:,} error message(s) about this capture (see diagnostics): data "
                         "may be missing from it; read them before trusting absences"] if t.errors else [])
     notes += _launch_notes(con, t, capture, derived)
+    if (sampled := sampled_calls(con, capture.start_ns, capture.end_ns + 1)).significant:
+        notes.append(sampled.note())
     if derived:
         notes.append(f"this export was cut or rewritten by another tool ({derived}), so work crossing its edges is "
                      "partial (e.g. launches whose kernels fall outside it); analyse the original export when you can")

@@ -208,7 +208,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         threads=[ThreadRow(**t, blocked_window_pct=pct(t["blocked_ns"], scope.duration_ns))
                  for t in name_threads(con, threads[:params.limit])],
         truncated=len(apis) > params.limit or len(threads) > params.limit)
-    result._idle = idle_causes.basis(con, scope)
+    result._idle = idle_causes.basis(con, scope, idle_causes.step_ns(con, scope.profile, params.device))
     return result
 
 
