@@ -95,7 +95,8 @@ HELD_MIN_NS = FOLD_BELOW_NS  # a held gap (gap_causes.sql) is judged one by one:
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 DEVICE_PASS_SLICES = DEFAULT_SLICES  # the device pass the gap pass fills
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
-SHARE_CAUSES = ("jit", "profiler")  # charged only while their activity runs inside the gap (gap_causes.sql)
+SHARE_CAUSES = ("alloc", "host_comm", "input_wait", "host_wait", "jit", "profiler")  # in a longer gap, charged only
+# while their activity runs inside it (gap_causes.sql)
 FAULT_CYCLE_MAX_NS = 5_000_000  # 5 ms: a host fault on managed memory takes tens of us to ~2 ms of driver work
 # (unmapping on the device, the migration, the speculative pages around it); a longer stretch between two touched
 # pages is the host's own work
@@ -279,10 +280,17 @@ class Gap:
     blocked_in: str | None
     pid: int | None
     tid: int | None
-    late_ns: int = 0  # the part with a second cause (late_cause): a blocking call's late resume past its share, or
-    # the time of a SHARE_CAUSES gap in which its activity did not run
+    then_ns: int = 0  # after a blocking call's piece (cause), a SHARE_CAUSES activity's own time (then_cause)
+    then_cause: str | None = None
+    late_ns: int = 0  # the rest, with its own cause (late_cause): a blocking call's late resume past its share, or
+    # the time of a gap in which its SHARE_CAUSES activity did not run
     late_cause: str | None = None
     held: bool = False  # a blocking copy held it (cause): the device waited on work the trace does not show
+
+    def pieces(self) -> tuple[tuple[str | None, int], ...]:
+        """(cause, ns) of the gap's pieces in time order; a piece of 0 ns has no cause."""
+        return ((self.cause, self.end_ns - self.start_ns - self.then_ns - self.late_ns),
+                (self.then_cause, self.then_ns), (self.late_cause, self.late_ns))
 
     def at_edge(self, scope: Scope) -> bool:
         """The stretch before the device's first work in the window or after its last: only such a gap starts at
@@ -330,7 +338,7 @@ def _edges(gaps: list[Gap], device: int, scope: Scope) -> dict[str, dict]:
     edges: dict[str, list[int]] = {}
     longest: dict[str, int] = {}
     for g in (g for g in gaps if g.device == device):
-        for cause, ns in ((g.cause, g.end_ns - g.start_ns - g.late_ns), (g.late_cause, g.late_ns)):
+        for cause, ns in g.pieces():
             if cause is None or ns <= 0:
                 continue
             if g.at_edge(scope):
