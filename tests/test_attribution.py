@@ -529,3 +529,21 @@ def test_attribution_a_gap_a_blocking_copy_waits_through_is_held_by_it(copy_at, 
     assert (gap.start_ns, gap.end_ns, gap.cause, gap.held) == (T + 1_000_000, T + 8_000_000, cause, is_held)
     assert (idle.held_ns, idle.calls) == ((7_000_000, 1) if is_held else (0, 0))
     assert (gap.blocked_in, gap.tid) == (("cudaMemcpyAsync", 8) if is_held else (None, 7))
+
+
+@pytest.mark.parametrize("mpi, causes", [
+    ((500_000, 1_100_000), {"host_comm": 600_000, "host_cpu": 1_400_000}),  # 0.6 of 2 ms: its own time still
+    ((2_500_000, 2_600_000), {"host_cpu": 2_000_000}),  # a range outside the gap claims none of it
+])
+def test_attribution_host_communication_claims_its_own_time_under_half_a_gap(mpi, causes):
+    """A 2 ms gap (10 us-2.01 ms) with the thread on a CPU throughout: an MPI_Recv range inside it is communication
+    for its own time, though it covers less than half the gap; the rest is CPU work, as without the range."""
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)),
+                              kernel(2, 2_010_000, 2_020_000, (2_000_000, 2_005_000))],
+                     cuda_api=[call("cudaLaunchKernel", "launch", 2_000_000, 2_005_000, 2)],
+                     nvtx=[{"pid": 1, "tid": 7, "text": "MPI_Recv", "start_ns": T + mpi[0], "end_ns": T + mpi[1],
+                            "kind": "push_pop", "depth": 0}],
+                     sched=[{"pid": 1, "tid": 7, "time_ns": T + 10_000, "cpu": 0, "is_sched_in": True},
+                            {"pid": 1, "tid": 7, "time_ns": T + 2_000_000, "cpu": 0, "is_sched_in": False}])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: t.ns for c, t in idle.causes.items()} == causes

@@ -2,7 +2,8 @@
 -- between two migrations a host thread's touch caused, up to $fault_max; for a short gap its blocking call (or the one
 -- in whose wake it began), else its launch; for a longer one alloc, host communication, a data loader's ranges or OS
 -- waits covering most of it (a load of 0.5 ms does not explain a second of allocation), else jit or profiler when a
--- load, compile or profiler flush ran in it, else the blocking call it began in; else what the host did meanwhile
+-- load, compile or profiler flush ran in it, else host communication run in it at all (its own time), else the
+-- blocking call it began in; else what the host did meanwhile
 -- (host_cause; before a late launch, one op's overhead: alloc when allocating is the most of it seen). A host
 -- activity claims only its own time in the gap (the union of its events there, gap_host): a finding never claims more
 -- than the time of the events it is about. So a gap is cut in up to three pieces that never share nanoseconds
@@ -42,6 +43,7 @@ judged AS (
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
     WHEN h.jit_ns > 0 THEN 'jit'
     WHEN h.profiler_ns > 0 THEN 'profiler'
+    WHEN h.comm_ns > 0 THEN 'host_comm'  -- under half the gap too: the host communicated, for that time, not computed
     WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
