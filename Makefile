@@ -7,7 +7,7 @@ INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
 DEMO := out/demo.sqlite
 
 .PHONY: demo test test-heavy lint docs bench bench-job loadtest clean install dev inspector chromium \
-	corpus-restore corpus-review corpus-manifest
+	corpus-restore corpus-review corpus-manifest dist
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "stallhound needs Python >= 3.11")'
@@ -42,7 +42,7 @@ demo: $(VENV)/.installed
 	$(BIN)/stallhound triage $(DEMO)
 
 test: $(VENV)/.dev $(INSPECTOR) chromium
-	$(BIN)/ruff check src tests bench corpus
+	$(BIN)/ruff check src tests bench corpus release
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
@@ -50,7 +50,7 @@ test-heavy: $(VENV)/.dev  # the slower variants make test leaves out (pytest -m 
 	$(BIN)/python -m pytest -m heavy
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check src tests bench corpus
+	$(BIN)/ruff check src tests bench corpus release
 	$(BIN)/mypy
 
 docs: $(VENV)/.installed  # the README's tool table, from the tools the server registers
@@ -77,5 +77,10 @@ corpus-manifest: $(VENV)/.installed  # corpus/MANIFEST.md from corpus/sources an
 loadtest: $(VENV)/.installed
 	$(BIN)/python bench/load.py
 
+# A release: the sdist and the wheel in dist/ (publish: twine upload dist/*.tar.gz dist/*.whl).
+dist: $(VENV)/.dev
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+
 clean:
-	rm -rf $(VENV) .tools out .pytest_cache
+	rm -rf $(VENV) .tools out .pytest_cache dist
