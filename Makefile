@@ -77,10 +77,12 @@ corpus-manifest: $(VENV)/.installed  # corpus/MANIFEST.md from corpus/sources an
 loadtest: $(VENV)/.installed
 	$(BIN)/python bench/load.py
 
-# A release: the sdist and the wheel in dist/ (publish: twine upload dist/*.tar.gz dist/*.whl).
+# A release: the sdist, the wheel and server.json for the MCP registry in dist/ (publish: twine upload
+# dist/*.tar.gz dist/*.whl, then mcp-publisher publish dist/server.json).
 dist: $(VENV)/.dev
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist
+	$(BIN)/python -m release.server_json dist/server.json
 
 clean:
 	rm -rf $(VENV) .tools out .pytest_cache dist
