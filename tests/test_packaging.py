@@ -1,6 +1,6 @@
 """The package as a user gets it: `python -m build` makes the sdist and, from the sdist, the wheel, out of the files a
 clone has; the wheel, installed into a fresh virtual environment, runs `stallhound triage` and `stallhound serve`
-(through the MCP SDK's stdio client).
+(through the MCP SDK's stdio client), and packs into the Claude Desktop bundle, which the official packer validates.
 
 Offline and honest about it: the build runs without isolation (this environment's setuptools); pip installs only the
 wheel into the fresh environment (--no-index --no-deps), which sees this environment's site-packages for the
@@ -16,21 +16,26 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
+import jsonschema
 import pytest
 from conftest import text_of
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from packaging.requirements import Requirement
 
+from release import bundle
 from release.meta import NAME, PROJECT, VERSION, mcp_name
 from stallhound.model.cache import CACHE_ENV
 from stallhound.server.app import build_server
 from stallhound.synth import SynthConfig, write_sample
 
 ROOT = Path(__file__).resolve().parents[1]
+MCPB_PACKAGE = ROOT / ".tools/mcpb/node_modules/@anthropic-ai/mcpb"
+MCPB = ROOT / ".tools/mcpb/node_modules/.bin/mcpb"
 PLANTED_CAUSE = {  # planted problems of the synthetic sample -> the root cause triage names for each
     "pageable_h2d": "pageable-host-memory", "device_sync": "excessive-synchronization",
     "tiny_kernels": "small-kernel-overhead", "small_d2h": "blocking-d2h-sync",
@@ -69,10 +74,11 @@ def venv(built, tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     own = subprocess.run([env / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True).stdout.strip()
-    here = sysconfig.get_paths()
-    Path(own, "dependencies.pth").write_text("\n".join(sorted({here["purelib"], here["platlib"]})) + "\n")
+    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on it counts as installed
     subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "--quiet",
-                    "--no-index", "--no-deps", str(built["wheel"])], check=True)
+                    "--no-index", "--no-deps", str(built["wheel"])], check=True, env=alone)
+    here = sysconfig.get_paths()  # after the install: pip would take this environment's stallhound as installed
+    Path(own, "dependencies.pth").write_text("\n".join(sorted({here["purelib"], here["platlib"]})) + "\n")
     return env
 
 
@@ -151,3 +157,57 @@ async def test_packaging_installed_server_answers_a_stdio_client(venv, home, tri
     assert listed == await _registered_tools(sample.parent)
     assert not result.is_error, text_of(result)
     assert [f["root_cause"] for f in result.structured_content["findings"]] == causes
+
+
+def test_packaging_bundle_manifest_is_valid_and_the_packer_packs_the_bundle(built, tmp_path):
+    if not MCPB.exists():
+        pytest.fail("the bundle packer is not installed: run `make test` (it installs it with npm)")
+    staged = bundle.stage(built["wheel"], tmp_path / "bundle")
+    manifest = json.loads((staged / "manifest.json").read_text())
+    schema = json.loads((MCPB_PACKAGE / "dist" / f"mcpb-manifest-v{manifest['manifest_version']}.schema.json")
+                        .read_text())
+    jsonschema.validate(manifest, schema)
+    with pytest.raises(jsonschema.ValidationError):  # the schema does hold a manifest to its fields
+        jsonschema.validate({**manifest, "user_config": {"cache_folder": {"type": "directory"}}}, schema)
+    packed = tmp_path / "stallhound.mcpb"
+    done = subprocess.run([str(MCPB), "pack", str(staged), str(packed)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "validation passes" in done.stdout, done.stdout + done.stderr
+    wheel = f"wheels/{built['wheel'].name}"
+    archive = zipfile.ZipFile(packed)
+    assert sorted(archive.namelist()) == sorted(["manifest.json", "pyproject.toml", bundle.ENTRY, wheel])
+    assert archive.read(wheel) == built["wheel"].read_bytes()
+    assert json.loads(archive.read("manifest.json")) == manifest and manifest["version"] == VERSION
+    project = tomllib.loads(archive.read("pyproject.toml").decode())
+    assert project["project"]["dependencies"] == [f"{NAME}=={VERSION}"]
+    assert project["tool"]["uv"]["sources"][NAME] == {"path": wheel}
+
+
+def _as_the_host_runs_it(manifest: dict, folder: Path, profiles: list[Path], cache: Path) -> tuple[list[str], dict]:
+    """The bundle's command line with the manifest's variables filled in as the host does (a folder list expands
+    to one argument each), less `uv run --directory`: the entry point then runs on the installed wheel."""
+    config = manifest["server"]["mcp_config"]
+    assert config["command"] == "uv" and config["args"][:4] == ["run", "--directory", "${__dirname}", bundle.ENTRY]
+    args: list[str] = []
+    for arg in config["args"][3:]:
+        args += [str(p) for p in profiles] if arg == "${user_config.profile_folders}" else [
+            arg.replace("${__dirname}", str(folder))]
+    env = {k: v.replace("${user_config.cache_folder}", str(cache)) for k, v in config["env"].items()}
+    return [str(folder / args[0]), *args[1:]], env
+
+
+@pytest.mark.anyio
+async def test_packaging_bundle_entry_point_serves_the_folders_the_user_chose(built, venv, home, triaged, tmp_path):
+    sample = triaged[0]
+    staged = bundle.stage(built["wheel"], tmp_path / "bundle")
+    manifest = json.loads((staged / "manifest.json").read_text())
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copyfile(sample, outside / "copy.sqlite")
+    args, env = _as_the_host_runs_it(manifest, staged, [tmp_path / "bundle", sample.parent], home / "bundle-cache")
+    params = StdioServerParameters(command=str(venv / "bin" / "python"), args=args, env={**_env(venv, home), **env})
+    async with Client(params) as client:
+        loaded = await client.call_tool("load_profile", {"path": str(sample)})  # in the second folder chosen
+        refused = await client.call_tool("load_profile", {"path": str(outside / "copy.sqlite")})
+    assert not loaded.is_error and loaded.structured_content["path"] == str(sample)
+    assert refused.is_error and "outside" in text_of(refused), text_of(refused)
+    assert list((home / "bundle-cache").iterdir())  # the model went to the cache folder the user chose
