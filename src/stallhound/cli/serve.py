@@ -32,8 +32,9 @@ def register(sub: Subcommands) -> None:
                        help="size of the open profile models kept in memory; past it the least recently used "
                             f"one is closed and reopens from the cache when next used (default "
                             f"{DEFAULT_MEMORY_BUDGET_MB})")
-    serve.add_argument("--root", action="append", type=Path, default=[],
-                       help="folder profiles may be read from (repeatable; default: the working directory)")
+    serve.add_argument("--root", action="extend", nargs="+", type=Path, default=[], metavar="FOLDER",
+                       help="folders profiles may be read from (repeatable, or several after one --root, as an "
+                            "MCP bundle's folder list expands; default: the working directory)")
     serve.add_argument("--max-result-chars", type=int, metavar="N",
                        help="character budget of each tool result, text and structured content each (default: "
                             "$STALLHOUND_MAX_RESULT_CHARS or 20000); sets STALLHOUND_MAX_RESULT_CHARS")
