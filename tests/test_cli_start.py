@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import FIXTURES
 
 from stallhound import synth, tools
 from stallhound.cli import arguments, main
@@ -20,6 +21,7 @@ from stallhound.synth import ranks
 # Top-level packages parsing must not import, and the stallhound modules it may.
 HEAVY = {"mcp", "mcp_types", "starlette", "uvicorn", "sse_starlette", "httpx", "anyio", "duckdb", "numpy", "pydantic",
          "ijson"}
+SERVER_ONLY = {"mcp", "mcp_types", "starlette", "uvicorn", "sse_starlette", "httpx"}  # what only `serve` needs
 PARSING = {"stallhound", "stallhound.cli", "stallhound.model", "stallhound.model.errors", "stallhound.model.allocator"}
 
 # Runs each argv through main in one fresh interpreter, printing the modules loaded after each.
@@ -60,10 +62,13 @@ def test_version_and_help_import_nothing_that_reads_a_profile():
     assert "importlib.metadata" not in loaded[-2][1], "--help has no use for the version"
 
 
-def test_the_probe_sees_what_a_command_imports(tmp_path):
-    """The same probe after a command that runs: triage imports DuckDB and the tools before it finds no file."""
-    (_, modules), = _loaded_after([["triage", str(tmp_path / "absent.sqlite")]])
+def test_triage_imports_duckdb_and_the_tools_but_no_mcp_server(tmp_path):
+    """The same probe after a command that runs (so it sees what a command imports): triage on a real export needs
+    DuckDB and the tools, and none of the MCP SDK or its HTTP stack."""
+    profile = FIXTURES / "nsysai_mock.sqlite"
+    (_, modules), = _loaded_after([["triage", str(profile), "--json", "--cache-dir", str(tmp_path)]])
     assert {"duckdb", "pydantic", "stallhound.tools.triage"} <= set(_offending(modules))
+    assert [m for m in modules if m.split(".")[0] in SERVER_ONLY] == []
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["triage", "--help"]])
