@@ -69,6 +69,7 @@ docs: $(VENV)/.installed  # the README's tool table, from the tools the server r
 bench: $(VENV)/.installed loadtest
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/kineto.py
+	$(BIN)/python bench/startup.py
 
 bench-job: $(VENV)/.dev  # minutes: 8 ranks of ~250 MB built serial and in parallel (psutil comes with distributed)
 	$(BIN)/python bench/job.py

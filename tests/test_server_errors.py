@@ -21,7 +21,7 @@ from mcp_types import INVALID_PARAMS, PromptReference
 
 from stallhound.analysis import common
 from stallhound.cli import main as cli
-from stallhound.cli.arguments import parse_params
+from stallhound.cli.calls import parse_params
 from stallhound.model.errors import StallhoundError
 from stallhound.server.app import build_server
 from stallhound.server.validation import shown

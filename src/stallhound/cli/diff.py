@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from stallhound.cli.arguments import Subcommands, add_profile_options, parse_params, print_fitted
-from stallhound.formats import open_profile
+from stallhound.cli.arguments import Subcommands, add_profile_options
 from stallhound.model.errors import BadOption
-from stallhound.tools import diff_profiles
 
 EXIT_REGRESSED = 1  # `diff --fail-on-regression`: a CI job fails on it
 
@@ -29,6 +27,10 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallhound.cli.calls import parse_params, print_fitted
+    from stallhound.formats import open_profile
+    from stallhound.tools import diff_profiles
+
     pairs = [] if args.limit is None else [f"limit={args.limit}"]
     params = parse_params(diff_profiles, args.before, pairs, as_field="before", after=args.after)
     assert isinstance(params, diff_profiles.Params)  # parse_params builds the module's Params

@@ -8,12 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from stallhound.cli.arguments import Subcommands, add_profile_options
+from stallhound.cli.arguments import DEFAULT_MEMORY_BUDGET_MB, TOKEN_ENV, Subcommands, add_profile_options
 from stallhound.model.errors import BadOption
-from stallhound.server import budget
-from stallhound.server.app import build_server
-from stallhound.server.http import TOKEN_ENV, check_bind, transport_security
-from stallhound.server.store import DEFAULT_MEMORY_BUDGET_MB
 
 
 def register(sub: Subcommands) -> None:
@@ -43,6 +39,10 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallhound.server import budget
+    from stallhound.server.app import build_server
+    from stallhound.server.http import check_bind, transport_security
+
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     roots = args.root or [Path.cwd()]
     missing = [str(r) for r in roots if not r.is_dir()]
