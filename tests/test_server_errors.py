@@ -114,7 +114,7 @@ async def test_server_errors_every_tool_every_parameter_refuses_wrong_types(serv
         checked = 0
         for tool in tools:
             base = {"profile": MOCK, "sql": "SELECT 1", "pattern": "gemm", "path": MOCK, "before": MOCK, "after": MOCK,
-                    "root_cause": "gpu-bubbles", "paths": [MOCK], "job": "job"}
+                    "root_cause": "gpu-bubbles", "paths": [MOCK], "job": "job", "events": "syncs"}
             base = {k: v for k, v in base.items() if k in tool.input_schema["properties"]}
             for name, spec in tool.input_schema["properties"].items():
                 for value in _wrong_values(spec):
