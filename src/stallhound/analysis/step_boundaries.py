@@ -218,6 +218,16 @@ def _graph_replays(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str | 
     return api, reason, _combine([_thread_spans([(s, e) for s, e in r[6]], own=False) for r in held], own=False)
 
 
+def _unmatched(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str) -> str:
+    """Why range_name picks no step, naming the ranges that do repeat as steps here (the auto-detected candidates)."""
+    names = [c.name for c in _candidates(con, scope, None)[0]]
+    there = (f"the ranges that qualify as steps here (repeating with GPU work, or named as one step) are "
+             f"{', '.join(repr(n) for n in names)}" if names else
+             f"no NVTX range qualifies as a step here (repeating {MIN_REPEATS}+ times with GPU work, or named as one)")
+    return (f"no NVTX range '{range_name}' in this window: {there}; pass one of them as range_name, or omit it to "
+            "auto-detect")
+
+
 def boundaries(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, method: str
                ) -> tuple[str | None, str | None, list[Candidate], Spans]:
     """(method, reason or why none, NVTX candidates, spans): NVTX when a range qualifies, else the kernels. Found
@@ -237,12 +247,12 @@ def _find(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, 
         candidates, reason, spans = _nvtx(con, scope, range_name)
         if candidates:
             return f"nvtx:{candidates[0].name}", reason, candidates, spans
-        if range_name is not None or method == "nvtx":
-            what = f"range '{range_name}'" if range_name else (
-                f"range that occurs {MIN_REPEATS}+ times on a thread with GPU work, outside per-op ranges,")
-            raise InvalidRequest(f"no NVTX {what} in this window; omit range_name and method to auto-detect (the "
-                                 "result's candidates then lists the ranges that qualify), or use "
-                                 "method='graph' or method='kernel_pattern'")
+        if range_name is not None:
+            raise InvalidRequest(_unmatched(con, scope, range_name))
+        if method == "nvtx":
+            raise InvalidRequest(f"no NVTX range occurs {MIN_REPEATS}+ times on a thread with GPU work, outside "
+                                 "per-op ranges, in this window; omit method to auto-detect, or use method='graph' "
+                                 "or method='kernel_pattern'")
         said.append(f"no NVTX range occurs {MIN_REPEATS}+ times on a thread with GPU work")
     if method in ("auto", "graph"):
         api, why, spans = _graph_replays(con, scope)

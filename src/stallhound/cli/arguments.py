@@ -27,6 +27,17 @@ def add_profile_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="build the model in a temporary folder, keep nothing")
 
 
+def add_range_name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--range-name", metavar="NAME", help="the NVTX or record_function range that marks one step, e.g. "
+                                                        "train_step (letters compared, case and numbers ignored); "
+                                                        "default: the steps found automatically")
+
+
+def range_name_pairs(args: argparse.Namespace) -> list[str]:
+    """--range-name as the KEY=VALUE pairs parse_params reads."""
+    return [] if args.range_name is None else [f"range_name={args.range_name}"]
+
+
 def parse_params(module: ModuleType, profile: str, pairs: list[str], as_field: str = "profile",
                  **fixed: str) -> BaseModel:
     """The tool's Params from -p KEY=VALUE strings, parsed as the types say ("0" is device 0, "true" a bool);

@@ -6,7 +6,14 @@ import argparse
 
 from stallhound import tools
 from stallhound.analysis.contracts import run_skill
-from stallhound.cli.arguments import Subcommands, add_profile_options, parse_params, print_fitted
+from stallhound.cli.arguments import (
+    Subcommands,
+    add_profile_options,
+    add_range_name,
+    parse_params,
+    print_fitted,
+    range_name_pairs,
+)
 from stallhound.cli.docs import tool_summaries
 from stallhound.formats import open_profile
 from stallhound.model.limits import model_memory
@@ -30,6 +37,7 @@ def register(sub: Subcommands) -> None:
     fmt = triage.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="structured result as JSON")
     fmt.add_argument("--markdown", action="store_true", help="markdown, for a pull request or issue")
+    add_range_name(triage)
     add_profile_options(triage)
     triage.set_defaults(run=run_triage)
 
@@ -58,6 +66,6 @@ def list_tools(_args: argparse.Namespace) -> int:
 
 
 def run_triage(args: argparse.Namespace) -> int:
-    _run(args, "triage", [], "json" if args.json else "markdown" if args.markdown else "text")
+    _run(args, "triage", range_name_pairs(args), "json" if args.json else "markdown" if args.markdown else "text")
     return 0
 

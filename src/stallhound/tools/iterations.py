@@ -98,12 +98,12 @@ OUTLIER_RATIO = 2.0  # a later iteration twice the steady median is an isolated 
 MAX_OUTLIERS = 3  # outliers listed, slowest first
 BUSY_BUCKETS = 16  # overlap-join buckets per typical iteration
 TRIAGE = TriageRole("warmup", order=1)  # triage's window is the steady state it finds
+RANGE_NAME = ("NVTX range marking one iteration, e.g. 'iteration N' or 'train_step' (letters compared, case and "
+              "numbers ignored); omit to auto-detect")  # the step override, worded alike in every tool that takes it
 
 
 class Params(ScopedParams):
-    range_name: Annotated[str | None, Field(
-        description="NVTX range marking one iteration, e.g. 'iteration N' or 'train_step' (letters compared, "
-                    "case and numbers ignored); omit to auto-detect")] = None
+    range_name: Annotated[str | None, Field(description=RANGE_NAME)] = None
     method: Annotated[Literal["auto", "nvtx", "graph", "kernel_pattern"], Field(
         description="auto: NVTX when a range qualifies, else CUDA graph replays, else the kernel pattern")] = "auto"
     limit: LimitParam = DEFAULT_LIMIT
