@@ -35,3 +35,14 @@ def add_profile_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", type=Path, help="where built models are kept (default: $STALLHOUND_CACHE_DIR "
                                                   "or $XDG_CACHE_HOME/stallhound)")
     p.add_argument("--no-cache", action="store_true", help="build the model in a temporary folder, keep nothing")
+
+
+def add_range_name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--range-name", metavar="NAME", help="the NVTX or record_function range that marks one step, e.g. "
+                                                        "train_step (letters compared, case and numbers ignored); "
+                                                        "default: the steps found automatically")
+
+
+def range_name_pairs(args: argparse.Namespace) -> list[str]:
+    """--range-name as the KEY=VALUE pairs parse_params reads."""
+    return [] if args.range_name is None else [f"range_name={args.range_name}"]

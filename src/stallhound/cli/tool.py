@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from stallhound.cli.arguments import PROFILE_FILES, Subcommands, add_profile_options
+from stallhound.cli.arguments import PROFILE_FILES, Subcommands, add_profile_options, add_range_name, range_name_pairs
 
 
 def register(sub: Subcommands) -> None:
@@ -24,6 +24,7 @@ def register(sub: Subcommands) -> None:
     fmt = triage.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="structured result as JSON")
     fmt.add_argument("--markdown", action="store_true", help="markdown, for a pull request or issue")
+    add_range_name(triage)
     add_profile_options(triage)
     triage.set_defaults(run=run_triage)
 
@@ -60,6 +61,6 @@ def list_tools(_args: argparse.Namespace) -> int:
 
 
 def run_triage(args: argparse.Namespace) -> int:
-    _run(args, "triage", [], "json" if args.json else "markdown" if args.markdown else "text")
+    _run(args, "triage", range_name_pairs(args), "json" if args.json else "markdown" if args.markdown else "text")
     return 0
 
