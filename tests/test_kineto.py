@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import jsonschema
 import pytest
+from conftest import REQUIRED_ARGS
 from mcp.client import Client
 
 from stallhound.analysis import step_boundaries
@@ -37,7 +38,6 @@ SHARED = sorted(KINETO.glob("*.json.gz"))
 TRACES = [pytest.param(p, id=p.name) for p in SHARED] + [pytest.param(
     REAL_TRAIN, id=REAL_TRAIN.name,
     marks=pytest.mark.skipif(not REAL_TRAIN.exists(), reason=f"{REAL_TRAIN} is not on this machine"))]
-REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"}}
 NCCL_NAMES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv", "AllToAll", "Send", "Recv")
 
 
