@@ -6,6 +6,7 @@ import gzip
 import json
 import sqlite3
 from collections import Counter
+from html import escape
 from pathlib import Path
 
 from fixture_guard import FIXTURES_ROOT
@@ -14,6 +15,8 @@ from modeldb import make_model
 from stallhound.analysis import where
 from stallhound.analysis.common import Finding, Scope, pct
 from stallhound.formats import open_profile
+from stallhound.report import page
+from stallhound.report.gather import gather
 from stallhound.tools import triage
 
 PIPIT = FIXTURES_ROOT / "nsys" / "pipit_saxpy_mpi_a100.sqlite"
@@ -204,9 +207,9 @@ def test_where_readbacks_share_their_blocked_time_by_first_user_frame():
     assert [(s.function, s.line, s.calls, s.events, s.share_pct) for s in placed.sites] == [
         ("loss_of", 10, "item", 2, 50.0), ("log", 20, "item", 1, 50.0)]  # blocked 1 + 2 us, then 3 us
     assert (placed.matched, placed.with_stack, placed.coverage_pct) == (3, 3, 100.0)
-    assert placed.text == ("its 3 small device-to-host reads and the synchronize calls right after them, all with a "
-                           "call stack: 50% of the blocked time: `loss_of` in train.py:10 (calls item); 50%: `log` in "
-                           "train.py:20 (calls item)")
+    assert placed.text == ("its 3 blocking small device-to-host reads (the copy, or the synchronize right after it), "
+                           "all with a call stack: 50% of the blocked time: `loss_of` in train.py:10 (calls item); "
+                           "50%: `log` in train.py:20 (calls item)")
 
 
 def test_where_partial_coverage_says_the_share_is_of_the_stacked_events():
@@ -236,7 +239,7 @@ def test_where_only_for_findings_about_host_events_on_a_device():
 def test_where_note_no_stacks_is_said_once_with_the_capture():
     con = make_model(kernels=KERNELS, cuda_api=LAUNCHES)
     text = where.note(con, [_finding("blocking-d2h-sync"), _finding("alloc-in-loop"), _finding("undersized-grid")])
-    assert text.startswith("this profile has no call stacks, so 2 finding(s) about host events")
+    assert text.startswith("this profile has no call stacks, so 2 findings about host events cannot say where")
     assert text.count("--cudabacktrace=all --python-backtrace=cuda") == 1
     assert where.note(con, [_finding("undersized-grid")]) is None
 
@@ -248,3 +251,26 @@ def test_where_line_is_rendered_before_the_cause():
         update={"where": placed}), "gpu_idle_gaps", ("python",)), rank=1)
     lines = triage.cited_lines(cited, set())
     assert lines[0] == f"   where: {placed.text}" and lines[1].startswith("   cause: ")
+
+
+def test_where_report_shows_each_placed_finding_its_call_sites(open_fixture):
+    con = open_fixture("pipit_saxpy_mpi_a100").con
+    side = gather(con, "pipit", str(PIPIT))
+    html = page.report(side)
+    placed = [f for f in side.triage.findings if f.where]
+    assert {f.root_cause for f in placed} == {"cpu-bottleneck", "pageable-host-memory", "excessive-h2d-transfers"}
+    for f in placed:
+        block = html[html.index(escape(f.title)):]
+        assert block.index("where: its ") < block.index("cause: ") < block.index("</div>")
+    assert "<code>main</code> in saxpy-mpi-cuda (calls cudaMemcpy)" in html
+
+
+def test_where_text_cuts_a_long_signature_but_keeps_the_function_whole():
+    long_name = "CLUEAlgo<TilesConstants, 100>::verboseResults(std::basic_string<char> const&, int) const"
+    frames = [{"stack_id": 1, "depth": 0, "function": long_name, "module": "/bin/main", "kind": "native",
+               "resolved": True, "layer": None}]
+    samples = [{"pid": 1, "tid": 1, "time_ns": 20_000, "stack_id": 1}]
+    con = make_model(kernels=KERNELS, cuda_api=LAUNCHES, cpu_samples=samples, stacks=frames)
+    placed = where.locate(con, SCOPE, _finding("cpu-bottleneck"))
+    assert placed.sites[0].function == long_name
+    assert placed.text.endswith("100% of the samples: `CLUEAlgo<TilesConstants, 100>::verboseResults(...)` in main")

@@ -21,7 +21,7 @@ stack says so once (note), never per finding.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import duckdb
 
@@ -35,6 +35,7 @@ from stallhound.model.duck import one_row
 
 MAX_SITES = 3  # sites a finding carries: the fix is at the first one or two
 TEXT_SITES = 2  # ... and its one line names
+SIGNATURE_MAX = 60  # characters of a function's name the line shows whole; a longer C++ signature loses its parameters
 TEXT_MIN_SHARE_PCT = 10.0  # a second site under a tenth of the time is not worth the line's room
 
 # The device's launching threads, as the idle attribution finds them (gap_work_threads, main_thread, threads_in).
@@ -96,8 +97,8 @@ SAMPLES = EventSet(IDLE_SAMPLES, "CPU samples of the launching threads while the
 SETS = {
     "excessive-synchronization": EventSet(BLOCKED, "synchronize calls and synchronous copies", BLOCKED_BASIS,
                                           {"causes": ["sync", "sync_copy"]}),
-    "blocking-d2h-sync": EventSet(BLOCKED, "small device-to-host reads and the synchronize calls right after them",
-                                  BLOCKED_BASIS, {"causes": ["readback"]}),
+    "blocking-d2h-sync": EventSet(BLOCKED, "blocking small device-to-host reads (the copy, or the synchronize right "
+                                           "after it)", BLOCKED_BASIS, {"causes": ["readback"]}),
     "alloc-in-loop": EventSet(API_KIND, "allocation and free calls", "host time", {"kind": "alloc"}),
     "module-loading-hot-path": EventSet(API_KIND, "module loads", "host time", {"kind": "module"}),
     "torch-compile-recompilation": EventSet(API_KIND, "module loads", "host time", {"kind": "module"}),
@@ -152,7 +153,21 @@ def locate(con: duckdb.DuckDBPyConnection, scope: Scope, finding: Finding) -> Wh
              for frame, callee, n, time_ns, _ in found]
     return Where(events=chosen.what, basis=chosen.basis, matched=matched, with_stack=with_stack,
                  coverage_pct=pct(with_stack, matched), sites=sites,
-                 text=_text(chosen, matched, with_stack, [stacks.where(f) for f, *_ in found], sites))
+                 text=_text(chosen, matched, with_stack, [stacks.where(_short(f)) for f, *_ in found], sites))
+
+
+def _short(frame: stacks.Frame) -> stacks.Frame:
+    """The frame with a long C++ signature's parameter list cut to (...): the line names the function, the site's
+    `function` keeps it whole."""
+    name = frame.function or ""
+    if len(name) <= SIGNATURE_MAX:
+        return frame
+    depth = 0
+    for i, char in enumerate(name):
+        depth += {"<": 1, ">": -1}.get(char, 0)
+        if char == "(" and depth == 0 and i > 0 and not name[:i].endswith("operator"):
+            return replace(frame, function=name[:i] + "(...)")
+    return frame
 
 
 def _text(chosen: EventSet, matched: int, with_stack: int, places: list[str], sites: list[CallSite]) -> str:
@@ -178,10 +193,15 @@ def note(con: duckdb.DuckDBPyConnection, findings: Sequence[Finding]) -> str | N
         return None
     capture = remedy(con, ("stacks",))
     if not has_stacks(con):
-        return (f"this profile has no call stacks, so {len(host)} finding(s) about host events cannot say where in "
-                f"the program they arise; capture with {capture}")
+        return (f"this profile has no call stacks, so {_findings(len(host))} about host events cannot say where in "
+                f"the program {'it arises' if len(host) == 1 else 'they arise'}; capture with {capture}")
     blind = [f for f in host if f.where is not None and f.where.with_stack == 0]
     if not blind:
         return None
-    return (f"{len(blind)} finding(s) about host events have no call stack on their events (the profile records "
-            f"stacks of other events only); capture with {capture}")
+    return (f"{_findings(len(blind))} about host events {'has' if len(blind) == 1 else 'have'} no call stack on "
+            f"{'its' if len(blind) == 1 else 'their'} events (the profile records stacks of other events only); "
+            f"capture with {capture}")
+
+
+def _findings(n: int) -> str:
+    return "1 finding" if n == 1 else f"{n:,} findings"
