@@ -267,10 +267,12 @@ def test_where_report_shows_each_placed_finding_its_call_sites(open_fixture):
 
 def test_where_text_cuts_a_long_signature_but_keeps_the_function_whole():
     long_name = "CLUEAlgo<TilesConstants, 100>::verboseResults(std::basic_string<char> const&, int) const"
-    frames = [{"stack_id": 1, "depth": 0, "function": long_name, "module": "/bin/main", "kind": "native",
-               "resolved": True, "layer": None}]
+    template = "cudaError cudaMemcpyFromSymbol<int>(void*, int const&, unsigned long, unsigned long, cudaMemcpyKind)"
+    frames = [{"stack_id": 1, "depth": d, "function": f, "module": "/bin/main", "kind": "native", "resolved": True,
+               "layer": layer} for d, (f, layer) in enumerate(((template, "cuda"), (long_name, None)))]
     samples = [{"pid": 1, "tid": 1, "time_ns": 20_000, "stack_id": 1}]
     con = make_model(kernels=KERNELS, cuda_api=LAUNCHES, cpu_samples=samples, stacks=frames)
     placed = where.locate(con, SCOPE, _finding("cpu-bottleneck"))
-    assert placed.sites[0].function == long_name
-    assert placed.text.endswith("100% of the samples: `CLUEAlgo<TilesConstants, 100>::verboseResults(...)` in main")
+    assert (placed.sites[0].function, placed.sites[0].calls) == (long_name, template)
+    assert placed.text.endswith("100% of the samples: `CLUEAlgo<TilesConstants, 100>::verboseResults(...)` in main "
+                                "(calls cudaError cudaMemcpyFromSymbol<int>(...))")

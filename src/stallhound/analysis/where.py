@@ -153,21 +153,24 @@ def locate(con: duckdb.DuckDBPyConnection, scope: Scope, finding: Finding) -> Wh
              for frame, callee, n, time_ns, _ in found]
     return Where(events=chosen.what, basis=chosen.basis, matched=matched, with_stack=with_stack,
                  coverage_pct=pct(with_stack, matched), sites=sites,
-                 text=_text(chosen, matched, with_stack, [stacks.where(_short(f)) for f, *_ in found], sites))
+                 text=_text(chosen, matched, with_stack, [_place(f) for f, *_ in found], sites))
 
 
-def _short(frame: stacks.Frame) -> stacks.Frame:
-    """The frame with a long C++ signature's parameter list cut to (...): the line names the function, the site's
-    `function` keeps it whole."""
-    name = frame.function or ""
+def _place(frame: stacks.Frame) -> str:
+    return stacks.where(replace(frame, function=_short(frame.function)) if frame.function else frame)
+
+
+def _short(name: str) -> str:
+    """A long C++ signature with its parameter list cut to (...): the line names the function, the site keeps it
+    whole."""
     if len(name) <= SIGNATURE_MAX:
-        return frame
+        return name
     depth = 0
     for i, char in enumerate(name):
         depth += {"<": 1, ">": -1}.get(char, 0)
         if char == "(" and depth == 0 and i > 0 and not name[:i].endswith("operator"):
-            return replace(frame, function=name[:i] + "(...)")
-    return frame
+            return name[:i] + "(...)"
+    return name
 
 
 def _text(chosen: EventSet, matched: int, with_stack: int, places: list[str], sites: list[CallSite]) -> str:
@@ -179,7 +182,8 @@ def _text(chosen: EventSet, matched: int, with_stack: int, places: list[str], si
     head = f"its {matched:,} {chosen.what}, {'all' if full else f'{with_stack:,}'} with a call stack"
     basis = f" of the {chosen.basis}{'' if full else f' of those {with_stack:,}'}"
     shown = [f"{s.share_pct:.0f}%{'' if i else basis}: {place}"
-             + (f" (calls {s.calls})" if s.calls else "") + ("" if s.user_frame else " (no frame of the program)")
+             + (f" (calls {_short(s.calls)})" if s.calls else "")
+             + ("" if s.user_frame else " (no frame of the program)")
              for i, (s, place) in enumerate(zip(sites, places, strict=True))
              if i == 0 or (i < TEXT_SITES and s.share_pct >= TEXT_MIN_SHARE_PCT)]
     return f"{head}: {'; '.join(shown)}"
