@@ -24,7 +24,7 @@ import duckdb
 from pydantic import Field
 
 from stallhound import book
-from stallhound.analysis import attribution, program, rules, shares
+from stallhound.analysis import attribution, program, rules, shares, where
 from stallhound.analysis.common import (
     Finding,
     Output,
@@ -95,6 +95,9 @@ class Result(Output):
     missing: list[rules.Missing] = Field(description="what the profile cannot tell, and the capture option that "
                                                      "records it")
     skipped: list[str] = Field(description="detectors that could not run on this profile, with why")
+    where_note: str | None = Field(None, description="why findings about host events name no call site (the profile "
+                                                     "has no stacks, or none on their events), with the capture "
+                                                     "that records them; said once here, not per finding")
 
 
 def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str, list[Finding], str | None]:
@@ -161,17 +164,27 @@ def citation(finding: Finding, tool: str, chain: tuple[str, ...]) -> dict:
 
 
 def cited_lines(finding: CitedFinding, explained: set[str]) -> list[str]:
-    """A finding's cause, fix and verify lines; a cause already explained above (in `explained`) only named."""
+    """A finding's where (when it has one), cause, fix and verify lines; a cause already explained above (in
+    `explained`) only named."""
+    placed = [f"   where: {finding.where.text}"] if finding.where else []
     if finding.root_cause in explained:
-        return [f"   cause: {finding.root_cause} (see above)"]
+        return [*placed, f"   cause: {finding.root_cause} (see above)"]
     explained.add(finding.root_cause)
-    return [f"   cause: {finding.book_title} <{finding.book_uri}>", f"   fix ({finding.fix_for}): {finding.fix}",
-            f"   verify: {finding.verify}"]
+    return [*placed, f"   cause: {finding.book_title} <{finding.book_uri}>",
+            f"   fix ({finding.fix_for}): {finding.fix}", f"   verify: {finding.verify}"]
 
 
 def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) -> list[RankedFinding]:
     return [RankedFinding(**citation(f, tool, chain), rank=i)
             for i, (tool, f) in enumerate(leads_first(found, lambda tf: tf[1], limit), start=1)]
+
+
+def _placed(con: duckdb.DuckDBPyConnection, scope: Scope, ranked: list[RankedFinding]) -> list[RankedFinding]:
+    """The ranked findings with where in the program their host events were made (analysis/where.py); a profile
+    without stacks costs one probe."""
+    if not where.has_stacks(con):
+        return ranked
+    return [f.model_copy(update={"where": where.locate(con, scope, f)}) for f in ranked]
 
 
 def _nothing(params: Params, prog: Program, quality: list[str], missing: list[rules.Missing],
@@ -239,11 +252,11 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
     found = [tf for tf in found if tf not in foreign]
     missing = rules.missing(con, DIAGNOSIS_DATA)
-    ranked = _rank(found, chain, params.limit)
+    ranked = _placed(con, scope, _rank(found, chain, params.limit))
     return Result(profile=params.profile, program=prog, quality=quality, window=scope, window_note=note,
                   classification=classification, step_method=step_method, findings=ranked, total_findings=len(found),
                   truncated=len(found) > len(ranked), time_at_stake_ns=sum(f.time_at_stake_ns for _, f in found),
-                  missing=missing, skipped=skipped)
+                  missing=missing, skipped=skipped, where_note=where.note(con, ranked))
 
 
 def render(result: Result) -> str:
@@ -265,6 +278,8 @@ def render(result: Result) -> str:
         lines += cited_lines(f, explained)
     if result.truncated:
         lines.extend(more_rows(result, result.total_findings - len(result.findings), "findings"))
+    if result.where_note:
+        lines += ["", f"Call sites: {result.where_note}"]
     if result.missing:
         lines += ["", "Not in this profile: " + "; ".join(f"{m.data} ({m.capture_flag})" for m in result.missing)]
     return "\n".join(lines)
@@ -283,10 +298,13 @@ def render_markdown(result: Result) -> str:
         lines += ["| # | severity | finding | at stake | root cause | fix |", "|---|---|---|---|---|---|"]
         for f in result.findings:
             fix = f.fix.replace("|", "\\|")
-            lines.append(f"| {f.rank} | {f.severity} | {f.title.replace('|', '/')} | {ms(f.time_at_stake_ns)} | "
-                         f"[{f.root_cause}]({f.book_uri}) | {fix} |")
+            placed = f"<br>where: {f.where.text}" if f.where else ""
+            lines.append(f"| {f.rank} | {f.severity} | {(f.title + placed).replace('|', '/')} | "
+                         f"{ms(f.time_at_stake_ns)} | [{f.root_cause}]({f.book_uri}) | {fix} |")
     if result.truncated:
         lines += ["", f"{result.total_findings - len(result.findings)} smaller findings not shown."]
+    if result.where_note:
+        lines += ["", f"**Call sites:** {result.where_note}"]
     if result.missing:
         lines += ["", "**Not in this profile:** " + "; ".join(f"{m.data} (`{m.capture_flag}`)" for m in result.missing)]
     return "\n".join(lines)
