@@ -4,10 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSPECTOR_VERSION := 2.12.0
 INSPECTOR := .tools/inspector/node_modules/.bin/mcp-inspector
+# @anthropic-ai/mcpb, the official packer of Claude Desktop bundles (make bundle, tests/test_packaging.py)
+MCPB_VERSION := 2.1.2
+MCPB := .tools/mcpb/node_modules/.bin/mcpb
 DEMO := out/demo.sqlite
 
-.PHONY: demo test test-heavy lint docs bench bench-job loadtest clean install dev inspector chromium \
-	corpus-restore corpus-review corpus-manifest
+.PHONY: demo test test-heavy lint docs bench bench-job loadtest clean install dev inspector mcpb chromium \
+	corpus-restore corpus-review corpus-manifest dist bundle
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "stallhound needs Python >= 3.11")'
@@ -32,6 +35,13 @@ $(INSPECTOR):
 
 inspector: $(INSPECTOR)
 
+$(MCPB):
+	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm) \
+		|| (echo "npm is needed for the bundle and its tests: install Node.js" && exit 1)
+	npm install --silent --no-audit --no-fund --prefix .tools/mcpb @anthropic-ai/mcpb@$(MCPB_VERSION)
+
+mcpb: $(MCPB)
+
 chromium:  # headless browser for the report tests (tests/browser.py)
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) \
 		|| (echo "chromium is needed for the report tests: install Debian's chromium package" && exit 1)
@@ -41,8 +51,8 @@ demo: $(VENV)/.installed
 	$(BIN)/stallhound synth $(DEMO) --preset demo --force
 	$(BIN)/stallhound triage $(DEMO)
 
-test: $(VENV)/.dev $(INSPECTOR) chromium
-	$(BIN)/ruff check src tests bench corpus
+test: $(VENV)/.dev $(INSPECTOR) $(MCPB) chromium
+	$(BIN)/ruff check src tests bench corpus release
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
@@ -50,7 +60,7 @@ test-heavy: $(VENV)/.dev  # the slower variants make test leaves out (pytest -m 
 	$(BIN)/python -m pytest -m heavy
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check src tests bench corpus
+	$(BIN)/ruff check src tests bench corpus release
 	$(BIN)/mypy
 
 docs: $(VENV)/.installed  # the README's tool table, from the tools the server registers
@@ -59,6 +69,7 @@ docs: $(VENV)/.installed  # the README's tool table, from the tools the server r
 bench: $(VENV)/.installed loadtest
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/kineto.py
+	$(BIN)/python bench/startup.py
 
 bench-job: $(VENV)/.dev  # minutes: 8 ranks of ~250 MB built serial and in parallel (psutil comes with distributed)
 	$(BIN)/python bench/job.py
@@ -77,5 +88,16 @@ corpus-manifest: $(VENV)/.installed  # corpus/MANIFEST.md from corpus/sources an
 loadtest: $(VENV)/.installed
 	$(BIN)/python bench/load.py
 
+# A release: the sdist, the wheel and server.json for the MCP registry in dist/ (publish: twine upload
+# dist/*.tar.gz dist/*.whl, then mcp-publisher publish dist/server.json); the Claude Desktop bundle dist/*.mcpb.
+dist: $(VENV)/.dev
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+	$(BIN)/python -m release.server_json dist/server.json
+
+bundle: dist $(MCPB)
+	$(BIN)/python -m release.bundle dist/stallhound-*.whl out/bundle
+	$(MCPB) pack out/bundle "dist/$$(basename dist/stallhound-*.whl -py3-none-any.whl).mcpb"
+
 clean:
-	rm -rf $(VENV) .tools out .pytest_cache
+	rm -rf $(VENV) .tools out .pytest_cache dist

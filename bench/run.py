@@ -180,7 +180,7 @@ CURRENT_HEAD = ("# Benchmarks\n\nThe newest run of each benchmark `make bench` r
                 "heading. Every earlier run, with what changed between them, is in "
                 "[BENCHMARKS-HISTORY.md](BENCHMARKS-HISTORY.md).\n\n")
 # A section's kind is read from its heading; the last kind takes every heading the others do not.
-KINDS = ("Kineto trace load", "load test", "1 GB export")
+KINDS = ("start-up", "Kineto trace load", "load test", "1 GB export")
 
 
 def kind_of(heading: str) -> str:

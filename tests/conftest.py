@@ -18,6 +18,11 @@ FIXTURE_IDS = [p.stem for p in FIXTURE_FILES]
 pytest_configure, pytest_collection_modifyitems, pytest_terminal_summary = missing_fixtures_hooks()
 
 
+REQUIRED_ARGS = {  # the arguments a tool cannot be called without, beside its profile
+    "query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"},
+    "call_sites": {"events": "syncs"}}
+
+
 @pytest.fixture
 def anyio_backend():
     """The MCP client and server tests run on asyncio (anyio would also try trio)."""

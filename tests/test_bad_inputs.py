@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import duckdb
 import pytest
-from conftest import FIXTURE_FILES, FIXTURES, one_sentence, text_of
+from conftest import FIXTURE_FILES, FIXTURES, REQUIRED_ARGS, one_sentence, text_of
 from mcp.client import Client
 
 from stallhound.formats import open_profile
@@ -29,7 +29,6 @@ from stallhound.tools import TOOL_NAMES
 MOCK = FIXTURES / "nsysai_mock.sqlite"  # 2 kernels, on an RTX 3080
 NVTX_FIXTURE = FIXTURES / "fuser_h200_crossentropy.sqlite"  # 18 kernels, 13,513 NVTX events
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
-REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"}}
 CLI = [sys.executable, "-m", "stallhound"]
 
 

@@ -39,3 +39,9 @@ def test_bench_record_the_repositorys_files_agree():
     history = (ROOT / "BENCHMARKS-HISTORY.md").read_text()
     assert history.startswith(run.HISTORY_HEAD)
     assert (ROOT / "BENCHMARKS.md").read_text() == run.current(history)
+
+
+def test_bench_record_start_up_runs_are_their_own_kind(tmp_path, monkeypatch):
+    run = _bench_run(monkeypatch, tmp_path)
+    assert run.kind_of("## 2026-01-04: start-up on a small export (commit abc1234), m") == "start-up"
+    assert run.kind_of("## 2026-01-04: 1 GB export and the 10 GB first answer, m") == "1 GB export"

@@ -168,6 +168,7 @@ DETECTOR_TAGS = {
     "pageable-host-memory": {"async-blocking", "large-single"},
     "module-loading-hot-path": {"jit", "module-load"},
     "cpu-bottleneck": {"launch", "host-cpu", "host-ops", "input-pipeline"},
+    "small-kernel-overhead": {"same-steps"},  # idle_causes: every step runs the same kernels, paced by launches
     # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
     "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
     "unified-memory-migration": {"memset", "host-touch", "prefetching"},
@@ -406,3 +407,16 @@ def test_book_entry_without_a_plain_fix_for_a_family_it_applies_to_fails_to_load
 def test_book_fix_for_an_unknown_family_fails_to_load():
     with pytest.raises(book.BookError, match="malformed"):
         _toy(fixes='{ for = "fortran", text = "f" }')
+
+
+# Entries whose detectors fire only on GPUs with bf16 tensor cores (compute capability 8.0+, top_kernels.TF32_MIN_ARCH)
+BF16_ONLY_WHERE_IT_RUNS = {"fp32-gemm-no-tensor-cores"}
+
+
+@_by_id([e for e in ENTRIES if e.id not in BF16_ONLY_WHERE_IT_RUNS])
+def test_book_bf16_advice_says_what_gpus_without_bf16_use(item):
+    """bf16 runs only on compute capability 8.0+: a fix that may be shown for a V100 or T4 (7.x) and tells PyTorch to
+    autocast to bf16 also gives the fp16 path with its GradScaler."""
+    for fix in item.fixes:
+        if "torch.bfloat16" in fix.text:
+            assert "float16" in fix.text.replace("bfloat16", "") and "GradScaler" in fix.text, fix.text

@@ -36,6 +36,7 @@ WORST_ARGS = {  # each tool's largest answer: every limit at its maximum, the wi
     "triage": {"limit": 100},
     "show_timeline": {"buckets": 10_000, "limit": 500},
     "unified_memory": {"limit": 500},
+    "call_sites": {"events": "api_calls", "full_stacks": 5, "limit": 500},
 }
 KEPT = re.compile(r"([\d,]+) of ([\d,]+) (\w+)")
 

@@ -15,7 +15,7 @@ import pytest
 from modeldb import make_model
 
 from corpus import sources
-from stallhound.analysis import launch_fill
+from stallhound.analysis import hotspots, launch_fill, vendor
 from stallhound.analysis.contracts import run_skill
 from stallhound.formats import open_profile
 from stallhound.tools import top_kernels as tk
@@ -249,3 +249,42 @@ def test_corpus_runtime_fill_kernels_are_not_the_programs_compute(tmp_path):
     assert [(r.short_name, r.kind) for r in result.rows] == [("__pgi_uacc_cuda_fill_42_gpu", "runtime"),
                                                              ("feed_input_23_gpu", "custom")]
     assert [(f.tags, f.severity) for f in result.findings] == [(["runtime"], "info")]
+
+
+@pytest.mark.parametrize("calls, gpu_name, amd", [
+    (["hipLaunchKernel"] * 3 + ["cudaGetDevice"] * 2, None, True),  # mostly HIP's calls: ROCm
+    (["hipLaunchKernel"] * 2 + ["cuLaunchKernel"] * 2, None, False),  # as many of CUDA's: not said to be AMD
+    ([], "AMD Instinct MI300X", True),
+    ([], "AMD Radeon Graphics", True),
+    (["cudaLaunchKernel"], "Tesla V100-SXM2-32GB", False),
+    ([], "", False),  # nothing says AMD: nsys and CUPTI trace NVIDIA GPUs
+])
+def test_vendor_from_runtime_calls_and_device_names(calls, gpu_name, amd):
+    con = make_model(cuda_api=[{"name": c, "start_ns": i, "end_ns": i + 1} for i, c in enumerate(calls)],
+                     gpus=[{"device_id": 0, "name": gpu_name}])
+    assert (vendor.of(con) == vendor.AMD) == amd
+
+
+def test_report_names_are_unique_and_short():
+    """ncu -o names: a kernel name up to REPORT_CHARS as it is; longer ones cut with a hash of the whole, so two kernels
+    whose names share their first 40 characters (vLLM's matmul and matmul_swiglu) write two reports."""
+    plain, matmul = "a" * 40, "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1"
+    assert hotspots.report_name(plain) == plain
+    names = {hotspots.report_name(n) for n in (matmul, matmul + "_swiglu", plain + "b")}
+    assert len(names) == 3 and all(len(n) == hotspots.REPORT_CHARS for n in names)
+    assert hotspots.report_name(matmul).startswith(matmul[:31])
+
+
+def test_hotspot_on_amd_names_the_rocm_profiler():
+    """A HIP trace: the statement names the ROCm Compute Profiler with its command, never ncu, and the undersized
+    grid counts compute units."""
+    kernels = [launch("mine", 0, 90 * MS, 4, 256), launch("x", 90 * MS, 95 * MS, 4096, 256),
+               launch("y", 95 * MS, 100 * MS, 4096, 256)]
+    con = make_model(kernels=kernels, gpus=[{**H100, "name": "AMD Instinct MI300X"}],
+                     cuda_api=[{"name": "hipLaunchKernel", "start_ns": 0, "end_ns": 1}])
+    found = run(con).findings
+    [grid] = [f for f in found if f.root_cause == "undersized-grid"]
+    assert "on a GPU with 114 compute units" in grid.title
+    for f in found:
+        assert "`rocprof-compute profile -n mine -k mine -- <program>`" in f.title and "ncu" not in f.title
+        assert "ROCm Compute Profiler" in f.title and "Nsight" not in f.title

@@ -8,9 +8,10 @@ import pytest
 from modeldb import make_model
 
 from stallhound import book
-from stallhound.analysis import common, idle_causes, trace_quality
+from stallhound.analysis import common, idle_causes, launch_pace, trace_quality
 from stallhound.analysis.attribution import CauseTime, DeviceIdle
 from stallhound.analysis.program import FIX_CHAINS, Program
+from stallhound.analysis.step_repeats import SameSteps
 from stallhound.analysis.trace_quality import LostKernels, SampledCalls
 
 MS = 1_000_000
@@ -223,7 +224,7 @@ def test_idle_causes_launches_count_each_launch_call_once():
                               k(3, 950, 990, None), k(4, 2_000, 2_100, (1_900, 1_990)), k(5, 500, 600, (450, 470), 1)])
     scope = common.Scope(profile="t", start_ns=0, end_ns=1_000, duration_ns=1_000, devices=[0, 1],
                          window_basis="requested")
-    assert idle_causes.launches(con, scope) == {0: (30 + 10, 200 + 50 + 500), 1: (20, 100)}
+    assert launch_pace.launches(con, scope) == {0: (30 + 10, 200 + 50 + 500), 1: (20, 100)}
 
 
 @pytest.mark.parametrize("calls, step_ns, fires", [
@@ -272,3 +273,32 @@ def test_trace_quality_a_trace_that_skips_correlation_ids_holds_a_sample_of_the_
     got = trace_quality.sampled_calls(con, 0, 10**9)
     assert got == (share if step >= 50 else 0, 100)
     assert got.significant == sampled
+
+
+SAME = {0: SameSteps(steps=3, kernels=480)}
+
+
+@pytest.mark.parametrize("tiny, launch, same, tagged", [
+    (50 * MS, 0, SAME, True),  # the tiny kernels' launch gaps hold half the window: launches pace the step
+    (50 * MS - 1, 0, SAME, False),  # a nanosecond less: not launch-paced, the generic fix stays
+    (30 * MS, 20 * MS, SAME, True),  # launch gaps before bigger kernels count as launching too
+    (90 * MS, 0, {}, False),  # launch-paced, but the steps do not all run the same kernels
+    (90 * MS, 0, {1: SameSteps(3, 480)}, False),  # another device's steps repeat, not this one's
+])
+def test_idle_causes_graph_replay_needs_repeated_steps_paced_by_launches(tiny, launch, same, tagged):
+    """small-kernel-overhead offers a CUDA graph first (tag same-steps) only where every step runs the same kernels
+    (step_repeats) and launch gaps hold GRAPH_LAUNCH_SHARE of the window; the title says what shows it."""
+    d = device(5.0, launch_tiny=CauseTime(tiny, 1_000), **({"launch": CauseTime(launch, 10)} if launch else {}))
+    [small] = [f for f in idle_causes.findings({0: d}, prog("pytorch"), seen=idle_causes.Seen(same_steps=same))
+               if f.root_cause == "small-kernel-overhead"]
+    assert small.tags == (["same-steps"] if tagged else [])
+    assert ("each of the 3 steps in the window launches the same 480 kernels" in small.title) == tagged
+    fix = book.get_entry("small-kernel-overhead").fix_for(tuple(FIX_CHAINS["pytorch"]), small.tags).text
+    assert ("torch.cuda.CUDAGraph" in fix) == tagged
+
+
+@pytest.mark.parametrize("family, words", [("pytorch", "torch.cuda.graph(g)"), ("python", "end_capture()"),
+                                           ("cuda", "cudaGraphLaunch"), ("generic", "CUDA graph")])
+def test_idle_causes_graph_fix_per_family(family, words):
+    fix = book.get_entry("small-kernel-overhead").fix_for((family, "generic"), ["same-steps"])
+    assert fix.when == "same-steps" and words in fix.text

@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import jsonschema
 import pytest
+from conftest import REQUIRED_ARGS
 from mcp.client import Client
 
 from stallhound.analysis import step_boundaries
@@ -37,7 +38,6 @@ SHARED = sorted(KINETO.glob("*.json.gz"))
 TRACES = [pytest.param(p, id=p.name) for p in SHARED] + [pytest.param(
     REAL_TRAIN, id=REAL_TRAIN.name,
     marks=pytest.mark.skipif(not REAL_TRAIN.exists(), reason=f"{REAL_TRAIN} is not on this machine"))]
-REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"}}
 NCCL_NAMES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv", "AllToAll", "Send", "Recv")
 
 
@@ -164,23 +164,35 @@ def lived_steps(doc: dict) -> list[tuple[int, int]]:
 
 
 def device_side(doc: dict, steps: list[tuple]) -> list[tuple[int, int]]:
-    """Each step range as the device lived it, read from the JSON: from its start, or when the GPU work launched
-    before it (by its thread, or never seen launched) ends if later, no later than its own first GPU work starts;
-    to its end, or the end of the GPU work it launched if later. Launches matched by args.correlation."""
+    """Each step range (sorted by thread, then time) as the device lived it, read from the JSON: from its start, or
+    when the GPU work launched before it (by its thread, or never seen launched) ends if later, no later than its
+    own first GPU work on its main stream (the stream with most of its GPU time) starts; to its end, or the end of
+    the GPU work it launched if later; a range of a thread then ends no later than the next one starts. Launches
+    matched by args.correlation. (The first range's check that the GPU worked through the wait is not here: the
+    traces read with it never stall there.)"""
     launches = {e["args"]["correlation"]: (e["pid"], e["tid"], ns(e["ts"]))
                 for e in xs(doc, "cuda_runtime", "cuda_driver") if "correlation" in e.get("args", {})}
-    gpu = [(launches.get(e.get("args", {}).get("correlation")), *span(e))
+    gpu = [(launches.get(e.get("args", {}).get("correlation")), e["args"].get("stream"), *span(e))
            for e in xs(doc, "kernel", "gpu_memcpy", "gpu_memset")]
-    lived = []
+    lived: list[list] = []
     for pid, tid, start, end in steps:
-        mine = [(launch[2], s, e) for launch, s, e in gpu if launch and launch[:2] == (pid, tid)]
-        inside = [(s, e) for at, s, e in mine if start <= at < end]
+        mine = [(launch[2], stream, s, e) for launch, stream, s, e in gpu if launch and launch[:2] == (pid, tid)]
+        inside = [(stream, s, e) for at, stream, s, e in mine if start <= at < end]
         if inside:
-            first = min(s for s, _ in inside)
-            earlier = [e for at, s, e in mine if at < start] + [e for launch, s, e in gpu if not launch and s < first]
-            start, end = max(start, min(max(earlier, default=0), first)), max(end, *(e for _, e in inside))
-        lived.append((start, end))
-    return lived
+            held = collections.Counter()
+            for stream, s, e in inside:
+                held[stream] += e - s
+            main = max(held, key=lambda k: (held[k], -min(s for st, s, _ in inside if st == k)))
+            first = min(s for stream, s, _ in inside if stream == main)
+            earlier = [e for at, _, s, e in mine if at < start] + [e for launch, _, s, e in gpu
+                                                                  if not launch and s < first]
+            end = max(end, *(e for _, _, e in inside))
+            start = max(start, min(max(earlier, default=0), first, end))
+        if lived and lived[-1][:2] == [pid, tid]:
+            start = max(start, lived[-1][2])
+            lived[-1][3] = max(lived[-1][2], min(lived[-1][3], start))
+        lived.append([pid, tid, start, end])
+    return [(s, e) for _, _, s, e in lived]
 
 
 @pytest.mark.parametrize("path", TRACES)

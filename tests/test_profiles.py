@@ -8,7 +8,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import zipfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -23,8 +22,6 @@ from stallhound.formats import open_profile
 from stallhound.formats.nsys.hardware import gpu_info_flag
 from stallhound.model.errors import ConversionNeeded, NotAProfile, ProfileNotFound
 from stallhound.model.schema import DEVICE_MEMORY_KINDS, PEAK_MEMORY_SQL, TABLE_NAMES
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _hashes() -> dict[str, str]:
@@ -421,26 +418,6 @@ def test_profiles_two_processes_open_one_profile_at_once(tmp_path):
         counts = list(pool.map(_open_count, [job, job]))
     assert counts == [3442, 3442]
     assert len(list(tmp_path.glob("*.duckdb"))) == 1 and not list(tmp_path.glob("*.tmp"))
-
-
-def test_profiles_wheel_installs_under_one_namespace_and_runs(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(tmp_path / "dist"), str(ROOT)], check=True, cwd=tmp_path)
-    wheel = next((tmp_path / "dist").glob("stallhound-*.whl"))
-    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert tops == {"stallhound", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                    str(wheel)], check=True)
-    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, str(target / "bin" / "stallhound"), "tool", "top_kernels",
-                           str(FIXTURES / "nsysai_mock.sqlite"), "--json", "-p", "limit=1"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, check=False)
-    assert done.returncode == 0, done.stderr
-    assert '"kernel_count": 2' in done.stdout
-    book = subprocess.run([sys.executable, "-c", "import stallhound.book as b; print(len(b.load_book()))"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, check=True)
-    assert int(book.stdout) >= 21
 
 
 def test_profiles_cli_output_cut_short_by_the_reader_ends_quietly():

@@ -21,7 +21,7 @@ from mcp_types import INVALID_PARAMS, PromptReference
 
 from stallhound.analysis import common
 from stallhound.cli import main as cli
-from stallhound.cli.arguments import parse_params
+from stallhound.cli.calls import parse_params
 from stallhound.model.errors import StallhoundError
 from stallhound.server.app import build_server
 from stallhound.server.validation import shown
@@ -114,7 +114,7 @@ async def test_server_errors_every_tool_every_parameter_refuses_wrong_types(serv
         checked = 0
         for tool in tools:
             base = {"profile": MOCK, "sql": "SELECT 1", "pattern": "gemm", "path": MOCK, "before": MOCK, "after": MOCK,
-                    "root_cause": "gpu-bubbles", "paths": [MOCK], "job": "job"}
+                    "root_cause": "gpu-bubbles", "paths": [MOCK], "job": "job", "events": "syncs"}
             base = {k: v for k, v in base.items() if k in tool.input_schema["properties"]}
             for name, spec in tool.input_schema["properties"].items():
                 for value in _wrong_values(spec):

@@ -6,7 +6,6 @@ reader, so that a bug in the generator cannot hide behind the same bug in the ns
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sqlite3
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from stallhound import synth
+from stallhound.cli import main as cli_main
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "nsys"
 REAL_2025 = FIXTURES / "fuser_h200_crossentropy.sqlite"  # nsys 2025.1.1, the version the generator mimics
@@ -476,13 +476,12 @@ def test_synth_rejects_an_impossible_config():
 
 
 def test_synth_cli_writes_and_says_so(tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    synth.add_arguments(parser)
+    parser = cli_main.parser()
     out = tmp_path / "cli.sqlite"
-    args = parser.parse_args([str(out), "--preset", "clean", "--devices", "2", "--iterations", "2"])
+    args = parser.parse_args(["synth", str(out), "--preset", "clean", "--devices", "2", "--iterations", "2"])
     assert synth.run_cli(args) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert len(printed) == 1 and str(out) in printed[0]
     truth = json.loads(Path(f"{out}.truth.json").read_text())
     assert truth["preset"] == "clean" and len(truth["iterations"]) == 2
-    assert synth.run_cli(parser.parse_args([str(tmp_path), "--preset", "demo"])) != 0
+    assert synth.run_cli(parser.parse_args(["synth", str(tmp_path), "--preset", "demo"])) != 0

@@ -117,6 +117,30 @@ Severity = Literal["high", "medium", "low", "info"]
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 
+class CallSite(BaseModel):
+    """A place in the program that made some of a finding's events: the first user frame of their stacks
+    (analysis/stacks.py)."""
+    function: str | None
+    module: str | None = Field(description="file (Python) or library/executable path (native)")
+    line: int | None = Field(description="nsys: none; Kineto: the line the function starts at")
+    calls: str | None = Field(description="the function it called on the way to the events: which call in it")
+    user_frame: bool = Field(description="false when the stacks hold no frame of the user's code and this is the "
+                                         "library frame nearest it")
+    events: int
+    share_pct: float = Field(description="of the finding's events with a stack, on Where.basis")
+
+
+class Where(BaseModel):
+    """Where in the program a finding's events were made (analysis/where.py): its top call sites and coverage."""
+    events: str = Field(description="the events placed: the finding's own, on its device in the window")
+    basis: str = Field(description="what share_pct is a share of: the events' time, or their count")
+    matched: int = Field(description="the finding's events in the window")
+    with_stack: int = Field(description="those with a call stack")
+    coverage_pct: float
+    sites: list[CallSite] = Field(description="the top call sites, largest share first")
+    text: str = Field(description="the top sites in one line")
+
+
 class Finding(BaseModel):
     """A problem a detector found, tied to a root cause in the book."""
     root_cause: str = Field(description="id of the entry in the root-cause book (stallhound://book/{id})")
@@ -128,6 +152,8 @@ class Finding(BaseModel):
     device: int | None = Field(None, description="the device whose time is at stake; null only when nothing is")
     tags: list[str] = Field(default_factory=list, description="what kind of case this is (e.g. 'pinned', "
                                                              "'gemm-fp32'): picks the fitting fix from the book")
+    where: Where | None = Field(None, description="triage: where in the program its host events were made; null "
+                                                  "when it is not about host events or the profile has no stacks")
 
 
 MODEL_CACHE_ENTRIES = 64  # results remembered across calls: a triage run asks for a handful, a session for a few more

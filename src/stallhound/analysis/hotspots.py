@@ -9,7 +9,8 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
 - kernel-hotspot, per hot row: a runtime's helper kernel (kind 'runtime') is named as such, not as the program's
   compute. Any other kernel gets its launch configuration, its theoretical occupancy and an honest statement: a
   timeline holds no FLOP or byte counts, so whether the kernel runs near the GPU's limits cannot be told without
-  Nsight Compute, whose command for this kernel the finding gives. No time at stake (nothing measured says how much
+  a kernel profiler (Nsight Compute; on AMD the ROCm Compute Profiler: analysis/vendor.py), whose command for this
+  kernel the finding gives. No time at stake (nothing measured says how much
   could be saved), so never high; severity by its share of the window and the evidence of under-use: medium when it
   takes most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT) with launches that leave
   most of the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer blocks than SMs), else
@@ -24,6 +25,7 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from dataclasses import dataclass
 
@@ -31,10 +33,13 @@ from stallhound.analysis import rules
 from stallhound.analysis.common import Finding, Severity, counted, ms, pct
 from stallhound.analysis.kernel_kinds import NAME_CHARS
 from stallhound.analysis.launch_fill import KernelFill, LaunchFill
+from stallhound.analysis.vendor import AMD, NVIDIA, Vendor
 
 DOMINANT_WINDOW_PCT = 50.0  # a kernel running over half the window is the step: its efficiency is the question
 LOW_OCCUPANCY_PCT = 25.0  # a quarter of the SM's warp slots or fewer leaves little to hide memory latency with
 PROGRAM_CHARS = 120  # a recorded command line longer than this is shown as <program>
+REPORT_CHARS = 40  # a report name longer than this is cut, and a hash of the whole name keeps it unique
+REPORT_HASH_CHARS = 8  # hex digits of that hash: a clash among a profile's kernels is one in four billion
 NCU_SKIP = 10  # launches of a configuration launched more often to skip before the one measured: their warmup
 TILED_KINDS = {"gemm-tensor", "gemm-fp32", "gemm", "attention", "conv"}  # library kernels built on large register
 # tiles: a low occupancy is their design, not a sign of under-use
@@ -60,13 +65,25 @@ class Hot:
         return k.short_name == self.short_name if self.by_short_name else k.name[:NAME_CHARS] == self.name
 
 
-def ncu_command(short_name: str, fill: LaunchFill | None, command: str | None) -> str:
-    """The Nsight Compute command that measures one launch of this configuration of the kernel, skipping to it (and
-    past NCU_SKIP of its launches' warmup when it has more), on the profiled command when recorded."""
+def report_name(short_name: str) -> str:
+    """A name for the profiler's report: the kernel's short name, or where longer than REPORT_CHARS its start and a
+    hash of the whole (two kernels whose names share a long start never write one report)."""
+    if len(short_name) <= REPORT_CHARS:
+        return short_name
+    digest = hashlib.sha1(short_name.encode()).hexdigest()[:REPORT_HASH_CHARS]
+    return f"{short_name[:REPORT_CHARS - REPORT_HASH_CHARS - 1]}-{digest}"
+
+
+def ncu_command(short_name: str, fill: LaunchFill | None, command: str | None, vendor: Vendor = NVIDIA) -> str:
+    """The command that measures the kernel on the profiled command when recorded. NVIDIA: Nsight Compute on one
+    launch of this configuration, skipping to it (and past NCU_SKIP of its launches' warmup when it has more). AMD:
+    the ROCm Compute Profiler on the kernels whose name holds it (its -k filter matches a substring)."""
     program = command if command and len(command) <= PROGRAM_CHARS else "<program>"
+    report, kernel = shlex.quote(report_name(short_name)), shlex.quote(short_name)
+    if vendor == AMD:
+        return f"rocprof-compute profile -n {report} -k {kernel} -- {program}"
     skip = ((fill.launches_before or 0) + (NCU_SKIP if fill.count > NCU_SKIP else 0)) if fill else 0
-    return (f"ncu --kernel-name {shlex.quote(short_name)} --launch-skip {skip} --launch-count 1 --set full "
-            f"-o {shlex.quote(short_name[:40])} {program}")
+    return f"ncu --kernel-name {kernel} --launch-skip {skip} --launch-count 1 --set full -o {report} {program}"
 
 
 def _blocks(f: LaunchFill) -> str:
@@ -136,7 +153,8 @@ def by_short_name(kernels: list[KernelFill]) -> list[KernelFill]:
     return out
 
 
-def undersized(kernels: list[KernelFill], window_ns: int, command: str | None) -> list[Finding]:
+def undersized(kernels: list[KernelFill], window_ns: int, command: str | None, vendor: Vendor = NVIDIA
+               ) -> list[Finding]:
     """undersized-grid per (device, kernel) whose launches with fewer blocks than SMs leave SM time worth reporting."""
     out = []
     for k in by_short_name(kernels):
@@ -144,16 +162,18 @@ def undersized(kernels: list[KernelFill], window_ns: int, command: str | None) -
         if k.undersized is None or k.kind in NOT_THE_PROGRAMS or not rules.worth_reporting(stake, window_ns):
             continue
         f = k.undersized
-        ncu = ncu_command(k.short_name, f, command)
+        ncu = ncu_command(k.short_name, f, command, vendor)
         resources = _resources(f)
         launches = (f"{counted(f.count, 'launch')} of {_blocks(f)}" if f.count == k.undersized_launches else
-                    f"{k.undersized_launches:,} launches of fewer blocks than SMs, most time in {_blocks(f)}")
+                    f"{k.undersized_launches:,} launches of fewer blocks than {vendor.units}, most time in "
+                    f"{_blocks(f)}")
         out.append(Finding(
             root_cause="undersized-grid", severity=rules.severity(stake, window_ns),
             title=f"{k.short_name} runs {ms(k.undersized_ns)} on device {k.device} in {launches}"
-                  f"{f' ({resources})' if resources else ''}, on a GPU with {f.sm_count} SMs: {f.sms_used} of them "
-                  f"{'gets' if f.sms_used == 1 else 'get'} work and the others idle; spreading the work over every SM "
-                  f"could save at most {ms(stake)} (an upper bound); measure it with `{ncu}`",
+                  f"{f' ({resources})' if resources else ''}, on a GPU with {f.sm_count} {vendor.units}: "
+                  f"{f.sms_used} of them {'gets' if f.sms_used == 1 else 'get'} work and the others idle; spreading "
+                  f"the work over all of them could save at most {ms(stake)} (an upper bound); measure it with "
+                  f"{vendor.profiler}: `{ncu}`",
             evidence={"kernel": k.short_name, "blocks": f.blocks, "sm_count": f.sm_count,
                       "launches": k.undersized_launches, "kernel_ns": k.undersized_ns,
                       "threads_per_block": f.threads_per_block, "ncu": ncu,
@@ -170,7 +190,7 @@ def _severity(hot: Hot, kernel: KernelFill | None) -> Severity:
     return "medium" if worth else "info"
 
 
-def statement(hot: Hot, kernels: list[KernelFill], command: str | None) -> Finding:
+def statement(hot: Hot, kernels: list[KernelFill], command: str | None, vendor: Vendor = NVIDIA) -> Finding:
     """kernel-hotspot for a hot row: a runtime kernel named, any other kernel's launch figures and what measures it."""
     where = f" on device {hot.device}" if hot.device is not None else ""
     share = f"takes {hot.kernel_time_pct:.1f}% of kernel time and {hot.window_pct:.1f}% of the window{where}"
@@ -183,15 +203,15 @@ def statement(hot: Hot, kernels: list[KernelFill], command: str | None) -> Findi
                        title=f"{hot.display_name}, a helper kernel of the language runtime (it fills device memory), "
                              f"not the program's compute, {share}", evidence=evidence, tags=["runtime"])
     main = kernel.main if kernel else None
-    ncu = ncu_command(hot.short_name, main, command)
+    ncu = ncu_command(hot.short_name, main, command, vendor)
     if main is not None and main.occupancy_pct is not None:
         evidence.update(occupancy_pct=main.occupancy_pct, limited_by=main.limited_by)
     waste = launch_shape(kernel) if kernel else []
     shape = (f"; its launch shape leaves much of the GPU unused whatever its code does ({'; '.join(waste)}): fix the "
              "launch first" if waste else "")
     title = (f"{hot.display_name} ({hot.kind}) {share}{f' ({_shape(main)})' if main else ''}{shape}; the timeline "
-             f"holds no FLOP or byte counts, so whether it runs near the GPU's limits cannot be told without Nsight "
-             f"Compute: `{ncu}`")
+             f"holds no FLOP or byte counts, so whether it runs near the GPU's limits cannot be told without "
+             f"{vendor.profiler}: `{ncu}`")
     return Finding(root_cause="kernel-hotspot", severity=_severity(hot, kernel), title=title,
                    evidence={**evidence, "ncu": ncu}, time_at_stake_ns=0, device=hot.device,
                    tags=[hot.kind, *(["launch-shape"] if waste else [])])
@@ -229,9 +249,11 @@ def read(kernels: list[KernelFill], hot_names: set[str], window_ns: int) -> list
         k.kind not in NOT_THE_PROGRAMS and rules.worth_reporting(k.idle_sm_ns, window_ns))]
 
 
-def findings(hot: list[Hot], kernels: list[KernelFill], window_ns: int, command: str | None) -> list[Finding]:
+def findings(hot: list[Hot], kernels: list[KernelFill], window_ns: int, command: str | None,
+             vendor: Vendor = NVIDIA) -> list[Finding]:
     """undersized-grid findings, then the kernel-hotspot statements of the hot rows whose kernel has none, one per
     device."""
-    grids = undersized(kernels, window_ns, command)
+    grids = undersized(kernels, window_ns, command, vendor)
     named = {f.evidence["kernel"] for f in grids}
-    return grids + one_per_device([statement(h, kernels, command) for h in hot if h.short_name not in named])
+    return grids + one_per_device([statement(h, kernels, command, vendor) for h in hot
+                                   if h.short_name not in named])

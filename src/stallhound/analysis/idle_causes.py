@@ -7,6 +7,8 @@ findings never count the same nanoseconds twice and a device's findings never ex
 fires only when its claim is worth reporting (rules.MIN_STAKE_PCT of the window) and its own precondition
 holds. cpu-bottleneck's fix is about launching (tag launch) only where the launch calls can pace the device (they
 take PACING_RATIO of their kernels' time or more); else its late launches wait on other host work (host-cpu).
+small-kernel-overhead offers a CUDA graph first (tag same-steps) where every step in the window runs the same kernels
+(step_repeats) and launch gaps hold GRAPH_LAUNCH_SHARE of the window; else the fixes that fuse kernels.
 dataloader-starvation needs evidence of a data loader: its ranges cover the gap (input_wait), or the
 launching thread waits in OS calls (host_wait) in a program whose trace shows a loader (input_pipeline). Outside the
 loop's steady state, the stretches before a device's first work and after its last are start-up and teardown, and an
@@ -29,11 +31,12 @@ from dataclasses import dataclass, field, replace
 
 import duckdb
 
-from stallhound.analysis import attribution, input_pipeline, program, rules, trace_quality
+from stallhound.analysis import attribution, input_pipeline, launch_pace, program, rules, step_repeats, trace_quality
 from stallhound.analysis.attribution import DeviceIdle
 from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
+from stallhound.analysis.step_repeats import SameSteps
 from stallhound.analysis.trace_quality import LostKernels, SampledCalls
 
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
@@ -41,6 +44,8 @@ BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the wi
 RECURRING_MIN_GAPS = 3  # outside a steady window, a cost paid three times or more recurs; once or twice is setup
 ONCE_SHARE = 0.5  # ... and a gap holding half a recurring cost's time or more is that cost paid once (setup)
 TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launches, not a handful
+GRAPH_LAUNCH_SHARE = 0.5  # book small-kernel-overhead: launch gaps holding half the window or more pace the step, and
+# when every step runs the same kernels (step_repeats) one graph replay per step removes them: offered first
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
 BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy"}  # causes that name a blocking call (they count calls)
 UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy: memory_transfers')
@@ -49,15 +54,6 @@ GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-gene
 # 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
 PACING_RATIO = 0.1  # book cpu-bottleneck: launch calls taking under a tenth of their kernels' time issue the work ten
 # times faster than the device runs it, so they cannot pace it: what keeps launches late is other host work
-# Per device, the launch calls of the kernels starting in the window (each call once) and those kernels' time, as
-# kernel_launch_overhead's launch_api_ns and launched_kernel_ns.
-PACE_SQL = """
-SELECT device_id, sum(api_ns)::BIGINT, sum(gpu_ns)::BIGINT FROM (
-  SELECT device_id, any_value(launch_end_ns - launch_start_ns) AS api_ns, sum(duration_ns) AS gpu_ns FROM kernels
-  WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end AND launch_end_ns IS NOT NULL
-  GROUP BY device_id, pid, correlation_id)
-GROUP BY device_id"""
-
 
 @dataclass(frozen=True)
 class Seen:
@@ -66,7 +62,9 @@ class Seen:
     lost: LostKernels | None = None  # the window's launches whose kernel records were lost (trace_quality)
     sampled: SampledCalls | None = None  # the window's calls recorded after calls the trace left out (trace_quality)
     launches: dict[int, tuple[int, int]] = field(default_factory=dict)  # per device (launch calls' ns, their
-    # kernels' ns) over the window (PACE_SQL); a device absent: its launches were not traced
+    # kernels' ns) over the window (launch_pace); a device absent: its launches were not traced
+    same_steps: dict[int, SameSteps] = field(default_factory=dict)  # per device whose steps in the window all run
+    # one kernel sequence (step_repeats); computed only where tiny kernels' launch gaps could fire a finding
 
 
 @dataclass(frozen=True)
@@ -182,6 +180,20 @@ def _launching(d: DeviceIdle, c: Context) -> str:
             "launching, keeps them late)")
 
 
+def _graph_steps(d: DeviceIdle, c: Context) -> SameSteps | None:
+    """The device's repeated steps when launch gaps hold GRAPH_LAUNCH_SHARE of the window: a graph replay fits."""
+    launching = d.ns("launch_tiny", "launch") >= GRAPH_LAUNCH_SHARE * d.window_ns
+    return c.seen.same_steps.get(d.device) if launching else None
+
+
+def _tiny_title(d: DeviceIdle, ns: int, c: Context) -> str:
+    same = _graph_steps(d, c)
+    steps = (f"; each of the {same.steps} steps in the window launches the same {same.kernels:,} kernels in the same "
+             "order, so one CUDA graph replay per step can replace them" if same else "")
+    return (f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny kernels, waiting for "
+            f"their launches{steps}")
+
+
 def _host_title(d: DeviceIdle, ns: int, c: Context) -> str:
     ops = d.ns("host_op")
     parts = [_launching(d, c), *([f"CPU work {ms(d.ns('host_cpu'))}"] if d.ns("host_cpu") or not ops else []),
@@ -225,8 +237,7 @@ CLAIMS: tuple[Claim, ...] = (
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and after {_calls(d, 'readback'):,} small "
                            f"device-to-host reads ({_api(d, 'readback')}) {_drained(d, 'readback')}"),
     Claim("small-kernel-overhead", ("launch_tiny",), lambda d, c: _gaps(d, "launch_tiny") >= TINY_MIN_GAPS,
-          lambda d, ns, c: f"device {d.device} idles {ms(ns)} in {_gaps(d, 'launch_tiny'):,} gaps between tiny "
-                           "kernels, waiting for their launches"),
+          _tiny_title, lambda d, c: ["same-steps"] if _graph_steps(d, c) else []),
     Claim("alloc-in-loop", ("alloc",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and right after the host's allocation or free "
                            f"calls of device or pinned memory ({counted(_gaps(d, 'alloc'), 'gap')})", recurs=True,
@@ -375,16 +386,12 @@ class IdleBasis:
         return [f for f in self.findings() if f.root_cause in causes]
 
 
-def launches(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, tuple[int, int]]:
-    """Per device, its launch calls' time and their kernels' time over the window (PACE_SQL)."""
-    rows = con.execute(PACE_SQL, {"devices": scope.devices, "start": scope.start_ns, "end": scope.end_ns}).fetchall()
-    return {device: (api_ns, kernel_ns) for device, api_ns, kernel_ns in rows}
-
-
 def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = None) -> IdleBasis:
     """The idle basis of a window (no device in scope: nothing idles)."""
     idle = attribution.attribute(con, scope).devices if scope.devices else {}
+    tiny = any(_gaps(d, "launch_tiny") >= TINY_MIN_GAPS for d in idle.values())
     seen = Seen(input_pipeline.evidence(con), trace_quality.lost_kernels(con, scope.start_ns, scope.end_ns),
                 trace_quality.sampled_calls(con, scope.start_ns, scope.end_ns),
-                launches(con, scope) if scope.devices else {})
+                launch_pace.launches(con, scope) if scope.devices else {},
+                step_repeats.same_steps(con, scope) if tiny else {})
     return IdleBasis(idle, program.detect(con), step_ns, seen)

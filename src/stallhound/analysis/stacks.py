@@ -21,21 +21,31 @@ RANK_SQL = ("CASE WHEN layer IS NULL THEN 0 WHEN layer = 'framework' THEN 1 "
 MAX_DEPTH = 1_000_000  # deeper than any recorded stack: rank * MAX_DEPTH + depth orders by rank, then depth
 
 # The sites of `events(stack_id, time_ns)` (a CTE the caller puts first), largest first, each with the frame it
-# called (the next inner one: Kineto records a Python function's first line, so its callee says which call);
-# events without a stack are left to the caller's coverage. Binds $limit.
+# called (the next inner one: Kineto records a Python function's first line, so its callee says which call), one row
+# per site and callee ({callee} = callee, {group} = ', callee') or per site with its largest callee ({callee} =
+# BIGGEST_CALLEE, {group} empty); events without a stack are left to the caller's coverage. Binds $limit.
 SITES_SQL = f"""
 site_of AS (
-  SELECT stack_id, arg_min({{'function': function, 'module': module, 'line': line, 'layer': layer,
-                             'resolved': resolved, 'depth': depth}}, ({RANK_SQL}) * {MAX_DEPTH} + depth) AS site
+  SELECT stack_id, arg_min({{{{'function': function, 'module': module, 'line': line, 'layer': layer,
+                             'resolved': resolved, 'depth': depth}}}}, ({RANK_SQL}) * {MAX_DEPTH} + depth) AS site
   FROM stacks WHERE stack_id IN (SELECT stack_id FROM events) GROUP BY stack_id),
 per_stack AS (
   SELECT e.stack_id, s.site, c.function AS callee, count(*) AS n, sum(e.time_ns) AS time_ns
   FROM events e JOIN site_of s USING (stack_id)
-  LEFT JOIN stacks c ON c.stack_id = e.stack_id AND c.depth = s.site.depth - 1 GROUP BY ALL)
-SELECT site.function, site.module, site.line, site.layer, site.resolved, callee, sum(n) AS events,
+  LEFT JOIN stacks c ON c.stack_id = e.stack_id AND c.depth = s.site.depth - 1 GROUP BY ALL),
+per_callee AS (
+  SELECT site, callee, sum(n) AS n, sum(time_ns) AS time_ns, arg_max(stack_id, n) AS stack_id FROM per_stack
+  GROUP BY site, callee)
+SELECT site.function, site.module, site.line, site.layer, site.resolved, {{callee}} AS callee, sum(n) AS events,
        sum(time_ns) AS time_ns, arg_max(stack_id, n) AS stack_id
-FROM per_stack GROUP BY site.function, site.module, site.line, site.layer, site.resolved, callee
+FROM per_callee GROUP BY site.function, site.module, site.line, site.layer, site.resolved{{group}}
 ORDER BY time_ns DESC NULLS LAST, events DESC, site.function, site.module, callee LIMIT $limit"""
+BIGGEST_CALLEE = "arg_max_null(callee, coalesce(time_ns, n))"  # by time, by count for samples (no time)
+
+# Over a CTE `chosen(stack_id, time_ns)`, one row per event of a set: the events with a stack (what SITES_SQL reads),
+# and the coverage (events, those with a stack, their time).
+EVENTS = "events AS (SELECT * FROM chosen WHERE stack_id IS NOT NULL)"
+COVERAGE = "SELECT count(*), count(stack_id), sum(time_ns) FILTER (WHERE stack_id IS NOT NULL) FROM chosen"
 
 FRAMES_SQL = """SELECT depth, function, module, line, layer, resolved FROM stacks WHERE stack_id = $stack
 ORDER BY depth"""
@@ -60,10 +70,14 @@ def where(frame: Frame) -> str:
     return f"`{frame.function}` in {place}" if place else f"`{frame.function}`"
 
 
-def sites(con: duckdb.DuckDBPyConnection, events: str, args: dict[str, object], limit: int) -> list[tuple]:
+def sites(con: duckdb.DuckDBPyConnection, events: str, args: dict[str, object], limit: int,
+          by_callee: bool = True) -> list[tuple]:
     """(frame, the function it called or None, events, time_ns or None, its most frequent stack_id) for the top
-    `limit` + 1 sites of `events`, a CTE text `events AS (...)` over the bound `args`."""
-    rows = con.execute(f"WITH {events},\n{SITES_SQL}", {**args, "limit": limit + 1}).fetchall()
+    `limit` + 1 sites of `events`, a CTE text `events AS (...)` over the bound `args`; by_callee: a site per frame
+    and callee, else per frame, with the callee of most of its time (of most of its events when they have none)."""
+    sql = SITES_SQL.format(callee="callee", group=", callee") if by_callee else SITES_SQL.format(
+        callee=BIGGEST_CALLEE, group="")
+    rows = con.execute(f"WITH {events},\n{sql}", {**args, "limit": limit + 1}).fetchall()
     return [(Frame(*row[:5]), *row[5:]) for row in rows]
 
 

@@ -72,8 +72,9 @@ NVTX_SQL = (sql_beside(__package__, "nvtx_step_names.sql") + LETTERS.format("nam
             + ")," + sql_beside(__package__, "nvtx_step_candidates.sql"))
 
 DEVICE_SIDE_SQL = sql_beside(__package__, "step_device_side.sql")
-MAX_IDLE_IN_SHIFT = 0.25  # a step starts when the GPU's earlier work ends only if the GPU worked through most of the
-#                           wait: a device idle behind a stream wait on an untraced event leaves the step where it began
+SHIFT_BUSY_SHARE = 0.75  # a thread's first step starts when the GPU's earlier work ends only if the GPU worked
+#                          through that wait at least 3/4 as much as through the step: a device idle behind a stream
+#                          wait on an untraced event leaves the step where it began (the stall is no earlier step's)
 SHIFT_BUCKETS = 16  # overlap-join buckets per typical shift
 PATTERN_SQL = sql_beside(__package__, "kernel_step_pattern.sql")
 GRAPH_SQL = sql_beside(__package__, "step_graph_replays.sql")
@@ -104,24 +105,42 @@ def _candidates(con: duckdb.DuckDBPyConnection, scope: Scope, wanted: str | None
 
 
 def _on_device(con: duckdb.DuckDBPyConnection, scope: Scope, ranges: list[list]) -> list[list]:
-    """Each range as the device lived it, [pid, tid, start, end]. A host running ahead of a busy GPU enqueues step
-    k+1 while step k still runs: the range then starts, on the device, when its thread's earlier GPU work ends (no
-    later than its own first GPU work starts), provided the devices worked through that time; it ends when the
-    last GPU work it launched ends, if later."""
+    """Each range as the device lived it, [pid, tid, start, end], ranges of a thread in time order. A host running
+    ahead of a busy GPU enqueues step k+1 while step k still runs: the range then starts, on the device, when its
+    thread's earlier GPU work ends (no later than its own first GPU work on its main stream starts: work it
+    prefetches on a side stream may run ahead); for a thread's first range (no step before it to own that time)
+    only when the devices worked through the wait (SHIFT_BUSY_SHARE). It ends when the last GPU work it launched
+    ends, if later; then _apart."""
     rows = con.execute(DEVICE_SIDE_SQL, {
         "pids": [r[0] for r in ranges], "tids": [r[1] for r in ranges], "starts": [r[2] for r in ranges],
         "ends": [r[3] for r in ranges], "devices": scope.devices}).fetchall()
     device_side = {idx: rest for idx, *rest in rows}
-    lived, moves = [], {}
+    lived, firsts = [], {}
     for idx, (pid, tid, start, end) in enumerate(ranges):
         busy_until, first_start, last_end = device_side.get(idx, (None, None, None))
-        if busy_until is not None and first_start is not None and min(busy_until, first_start) > start:
-            moves[idx] = (start, min(busy_until, first_start))
-        lived.append([pid, tid, start, end if last_end is None else max(end, last_end)])
-    worked = busy_ns(con, scope.devices, list(moves.values()), SHIFT_BUCKETS)
-    for (idx, (start, to)), busy in zip(moves.items(), worked, strict=True):
-        if busy >= (1 - MAX_IDLE_IN_SHIFT) * (to - start):
+        end = end if last_end is None else max(end, last_end)
+        to = start if busy_until is None or first_start is None else max(start, min(busy_until, first_start, end))
+        if idx and ranges[idx - 1][:2] == [pid, tid]:
+            start = to  # the time it moves over is the step before's, still running on the device
+        elif to > start:
+            firsts[idx] = (start, to, end)
+        lived.append([pid, tid, start, end])
+    waits = busy_ns(con, scope.devices, [(s, t) for s, t, _ in firsts.values()], SHIFT_BUCKETS)
+    steps = busy_ns(con, scope.devices, [(t, e) for _, t, e in firsts.values()], SHIFT_BUCKETS)
+    for (idx, (start, to, end)), wait, step in zip(firsts.items(), waits, steps, strict=True):
+        if wait * (end - to) >= SHIFT_BUSY_SHARE * step * (to - start):
             lived[idx][2] = to
+    return _apart(lived)
+
+
+def _apart(lived: list[list]) -> list[list]:
+    """The ranges of one thread never overlap on the device: each starts no earlier than the one before it, and
+    ends where the next one starts there if that is earlier (its work that runs on into the next step, as a side
+    stream's copy, counts in the next)."""
+    for this, after in zip(lived, lived[1:], strict=False):
+        if this[:2] == after[:2]:
+            after[2] = max(after[2], this[2])
+            this[3] = max(this[2], min(this[3], after[2]))
     return lived
 
 
@@ -218,6 +237,16 @@ def _graph_replays(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[str | 
     return api, reason, _combine([_thread_spans([(s, e) for s, e in r[6]], own=False) for r in held], own=False)
 
 
+def _unmatched(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str) -> str:
+    """Why range_name picks no step, naming the ranges that do repeat as steps here (the auto-detected candidates)."""
+    names = [c.name for c in _candidates(con, scope, None)[0]]
+    there = (f"the ranges that qualify as steps here (repeating with GPU work, or named as one step) are "
+             f"{', '.join(repr(n) for n in names)}" if names else
+             f"no NVTX range qualifies as a step here (repeating {MIN_REPEATS}+ times with GPU work, or named as one)")
+    return (f"no NVTX range '{range_name}' in this window: {there}; pass one of them as range_name, or omit it to "
+            "auto-detect")
+
+
 def boundaries(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, method: str
                ) -> tuple[str | None, str | None, list[Candidate], Spans]:
     """(method, reason or why none, NVTX candidates, spans): NVTX when a range qualifies, else the kernels. Found
@@ -237,12 +266,12 @@ def _find(con: duckdb.DuckDBPyConnection, scope: Scope, range_name: str | None, 
         candidates, reason, spans = _nvtx(con, scope, range_name)
         if candidates:
             return f"nvtx:{candidates[0].name}", reason, candidates, spans
-        if range_name is not None or method == "nvtx":
-            what = f"range '{range_name}'" if range_name else (
-                f"range that occurs {MIN_REPEATS}+ times on a thread with GPU work, outside per-op ranges,")
-            raise InvalidRequest(f"no NVTX {what} in this window; omit range_name and method to auto-detect (the "
-                                 "result's candidates then lists the ranges that qualify), or use "
-                                 "method='graph' or method='kernel_pattern'")
+        if range_name is not None:
+            raise InvalidRequest(_unmatched(con, scope, range_name))
+        if method == "nvtx":
+            raise InvalidRequest(f"no NVTX range that occurs {MIN_REPEATS}+ times on a thread with GPU work, outside "
+                                 "per-op ranges, in this window; omit method to auto-detect, or use method='graph' "
+                                 "or method='kernel_pattern'")
         said.append(f"no NVTX range occurs {MIN_REPEATS}+ times on a thread with GPU work")
     if method in ("auto", "graph"):
         api, why, spans = _graph_replays(con, scope)

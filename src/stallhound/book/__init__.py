@@ -122,22 +122,26 @@ def _parse_entry(name: str, text: str) -> Entry:
 
 
 @cache
-def _entries() -> tuple[Entry, ...]:
-    book = _data() / "entries"
-    names = sorted(p.name for p in book.iterdir() if p.name.endswith(".md"))
-    return tuple(_parse_entry(n, (book / n).read_text(encoding="utf-8")) for n in names)
+def _ids() -> tuple[str, ...]:
+    """Every entry's id (its file's name), in file-name order."""
+    return tuple(sorted(p.name.removesuffix(".md") for p in (_data() / "entries").iterdir() if p.name.endswith(".md")))
+
+
+@cache
+def _entry(entry_id: str) -> Entry:
+    """One entry, parsed alone: a triage cites a few, and parsing all of them costs a command more than that."""
+    return _parse_entry(f"{entry_id}.md", (_data() / "entries" / f"{entry_id}.md").read_text(encoding="utf-8"))
 
 
 def load_book() -> dict[str, Entry]:
     """Every entry by id, in file-name order."""
-    return {entry.id: entry for entry in _entries()}
+    return {entry_id: _entry(entry_id) for entry_id in _ids()}
 
 
 def get_entry(entry_id: str) -> Entry:
-    book = load_book()
-    if entry_id not in book:
-        raise UnknownEntry(f"no root-cause entry {entry_id!r}; valid ids: {', '.join(book)}")
-    return book[entry_id]
+    if entry_id not in _ids():
+        raise UnknownEntry(f"no root-cause entry {entry_id!r}; valid ids: {', '.join(_ids())}")
+    return _entry(entry_id)
 
 
 def entry_uri(entry_id: str) -> str:
@@ -199,5 +203,5 @@ def render_entry(entry: Entry) -> str:
 
 def render_index() -> str:
     """One line per entry: id (as a resource link), title and symptom."""
-    lines = [f"- [{e.id}]({entry_uri(e.id)}) {e.title}: {e.symptom}" for e in _entries()]
+    lines = [f"- [{e.id}]({entry_uri(e.id)}) {e.title}: {e.symptom}" for e in load_book().values()]
     return "\n".join([f"# Root-cause book ({len(lines)} entries)", "", *lines]) + "\n"

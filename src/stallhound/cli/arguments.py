@@ -1,18 +1,28 @@
-"""What the subcommands share: the subparsers they register on, the profile cache options, -p KEY=VALUE, and
-printing a result within the budget."""
+"""What the subcommands' parsers share: the subparsers they register on, the profile cache options, and the names
+their help texts give. Parsing imports nothing that reads a profile (cli/main.py says why); what the help texts
+name from the layers below is written out here, and tests/test_cli_start.py checks each against its source."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ValidationError
-
-from stallhound.model.errors import BadParam
-from stallhound.server import budget
-from stallhound.server.validation import explain, unknown_arguments
+# server.wording's writers() and profile_files(), from the formats registry
+WRITERS = "nsys or torch.profiler"
+PROFILE_FILES = "nsys .sqlite/.nsys-rep/.qdrep or torch.profiler .json/.json.gz"
+TOKEN_ENV = "STALLHOUND_TOKEN"  # server.http's
+DEFAULT_MEMORY_BUDGET_MB = 4096  # server.store's
+DASK_SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"  # jobs.dask's SCHEDULER_ENV
+SYNTH_PRESETS = ("clean", "demo")  # synth.PRESETS' names, sorted
+RANK_SET_TRUTH = "job.truth.json"  # synth.ranks.TRUTH_NAME
+# tools.JOB_TOOL_NAMES with the first line of each module's docstring: a command each (cli/job.py)
+JOB_TOOLS = {
+    "rank_imbalance": "Which rank of a job is slow, and why: per-rank GPU time, step times, waits inside collectives, "
+                      "the straggler.",
+    "triage_job": "Why is this job slow? The cross-rank findings and the triage of the rank that matters, ranked by "
+                  "time at stake.",
+}
 
 
 class Subcommands(Protocol):
@@ -27,31 +37,12 @@ def add_profile_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="build the model in a temporary folder, keep nothing")
 
 
-def parse_params(module: ModuleType, profile: str, pairs: list[str], as_field: str = "profile",
-                 **fixed: str) -> BaseModel:
-    """The tool's Params from -p KEY=VALUE strings, parsed as the types say ("0" is device 0, "true" a bool);
-    the profile goes in as `as_field`, with `fixed` values beside it (diff's `after`)."""
-    values: dict[str, str] = {as_field: profile, **fixed}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise BadParam(f"--param {pair!r} is not KEY=VALUE; e.g. -p device=0")
-        values[key] = value
-    valid = [k for k in module.Params.model_fields if k != as_field and k not in fixed]
-    unknown = [k for k in values if k not in module.Params.model_fields]
-    if unknown:
-        raise BadParam(unknown_arguments(unknown, valid))
-    try:
-        return module.Params.model_validate_strings(values)
-    except ValidationError as exc:
-        raise BadParam(explain(exc, module.Params.model_json_schema())) from exc
+def add_range_name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--range-name", metavar="NAME", help="the NVTX or record_function range that marks one step, e.g. "
+                                                        "train_step (letters compared, case and numbers ignored); "
+                                                        "default: the steps found automatically")
 
 
-def print_fitted(result: BaseModel, module: ModuleType, params: BaseModel, form: str = "text") -> BaseModel:
-    """Print a tool's result, cut to STALLHOUND_MAX_RESULT_CHARS only when that is set (see server.budget), as
-    `form`: "json" (the structured result), "markdown" (the module's render_markdown) or "text" (its render).
-    Returns the result as printed."""
-    text, fitted = budget.fit(result, module, params, budget.configured())
-    print({"json": lambda: fitted.model_dump_json(indent=2), "markdown": lambda: module.render_markdown(fitted),
-           "text": lambda: text}[form]())
-    return fitted
+def range_name_pairs(args: argparse.Namespace) -> list[str]:
+    """--range-name as the KEY=VALUE pairs parse_params reads."""
+    return [] if args.range_name is None else [f"range_name={args.range_name}"]

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from stallhound import tools
-from stallhound.analysis.contracts import run_skill
-from stallhound.cli.arguments import Subcommands, parse_params, print_fitted
-from stallhound.jobs import dask as job_dask
-from stallhound.jobs.job import Job, load_job
+from stallhound.cli.arguments import DASK_SCHEDULER_ENV, JOB_TOOLS, Subcommands
 from stallhound.model.errors import BadOption
-from stallhound.server.job_tools import describe
+
+if TYPE_CHECKING:
+    from stallhound.jobs.job import Job
 
 CLI_JOB_ID = "job"  # what a job tool's `job` parameter holds on the command line, where one job is loaded
 
@@ -37,13 +36,12 @@ def register(sub: Subcommands) -> None:
     build.set_defaults(run=run_build)
     where = build.add_mutually_exclusive_group()
     where.add_argument("--dask-scheduler", metavar="ADDRESS",
-                       help=f"build on this Dask cluster (default: ${job_dask.SCHEDULER_ENV} when set); its workers "
+                       help=f"build on this Dask cluster (default: ${DASK_SCHEDULER_ENV} when set); its workers "
                             "must read the profiles and the cache folder at the same paths")
     where.add_argument("--dask-scheduler-file", type=Path, metavar="FILE", help="the Dask scheduler described by "
                                                                                  "this scheduler file")
-    for name, module in tools.job_tools().items():
-        assert module.__doc__ is not None, f"{name} has no docstring, a tool's description"
-        p = sub.add_parser(command_of(name), help=module.__doc__.strip().splitlines()[0])
+    for name, summary in JOB_TOOLS.items():
+        p = sub.add_parser(command_of(name), help=summary)
         _add_job_options(p)
         p.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                        help="a tool parameter, e.g. -p limit=5")
@@ -51,13 +49,18 @@ def register(sub: Subcommands) -> None:
         p.set_defaults(run=run_job_tool, job_tool=name)
 
 
-def _load(args, client=None) -> Job:
+def _load(args: argparse.Namespace, client: Any = None) -> Job:
+    from stallhound.jobs.job import load_job
+
     if args.workers is not None and args.workers < 1:
         raise BadOption(f"--workers {args.workers} is not positive; pass 1 or more processes")
     return load_job(args.paths, cache_dir=args.cache_dir, workers=args.workers, dask_client=client)
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from stallhound.jobs import dask as job_dask
+    from stallhound.server.job_tools import describe
+
     address, scheduler_file = job_dask.scheduler_from(args.dask_scheduler, args.dask_scheduler_file)
     client = job_dask.connect(address, scheduler_file) if address or scheduler_file else None
     try:
@@ -75,6 +78,10 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_job_tool(args: argparse.Namespace) -> int:
     """Load the job, then run one job tool on it (cut to STALLHOUND_MAX_RESULT_CHARS only when that is set)."""
+    from stallhound import tools
+    from stallhound.analysis.contracts import run_skill
+    from stallhound.cli.calls import parse_params, print_fitted
+
     module = tools.job_tools()[args.job_tool]
     params = parse_params(module, CLI_JOB_ID, args.param, as_field="job")  # a bad -p fails before the build
     job = _load(args)

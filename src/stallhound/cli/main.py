@@ -1,27 +1,45 @@
 """The `stallhound` command: serve over MCP, run any tool from the shell, triage, make samples. Each subcommand
 module adds its parser and handler (`register(subparsers)`, which sets `run`); main lists them in SUBCOMMANDS, in
-the order `--help` shows them, runs the one asked for and words its StallhoundError as one line."""
+the order `--help` shows them, runs the one asked for and words its StallhoundError as one line.
+
+Parsing is kept cheap, so that `--version`, `--help` and a mistyped option answer at once: a subcommand module
+imports at its top only what its parser needs (cli/arguments.py names what the help texts quote from below), and
+each handler imports what it runs (the MCP SDK, DuckDB, numpy, the tools) when it runs. tests/test_cli_start.py
+fails when parsing imports any of them."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from typing import Any
 
-from stallhound import __version__
+import stallhound
 from stallhound.cli import diff, job, report, serve, synth, tool
+from stallhound.cli.arguments import WRITERS
 from stallhound.model import allocator
 from stallhound.model.errors import StallhoundError
-from stallhound.server.wording import writers
 
 EXIT_USAGE = 2
 SUBCOMMANDS = (serve, tool, diff, job, report, synth)
 
 
+class Version(argparse.Action):
+    """--version, as argparse's own, with the version read only when asked (stallhound.__version__ says why)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show program's version number and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"stallhound {stallhound.__version__}")
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="stallhound", description=f"Read GPU profiles ({writers()}), for people and "
+    ap = argparse.ArgumentParser(prog="stallhound", description=f"Read GPU profiles ({WRITERS}), for people and "
                                                                "AI assistants (MCP).")
-    ap.add_argument("--version", action="version", version=f"stallhound {__version__}")
+    ap.add_argument("--version", action=Version)
     sub = ap.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         module.register(sub)

@@ -5,17 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stallhound.cli.arguments import Subcommands, add_profile_options
-from stallhound.formats import open_profile
+from stallhound.cli.arguments import PROFILE_FILES, Subcommands, add_profile_options
 from stallhound.model.errors import BadOption, ReportUnwritable
-from stallhound.report import gather, page
-from stallhound.server.wording import profile_files
-from stallhound.tools import diff_profiles
 
 
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("report", help="draw a profile (or a before/after pair) as one self-contained HTML file")
-    p.add_argument("profile", nargs="?", help=f"the profile to draw ({profile_files()} file)")
+    p.add_argument("profile", nargs="?", help=f"the profile to draw ({PROFILE_FILES} file)")
     p.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"), help="draw two profiles side by side with "
                                                                           "diff_profiles' verdict instead")
     p.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write (self-contained: it "
@@ -25,6 +21,10 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallhound.formats import open_profile
+    from stallhound.report import gather, page
+    from stallhound.tools import diff_profiles
+
     if (args.profile is None) == (args.diff is None):
         raise BadOption("give one profile, or --diff BEFORE AFTER, not both; e.g. stallhound report run.sqlite "
                              "-o report.html")

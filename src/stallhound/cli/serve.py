@@ -8,12 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from stallhound.cli.arguments import Subcommands, add_profile_options
+from stallhound.cli.arguments import DEFAULT_MEMORY_BUDGET_MB, TOKEN_ENV, Subcommands, add_profile_options
 from stallhound.model.errors import BadOption
-from stallhound.server import budget
-from stallhound.server.app import build_server
-from stallhound.server.http import TOKEN_ENV, check_bind, transport_security
-from stallhound.server.store import DEFAULT_MEMORY_BUDGET_MB
 
 
 def register(sub: Subcommands) -> None:
@@ -32,8 +28,9 @@ def register(sub: Subcommands) -> None:
                        help="size of the open profile models kept in memory; past it the least recently used "
                             f"one is closed and reopens from the cache when next used (default "
                             f"{DEFAULT_MEMORY_BUDGET_MB})")
-    serve.add_argument("--root", action="append", type=Path, default=[],
-                       help="folder profiles may be read from (repeatable; default: the working directory)")
+    serve.add_argument("--root", action="extend", nargs="+", type=Path, default=[], metavar="FOLDER",
+                       help="folders profiles may be read from (repeatable, or several after one --root, as an "
+                            "MCP bundle's folder list expands; default: the working directory)")
     serve.add_argument("--max-result-chars", type=int, metavar="N",
                        help="character budget of each tool result, text and structured content each (default: "
                             "$STALLHOUND_MAX_RESULT_CHARS or 20000); sets STALLHOUND_MAX_RESULT_CHARS")
@@ -42,6 +39,10 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallhound.server import budget
+    from stallhound.server.app import build_server
+    from stallhound.server.http import check_bind, transport_security
+
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     roots = args.root or [Path.cwd()]
     missing = [str(r) for r in roots if not r.is_dir()]

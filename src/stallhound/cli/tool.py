@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from stallhound import tools
-from stallhound.analysis.contracts import run_skill
-from stallhound.cli.arguments import Subcommands, add_profile_options, parse_params, print_fitted
-from stallhound.cli.docs import tool_summaries
-from stallhound.formats import open_profile
-from stallhound.model.limits import model_memory
-from stallhound.server.wording import profile_files
+from stallhound.cli.arguments import PROFILE_FILES, Subcommands, add_profile_options, add_range_name, range_name_pairs
 
 
 def register(sub: Subcommands) -> None:
     tool = sub.add_parser("tool", help="run one analysis tool on a profile")
     tool.add_argument("name", help="tool name, e.g. gpu_idle_gaps (see `stallhound tools`)")
-    tool.add_argument("profile", help=f"path of a profile: {profile_files()} file")
+    tool.add_argument("profile", help=f"path of a profile: {PROFILE_FILES} file")
     tool.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                       help="a tool parameter, e.g. -p device=0 -p min_gap_ns=2000000")
     tool.add_argument("--json", action="store_true", help="print the structured result as JSON")
@@ -30,12 +24,19 @@ def register(sub: Subcommands) -> None:
     fmt = triage.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="structured result as JSON")
     fmt.add_argument("--markdown", action="store_true", help="markdown, for a pull request or issue")
+    add_range_name(triage)
     add_profile_options(triage)
     triage.set_defaults(run=run_triage)
 
 
 def _run(args: argparse.Namespace, name: str, pairs: list[str], form: str) -> None:
     """Run the tool `name` on the profile and print its result as `form` (see print_fitted)."""
+    from stallhound import tools
+    from stallhound.analysis.contracts import run_skill
+    from stallhound.cli.calls import parse_params, print_fitted
+    from stallhound.formats import open_profile
+    from stallhound.model.limits import model_memory
+
     module = tools.skill(name)
     params = parse_params(module, args.profile, pairs)
     profile = open_profile(args.profile, cache_dir=args.cache_dir, use_cache=not args.no_cache)
@@ -52,12 +53,14 @@ def run_tool(args: argparse.Namespace) -> int:
 
 
 def list_tools(_args: argparse.Namespace) -> int:
+    from stallhound.cli.docs import tool_summaries
+
     for name, line in tool_summaries():
         print(f"{name:24} {line}")
     return 0
 
 
 def run_triage(args: argparse.Namespace) -> int:
-    _run(args, "triage", [], "json" if args.json else "markdown" if args.markdown else "text")
+    _run(args, "triage", range_name_pairs(args), "json" if args.json else "markdown" if args.markdown else "text")
     return 0
 

@@ -46,11 +46,14 @@ def _findings(side: Side) -> str:
     if not t.findings:
         return "<p>No findings: triage found nothing costly in this window.</p>"
     items = [f'<div class="finding {f.severity}"><b>[{f.severity}] {escape(f.title)}</b><br>'
-             f"cause: {escape(f.book_title)} (book id <code>{escape(f.root_cause)}</code>, "
+             + (f"where: {_prose(f.where.text)}<br>" if f.where else "")
+             + f"cause: {escape(f.book_title)} (book id <code>{escape(f.root_cause)}</code>, "
              f"<code>{escape(f.book_uri)}</code>)<br>fix ({escape(f.fix_for)}): {_prose(f.fix)}<br>"
              f"verify: {_prose(f.verify)}</div>" for f in t.findings]
     more = t.total_findings - len(t.findings)
-    return "".join(items) + (f'<p class="note">... {more} smaller findings: run stallhound triage</p>' if more else "")
+    note = f'<p class="note">call sites: {escape(t.where_note)}</p>' if t.where_note else ""
+    return "".join(items) + note + (f'<p class="note">... {more} smaller findings: run stallhound triage</p>'
+                                    if more else "")
 
 
 def _kernels(side: Side) -> str:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from stallhound.analysis.contracts import run_skill
 from stallhound.server import budget, ui
 from stallhound.server.cancel import run_on_cursor
+from stallhound.tools import diff_profiles, verify_fix
 from stallhound.tools.diff.side import measure
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False,
@@ -60,8 +61,12 @@ async def on_one_cursor(module: ModuleType, params: BaseModel, leased: list[Leas
 
 async def measured_then_compared(module: ModuleType, params: BaseModel, leased: list[Leased], ctx: Context
                                  ) -> tuple[str, BaseModel]:
-    """Each side measured on its own cursor (tools/diff/side.py), then module.compare(*sides, params)."""
-    sides = [await run_on_cursor(side.con, functools.partial(measure, pid=side.id), ctx) for side in leased]
+    """Each side measured on its own cursor (tools/diff/side.py) on the steps of params.range_name (a pair tool's
+    Params have one), then module.compare(*sides, params)."""
+    assert isinstance(params, (diff_profiles.Params, verify_fix.Params)), "the pair tools"
+    steps = params.range_name
+    sides = [await run_on_cursor(side.con, functools.partial(measure, pid=side.id, range_name=steps), ctx)
+             for side in leased]
     return budget.fit(module.compare(*sides, params), module, params, budget.server_budget())
 
 

@@ -25,7 +25,7 @@ each collective), truth (the ground truth JSON, format in its docstring), writer
 
 from __future__ import annotations
 
-from .cli import add_arguments, run_cli
+from .cli import run_cli
 from .config import PRESETS, HostActivity, IdleGap, SynthConfig, clean, demo
 from .schema import NSYS_VERSION, SCHEMA_VERSION, SYNTH_HOST
 from .truth import GENERATOR, TRUTH_VERSION
@@ -33,5 +33,5 @@ from .writer import truth_path, write_sample
 
 __all__ = [
     "GENERATOR", "NSYS_VERSION", "PRESETS", "SCHEMA_VERSION", "SYNTH_HOST", "TRUTH_VERSION", "HostActivity", "IdleGap",
-    "SynthConfig", "add_arguments", "clean", "demo", "run_cli", "truth_path", "write_sample",
+    "SynthConfig", "clean", "demo", "run_cli", "truth_path", "write_sample",
 ]

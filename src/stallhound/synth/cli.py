@@ -1,4 +1,4 @@
-"""`stallhound synth`: its arguments and what it prints."""
+"""`stallhound synth`: what it writes and prints (its arguments are cli/synth.py's)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,6 @@ from pathlib import Path
 
 from .config import PRESETS
 from .writer import truth_path, write_sample
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out", type=Path,
-                        help="SQLite file to write; the ground truth goes to OUT.truth.json")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="demo",
-                        help="demo: every problem planted (default); clean: none, GPUs kept busy")
-    parser.add_argument("--devices", type=int, help="GPUs, one rank process each (default 4)")
-    parser.add_argument("--iterations", type=int, help="training steps (default 12)")
-    parser.add_argument("--seed", type=int,
-                        help="random seed; the same seed writes the same file (default 0)")
-    parser.add_argument("--force", action="store_true",
-                        help="overwrite OUT even if it is not a sample written by stallhound synth")
 
 
 def run_cli(args: argparse.Namespace) -> int:

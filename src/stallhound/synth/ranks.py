@@ -143,17 +143,6 @@ def write_rank_set(folder: Path, ranks: int = 4, iterations: int = 12, straggler
 
 
 # --- CLI: `stallhound synth FOLDER --ranks N` (synth's own options --iterations, --seed, --force apply) -------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("rank sets", "with --ranks, OUT is a folder that receives rank_<r>.sqlite "
-                                                   f"per rank and {TRUTH_NAME}")
-    group.add_argument("--ranks", type=int, help="write a rank set of this many ranks (one export each)")
-    group.add_argument("--straggler-rank", type=int, help="the rank planted late (default: none, a balanced set)")
-    group.add_argument("--straggler-delay-ns", type=int, default=3_000_000,
-                       help="how late it arrives at each step's first all-reduce (default 3000000)")
-    group.add_argument("--straggler-kind", choices=["compute", "host"], default="compute",
-                       help="compute: it computes that much longer (default); host: its GPU idles that long")
-
-
 def run_cli(args: argparse.Namespace) -> int:
     try:
         truth = write_rank_set(args.out, ranks=args.ranks, iterations=args.iterations or 12,

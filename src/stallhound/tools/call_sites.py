@@ -67,8 +67,6 @@ chosen AS (SELECT s.stack_id, NULL::BIGINT AS time_ns FROM cpu_samples s
     AND EXISTS (SELECT 1 FROM idle g WHERE s.time_ns >= g.start_ns AND s.time_ns < g.end_ns))"""
 CHOSEN = {"launches": LAUNCHES, "copies": COPIES, "syncs": API_CALLS, "allocations": API_CALLS,
           "api_calls": API_CALLS, "os_calls": OS_CALLS, "idle_samples": IDLE_SAMPLES}
-EVENTS = "events AS (SELECT * FROM chosen WHERE stack_id IS NOT NULL)"
-COVERAGE = "SELECT count(*), count(stack_id), sum(time_ns) FILTER (WHERE stack_id IS NOT NULL) FROM chosen"
 # Which filter each set reads: one given to a set that ignores it is a mistake, said at once.
 FILTERS = {"kernel": ("launches",), "copy_kind": ("copies",),
            "api": ("launches", "copies", "syncs", "allocations", "api_calls", "os_calls")}
@@ -153,8 +151,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     if params.events not in ("launches", "copies", "idle_samples"):
         args.pop("devices")
     used = {k: v for k, v in args.items() if f"${k}" in chosen}
-    matched, with_stack, stacked_ns = one_row(con.execute(f"WITH {chosen}\n{COVERAGE}", used))
-    found = stacks.sites(con, f"{chosen},\n{EVENTS}", used, params.limit)
+    matched, with_stack, stacked_ns = one_row(con.execute(f"WITH {chosen}\n{stacks.COVERAGE}", used))
+    found = stacks.sites(con, f"{chosen},\n{stacks.EVENTS}", used, params.limit)
     whole = stacked_ns if params.events != "idle_samples" else with_stack
     rows = [_site(con, frame, callee, n, time_ns, stack_id, whole, params.events, rank < params.full_stacks)
             for rank, (frame, callee, n, time_ns, stack_id) in enumerate(found[:params.limit])]

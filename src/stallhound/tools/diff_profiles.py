@@ -1,6 +1,7 @@
 """Did my change make it faster, and why? Two profiles compared figure by figure, with a verdict.
 
-Each side is measured on its triage window (steady iterations when found, else GPU-active; tools/diff/side.py), with
+Each side is measured on its triage window (steady iterations when found, by the steps of `range_name` on both sides
+when given, else GPU-active; tools/diff/side.py), with
 the work that window launched (tools/diff/work.py). Figures are per steady iteration when both sides have them,
 found the same way; else, when both ran the same work, totals of the window; else per second of the window (`basis`
 says which): step time, the GPU-active span of the work and the host's time issuing it, GPU busy and idle, the
@@ -18,6 +19,7 @@ import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis.common import MAX_LIMIT, Output, ProfileRef, Scope, more_rows, ms
+from stallhound.tools import iterations
 from stallhound.tools.diff.rows import (
     SHARE_UNIT,
     FigureRow,
@@ -36,9 +38,13 @@ from stallhound.tools.diff.verdict import LABELS, Basis, Decision, basis_of, dec
 DEFAULT_KERNEL_ROWS = 10  # kernel rows by default: with the figures and findings about 4,000 characters of text
 CUT_HINT = "raise `limit` for more kernel rows"
 
+STEP_RANGE = f"{iterations.RANGE_NAME}; the same on both sides"
+
+
 class Params(BaseModel):
     before: ProfileRef
     after: ProfileRef
+    range_name: Annotated[str | None, Field(description=STEP_RANGE)] = None
     limit: Annotated[int, Field(description=f"Most kernel rows returned, largest change first (1-{MAX_LIMIT})",
                                 ge=1, le=MAX_LIMIT)] = DEFAULT_KERNEL_ROWS
 
@@ -50,6 +56,8 @@ class SideSummary(BaseModel):
     window: Scope | None = Field(description="triage's window on this side; null when it has no timed events")
     window_note: str
     iterations: int = Field(description="steady iterations in the window (0: none)")
+    step_method: str | None = Field(description="how they were found ('nvtx:<range>', 'graph:<call>', "
+                                                "'kernel_pattern:<kernel>'); null without steady iterations")
     bound: str = Field(description="triage's classification of the run")
 
 
@@ -67,7 +75,8 @@ class Result(Output):
 
 
 def run(before: duckdb.DuckDBPyConnection, after: duckdb.DuckDBPyConnection, params: Params) -> Result:
-    return compare(measure(before, params.before), measure(after, params.after), params)
+    return compare(measure(before, params.before, params.range_name), measure(after, params.after, params.range_name),
+                   params)
 
 
 def compare(before: Side, after: Side, params: Params) -> Result:
@@ -97,7 +106,7 @@ def _unit(side: Side, basis: Basis) -> float:
 def _summary(side: Side) -> SideSummary:
     return SideSummary(profile=side.profile, program=side.program, gpus=side.gpus,
                        window=side.window, window_note=side.window_note,
-                       iterations=side.iterations, bound=side.classification.bound)
+                       iterations=side.iterations, step_method=side.step_method, bound=side.classification.bound)
 
 
 def _length(side: SideSummary) -> str:

@@ -21,10 +21,15 @@ Boundaries ('method'):
   'Optimizer.step#...' and autograd nodes ('ReluBackward0') are per-op ranges. Each iteration is its range's own
   span as the device lived it (duration_basis 'range'): it starts at the range's start, moved later to when the
   GPU work its thread launched earlier (or work queued before the trace recorded launches) ends, if that is later
-  and no later than the range's own first GPU work starts (a host running ahead of a busy GPU enqueues step k+1
-  while step k runs); it ends at the range's end or the end of the last GPU work launched inside it, whichever is
-  later. Time between ranges belongs to no iteration. The last range counts only when it lasts at least half the
-  median of the others (else it is a step cut off by the window) or is the only one.
+  and no later than the range's own first GPU work on its main stream starts (the stream where its work holds the
+  most GPU time: a host running ahead of a busy GPU enqueues step k+1 while step k runs, and may start step k+1's
+  input copies on a side stream at once); a thread's first range moves only when the devices were busy through
+  that wait at least 3/4 as much as through the range (a GPU stalled on a wait the trace does not explain leaves
+  the stall in the step), a later one always (the time is the step before's). It ends at the range's end or the
+  end of the last GPU work launched inside it, whichever is later, and no later than the thread's next range
+  starts on the device: steps of one thread never overlap (work that runs on into the next step, as a side
+  stream's copy, counts in the next). Time between ranges belongs to no iteration. The last range counts only
+  when it lasts at least half the median of the others (else it is a step cut off by the window) or is the only one.
   Threads combine by index: iteration k runs from the median over the threads that have a k-th range of their
   k-th starts to the median of their k-th ends (a straggling rank does not move it).
 * 'graph:<launch call>' (no qualifying NVTX range): CUDA graph replays. A replay is the kernels one graph launch
@@ -98,12 +103,12 @@ OUTLIER_RATIO = 2.0  # a later iteration twice the steady median is an isolated 
 MAX_OUTLIERS = 3  # outliers listed, slowest first
 BUSY_BUCKETS = 16  # overlap-join buckets per typical iteration
 TRIAGE = TriageRole("warmup", order=1)  # triage's window is the steady state it finds
+RANGE_NAME = ("NVTX range marking one iteration, e.g. 'iteration N' or 'train_step' (letters compared, case and "
+              "numbers ignored); omit to auto-detect")  # the step override, worded alike in every tool that takes it
 
 
 class Params(ScopedParams):
-    range_name: Annotated[str | None, Field(
-        description="NVTX range marking one iteration, e.g. 'iteration N' or 'train_step' (letters compared, "
-                    "case and numbers ignored); omit to auto-detect")] = None
+    range_name: Annotated[str | None, Field(description=RANGE_NAME)] = None
     method: Annotated[Literal["auto", "nvtx", "graph", "kernel_pattern"], Field(
         description="auto: NVTX when a range qualifies, else CUDA graph replays, else the kernel pattern")] = "auto"
     limit: LimitParam = DEFAULT_LIMIT

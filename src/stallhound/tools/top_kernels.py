@@ -31,7 +31,7 @@ from typing import Annotated, Literal
 import duckdb
 from pydantic import BaseModel, Field, PrivateAttr
 
-from stallhound.analysis import hotspots, launch_fill, quantiles
+from stallhound.analysis import hotspots, launch_fill, quantiles, vendor
 from stallhound.analysis.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -51,6 +51,7 @@ from stallhound.analysis.contracts import TriageRole
 from stallhound.analysis.kernel_kinds import KINDS, NAME_CHARS, display_names, kind_of, min_arch_of
 from stallhound.analysis.launch_fill import KernelFill, capability_number
 from stallhound.analysis.rules import HOTSPOT_PCT
+from stallhound.analysis.vendor import NVIDIA, Vendor
 from stallhound.model.duck import one_row
 
 TRIAGE = TriageRole("window", order=4)
@@ -124,7 +125,8 @@ class Result(Paged):
                                                       "SM time worth reporting idle")
     notes: list[str] = []
     findings: list[Finding] = []
-    _command: str | None = PrivateAttr(None)  # the profiled command line, for the Nsight Compute command
+    _command: str | None = PrivateAttr(None)  # the profiled command line, for the kernel profiler's command
+    _vendor: Vendor = PrivateAttr(NVIDIA)  # whose GPU: which kernel profiler, what its units are called
 
 
 # Every (device, demangled name, short name) of the profile with its kernels in scope (n, t); names with
@@ -281,6 +283,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     next_offset=next_page(params.offset, len(shown), more), hotspots=hot_rows, gemms=gemms,
                     launch_fill=fills, notes=_notes(gemms))
     result._command = one_row(con.execute("SELECT command_line FROM meta"))[0]
+    result._vendor = vendor.of(con)
     return result
 
 
@@ -316,7 +319,8 @@ def findings(result: Result) -> list[Finding]:
     fp32 = [_fp32_gemm(g, result.scope) for g in result.gemms
             if g.tf32_tensor_cores and g.gemm_fp32_pct >= FP32_GEMM_MIN_PCT]
     hot = [_hot(row, result.scope) for row in result.hotspots]
-    return fp32 + hotspots.findings(hot, result.launch_fill, result.scope.duration_ns, result._command)
+    return fp32 + hotspots.findings(hot, result.launch_fill, result.scope.duration_ns, result._command,
+                                    result._vendor)
 
 
 def render(result: Result) -> str:

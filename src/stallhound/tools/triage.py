@@ -1,9 +1,10 @@
 """Why is this GPU job slow? Every detector on one window, findings ranked by the device time they cost, with
 the fix that fits the program.
 
-Window: with window='auto', the steady state when iterations are found (from the first steady iteration to
-the end of the last; the warmup iteration and the setup before it are left out and said so; irregular steps
-only when named like steps and more GPU-active time precedes them than they span), else the GPU-active
+Window: with window='auto', the steady state when iterations are found (the iterations tool's steps, of
+`range_name` when given; step_method says how they were found; from the first steady iteration to the end of
+the last; the warmup iteration and the setup before it are left out and said so; irregular steps only when
+named like steps and more GPU-active time precedes them than they span), else the GPU-active
 window; start_ns/end_ns override it. Every detector runs on that window and devices. time at stake is device
 time in the window that the fix could recover, per device; causes never share nanoseconds, so a device's
 findings add up to at most the window (the warmup findings count time outside it: the first iteration's
@@ -23,7 +24,7 @@ import duckdb
 from pydantic import Field
 
 from stallhound import book
-from stallhound.analysis import attribution, program, rules, shares
+from stallhound.analysis import attribution, program, rules, shares, where
 from stallhound.analysis.common import (
     Finding,
     Output,
@@ -42,7 +43,7 @@ from stallhound.analysis.shares import Classification
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
-from stallhound.tools import declared, detectors, skills
+from stallhound.tools import declared, detectors, iterations, skills
 
 DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
 # the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
@@ -58,6 +59,8 @@ SETUP_OVER_LOOP = 1.0  # irregular steps still bound the loop when more GPU-acti
 class Params(ScopedParams):
     window: Annotated[Literal["auto", "gpu_active", "capture"], Field(
         description="auto: steady-state iterations when found, else GPU-active; ignored with start_ns/end_ns")] = "auto"
+    range_name: Annotated[str | None, Field(
+        description=f"{iterations.RANGE_NAME}; the steps that bound window 'auto'")] = None
     limit: Annotated[int, Field(description="Most findings returned, costliest first; the rest are counted in "
                                             "total_findings", ge=1, le=MAX_FINDINGS)] = 10
 
@@ -81,6 +84,9 @@ class Result(Output):
     quality: list[str] = Field(description="problems of the trace itself (profile_summary), read these first")
     window: Scope | None = Field(description="the analysed window; null when the export has no timed events")
     window_note: str = Field(description="how the window was chosen and what it leaves out")
+    step_method: str | None = Field(None, description="how iterations found the steps window 'auto' looked at "
+                                                      "('nvtx:<range>', 'graph:<call>', 'kernel_pattern:<kernel>'); "
+                                                      "null when none were found or the window was asked for")
     classification: Classification
     findings: list[RankedFinding] = Field(description="at most `limit`, ranked by time at stake")
     total_findings: int = Field(description="findings before the limit")
@@ -89,19 +95,22 @@ class Result(Output):
     missing: list[rules.Missing] = Field(description="what the profile cannot tell, and the capture option that "
                                                      "records it")
     skipped: list[str] = Field(description="detectors that could not run on this profile, with why")
+    where_note: str | None = Field(None, description="why findings about host events name no call site (the profile "
+                                                     "has no stacks, or none on their events), with the capture "
+                                                     "that records them; said once here, not per finding")
 
 
-def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str, list[Finding]]:
-    """The analysis window, how it was chosen (by the warmup detector, tools.declared("warmup")), and the warmup
-    findings found on the way."""
+def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str, list[Finding], str | None]:
+    """The analysis window, how it was chosen (by the warmup detector, tools.declared("warmup"), on the steps of
+    params.range_name when given), the warmup findings found on the way, and the step method."""
     if params.start_ns is not None or params.end_ns is not None or params.window != "auto":
         default: Literal["capture", "gpu_active"] = "capture" if params.window == "capture" else "gpu_active"
         scope = resolve_scope(con, params, default=default)
-        return scope, f"{scope.window_basis} window, as asked", []
+        return scope, f"{scope.window_basis} window, as asked", [], None
     gpu = resolve_scope(con, params, default="gpu_active")
     warmup = declared("warmup")
-    found = as_result(run_once(con, warmup, warmup.Params(profile=params.profile, device=params.device)),
-                      warmup.Result)
+    found = as_result(run_once(con, warmup, warmup.Params(profile=params.profile, device=params.device,
+                                                          range_name=params.range_name)), warmup.Result)
     steady, how = warmup.steady_window(found), "steady state"
     if steady is None and found.span_start_ns is not None and warmup.step_named(found) and (
             found.span_start_ns - gpu.start_ns > SETUP_OVER_LOOP * (found.span_end_ns - found.span_start_ns)):
@@ -110,13 +119,13 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
                "them than they span)")
     if steady is None:
         why = found.note or "no steady iterations"
-        return gpu, f"GPU-active window ({why})", []
+        return gpu, f"GPU-active window ({why})", [], found.method
     scope = gpu.model_copy(update={"start_ns": steady[0], "end_ns": steady[1], "duration_ns": steady[1] - steady[0],
                                    "window_basis": "steady_state"})
     counted = f"{found.iteration_count} {'step' if warmup.marked_steps(found) else 'iteration'}" + (
         "s" if found.iteration_count != 1 else "")
     note = f"{how}: {counted} by {found.method}; {_left_out(steady[0], gpu.start_ns)}"
-    return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns)
+    return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns), found.method
 
 
 def _left_out(steady_start_ns: int, gpu_start_ns: int) -> str:
@@ -155,17 +164,27 @@ def citation(finding: Finding, tool: str, chain: tuple[str, ...]) -> dict:
 
 
 def cited_lines(finding: CitedFinding, explained: set[str]) -> list[str]:
-    """A finding's cause, fix and verify lines; a cause already explained above (in `explained`) only named."""
+    """A finding's where (when it has one), cause, fix and verify lines; a cause already explained above (in
+    `explained`) only named."""
+    placed = [f"   where: {finding.where.text}"] if finding.where else []
     if finding.root_cause in explained:
-        return [f"   cause: {finding.root_cause} (see above)"]
+        return [*placed, f"   cause: {finding.root_cause} (see above)"]
     explained.add(finding.root_cause)
-    return [f"   cause: {finding.book_title} <{finding.book_uri}>", f"   fix ({finding.fix_for}): {finding.fix}",
-            f"   verify: {finding.verify}"]
+    return [*placed, f"   cause: {finding.book_title} <{finding.book_uri}>",
+            f"   fix ({finding.fix_for}): {finding.fix}", f"   verify: {finding.verify}"]
 
 
 def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) -> list[RankedFinding]:
     return [RankedFinding(**citation(f, tool, chain), rank=i)
             for i, (tool, f) in enumerate(leads_first(found, lambda tf: tf[1], limit), start=1)]
+
+
+def _placed(con: duckdb.DuckDBPyConnection, scope: Scope, ranked: list[RankedFinding]) -> list[RankedFinding]:
+    """The ranked findings with where in the program their host events were made (analysis/where.py); a profile
+    without stacks costs one probe."""
+    if not where.has_stacks(con):
+        return ranked
+    return [f.model_copy(update={"where": where.locate(con, scope, f)}) for f in ranked]
 
 
 def _nothing(params: Params, prog: Program, quality: list[str], missing: list[rules.Missing],
@@ -224,7 +243,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     unset = one_row(con.execute("SELECT capture_start_ns IS NULL FROM meta"))
     if unset[0]:
         return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA), remedy(con, ('kernels', 'nvtx')))
-    scope, note, warmup = _window(con, params)
+    scope, note, warmup, step_method = _window(con, params)
     found, skipped = _gathered(con, params, scope, warmup)
     classification = shares.classify(con, scope, {f.root_cause for _, f in found})
     if classification.bound in ("no GPU activity", "too little GPU activity"):
@@ -233,11 +252,11 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
     found = [tf for tf in found if tf not in foreign]
     missing = rules.missing(con, DIAGNOSIS_DATA)
-    ranked = _rank(found, chain, params.limit)
+    ranked = _placed(con, scope, _rank(found, chain, params.limit))
     return Result(profile=params.profile, program=prog, quality=quality, window=scope, window_note=note,
-                  classification=classification, findings=ranked, total_findings=len(found),
+                  classification=classification, step_method=step_method, findings=ranked, total_findings=len(found),
                   truncated=len(found) > len(ranked), time_at_stake_ns=sum(f.time_at_stake_ns for _, f in found),
-                  missing=missing, skipped=skipped)
+                  missing=missing, skipped=skipped, where_note=where.note(con, ranked))
 
 
 def render(result: Result) -> str:
@@ -259,6 +278,8 @@ def render(result: Result) -> str:
         lines += cited_lines(f, explained)
     if result.truncated:
         lines.extend(more_rows(result, result.total_findings - len(result.findings), "findings"))
+    if result.where_note:
+        lines += ["", f"Call sites: {result.where_note}"]
     if result.missing:
         lines += ["", "Not in this profile: " + "; ".join(f"{m.data} ({m.capture_flag})" for m in result.missing)]
     return "\n".join(lines)
@@ -277,10 +298,13 @@ def render_markdown(result: Result) -> str:
         lines += ["| # | severity | finding | at stake | root cause | fix |", "|---|---|---|---|---|---|"]
         for f in result.findings:
             fix = f.fix.replace("|", "\\|")
-            lines.append(f"| {f.rank} | {f.severity} | {f.title.replace('|', '/')} | {ms(f.time_at_stake_ns)} | "
-                         f"[{f.root_cause}]({f.book_uri}) | {fix} |")
+            placed = f"<br>where: {f.where.text}" if f.where else ""
+            lines.append(f"| {f.rank} | {f.severity} | {(f.title + placed).replace('|', '/')} | "
+                         f"{ms(f.time_at_stake_ns)} | [{f.root_cause}]({f.book_uri}) | {fix} |")
     if result.truncated:
         lines += ["", f"{result.total_findings - len(result.findings)} smaller findings not shown."]
+    if result.where_note:
+        lines += ["", f"**Call sites:** {result.where_note}"]
     if result.missing:
         lines += ["", "**Not in this profile:** " + "; ".join(f"{m.data} (`{m.capture_flag}`)" for m in result.missing)]
     return "\n".join(lines)

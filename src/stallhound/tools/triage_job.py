@@ -8,7 +8,8 @@ on each; `range_name` picks the step range as iterations takes it), else, when n
 with the longest GPU-active span (window_ns); `chosen_by` and `chosen_why` say which and why, `step_note` how the
 steps were found (the method) and matched. With more than
 rank_imbalance's MAX_LIMIT ranks, the choice is among the MAX_LIMIT it lists first (stragglers, then slow steps).
-Its triage is tools/triage.py on that rank alone, as on its own profile: its window (steady state when found),
+Its triage is tools/triage.py on that rank alone, as on its own profile: its window (steady state when found, by
+the steps of `range_name` when that rank has them),
 its program, every detector; each of its findings names its `rank`. Cross-rank findings (nccl-straggler,
 compute-communication-imbalance) are job-wide: `rank` null, the ranks in the evidence, time at stake the wait of a
 typical other rank (the straggler's peers, or every rank) over the ranks' GPU-active spans. The fix shown is the
@@ -85,6 +86,11 @@ def _chosen(imbalance: rank_imbalance.Result) -> tuple[int, ChosenBy, str]:
                                         f"longest GPU-active span ({ms(top.window_ns)})")
 
 
+def _stepped_by(imbalance: rank_imbalance.Result, rank: int, params: Params) -> str | None:
+    """range_name for the rank's triage window: the range asked for, where that rank has steps by it."""
+    return params.range_name if any(r.rank == rank and r.steps for r in imbalance.rows) else None
+
+
 def _cited(finding: Finding, tool: str, rank: int | None, chain: tuple[str, ...]) -> JobFinding:
     return JobFinding(**triage.citation(finding, tool, chain), position=0, rank=rank)
 
@@ -102,7 +108,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         job=params.job, range_name=params.range_name, limit=MAX_LIMIT)), rank_imbalance.Result)
     rank, chosen_by, why = _chosen(imbalance)
     with figures.rank_view(con, rank) as cur:
-        own = triage.run(cur, triage.Params(profile=f"rank {rank}", limit=triage.MAX_FINDINGS))
+        own = triage.run(cur, triage.Params(profile=f"rank {rank}", range_name=_stepped_by(imbalance, rank, params),
+                                            limit=triage.MAX_FINDINGS))
     chain = tuple(own.program.fix_chain)
     cross = _cross_rank(con, params, imbalance)
     found = [_cited(f, name, None, chain) for name, f in cross]

@@ -24,6 +24,7 @@ from stallhound.tools import diff_profiles
 from stallhound.tools.diff.rows import SHARE_UNIT, FigureRow, FindingChange, shown
 from stallhound.tools.diff.side import Side, measure
 from stallhound.tools.diff.verdict import Decision
+from stallhound.tools.diff_profiles import STEP_RANGE
 
 FIGURE_CHANGE_PCT = 10.0  # a verify figure moving less than this (% of before) is within run-to-run variation
 SHARE_CHANGE_POINTS = 2.0  # ... and a share less than this many points
@@ -68,6 +69,7 @@ class Params(BaseModel):
     after: ProfileRef
     root_cause: Annotated[str, Field(description="id of the book entry whose fix to verify, e.g. gpu-bubbles (the "
                                                  "root_cause of a triage finding; stallhound://book lists them)")]
+    range_name: Annotated[str | None, Field(description=STEP_RANGE)] = None
 
     @field_validator("root_cause")
     @classmethod
@@ -99,11 +101,13 @@ class Result(Output):
 
 
 def run(before: duckdb.DuckDBPyConnection, after: duckdb.DuckDBPyConnection, params: Params) -> Result:
-    return compare(measure(before, params.before), measure(after, params.after), params)
+    return compare(measure(before, params.before, params.range_name), measure(after, params.after, params.range_name),
+                   params)
 
 
 def compare(before: Side, after: Side, params: Params) -> Result:
-    diff = diff_profiles.compare(before, after, diff_profiles.Params(before=params.before, after=params.after))
+    diff = diff_profiles.compare(before, after, diff_profiles.Params(before=params.before, after=params.after,
+                                                                     range_name=params.range_name))
     rows = {r.figure: r for r in diff.figures}
     checks = [_check(rows[name], direction) for name, direction in VERIFY_FIGURES[params.root_cause] if name in rows]
     finding = next((f for f in diff.findings if f.root_cause == params.root_cause), None)

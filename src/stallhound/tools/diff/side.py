@@ -1,6 +1,7 @@
 """One side of a profile diff: every figure diff_profiles and verify_fix compare, measured on triage's window.
 
-The window is the one triage analyses (steady iterations when found, else GPU-active), so a diff compares the
+The window is the one triage analyses (steady iterations when found, by the steps of `range_name` when given, else
+GPU-active), so a diff compares the
 same kind of time on both sides and the findings it matches are the ones triage reports. Each figure comes from
 the tool that owns it, run on that window (cached per model, so a later triage or tool call costs nothing); the
 work the window launched (its kernels by name, their GPU-active span, the host's time issuing them) from
@@ -111,13 +112,14 @@ class Side(BaseModel):
 Steps = tuple[int, str | None, float | None, float | None]
 
 
-def _steady_steps(con: duckdb.DuckDBPyConnection, pid: str, window: Scope) -> Steps:
+def _steady_steps(con: duckdb.DuckDBPyConnection, pid: str, window: Scope, range_name: str | None) -> Steps:
     """(count, method, median, sigma) of the iterations inside a steady-state window, all of them (the step
     finder's spans that the iterations tool pages through); (0, None, None, None) for any other window."""
     if window.window_basis != "steady_state":
         return 0, None, None, None
-    found = as_result(run_once(con, iterations, iterations.Params(profile=pid, limit=1)), iterations.Result)
-    spans = step_boundaries.boundaries(con, found.scope, None, "auto")[3]
+    found = as_result(run_once(con, iterations, iterations.Params(profile=pid, range_name=range_name, limit=1)),
+                      iterations.Result)
+    spans = step_boundaries.boundaries(con, found.scope, range_name, "auto")[3]
     steps = [e - s for s, e in spans if s >= window.start_ns and e <= window.end_ns]
     if not steps:
         return 0, None, None, None
@@ -139,9 +141,11 @@ def _on_window(con: duckdb.DuckDBPyConnection, module, pid: str, window: Scope, 
         return None
 
 
-def measure(con: duckdb.DuckDBPyConnection, pid: str) -> Side:
-    """Every figure of profile `pid` (already open on `con`) on its triage window."""
-    found = as_result(run_once(con, triage, triage.Params(profile=pid, limit=triage.MAX_FINDINGS)), triage.Result)
+def measure(con: duckdb.DuckDBPyConnection, pid: str, range_name: str | None = None) -> Side:
+    """Every figure of profile `pid` (already open on `con`) on its triage window, bounded by the steps of
+    `range_name` when given."""
+    found = as_result(run_once(con, triage, triage.Params(profile=pid, range_name=range_name,
+                                                          limit=triage.MAX_FINDINGS)), triage.Result)
     prog = program.detect(con)
     common = dict(profile=pid, gpus=_gpu_names(con), program=f"{prog.kind} ({prog.process or 'unknown process'})",
                   window=found.window, window_note=found.window_note, classification=found.classification)
@@ -150,7 +154,7 @@ def measure(con: duckdb.DuckDBPyConnection, pid: str) -> Side:
         return Side(**common, iterations=0, step_method=None, step_median_ns=None, step_sigma_ns=None, devices=[],
                     work=Work(kernels=[], span_ns=0, host_ns=None), copies=[], sync_calls=0, sync_blocked_ns=0,
                     sync_gpu_idle_ns=0, findings=[])
-    count, method, median, sigma = _steady_steps(con, pid, window)
+    count, method, median, sigma = _steady_steps(con, pid, window, range_name)
     work = launched(con, window)
     copies = _on_window(con, memory_transfers, pid, window)
     sync = _on_window(con, sync_analysis, pid, window)
