@@ -366,18 +366,22 @@ def test_attribution_an_ops_overhead_is_its_allocation_when_that_is_the_most_see
     assert {c: t.ns for c, t in idle.causes.items()} == causes
 
 
-def test_attribution_a_gap_that_allocation_covers_is_alloc_for_the_allocations_own_time():
+@pytest.mark.parametrize("k2_ns, causes", [
+    (2_200_000, {"alloc": (2_190_000, 1)}),  # 0.2 ms after the last call: its turnaround
+    (3_500_000, {"alloc": (2_890_000, 1), "host_untraced": (600_000, 0)}),  # 1.5 ms after it: 1 ms turnaround
+])
+def test_attribution_a_gap_that_allocation_covers_is_alloc_for_the_allocations_own_time(k2_ns, causes):
     """The device runs dry at 10 us inside a cudaMalloc (5-100 us); a second one runs 0.2-2 ms and k2 lands at
-    2.2 ms: allocation covers 1.89 of the 2.19 ms, so the gap is alloc, for the first call's share (10-200 us: its
-    90 us in-call and its turnaround until the second call begins) and the second call's own 1.8 ms; the 0.2 ms
-    after it, the host doing something untraced, is not the allocation's. One call began it."""
+    k2_ns: allocation covers most of the gap, so it is alloc for the calls' own time in it (the first's 90 us in-call,
+    the second's 1.8 ms) and one turnaround after them (SYNC_RESUME_MAX_NS, as after any blocking call: the host
+    gap between the calls included); past that the host did something untraced, not the allocation. One call began
+    it."""
     con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)),
-                              kernel(2, 2_200_000, 2_210_000, (2_100_000, 2_150_000))],
+                              kernel(2, k2_ns, k2_ns + 10_000, (k2_ns - 100_000, k2_ns - 50_000))],
                      cuda_api=[call("cudaMalloc", "alloc", 5_000, 100_000), call("cudaMalloc", "alloc", 200_000,
                                                                                    2_000_000)])
     [idle] = attribution.attribute(con, scope(con)).devices.values()
-    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == {"alloc": (1_990_000, 1),
-                                                                     "host_untraced": (200_000, 0)}
+    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == causes
 
 
 @pytest.mark.parametrize("starts_ms, periodic", [

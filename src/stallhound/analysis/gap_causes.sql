@@ -37,7 +37,8 @@ judged AS (
     WHEN g.duration_ns <= $launch_gap_max AND g.launch_end_ns IS NULL THEN 'host_untraced'
     WHEN g.duration_ns <= $launch_gap_max THEN
       CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
-    WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'
+    WHEN h.alloc_ns + CASE WHEN g.blocked_cause = 'alloc' THEN greatest(0, least(g.b_end, g.end_ns) - g.start_ns)
+                           ELSE 0 END >= $dominant * g.duration_ns THEN 'alloc'  -- with the alloc call it began in
     WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
     WHEN h.loader_ns >= $dominant * g.duration_ns THEN 'input_wait'
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
@@ -64,8 +65,9 @@ activity AS (  -- a longer gap's host activity (one claimed for its own time), t
                  ELSE least(end_ns, coalesce(cut_ns, b_end + $resume_max)) - start_ns END AS call_ns
   FROM (SELECT *, CASE WHEN held OR duration_ns <= $launch_gap_max THEN NULL
                        WHEN early_cause IN ('host_comm', 'input_wait', 'host_wait', 'jit', 'profiler') THEN early_cause
-                       WHEN early_cause = 'alloc' AND alloc_ns >= $dominant * duration_ns THEN 'alloc'  -- not only
-                       -- the blocking alloc call it began in
+                       WHEN early_cause = 'alloc' AND alloc_ns + CASE WHEN blocked_cause = 'alloc' THEN greatest(0,
+                         least(b_end, end_ns) - start_ns) ELSE 0 END >= $dominant * duration_ns THEN 'alloc'  -- covering
+                       -- most of it (alloc_ns: after the call's piece), not only the blocking alloc call it began in
                        WHEN early_cause IS NULL AND op_alloc THEN 'alloc' END AS act,
                   CASE early_cause WHEN 'host_comm' THEN comm_ns WHEN 'input_wait' THEN loader_ns
                     WHEN 'host_wait' THEN wait_ns WHEN 'jit' THEN jit_ns WHEN 'profiler' THEN profiler_ns
@@ -75,6 +77,8 @@ split AS (
          CASE WHEN call_ns > 0 AND act <> blocked_cause THEN act END AS then_cause,  -- of the call's kind: one piece
          CASE WHEN call_ns > 0 AND act <> blocked_cause THEN least(act_ns, duration_ns - call_ns) ELSE 0 END AS then_ns,
          CASE
+    WHEN act = 'alloc' AND blocked_cause = 'alloc' THEN greatest(0, duration_ns - (least(b_end, end_ns) - start_ns)
+      - act_ns - $resume_max)  -- begun in an alloc call: the calls' own time in it and one turnaround after them
     WHEN act IS NOT NULL THEN duration_ns - call_ns - least(act_ns, duration_ns - call_ns)
     WHEN early_cause = blocked_cause AND host_cause <> early_cause AND duration_ns > $launch_gap_max AND NOT held
       THEN greatest(0, end_ns - (b_end + $resume_max))
