@@ -79,12 +79,17 @@ def scope(con, **kw) -> common.Scope:
 EXPECTED = {"queued": 10_000, "sync": 10_000, "readback": 9_000, "launch_tiny": 4_000, "launch": 20_000,
             "jit": 100_000, "alloc": 100_000, "host_comm": 100_000, "host_wait": 100_000, "host_cpu": 100_000,
             "host_untraced": 100_000, "pageable_copy": 20_000, "sync_copy": 20_000}
+# A host activity claims only its own time in a gap: MPI_Send and poll() 90 us of their 100 us gaps; the rest of each,
+# under one op's overhead before a late launch, is launch (as a gap without them would be). The cudaMalloc began its
+# gap: a blocking call, it keeps its in-call idle and the turnaround after it (nothing else seen before the launch).
+SPLIT = {**{c: (ns, 1) for c, ns in EXPECTED.items()}, "host_comm": (90_000, 1), "host_wait": (90_000, 1),
+         "launch": (20_000 + 10_000 + 10_000, 3)}
 
 
 def test_attribution_one_cause_per_gap_on_a_tiny_timeline():
     con = timeline()
     [idle] = attribution.attribute(con, scope(con)).devices.values()
-    assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == {c: (ns, 1) for c, ns in EXPECTED.items()}
+    assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == SPLIT
     assert idle.idle_ns == sum(EXPECTED.values()) and idle.window_ns == 1_200_000
     assert (idle.causes["sync"].api, idle.causes["readback"].api) == ("cudaDeviceSynchronize", "cudaStreamSynchronize")
 
@@ -270,12 +275,16 @@ def test_attribution_a_late_resume_on_a_cpu_is_host_cpu():
     assert (gap.cause, gap.late_cause) == ("sync", "host_cpu")
 
 
-def test_attribution_a_wait_covering_most_of_a_gap_outranks_the_sync_that_began_it():
-    """A 4 ms poll() fills most of the gap: removing the sync alone would not remove it (no sync share)."""
+def test_attribution_a_wait_covering_most_of_a_gap_claims_its_own_time_after_the_syncs_share():
+    """A 4 ms poll() (1-5 ms) fills most of the gap (10 us-6 ms): it claims its own 4 ms, never more; the sync that
+    began the gap keeps its share, its turnaround only until the poll begins (10 us-1 ms: 0.99 ms, not the full
+    1 ms after it returned at 11 us); the 1 ms left is untraced: three pieces that never share a nanosecond."""
     idle, [gap] = late_resume(os_runtime=[{"pid": 1, "tid": 7, "name": "poll", "start_ns": T + 1_000_000,
                                            "end_ns": T + 5_000_000}])
-    assert {c: t.ns for c, t in idle.causes.items()} == {"host_wait": 5_990_000}
-    assert (gap.cause, gap.late_ns, gap.late_cause) == ("host_wait", 0, None)
+    assert {c: t.ns for c, t in idle.causes.items()} == {"sync": 990_000, "host_wait": 4_000_000,
+                                                         "host_untraced": 1_000_000}
+    assert (gap.cause, gap.then_ns, gap.then_cause, gap.late_ns, gap.late_cause) == (
+        "sync", 4_000_000, "host_wait", 1_000_000, "host_untraced")
 
 
 def test_attribution_a_gap_begun_inside_a_long_blocking_call_names_it():
@@ -342,28 +351,37 @@ def test_attribution_a_short_gap_begun_inside_a_free_is_the_frees(name, cause):
     assert {c: t.ns for c, t in idle.causes.items()} == {cause: 11_000}
 
 
-@pytest.mark.parametrize("malloc, launch, cause", [
-    ((15_000, 92_000), (160_000, 173_000), "alloc"),  # 77 us allocating, 13 us launching, the rest untraced
-    ((15_000, 40_000), (120_000, 173_000), "launch"),  # 25 us allocating, 53 us launching
+@pytest.mark.parametrize("malloc, launch, causes", [
+    # 77 us allocating, 13 us launching, the rest untraced: allocation claims its own 77 us, the rest is launch
+    ((15_000, 92_000), (160_000, 173_000), {"alloc": 77_000, "launch": 88_000}),
+    ((15_000, 40_000), (120_000, 173_000), {"launch": 165_000}),  # 25 us allocating, 53 us launching
 ])
-def test_attribution_an_ops_overhead_is_its_allocation_when_that_is_the_most_seen(malloc, launch, cause):
+def test_attribution_an_ops_overhead_is_its_allocation_when_that_is_the_most_seen(malloc, launch, causes):
     """A 165 us gap (10-175 us) before a late launch, begun before the cudaMalloc in it (as an eager op's Python
-    runs before its allocator calls the driver): no activity covers half of it, so it is one op's overhead."""
+    runs before its allocator calls the driver): no activity covers half of it, so it is one op's overhead; its
+    allocation, when that is the most the host is seen doing, for the allocation's own time only."""
     con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 175_000, 185_000, launch)],
                      cuda_api=[call("cudaMalloc", "alloc", *malloc), call("cudaLaunchKernel", "launch", *launch, 2)])
     [idle] = attribution.attribute(con, scope(con)).devices.values()
-    assert {c: t.ns for c, t in idle.causes.items()} == {cause: 165_000}
+    assert {c: t.ns for c, t in idle.causes.items()} == causes
 
 
-def test_attribution_a_gap_that_allocation_covers_has_no_late_resume_after_the_first_call():
+@pytest.mark.parametrize("k2_ns, causes", [
+    (2_200_000, {"alloc": (2_190_000, 1)}),  # 0.2 ms after the last call: its turnaround
+    (3_500_000, {"alloc": (2_890_000, 1), "host_untraced": (600_000, 0)}),  # 1.5 ms after it: 1 ms turnaround
+])
+def test_attribution_a_gap_that_allocation_covers_is_alloc_for_the_allocations_own_time(k2_ns, causes):
     """The device runs dry at 10 us inside a cudaMalloc (5-100 us); a second one runs 0.2-2 ms and k2 lands at
-    2.2 ms: allocation covers 1.89 of the 2.19 ms, so all of it is alloc, none a late resume past the first call."""
+    k2_ns: allocation covers most of the gap, so it is alloc for the calls' own time in it (the first's 90 us in-call,
+    the second's 1.8 ms) and one turnaround after them (SYNC_RESUME_MAX_NS, as after any blocking call: the host
+    gap between the calls included); past that the host did something untraced, not the allocation. One call began
+    it."""
     con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)),
-                              kernel(2, 2_200_000, 2_210_000, (2_100_000, 2_150_000))],
+                              kernel(2, k2_ns, k2_ns + 10_000, (k2_ns - 100_000, k2_ns - 50_000))],
                      cuda_api=[call("cudaMalloc", "alloc", 5_000, 100_000), call("cudaMalloc", "alloc", 200_000,
                                                                                    2_000_000)])
     [idle] = attribution.attribute(con, scope(con)).devices.values()
-    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == {"alloc": (2_190_000, 1)}
+    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == causes
 
 
 @pytest.mark.parametrize("starts_ms, periodic", [
@@ -515,3 +533,21 @@ def test_attribution_a_gap_a_blocking_copy_waits_through_is_held_by_it(copy_at, 
     assert (gap.start_ns, gap.end_ns, gap.cause, gap.held) == (T + 1_000_000, T + 8_000_000, cause, is_held)
     assert (idle.held_ns, idle.calls) == ((7_000_000, 1) if is_held else (0, 0))
     assert (gap.blocked_in, gap.tid) == (("cudaMemcpyAsync", 8) if is_held else (None, 7))
+
+
+@pytest.mark.parametrize("mpi, causes", [
+    ((500_000, 1_100_000), {"host_comm": 600_000, "host_cpu": 1_400_000}),  # 0.6 of 2 ms: its own time still
+    ((2_500_000, 2_600_000), {"host_cpu": 2_000_000}),  # a range outside the gap claims none of it
+])
+def test_attribution_host_communication_claims_its_own_time_under_half_a_gap(mpi, causes):
+    """A 2 ms gap (10 us-2.01 ms) with the thread on a CPU throughout: an MPI_Recv range inside it is communication
+    for its own time, though it covers less than half the gap; the rest is CPU work, as without the range."""
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)),
+                              kernel(2, 2_010_000, 2_020_000, (2_000_000, 2_005_000))],
+                     cuda_api=[call("cudaLaunchKernel", "launch", 2_000_000, 2_005_000, 2)],
+                     nvtx=[{"pid": 1, "tid": 7, "text": "MPI_Recv", "start_ns": T + mpi[0], "end_ns": T + mpi[1],
+                            "kind": "push_pop", "depth": 0}],
+                     sched=[{"pid": 1, "tid": 7, "time_ns": T + 10_000, "cpu": 0, "is_sched_in": True},
+                            {"pid": 1, "tid": 7, "time_ns": T + 2_000_000, "cpu": 0, "is_sched_in": False}])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: t.ns for c, t in idle.causes.items()} == causes

@@ -169,6 +169,22 @@ def test_idle_causes_a_recurring_cost_with_one_dominant_gap_is_setup_once(longes
     assert found(d, in_loop=True) == [("alloc-in-loop", "high", 40 * MS, [])]  # in the loop every gap is the loop's
 
 
+@pytest.mark.parametrize("own_longest", [7, 8])  # the untraced rest's own longest gap: the setup gap or another
+def test_idle_causes_a_gap_paid_once_takes_its_untraced_rest_with_it(own_longest):
+    # the 42 ms setup gap 7: 30 ms allocating, then 12 ms with nothing traced; 8 ms more untraced in other gaps
+    d = replace(device(busy_pct=20.0, alloc=CauseTime(40 * MS, 5, long_ns=40 * MS),
+                       host_untraced=CauseTime(20 * MS, 3, long_ns=20 * MS)),
+                longest={"alloc": 30 * MS, "host_untraced": 12 * MS},
+                longest_gap={"alloc": (7, {"alloc": 30 * MS, "host_untraced": 12 * MS}),
+                             "host_untraced": (own_longest, {"host_untraced": 12 * MS})})
+    got = idle_causes.findings({0: d}, prog())
+    assert [(f.root_cause, f.time_at_stake_ns) for f in got] == [
+        ("alloc-in-loop", 10 * MS), ("profiler-window-on-warmup", 42 * MS), ("gpu-bubbles", 8 * MS)]
+    assert "30.000 ms in 1 gap, and 12.000 ms more in the same setup gap" in got[1].title
+    assert [(f.root_cause, f.time_at_stake_ns) for f in idle_causes.findings({0: d}, prog(), in_loop=True)] == [
+        ("alloc-in-loop", 40 * MS), ("gpu-bubbles", 20 * MS)]  # in the loop nothing is setup
+
+
 @pytest.mark.parametrize("in_loop, expected", [
     (False, [("gpu-bubbles", "medium", 5 * MS, [])]),  # the 20 ms before the device's first work is start-up
     (True, [("gpu-bubbles", "high", 25 * MS, [])]),  # in a steady window, the first step's own host time

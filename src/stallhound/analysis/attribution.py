@@ -95,7 +95,8 @@ HELD_MIN_NS = FOLD_BELOW_NS  # a held gap (gap_causes.sql) is judged one by one:
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 DEVICE_PASS_SLICES = DEFAULT_SLICES  # the device pass the gap pass fills
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
-SHARE_CAUSES = ("jit", "profiler")  # charged only while their activity runs inside the gap (gap_causes.sql)
+SHARE_CAUSES = ("alloc", "host_comm", "input_wait", "host_wait", "jit", "profiler")  # in a longer gap, charged only
+# while their activity runs inside it (gap_causes.sql)
 FAULT_CYCLE_MAX_NS = 5_000_000  # 5 ms: a host fault on managed memory takes tens of us to ~2 ms of driver work
 # (unmapping on the device, the migration, the speculative pages around it); a longer stretch between two touched
 # pages is the host's own work
@@ -252,6 +253,9 @@ class DeviceIdle:
     edges: dict[str, CauseTime] = field(default_factory=dict)
     # per cause, its longest piece of a gap of BUBBLE_MIN_NS or more between the edges: a cost paid once
     longest: dict[str, int] = field(default_factory=dict)
+    # per cause, its longest such gap: (gap_id, the gap's time by cause, all its pieces): a cost paid once in a gap
+    # takes the rest of that gap with it (idle_causes)
+    longest_gap: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict)
 
     def ns(self, *causes: str) -> int:
         return sum(self.causes[c].ns for c in causes if c in self.causes)
@@ -279,10 +283,17 @@ class Gap:
     blocked_in: str | None
     pid: int | None
     tid: int | None
-    late_ns: int = 0  # the part with a second cause (late_cause): a blocking call's late resume past its share, or
-    # the time of a SHARE_CAUSES gap in which its activity did not run
+    then_ns: int = 0  # after a blocking call's piece (cause), a SHARE_CAUSES activity's own time (then_cause)
+    then_cause: str | None = None
+    late_ns: int = 0  # the rest, with its own cause (late_cause): a blocking call's late resume past its share, or
+    # the time of a gap in which its SHARE_CAUSES activity did not run
     late_cause: str | None = None
     held: bool = False  # a blocking copy held it (cause): the device waited on work the trace does not show
+
+    def pieces(self) -> tuple[tuple[str | None, int], ...]:
+        """(cause, ns) of the gap's pieces in time order; a piece of 0 ns has no cause."""
+        return ((self.cause, self.end_ns - self.start_ns - self.then_ns - self.late_ns),
+                (self.then_cause, self.then_ns), (self.late_cause, self.late_ns))
 
     def at_edge(self, scope: Scope) -> bool:
         """The stretch before the device's first work in the window or after its last: only such a gap starts at
@@ -324,18 +335,36 @@ def _attribute(con: duckdb.DuckDBPyConnection, scope: Scope) -> Attribution:
     return Attribution(devices=devices, long_gaps=gaps)
 
 
+def rest_of_gaps(d: DeviceIdle, causes: dict[str, CauseTime], took: dict[str, int]) -> tuple[dict[str, CauseTime], int]:
+    """causes less the other pieces of the longest gaps that one-time costs took (took: cause -> its longest gap's
+    id, DeviceIdle.longest_gap), each gap once, and the time taken: a piece whose cause is gone (all of it taken) or
+    whose own longest gap that is (taken already) is not taken again."""
+    rest, causes = 0, dict(causes)
+    for gap_id, pieces in {d.longest_gap[c][0]: d.longest_gap[c][1] for c in took}.items():
+        for cause, ns in pieces.items():
+            if cause in causes and causes[cause].ns > 0 and took.get(cause) != gap_id:
+                t, rest = causes[cause], rest + ns
+                causes[cause] = replace(t, ns=t.ns - ns, gaps=t.gaps - 1, long_ns=max(0, t.long_ns - ns),
+                                        periodic_ns=min(t.periodic_ns, t.ns - ns))
+    return causes, rest
+
+
 def _edges(gaps: list[Gap], device: int, scope: Scope) -> dict[str, dict]:
     """A device's time per cause in the long gaps at the window's edges (Gap.at_edge), and each cause's longest piece
     of a long gap between them (DeviceIdle's edges and longest)."""
     edges: dict[str, list[int]] = {}
     longest: dict[str, int] = {}
+    longest_gap: dict[str, tuple[int, dict[str, int]]] = {}
     for g in (g for g in gaps if g.device == device):
-        for cause, ns in ((g.cause, g.end_ns - g.start_ns - g.late_ns), (g.late_cause, g.late_ns)):
-            if cause is None or ns <= 0:
-                continue
+        pieces: dict[str, int] = {}
+        for cause, ns in g.pieces():
+            if cause is not None and ns > 0:
+                pieces[cause] = pieces.get(cause, 0) + ns
+        for cause, ns in pieces.items():
             if g.at_edge(scope):
                 sums = edges.setdefault(cause, [0, 0])
                 sums[0], sums[1] = sums[0] + ns, sums[1] + 1
-            else:
-                longest[cause] = max(longest.get(cause, 0), ns)
-    return {"edges": {c: CauseTime(ns=ns, gaps=n, long_ns=ns) for c, (ns, n) in edges.items()}, "longest": longest}
+            elif ns > longest.get(cause, 0):
+                longest[cause], longest_gap[cause] = ns, (g.gap_id, pieces)
+    return {"edges": {c: CauseTime(ns=ns, gaps=n, long_ns=ns) for c, (ns, n) in edges.items()}, "longest": longest,
+            "longest_gap": longest_gap}

@@ -127,32 +127,42 @@ at_start AS (  -- each gap with the blocking call that holds it (blocked_cause, 
   FROM spanned),"""
 
 # What the launching threads did during the gaps that are neither queued nor short; for the activities a gap is
-# charged to only while they run (loading or compiling GPU code, the profiler's overhead) and the ranges that nest
-# (framework operators, a loader's ranges), the union of their time inside it.
+# charged to only while they run (allocation, loading or compiling GPU code, communication, a loader's ranges, OS
+# waits, the profiler's overhead) and the framework's operators, the union of their time inside it.
+ACTIVITIES = "('jit', 'module', 'lazy', 'profiler', 'loader', 'alloc', 'wait', 'comm')"  # claimed for their own time
 HOST = sql_beside(__package__, "gap_host_events.sql") + overlaps(
     "touch", "long_gaps", "host_events", "pid, tid", "what") + """,
+cuts AS (  -- a gap begun in a blocking call: where the call's piece ends (cut_ns, gap_causes.sql), its return plus the
+  -- turnaround, $resume_max at most, while the host does nothing identifiable: a claimed activity (ACTIVITIES) is seen
+  SELECT g.probe_id, least(g.b_end + $resume_max, min(greatest(t.start_ns, g.b_end)) FILTER (
+           WHERE t.end_ns > g.b_end AND t.what IN """ + ACTIVITIES + """)) AS cut_ns
+  FROM long_gaps g LEFT JOIN touch t USING (probe_id) WHERE g.b_end IS NOT NULL GROUP BY g.probe_id, g.b_end),
 nested AS (  -- per gap, the union of each activity's time in it: nested compile ranges, a load inside a compile
-  -- range, nested operators or loader ranges count once (a piece adds what lies past the latest end before it)
+  -- range, nested operators, loader or communication ranges count once (a piece adds what lies past the latest end
+  -- before it): the time a gap's cause claims for an activity is never more than the activity's own; a claimed
+  -- activity's after the piece of the blocking call the gap began in (cut_ns)
   SELECT probe_id, sum(ns) FILTER (WHERE part = 'jit') AS jit_ns,
          sum(ns) FILTER (WHERE part = 'profiler') AS profiler_ns, sum(ns) FILTER (WHERE part = 'op') AS op_ns,
-         sum(ns) FILTER (WHERE part = 'loader') AS loader_ns
+         sum(ns) FILTER (WHERE part = 'loader') AS loader_ns, sum(ns) FILTER (WHERE part = 'alloc') AS alloc_ns,
+         sum(ns) FILTER (WHERE part = 'wait') AS wait_ns, sum(ns) FILTER (WHERE part = 'comm') AS comm_ns
   FROM (SELECT probe_id, part, greatest(0, end_ns - greatest(start_ns, coalesce(max(end_ns) OVER (
           PARTITION BY probe_id, part ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
           start_ns))) AS ns
-        FROM (SELECT probe_id, CASE WHEN what IN ('module', 'lazy') THEN 'jit' ELSE what END AS part, start_ns, end_ns
-              FROM touch WHERE what IN ('jit', 'module', 'lazy', 'profiler', 'op', 'loader')))
+        FROM (SELECT t.probe_id, CASE WHEN t.what IN ('module', 'lazy') THEN 'jit' ELSE t.what END AS part,
+                     CASE WHEN t.what = 'op' THEN t.start_ns
+                          ELSE greatest(t.start_ns, coalesce(c.cut_ns, t.start_ns)) END AS start_ns, t.end_ns
+              FROM touch t LEFT JOIN cuts c USING (probe_id)
+              WHERE t.what IN """ + ACTIVITIES[:-1] + """, 'op')))
   GROUP BY probe_id),
 host AS (
-  SELECT h.*, n.jit_ns, n.profiler_ns, n.op_ns, n.loader_ns FROM (
-  SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'alloc') AS alloc_ns,
-         sum(end_ns - start_ns) FILTER (WHERE what = 'wait') AS wait_ns,
-         sum(end_ns - start_ns) FILTER (WHERE what = 'comm') AS comm_ns,
-         sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,
+  SELECT h.*, n.jit_ns, n.profiler_ns, n.op_ns, n.loader_ns, n.alloc_ns, n.wait_ns, n.comm_ns, c.cut_ns FROM (
+  SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'launch') AS launch_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'cpu') AS cpu_ns,
          sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api'))
            AS api_ns
-  FROM touch GROUP BY probe_id) h LEFT JOIN nested n ON n.probe_id = h.gap_id),"""
+  FROM touch GROUP BY probe_id) h LEFT JOIN nested n ON n.probe_id = h.gap_id
+  LEFT JOIN cuts c ON c.probe_id = h.gap_id),"""
 
 HOST_SQL = "CREATE TEMP TABLE gap_host AS WITH " + WORK + HOST.rstrip().rstrip(",") + """
 SELECT * FROM host"""

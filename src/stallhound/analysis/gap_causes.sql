@@ -1,12 +1,16 @@
 -- Each gap's cause (judged): queued (also a gap inside a blocking call before a migration the driver issued); host_fault
--- between two migrations a host thread's touch caused, up to $fault_max; for a
--- short gap its blocking call (or the one in whose wake it began), else its launch; for a longer one alloc, host
--- communication, a data loader's ranges or OS waits covering most of it (a load of 0.5 ms does not explain a second
--- of allocation), else jit or profiler when a load, compile or profiler flush ran in it (charged only while it ran:
--- the rest of the gap is what the host did meanwhile), else the blocking call it began in; else what the host did
--- meanwhile (host_cause; before a late launch, one op's overhead, alloc when allocating is the most of it seen). The
--- late resume past a blocking call's share in a longer gap, or a jit or profiler gap's time outside its activity
--- (split); the result as labelled.
+-- between two migrations a host thread's touch caused, up to $fault_max; for a short gap its blocking call (or the one
+-- in whose wake it began), else its launch; for a longer one alloc, host communication, a data loader's ranges or OS
+-- waits covering most of it (a load of 0.5 ms does not explain a second of allocation), else jit or profiler when a
+-- load, compile or profiler flush ran in it, else host communication run in it at all (its own time), else the
+-- blocking call it began in; else what the host did meanwhile
+-- (host_cause; before a late launch, one op's overhead: alloc when allocating is the most of it seen). A host
+-- activity claims only its own time in the gap (the union of its events there, gap_host): a finding never claims more
+-- than the time of the events it is about. So a gap is cut in up to three pieces that never share nanoseconds
+-- (split): the blocking call it began in (its in-call idle and up to $resume_max of turnaround, while the host does
+-- nothing identifiable: gap_host's cut_ns); the activity's own time after that (one piece with the call's when it is
+-- of the call's kind) (then_ns, then_cause); the rest (late_ns, late_cause: host_cause). A blocking
+-- call's late resume with no activity, likewise the rest. The result as labelled.
 -- Before all that, a held gap: one of $held_min or more that a blocking copy call on any thread spans to its end, for
 -- most of it, whose transfer runs on the gap's device only after the gap, while the work after the gap had been
 -- launched before the call began (or by no traced call): the device waited on work the trace does not show (another
@@ -33,37 +37,58 @@ judged AS (
     WHEN g.duration_ns <= $launch_gap_max AND g.launch_end_ns IS NULL THEN 'host_untraced'
     WHEN g.duration_ns <= $launch_gap_max THEN
       CASE WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
-    WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'
+    WHEN h.alloc_ns + CASE WHEN g.blocked_cause = 'alloc' THEN greatest(0, least(g.b_end, g.end_ns) - g.start_ns)
+                           ELSE 0 END >= $dominant * g.duration_ns THEN 'alloc'  -- with the alloc call it began in
     WHEN h.comm_ns >= $dominant * g.duration_ns THEN 'host_comm'
     WHEN h.loader_ns >= $dominant * g.duration_ns THEN 'input_wait'
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
     WHEN h.jit_ns > 0 THEN 'jit'
     WHEN h.profiler_ns > 0 THEN 'profiler'
+    WHEN h.comm_ns > 0 THEN 'host_comm'  -- under half the gap too: the host communicated, for that time, not computed
     WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
-    WHEN h.alloc_ns >= $dominant * g.duration_ns THEN 'alloc'  -- as early_cause: no late resume after the call
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
     WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
     WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
-    WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN CASE  -- one op's overhead: allocating
-      -- when that is the most the host is seen doing in it
-      WHEN h.alloc_ns >= greatest(coalesce(h.launch_ns, 0), coalesce(h.sync_ns, 0),
-                                  coalesce(h.cpu_ns, 0) - coalesce(h.api_ns, 0)) THEN 'alloc'
+    WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN CASE  -- one op's overhead
       WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
     WHEN h.op_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_op'  -- past one op's overhead
-    ELSE 'host_untraced' END AS host_cause
+    ELSE 'host_untraced' END AS host_cause,
+    g.duration_ns > $launch_gap_max AND g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL
+      AND h.alloc_ns >= greatest(coalesce(h.launch_ns, 0), coalesce(h.sync_ns, 0),
+                                 coalesce(h.cpu_ns, 0) - coalesce(h.api_ns, 0)) AS op_alloc,  -- the op's overhead
+      -- was its allocation: allocating is the most the host is seen doing in it
+    h.alloc_ns, h.comm_ns, h.loader_ns, h.wait_ns, h.cut_ns
   FROM at_start g LEFT JOIN gap_host h USING (gap_id) LEFT JOIN held hd USING (gap_id)),
+activity AS (  -- a longer gap's host activity (one claimed for its own time), that time, and the blocking call's piece
+  -- before it: the call's in-call idle and up to $resume_max of turnaround, when the call is not the activity's kind
+  SELECT *, CASE WHEN act IS NULL OR held OR blocked_cause IS NULL THEN 0
+                 ELSE least(end_ns, coalesce(cut_ns, b_end + $resume_max)) - start_ns END AS call_ns
+  FROM (SELECT *, CASE WHEN held OR duration_ns <= $launch_gap_max THEN NULL
+                       WHEN early_cause IN ('host_comm', 'input_wait', 'host_wait', 'jit', 'profiler') THEN early_cause
+                       WHEN early_cause = 'alloc' AND alloc_ns + CASE WHEN blocked_cause = 'alloc' THEN greatest(0,
+                         least(b_end, end_ns) - start_ns) ELSE 0 END >= $dominant * duration_ns THEN 'alloc'  -- covering
+                       -- most of it (alloc_ns: after the call's piece), not only the blocking alloc call it began in
+                       WHEN early_cause IS NULL AND op_alloc THEN 'alloc' END AS act,
+                  CASE early_cause WHEN 'host_comm' THEN comm_ns WHEN 'input_wait' THEN loader_ns
+                    WHEN 'host_wait' THEN wait_ns WHEN 'jit' THEN jit_ns WHEN 'profiler' THEN profiler_ns
+                    ELSE coalesce(alloc_ns, 0) END AS act_ns FROM judged)),
 split AS (
-  SELECT *, coalesce(early_cause, host_cause) AS cause, CASE
-    WHEN early_cause = 'jit' THEN duration_ns - jit_ns
-    WHEN early_cause = 'profiler' THEN duration_ns - profiler_ns
+  SELECT *, CASE WHEN call_ns > 0 THEN blocked_cause ELSE coalesce(act, early_cause, host_cause) END AS cause,
+         CASE WHEN call_ns > 0 AND act <> blocked_cause THEN act END AS then_cause,  -- of the call's kind: one piece
+         CASE WHEN call_ns > 0 AND act <> blocked_cause THEN least(act_ns, duration_ns - call_ns) ELSE 0 END AS then_ns,
+         CASE
+    WHEN act = 'alloc' AND blocked_cause = 'alloc' THEN greatest(0, duration_ns - (least(b_end, end_ns) - start_ns)
+      - act_ns - $resume_max)  -- begun in an alloc call: the calls' own time in it and one turnaround after them
+    WHEN act IS NOT NULL THEN duration_ns - call_ns - least(act_ns, duration_ns - call_ns)
     WHEN early_cause = blocked_cause AND host_cause <> early_cause AND duration_ns > $launch_gap_max AND NOT held
       THEN greatest(0, end_ns - (b_end + $resume_max))
     ELSE 0 END AS late_ns
-  FROM judged),
+  FROM activity),
 labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls; a held
   -- gap is the copy's thread's
   SELECT gap_id, device_id, start_ns, end_ns, duration_ns, CASE WHEN held THEN h_pid ELSE pid END AS pid,
          CASE WHEN held THEN h_tid ELSE tid END AS tid, CASE WHEN held THEN h_name ELSE blocked_in END AS blocked_in,
-         cause, late_ns, CASE WHEN late_ns > 0 THEN host_cause END AS late_cause, CASE
+         cause, then_ns, CASE WHEN then_ns > 0 THEN then_cause END AS then_cause, late_ns,
+         CASE WHEN late_ns > 0 THEN host_cause END AS late_cause, CASE
            WHEN held THEN [h_pid, h_tid, h_start] WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call,
          held FROM split)

@@ -5,11 +5,13 @@
 -- process (profiler_overhead: CUPTI buffer flushes stall the process's CUDA calls), as host_events.
 -- A lazy load is a launch call of at least $lazy that launched the first kernel of its name in its process: a
 -- long launch of a kernel launched before loads nothing (the driver waited on something else).
--- CTEs of attribution_sql.HOST, after gap_thread (WORK) and before `touch` (intervals.overlaps).
--- Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds, $op_domain.
-long_gaps AS MATERIALIZED (
-  SELECT gap_id AS probe_id, pid, tid, start_ns, end_ns FROM gap_thread
-  WHERE tid IS NOT NULL AND duration_ns > $launch_gap_max AND NOT coalesce(launch_end_ns <= start_ns, false)),
+-- CTEs of attribution_sql.HOST, after gap_thread (WORK) and before `touch` (intervals.overlaps); they read
+-- gap_blocking_calls (CALLS_SQL). Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds, $op_domain.
+long_gaps AS MATERIALIZED (  -- with the end of the blocking call each began in (CALLS_SQL), if any
+  SELECT g.probe_id, g.pid, g.tid, g.start_ns, g.end_ns, CASE WHEN g.start_ns < b.until_ns THEN b.end_ns END AS b_end
+  FROM (SELECT gap_id AS probe_id, pid, tid, start_ns, end_ns FROM gap_thread
+        WHERE tid IS NOT NULL AND duration_ns > $launch_gap_max AND NOT coalesce(launch_end_ns <= start_ns, false)) g
+  ASOF LEFT JOIN gap_blocking_calls b ON b.pid = g.pid AND b.tid = g.tid AND g.start_ns >= b.start_ns),
 near AS MATERIALIZED (  -- the (thread, bucket) pairs in which `touch` can meet a CUDA call no longer than a bucket:
   -- the calls in none (most of them: long gaps are few, CUDA calls many) are dropped before their kind is decided
   SELECT DISTINCT pid, tid, unnest(range(start_ns // $bucket_ns - 1, (end_ns - 1) // $bucket_ns + 1)) AS bucket

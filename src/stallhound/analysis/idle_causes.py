@@ -279,9 +279,9 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
     context = Context(program, in_loop, seen, step_ns)
     out: list[Finding] = []
     for d in (_off_step(d if in_loop else d.without_edges(), step_ns) for d in idle.values()):
-        d, setup = _one_time(d, in_loop)
+        d, setup, rest_ns = _one_time(d, in_loop)
         found, fired = _claimed(d, context)
-        found += _setup(d, setup) + _bubbles(d, fired, context)
+        found += _setup(d, setup, rest_ns) + _bubbles(d, fired, context)
         missing = trace_quality.missing_work(seen.lost, seen.sampled)
         out += [trace_quality.not_ranked(f, seen.lost, seen.sampled) for f in found] if missing else found
     return out
@@ -290,13 +290,13 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
 SetupCost = tuple[Claim, int, int]  # a recurring claim's one-time part: (claim, ns, gaps)
 
 
-def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost]]:
+def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost], int]:
     """Outside the loop, the one-time part of each recurring claim's cause taken out of d: all of it when seen in
     fewer than RECURRING_MIN_GAPS gaps, else its longest gap when that one holds ONCE_SHARE of its time (a cost paid
-    once, and the rest recurring)."""
+    once, and the rest recurring); and, returned apart, the rest of each such longest gap (attribution.rest_of_gaps)."""
     if in_loop:
-        return d, []
-    causes, setup = dict(d.causes), []
+        return d, [], 0
+    causes, setup, took = dict(d.causes), [], {}  # took: cause -> the longest gap its setup took
     for claim in (claim for claim in CLAIMS if claim.recurs):
         [cause] = claim.causes
         if cause not in causes:
@@ -307,7 +307,9 @@ def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost]
         if ns:
             setup.append((claim, ns, gaps))
             causes[cause] = replace(t, ns=t.ns - ns, gaps=t.gaps - gaps, long_ns=max(0, t.long_ns - ns))
-    return replace(d, causes={c: t for c, t in causes.items() if t.ns > 0}), setup
+            took.update({cause: d.longest_gap[cause][0]} if cause in d.longest_gap else {})
+    causes, rest = attribution.rest_of_gaps(d, causes, took)
+    return replace(d, causes={c: t for c, t in causes.items() if t.ns > 0}), setup, rest
 
 
 def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
@@ -328,13 +330,14 @@ def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
     return out, fired
 
 
-def _setup(d: DeviceIdle, setup: list[SetupCost]) -> list[Finding]:
+def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int) -> list[Finding]:
     """One-time costs the attribution names (allocation, loading or compiling code, paid once in a window that is
-    not the loop's steady state): the window holds the program's setup (book profiler-window-on-warmup)."""
-    ns = sum(n for _, n, _ in setup)
+    not the loop's steady state), with the rest of a gap paid once (rest_ns): the window holds setup."""
+    ns = sum(n for _, n, _ in setup) + (rest_ns if setup else 0)
     if not rules.worth_reporting(ns, d.window_ns):
         return []
     parts = ", ".join(f"{claim.doing} {ms(n)} in {counted(gaps, 'gap')}" for claim, n, gaps in setup)
+    parts += f", and {ms(rest_ns)} more in the same setup gap" if rest_ns else ""
     title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts}), not in a "
              "loop: a window over the steady state leaves it out")
     loading = sum(n for claim, n, _ in setup if claim.causes == ("jit",))

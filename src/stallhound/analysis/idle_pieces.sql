@@ -11,19 +11,23 @@ kept AS MATERIALIZED (  -- a row of its own for each gap that can be listed, has
          CASE WHEN gap_id IS NOT NULL THEN any_value(start_ns) END AS start_ns,
          CASE WHEN gap_id IS NOT NULL THEN any_value(end_ns) END AS end_ns,
          CASE WHEN gap_id IS NOT NULL THEN any_value(duration_ns) END AS duration_ns,
-         any_value(pid) AS pid, any_value(tid) AS tid, coalesce(any_value(late_ns), 0) AS late_ns,
+         any_value(pid) AS pid, any_value(tid) AS tid, coalesce(any_value(then_ns), 0) AS then_ns,
+         any_value(then_cause) AS then_cause, coalesce(any_value(late_ns), 0) AS late_ns,
          any_value(late_cause) AS late_cause, list(DISTINCT call) FILTER (WHERE call IS NOT NULL) AS calls,
          coalesce(sum(duration_ns) FILTER (WHERE held), 0) AS held_ns
   FROM (SELECT * REPLACE (CASE WHEN duration_ns < least($bubble_min, $gc_min) AND duration_ns <= $resume_max
-                                    AND late_ns = 0 THEN NULL ELSE gap_id END AS gap_id) FROM labelled)
+                                    AND late_ns = 0 AND then_ns = 0 THEN NULL ELSE gap_id END AS gap_id)
+        FROM labelled)
   GROUP BY gap_id, device_id, cause, blocked_in
   UNION ALL  -- the short gaps the pass only counted: queued (gap_pass.Folded) or judged in passing (ShortGaps)
   SELECT NULL, unnest($folded_devices), unnest($folded_causes), unnest($folded_calls), unnest($folded_gaps),
-         unnest($folded_ns), NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0),
-pieces0 AS (  -- a gap's time by cause: all of it, or its cause's share and the rest (late_ns: a late resume after a
-  -- blocking call, or the time no load, compile or profiler flush ran); held_ns: a held gap's (gap_causes.sql), never
-  -- split
-  SELECT gap_id, device_id, cause, gaps, start_ns, ns - late_ns AS ns, duration_ns, calls, held_ns FROM kept
+         unnest($folded_ns), NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, NULL, NULL, 0),
+pieces0 AS (  -- a gap's time by cause: all of it, or its pieces in order (gap_causes.sql): its cause's, a host
+  -- activity's own time after a blocking call's piece (then_ns), the rest (late_ns: a late resume after a blocking
+  -- call, or the time the activity did not run); held_ns: a held gap's, never split
+  SELECT gap_id, device_id, cause, gaps, start_ns, ns - then_ns - late_ns AS ns, duration_ns, calls, held_ns FROM kept
+  UNION ALL SELECT gap_id, device_id, then_cause, 1, end_ns - late_ns - then_ns, then_ns, duration_ns, NULL, 0
+  FROM kept WHERE then_ns > 0
   UNION ALL SELECT gap_id, device_id, late_cause, 1, end_ns - late_ns, late_ns, duration_ns, NULL, 0 FROM kept
   WHERE late_ns > 0),
 pieces AS (  -- host_id: the gap's id on its piece with no host activity traced (a gap has one at most)

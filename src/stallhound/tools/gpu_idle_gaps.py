@@ -90,6 +90,10 @@ class Gap(BaseModel):
                                      "the call's share (its return + 1 ms turnaround); for a jit or profiler gap: "
                                      "the time no load, compile or profiler flush ran; charged to late_cause")
     late_cause: str | None = Field(description="the cause of late_ns (what the host did meanwhile), else null")
+    then_ns: int = Field(0, description="for a gap begun inside a blocking call of another cause: the time of the "
+                                        "host activity (allocation, communication, loader, waits, jit, profiler) "
+                                        "after the call's share; charged to then_cause")
+    then_cause: str | None = Field(None, description="the cause of then_ns, else null")
     kernel_before: str | None
     kernel_after: str | None
     nvtx: list[str] = Field(description="innermost NVTX ranges of the launching threads covering half the gap")
@@ -174,6 +178,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     around = gap_stages.enrich(con, top)
     gaps = [Gap(device=g.device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
                 cause=g.cause, blocked_in=g.blocked_in, late_ns=g.late_ns, late_cause=g.late_cause,
+                then_ns=g.then_ns, then_cause=g.then_cause,
                 **around[g.gap_id], periodic=g.gap_id in periodic,
                 edge=g.at_edge(scope)) for g in top]
     by_id = {g.gap_id: g for g in found}
@@ -224,8 +229,10 @@ def render(result: Result) -> str:
         lines.append(f"... {result.periodic_group_count - len(result.periodic_groups)} more periodic groups")
     for g in result.gaps:
         blocked = f" in {g.blocked_in}" if g.blocked_in else ""
-        if g.late_ns and g.cause in attribution.SHARE_CAUSES:
-            blocked += f" for {ms(g.duration_ns - g.late_ns)}, {ms(g.late_ns)} {g.late_cause}"
+        if g.then_ns:
+            blocked += f" for {ms(g.duration_ns - g.then_ns - g.late_ns)}, {ms(g.then_ns)} {g.then_cause}"
+        if g.late_ns and (g.cause in attribution.SHARE_CAUSES or g.then_ns):
+            blocked += f"{'' if g.then_ns else ' for ' + ms(g.duration_ns - g.late_ns)}, {ms(g.late_ns)} {g.late_cause}"
         elif g.late_ns:
             blocked += f", then {ms(g.late_ns)} late resume ({g.late_cause})"
         lines.append(f"{ms(g.duration_ns):>14} dev {g.device} at {g.start_ns}: {g.cause}{blocked}"
