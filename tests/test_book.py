@@ -169,6 +169,7 @@ DETECTOR_TAGS = {
     "module-loading-hot-path": {"jit", "module-load"},
     "cpu-bottleneck": {"launch", "host-cpu", "host-ops", "input-pipeline"},
     "small-kernel-overhead": {"same-steps"},  # idle_causes: every step runs the same kernels, paced by launches
+    "blocking-d2h-sync": {"held"},  # idle_causes: most of the reads' idle waited on work held by an untraced wait
     # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
     "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
     "unified-memory-migration": {"memset", "host-touch", "prefetching"},

@@ -318,3 +318,14 @@ def test_idle_causes_graph_replay_needs_repeated_steps_paced_by_launches(tiny, l
 def test_idle_causes_graph_fix_per_family(family, words):
     fix = book.get_entry("small-kernel-overhead").fix_for((family, "generic"), ["same-steps"])
     assert fix.when == "same-steps" and words in fix.text
+
+
+@pytest.mark.parametrize("held_ms, tagged", [(6, True), (5.999, False), (0, False)])
+def test_idle_causes_reads_mostly_held_take_the_held_fix(held_ms, tagged):
+    """blocking-d2h-sync is tagged held when half its idle or more waited on work the device held (attribution's held
+    gaps): its PyTorch fix is then the asynchronous read, not the loss-accumulation advice."""
+    d = device(readback=CauseTime(12 * MS, 3, api="cudaMemcpyAsync", calls=3, held_ns=int(held_ms * MS)))
+    [f] = idle_causes.findings({0: d}, prog())
+    assert f.tags == (["held"] if tagged else [])
+    fix = book.get_entry("blocking-d2h-sync").fix_for(tuple(FIX_CHAINS["pytorch"]), f.tags).text
+    assert ("queued behind something the trace does not show" in fix) == tagged

@@ -1,28 +1,24 @@
 """Which root causes explain the devices' idle time? Findings built from the idle attribution.
 
-Every idle finding comes from here, whichever tool shows it (gpu_idle_gaps shows them all, sync_analysis
-and kernel_launch_overhead the ones they measure), so the figures always agree. Each root cause claims the
-idle time of its gap causes (analysis/attribution.py) on one device; causes never share nanoseconds, so
-findings never count the same nanoseconds twice and a device's findings never exceed its idle time. A finding
-fires only when its claim is worth reporting (rules.MIN_STAKE_PCT of the window) and its own precondition
-holds. cpu-bottleneck's fix is about launching (tag launch) only where the launch calls can pace the device (they
-take PACING_RATIO of their kernels' time or more); else its late launches wait on other host work (host-cpu).
+Every idle finding comes from here, whichever tool shows it (gpu_idle_gaps shows them all, sync_analysis and
+kernel_launch_overhead the ones they measure), so the figures always agree. Each root cause claims the idle time of
+its gap causes (analysis/attribution.py) on one device; causes never share nanoseconds, so findings never count the
+same nanoseconds twice. A finding fires only when its claim is worth reporting (rules.MIN_STAKE_PCT of the window)
+and its own precondition holds. cpu-bottleneck's fix is about launching (tag launch) only where the launch calls can
+pace the device (PACING_RATIO of their kernels' time or more); else late launches wait on other host work (host-cpu).
 small-kernel-overhead offers a CUDA graph first (tag same-steps) where every step in the window runs the same kernels
 (step_repeats) and launch gaps hold GRAPH_LAUNCH_SHARE of the window; else the fixes that fuse kernels.
-dataloader-starvation needs evidence of a data loader: its ranges cover the gap (input_wait), or the
-launching thread waits in OS calls (host_wait) in a program whose trace shows a loader (input_pipeline). Outside the
-loop's steady state, the stretches before a device's first work and after its last are start-up and teardown, and an
-allocation or code load paid once or twice is one-time setup (profiler-window-on-warmup), never a bubble.
-gpu-bubbles takes the gaps of 1 ms or more that no cause explains: nothing traced on the host, waits on other
-work, OS waits in a program without a loader. gc-pauses (book gc-pauses) needs a Python program and periodic gaps
-of 1 ms or more in which the host did nothing traced (no blocking call, copy or launch), recurring less often than
-every step when the loop's step is known: a gap in every step is the step's own work. When the window lost a real
+dataloader-starvation needs evidence of a data loader: its ranges cover the gap (input_wait), or the launching thread
+waits in OS calls (host_wait) in a program whose trace shows a loader (input_pipeline). Outside the loop's steady
+state, the stretches before a device's first work and after its last are start-up and teardown, and an allocation or
+code load paid once or twice is one-time setup (profiler-window-on-warmup), never a bubble.
+gpu-bubbles takes the gaps of 1 ms or more that no cause explains: nothing traced on the host, waits on other work,
+OS waits in a program without a loader. gc-pauses needs a Python program and periodic gaps of 1 ms or more in which
+the host did nothing traced, recurring less often than every step when the step is known. When the window lost a real
 share of its kernel records (trace_quality.lost_kernels), or the trace holds only a sample of its CUDA calls
 (trace_quality.sampled_calls), every idle finding is demoted to info, as part of its idle time ran work the trace does
-not show. A blocking cause's title says when its calls waited for work the device held (attribution's held gaps) rather
-than drained its queue; excessive-synchronization needs its calls to recur (two or more, or one in a window shorter
-than LOOP_STEPS steps, or a step not known): one call in a window of several steps, such as the sync at the loop's
-end, is paid once.
+not show. Blocking calls that waited for work the device held (held gaps) say so, and reads mostly held get tag held.
+excessive-synchronization needs its calls to recur (_recurring_syncs): the one sync at the loop's end is paid once.
 """
 from __future__ import annotations
 
@@ -153,6 +149,10 @@ def _drained(d: DeviceIdle, cause: str) -> str:
             "waited for it)")
 
 
+def _held_tags(d: DeviceIdle, _: Context) -> list[str]:  # book: reads that mostly waited for work held elsewhere
+    return ["held"] if 2 * d.causes["readback"].held_ns >= d.ns("readback") > 0 else []
+
+
 def _recurring_syncs(d: DeviceIdle, c: Context) -> bool:
     """Synchronization recurs, as far as the trace shows: two calls or more, or one in a window not known to hold
     LOOP_STEPS of the loop's steps (it may be the step's own). One call in a window of several steps is paid once, as
@@ -235,7 +235,7 @@ CLAIMS: tuple[Claim, ...] = (
           _sync_tags),
     Claim("blocking-d2h-sync", ("readback",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and after {_calls(d, 'readback'):,} small "
-                           f"device-to-host reads ({_api(d, 'readback')}) {_drained(d, 'readback')}"),
+                           f"device-to-host reads ({_api(d, 'readback')}) {_drained(d, 'readback')}", _held_tags),
     Claim("small-kernel-overhead", ("launch_tiny",), lambda d, c: _gaps(d, "launch_tiny") >= TINY_MIN_GAPS,
           _tiny_title, lambda d, c: ["same-steps"] if _graph_steps(d, c) else []),
     Claim("alloc-in-loop", ("alloc",), lambda d, c: True,
