@@ -162,7 +162,9 @@ CHAINS = {
 # The `when` tags the detectors put on their findings, per root cause; a fix for any other tag is never shown.
 DETECTOR_TAGS = {
     "kernel-hotspot": {"gemm-fp32", "gemm-tensor", "attention", "conv", "elementwise", "reduction", "norm", "copy",
-                       "custom", "runtime", "launch-shape"},
+                       "custom", "runtime", "launch-shape",
+                       # hotspots.fit_tags: element-wise kernels of a program that trains; a kind on AMD
+                       "elementwise-training", "gemm-tensor-amd"},
     "fp32-gemm-no-tensor-cores": {"gemm-fp32"},
     "excessive-h2d-transfers": {"pinned", "pageable", "many-small"},
     "pageable-host-memory": {"async-blocking", "large-single"},
@@ -186,7 +188,8 @@ OTHER_PYTHON_FRAMEWORKS = re.compile(r"CuPy|Numba|\bJAX\b|\bjax\.|\bcupyx?\.|\bn
 FAMILY_API = re.compile(r"\bcuda[A-Z]\w*|\bcu[A-Z][a-z]\w*|\bcublas\w*|\bcudnn[A-Z]\w*|\bnccl[A-Z]\w*|\bnvrtc\w*|"
                         r"\bnvcc\b|#pragma|\$acc|-gpu=|-Minfo|<<<")
 CUDA_VOCABULARY = re.compile(r"\bcuda[A-Z]\w*|\bcu[A-Z][a-z]\w*|\bcublas|\bcuBLAS|\bCUDA_[A-Z_]+|\bcuDNN|\bcudnn|"
-                             r"\bnccl[A-Z]|\bNVRTC|\bnvcc\b|\bncu\b|CUDA graph|\bCUB\b|cub::|NVTX|__\w+|<cuda|\bMPI_")
+                             r"\bnccl[A-Z]|\bNVRTC|\bnvcc\b|\bncu\b|CUDA graph|\bCUB\b|cub::|NVTX|__\w+|<cuda|\bMPI_|"
+                             r"\bhip[A-Z][A-Za-z]+")  # HIP: the same family's C++ on AMD
 STDPAR_VOCABULARY = re.compile(r"std::|par_unseq|-stdpar|nvc\+\+|parallel.algorithm")
 JULIA_VOCABULARY = re.compile(r"CUDA\.|CuArray|@cuda|@\.|\bJulia\b|\bjulia\b|NVTX\.|MPI\.")
 OFFLOAD_VOCABULARY = re.compile(r"OpenACC|OpenMP|#pragma (acc|omp)|\basync\b|\bnowait\b|\b(target )?data\b|\bpresent\b|"

@@ -5,6 +5,7 @@ models; real profiles of the corpus (skipped where it is not restored) against i
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 from modeldb import make_model
 
 from corpus import sources
-from stallhound.analysis import hotspots, launch_fill, vendor
+from stallhound import book
+from stallhound.analysis import hotspots, launch_fill, program, vendor
 from stallhound.analysis.contracts import run_skill
 from stallhound.formats import open_profile
 from stallhound.tools import top_kernels as tk
@@ -160,6 +162,65 @@ def test_a_dominant_kernel_whose_launch_shape_wastes_the_gpu_is_told_so(blocks, 
     [hot] = run(make_model(kernels=[launch("k", 0, 90 * MS, blocks, threads, registers)], gpus=[gpu])).findings
     assert all(part in hot.title for part in shape) and ("launch-shape" in hot.tags) == bool(shape)
     assert ("fix the launch first" in hot.title) == bool(shape) and "cannot be told without Nsight Compute" in hot.title
+
+
+@pytest.mark.parametrize("name, blocks, shape", [
+    ("k", 44, True),  # 2 waves of 28 slots, 12 of 56 empty (21%): the tail wastes
+    ("k", 45, False),  # 11 of 56 empty (19.6%): below TAIL_WASTE_PCT, and the register cap alone is no waste
+    ("k", 28 * 3 - 1, False),  # 3 waves, 1 slot empty: 12% occupancy by registers over full waves is the code's design
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_warpsize4x2x1_ffma_execute_kernel__5x_cublas",
+     44, False),  # cuBLAS chooses its own launch: no advice the program cannot act on
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(Params)", 44, False),
+    ("void cub::DeviceReduceKernel<Policy, float*>(float*)", 44, False),
+    ("void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>()", 44, False),
+])
+def test_launch_shape_only_for_the_programs_own_kernel_and_a_tail_that_wastes(name, blocks, shape):
+    """One block per SM (192 registers x 256 threads on 28 SMs: 17% occupancy). The launch shape is told only for
+    the program's own kernel and only where its waves leave TAIL_WASTE_PCT of their block slots empty (alloc_churn's
+    cuBLAS GEMM: 384 blocks on 132 SMs, 3 waves with 12 of 396 slots empty, was told to fix its launch)."""
+    found = run(make_model(kernels=[launch(name, 0, 90 * MS, blocks, 256, 192)], gpus=[RTX3060])).findings
+    [hot] = [f for f in found if f.root_cause == "kernel-hotspot"]
+    assert ("launch-shape" in hot.tags, "fix the launch first" in hot.title) == (shape, shape)
+    assert ("192 registers per thread allow 1 block per SM" in hot.title) == shape
+
+
+def _shown_fix(con, chain: str) -> tuple[list[str], str]:
+    [hot] = run(con).findings
+    return hot.tags, book.get_entry("kernel-hotspot").fix_for(program.FIX_CHAINS[chain], hot.tags).text
+
+
+ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>()"
+
+
+@pytest.mark.parametrize("nvtx, other_kernel, trains", [
+    ([], "void at::native::reduce_kernel<512>()", False),  # no_grad inference (launch_bound): no optimizer to fuse
+    ([], "void hadamard_transform_kernel<128>()", False),  # 'adam' inside a word is no optimizer
+    (["Optimizer.step#AdamW.step"], "void at::native::reduce_kernel<512>()", True),
+    (["autograd::engine::evaluate_function: AddmmBackward0"], "void at::native::reduce_kernel<512>()", True),
+    ([], "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>()", True),
+    ([], "fused_adam_kernel", True),
+])
+def test_elementwise_hotspot_is_told_the_fused_optimizer_only_when_the_trace_shows_training(nvtx, other_kernel,
+                                                                                            trains):
+    kernels = [launch(ELEMENTWISE, 0, 90 * MS, 4096, 256), launch(other_kernel, 90 * MS, 91 * MS, 4096, 256)]
+    ranges = [{"pid": 1, "tid": 1, "text": t, "start_ns": 0, "end_ns": MS, "duration_ns": MS, "kind": "push_pop",
+               "depth": 0} for t in nvtx]
+    tags, fix = _shown_fix(make_model(kernels=kernels, nvtx=ranges, gpus=[H100]), "pytorch")
+    assert ("elementwise-training" in tags, "AdamW" in fix, "optimizer" in fix) == (trains, trains, trains)
+    assert "torch.compile" in fix
+
+
+@pytest.mark.parametrize("chain", ["pytorch", "cuda", "python"])
+@pytest.mark.parametrize("amd", [False, True])
+def test_gemm_hotspot_fix_follows_the_vendor(chain, amd):
+    """A tensor-core GEMM hotspot: on an AMD GPU (tl_vllm_graph_replay_mi300) no NVIDIA hardware or library advice
+    (A100/H100 tiles, Transformer Engine FP8, cuBLASLt); on NVIDIA the NVIDIA advice stays."""
+    kernels = [launch("ampere_fp16_s16816gemm_fp16_128x256_ldg8_f2f_stages_64x3_nn", 0, 90 * MS, 4096, 256)]
+    gpu = {**H100, "name": "AMD Instinct MI300X" if amd else "NVIDIA H100 80GB HBM3"}
+    tags, fix = _shown_fix(make_model(kernels=kernels, gpus=[gpu]), chain)
+    nvidia = re.compile(r"A100|H100|Transformer Engine|te\.fp8|cuBLAS|cublas")
+    assert ("gemm-tensor-amd" in tags, not nvidia.search(fix)) == (amd, amd), fix
+    assert bool(nvidia.search(fix)) != amd
 
 
 def test_runtime_helper_kernel_is_named_as_such():

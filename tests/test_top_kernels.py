@@ -72,7 +72,7 @@ def test_top_kernels_whole_result_by_name():
                  "tensor cores (compute capability 9.0)",
         "evidence": {"gemm_fp32_ns": 50, "gemm_fp32_pct": 45.45, "gemm_fp32_count": 1, "kernel_time_ns": 110,
                      "gemm_tensor_ns": 0, "tensor_core_basis": "compute_capability", "compute_capability": "9.0",
-                     "tf32_min_speedup": 2.0}}
+                     "tf32_min_speedup": 2.0}, "where": None}
     ncu = ("ncu --kernel-name vectorized_elementwise_kernel --launch-skip 0 --launch-count 1 --set full "
            "-o vectorized_elementwise_kernel <program>")  # no grid recorded: no configuration to skip to
     add = ("vectorized_elementwise_kernel<CUDAFunctor_add<float>> (elementwise) takes 36.4% of kernel time and 11.4% "

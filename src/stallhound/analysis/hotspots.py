@@ -8,16 +8,18 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
   worth reporting (rules.MIN_STAKE_PCT of the window); severity by its share of the window.
 - kernel-hotspot, per hot row: a runtime's helper kernel (kind 'runtime') is named as such, not as the program's
   compute. Any other kernel gets its launch configuration, its theoretical occupancy and an honest statement: a
-  timeline holds no FLOP or byte counts, so whether the kernel runs near the GPU's limits cannot be told without
-  a kernel profiler (Nsight Compute; on AMD the ROCm Compute Profiler: analysis/vendor.py), whose command for this
-  kernel the finding gives. No time at stake (nothing measured says how much
-  could be saved), so never high; severity by its share of the window and the evidence of under-use: medium when it
-  takes most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT) with launches that leave
-  most of the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer blocks than SMs), else
-  info. A kernel with an undersized-grid finding gets no second finding. Where the launch shape alone leaves much of
-  the GPU unused whatever the code does (launch_shape: warps partly empty, blocks so small the SM's block slots cap
-  its occupancy, registers capping the program's own kernel at LOW_OCCUPANCY_PCT or less, or a grid of a few waves
-  whose last keeps SMs idle), the statement says so and its fix is the launch's (tag launch-shape).
+  timeline holds no FLOP or byte counts, so whether the kernel runs near the GPU's limits cannot be told without a
+  kernel profiler (Nsight Compute; on AMD the ROCm Compute Profiler: analysis/vendor.py), whose command for this
+  kernel the finding gives; its tags are its kind and those that fit the book's fix to the program (fit_tags: the
+  optimizer's fix only where the trace shows training, NVIDIA's hardware advice never on AMD). No time at stake
+  (nothing measured says how much could be saved), so never high; severity by its share of the window and the evidence
+  of under-use: medium when it takes most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT)
+  with launches that leave most of the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer
+  blocks than SMs), else info. A kernel with an undersized-grid finding gets no second finding. Where the launch shape
+  of the program's own kernel (not a library's: kernel_kinds.library_of) alone leaves much of the GPU unused whatever
+  the code does (launch_shape: warps partly empty, blocks so small the SM's block slots cap its occupancy, or a grid
+  whose waves leave TAIL_WASTE_PCT of their block slots idle, with registers capping occupancy at LOW_OCCUPANCY_PCT or
+  less named as its cause), the statement says so and its fix is the launch's (tag launch-shape).
 - One finding per thing: the kernels of one short name on a device (template instantiations) are one undersized-grid
   finding, their figures summed; a device's hot kernels are one kernel-hotspot finding, most time first (a runtime's
   helper kernels apart).
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 from stallhound.analysis import rules
 from stallhound.analysis.common import Finding, Severity, counted, ms, pct
-from stallhound.analysis.kernel_kinds import NAME_CHARS
+from stallhound.analysis.kernel_kinds import NAME_CHARS, library_of
 from stallhound.analysis.launch_fill import KernelFill, LaunchFill
 from stallhound.analysis.vendor import AMD, NVIDIA, Vendor
 
@@ -43,7 +45,8 @@ REPORT_HASH_CHARS = 8  # hex digits of that hash: a clash among a profile's kern
 NCU_SKIP = 10  # launches of a configuration launched more often to skip before the one measured: their warmup
 TILED_KINDS = {"gemm-tensor", "gemm-fp32", "gemm", "attention", "conv"}  # library kernels built on large register
 # tiles: a low occupancy is their design, not a sign of under-use
-TAIL_MAX_WAVES = 4  # a grid of more waves than this loses little to its last, partial one
+TAIL_WASTE_PCT = 20.0  # a grid whose waves leave fewer of their block slots empty than this loses little to its last,
+# partial wave (a grid of more than five waves never reaches it)
 NOT_THE_PROGRAMS = {"runtime", "nccl"}  # a runtime's helpers, communication: their grids are not the program's choice
 
 
@@ -114,23 +117,35 @@ def _under_used(k: KernelFill) -> bool:
 
 
 def launch_shape(k: KernelFill) -> list[str]:
-    """What in the main launch configuration leaves the GPU unused whatever the kernel's code does (empty: nothing)."""
+    """What in the main launch configuration of the program's own kernel leaves the GPU unused whatever its code does
+    (empty: nothing, or a library's kernel, whose launch the library chooses). A register cap counts only where the
+    grid's waves leave slots idle: over many full waves a low occupancy may be the code's design."""
     f, parts = k.main, []
+    if library_of(k.name, k.short_name):
+        return []
     if f.lanes_pct < 100:
         parts.append(f"{f.threads_per_block} threads per block fill {f.lanes_pct:.0f}% of each warp's lanes")
     if f.limited_by == "block slots" and f.occupancy_pct is not None and f.occupancy_pct < 100:
         parts.append(f"blocks this small hit the SM's limit of {f.blocks_per_sm} resident blocks: "
                      f"{f.occupancy_pct:.0f}% occupancy")
-    if f.limited_by == "registers" and _low(k):
+    idle = _idle_slots_pct(f)
+    if f.limited_by == "registers" and _low(k) and idle >= TAIL_WASTE_PCT:
         parts.append(f"{f.registers_per_thread} registers per thread allow {counted(f.blocks_per_sm or 0, 'block')} "
                      f"per SM: {f.occupancy_pct:.0f}% occupancy")
-    if f.sm_count and f.blocks_per_sm and f.blocks >= f.sm_count:
+    if f.sm_count and f.blocks_per_sm and f.blocks >= f.sm_count and idle >= TAIL_WASTE_PCT:
         wave = f.sm_count * f.blocks_per_sm
-        waves, last = -(-f.blocks // wave), f.blocks % wave
-        if waves <= TAIL_MAX_WAVES and last:
-            parts.append(f"{f.blocks:,} blocks make {waves} waves of {wave:,} resident blocks, the last "
-                         f"{pct(last, wave):.0f}% full")
+        parts.append(f"{f.blocks:,} blocks make {counted(-(-f.blocks // wave), 'wave')} of {wave:,} resident blocks, "
+                     f"the last {pct(f.blocks % wave, wave):.0f}% full")
     return parts
+
+
+def _idle_slots_pct(f: LaunchFill) -> float:
+    """The share of the resident-block slots of the grid's waves that its blocks leave empty (0 when the export
+    records no limits)."""
+    if not (f.sm_count and f.blocks_per_sm):
+        return 0.0
+    slots = -(-f.blocks // (f.sm_count * f.blocks_per_sm)) * f.sm_count * f.blocks_per_sm
+    return pct(slots - f.blocks, slots)
 
 
 def _low(k: KernelFill) -> bool:
@@ -190,7 +205,15 @@ def _severity(hot: Hot, kernel: KernelFill | None) -> Severity:
     return "medium" if worth else "info"
 
 
-def statement(hot: Hot, kernels: list[KernelFill], command: str | None, vendor: Vendor = NVIDIA) -> Finding:
+def fit_tags(kind: str, training: bool, vendor: Vendor) -> list[str]:
+    """Tags that fit the book's fix to the program: element-wise kernels in a program the trace shows training (an
+    optimizer step or a backward pass: the optimizer's per-parameter kernels may be among them), and any kind on AMD
+    (NVIDIA's hardware and libraries are foreign there)."""
+    return [f"{kind}-training"] * (kind == "elementwise" and training) + [f"{kind}-amd"] * (vendor == AMD)
+
+
+def statement(hot: Hot, kernels: list[KernelFill], command: str | None, vendor: Vendor = NVIDIA,
+              training: bool = False) -> Finding:
     """kernel-hotspot for a hot row: a runtime kernel named, any other kernel's launch figures and what measures it."""
     where = f" on device {hot.device}" if hot.device is not None else ""
     share = f"takes {hot.kernel_time_pct:.1f}% of kernel time and {hot.window_pct:.1f}% of the window{where}"
@@ -214,7 +237,7 @@ def statement(hot: Hot, kernels: list[KernelFill], command: str | None, vendor: 
              f"{vendor.profiler}: `{ncu}`")
     return Finding(root_cause="kernel-hotspot", severity=_severity(hot, kernel), title=title,
                    evidence={**evidence, "ncu": ncu}, time_at_stake_ns=0, device=hot.device,
-                   tags=[hot.kind, *(["launch-shape"] if waste else [])])
+                   tags=[hot.kind, *fit_tags(hot.kind, training, vendor), *(["launch-shape"] if waste else [])])
 
 
 SEVERITY_ORDER: tuple[Severity, ...] = ("info", "medium", "high")
@@ -250,10 +273,10 @@ def read(kernels: list[KernelFill], hot_names: set[str], window_ns: int) -> list
 
 
 def findings(hot: list[Hot], kernels: list[KernelFill], window_ns: int, command: str | None,
-             vendor: Vendor = NVIDIA) -> list[Finding]:
+             vendor: Vendor = NVIDIA, training: bool = False) -> list[Finding]:
     """undersized-grid findings, then the kernel-hotspot statements of the hot rows whose kernel has none, one per
     device."""
     grids = undersized(kernels, window_ns, command, vendor)
     named = {f.evidence["kernel"] for f in grids}
-    return grids + one_per_device([statement(h, kernels, command, vendor) for h in hot
+    return grids + one_per_device([statement(h, kernels, command, vendor, training) for h in hot
                                    if h.short_name not in named])

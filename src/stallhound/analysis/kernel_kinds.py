@@ -89,6 +89,29 @@ def min_arch_of(name: str | None) -> int | None:
     return max(found, default=None)
 
 
+# Libraries whose kernels' launch configuration (grid, block, registers) the library chooses, not the program that
+# calls it: (label, pattern on the lower-cased demangled name). cuBLAS's and cuDNN's precompiled kernels start with
+# their architecture (sm80_xmma_gemm_..., ampere_sgemm_...); ROCm's rocBLAS/hipBLASLt GEMMs are Tensile's Cijk_.
+LIBRARIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((label, re.compile(pattern)) for label, pattern in (
+    ("communication", comm_kernels.ANY),
+    ("cuDNN", r"cudnn|miopen"),
+    ("CUTLASS", r"cutlass"),
+    ("cuBLAS", r"cublas|xmma|nvjet|(?:^|\s)(sm\d{2,3}|maxwell|pascal|volta|turing|ampere|hopper|blackwell)_|"
+               r"gemmsn_|gemv2?[nt]_|splitkreduce|(?:^|\s)cijk_|rocblas|hipblaslt"),
+    ("CUB/Thrust", r"(?<![a-z])(cub|thrust)::|devicereduce|devicescan|deviceradixsort"),
+    ("FlashAttention", r"flash_fwd|flash_bwd|flash::|fmha"),
+    ("PyTorch (ATen)", r"at::native::|vectorized_elementwise_kernel|unrolled_elementwise_kernel"),
+))
+
+
+@lru_cache(maxsize=65_536)
+def library_of(name: str | None, short_name: str | None = None) -> str | None:
+    """The library (a label of LIBRARIES) whose kernel this is by its names, or None: the program's own kernel (or
+    one of a library the names do not tell)."""
+    text = f"{name or ''} {short_name or ''}".lower().strip()
+    return next((label for label, pattern in LIBRARIES if pattern.search(text)), None)
+
+
 # --- names ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Signature:

@@ -64,6 +64,14 @@ TF32_MIN_SPEEDUP = 2.0
 # The kinds that make up GEMM time, and the share of DeviceGemms each one feeds.
 GEMM_KINDS = {"gemm-fp32": "fp32", "gemm-tensor": "tensor", "gemm": "other"}
 Basis = Literal["compute_capability", "kernel_names", "unknown"]
+# Whether the program trains, from what only training records: torch.optim's ranges ('Optimizer.step#AdamW.step'),
+# autograd's backward ops ('AddmmBackward0', 'autograd::engine::evaluate_function: ...') or an optimizer's kernels
+# (multi_tensor_apply, fused Adam; 'adam' as a word, not inside 'hadamard'). Anywhere in the trace: the optimizer of
+# a step may lie outside the window.
+TRAINING_SQL = r"""
+SELECT EXISTS (SELECT 1 FROM nvtx WHERE regexp_matches(text, '^Optimizer\.|[a-z]Backward[0-9]|^autograd::engine::'))
+    OR EXISTS (SELECT 1 FROM kernels WHERE regexp_matches(coalesce(name, short_name, ''),
+               '(?i)multi_tensor_apply|fused_?adam|fusedoptimizer|_adam|(^|[^a-z])adamw?([^a-z]|$)'))"""
 
 
 class Params(ScopedParams):
@@ -127,6 +135,7 @@ class Result(Paged):
     findings: list[Finding] = []
     _command: str | None = PrivateAttr(None)  # the profiled command line, for the kernel profiler's command
     _vendor: Vendor = PrivateAttr(NVIDIA)  # whose GPU: which kernel profiler, what its units are called
+    _training: bool = PrivateAttr(False)  # whether the trace shows the program training (TRAINING_SQL)
 
 
 # Every (device, demangled name, short name) of the profile with its kernels in scope (n, t); names with
@@ -284,6 +293,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     launch_fill=fills, notes=_notes(gemms))
     result._command = one_row(con.execute("SELECT command_line FROM meta"))[0]
     result._vendor = vendor.of(con)
+    result._training = bool(one_row(con.execute(TRAINING_SQL))[0])
     return result
 
 
@@ -320,7 +330,7 @@ def findings(result: Result) -> list[Finding]:
             if g.tf32_tensor_cores and g.gemm_fp32_pct >= FP32_GEMM_MIN_PCT]
     hot = [_hot(row, result.scope) for row in result.hotspots]
     return fp32 + hotspots.findings(hot, result.launch_fill, result.scope.duration_ns, result._command,
-                                    result._vendor)
+                                    result._vendor, result._training)
 
 
 def render(result: Result) -> str:
