@@ -17,6 +17,7 @@ from test_job import KINETO, KINETO_RANKS, trace_kernels, write_ranks
 
 from stallhound import tools
 from stallhound.analysis.contracts import run_skill
+from stallhound.cli import job as cli_job
 from stallhound.cli import main as cli
 from stallhound.jobs.job import load_job
 from stallhound.server.app import build_server
@@ -147,6 +148,7 @@ def test_build_cli_honours_dask_scheduler_address(tmp_path, capsys, monkeypatch)
 
 def test_job_tool_cli_command_runs_on_the_job(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(tools, "job_tools", lambda: {"rank_kernels": jobskill})
+    monkeypatch.setattr(cli_job, "JOB_TOOLS", {"rank_kernels": "kernels per rank"})  # the parser's static list
     assert cli.main(["rank-kernels", GLOB, "--workers", "1", "--cache-dir", str(tmp_path), "-p", "min_rank=1"]) == 0
     assert capsys.readouterr().out.strip() == f"rank 1: {EXPECTED[1]} kernels"
     assert cli.main(["rank-kernels", GLOB, "--cache-dir", str(tmp_path), "-p", "min_rank=x"]) == cli.EXIT_USAGE

@@ -51,8 +51,8 @@ def test_wiring_every_cli_subcommand_sets_its_handler():
     recorded = _Recorder()
     for module in main.SUBCOMMANDS:
         module.register(recorded)
-    commands = ["serve", "tool", "tools", "triage", "diff", "build", *map(cli.job.command_of, tools.job_tools()),
-                "report", "synth"]
+    commands = ["serve", "tool", "tools", "triage", "diff", "verify-fix", "build",
+                *map(cli.job.command_of, tools.job_tools()), "report", "synth"]
     assert list(recorded.parsers) == commands
     assert all(callable(p.get_default("run")) for p in recorded.parsers.values())
 
