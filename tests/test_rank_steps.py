@@ -1,8 +1,8 @@
 """Ranks compared by their steps of the same index (issue 31): rank_imbalance's step_ns and triage_job's slowest
 rank checked against the ProfilerStep durations read from each rank's JSON, on real traces: the two sampled HTA
-ranks, a real trace renumbered as a second rank (steps #5..#7 beside #4..#6), and a job of one-step ranks made
-from our H100 capture (one ProfilerStep#2, with autograd ranges around) with planted stretches; and the matching
-rule on its edges."""
+ranks, a real trace renumbered as a second rank (steps #5..#7 beside #4..#6), and a job of eight one-step ranks
+made from our H100 capture (one ProfilerStep#2, with autograd ranges around) with planted stretches; and the
+matching rule on its edges."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ ONESTEP = Path(__file__).resolve().parents[1] / "corpus" / "captures" / "data" /
 SAMPLED = [KINETO / f"hta_sampled_rank{r}.json.gz" for r in (0, 1)]  # ProfilerStep#551 and #552 on each
 NCCL = KINETO / "hta_a100_nccl_rank0.json.gz"  # ProfilerStep#4, #5, #6
 STEP = re.compile(r"^ProfilerStep#([0-9]+)$")
-STRETCH = {0: Decimal(1), 1: Decimal(1), 2: Decimal("1.3")}  # every time of rank r, x this
+# every time of rank r, x this: eight ranks, as the job the issue reports (its autograd ranges picked the wrong rank)
+STRETCH = {r: Decimal(x) for r, x in enumerate(("1", "1", "1.3", "1.05", "0.95", "1.2", "1", "1.1"))}
 TAIL_US = {1: Decimal(8000)}  # rank 1's step range ends 8 ms after its last op (host time at the step's end)
 BY_FINDER_AND_NAME = pytest.mark.parametrize("range_name", [pytest.param(None, id="auto"),
                                                             pytest.param("ProfilerStep", id="range_name")])
@@ -162,7 +163,7 @@ def test_rank_imbalance_missing_range_leaves_the_rank_without_steps(jobs):
 
 @BY_FINDER_AND_NAME
 def test_rank_imbalance_one_step_ranks_by_profiler_step(jobs, range_name):
-    """Three one-step ranks: the autograd ranges are longest on rank 2 (every time x1.3), the step on rank 1 (its
+    """Eight one-step ranks: the autograd ranges are longest on rank 2 (every time x1.3), the step on rank 1 (its
     range 8 ms past its ops): step_ns is each rank's ProfilerStep#2, read from its JSON."""
     job, paths = jobs("onestep")
     result = imbalance(job, range_name=range_name)
