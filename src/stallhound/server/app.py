@@ -16,7 +16,8 @@ from pydantic import BaseModel, Field
 from stallhound import __version__
 from stallhound.analysis.contracts import run_skill
 from stallhound.server import ui
-from stallhound.server.cancel import run_on_cursor, run_reporting
+from stallhound.server.builds import follow
+from stallhound.server.cancel import run_on_cursor
 from stallhound.server.errors import StallhoundMCP
 from stallhound.server.http import bearer_auth
 from stallhound.server.job_tools import register_job_tools
@@ -68,13 +69,17 @@ class Closed(BaseModel):
     closed: str
 
 
-async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context | None) -> Lease:
-    """Lease (opening or building if needed) a profile off the event loop, with MCP progress; a cancelled load
-    stops its build."""
-    lease = store.lease_open(session, ref)
-    if lease:
-        return lease
-    return await run_reporting(lambda progress, cancelled: store.acquire(session, ref, progress, cancelled), ctx)
+async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context) -> Lease:
+    """Lease a profile, opening or building it if needed, with MCP progress; a call that ends first leaves the build
+    running (server/builds.py)."""
+    held = store.attach(session, ref)
+    if isinstance(held, Lease):
+        return held
+    try:
+        await follow(held.build, ctx)
+        return store.collect(held)
+    finally:
+        store.leave(held)  # after collect, nothing is left to let go
 
 
 @asynccontextmanager
