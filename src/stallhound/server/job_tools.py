@@ -119,7 +119,10 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
             "processes building the ranks' models at once; omit for this machine's cores"))] = None,
     ) -> Annotated[CallToolResult, JobLoaded]:  # the SDK reads the output schema off JobLoaded
         """Load every rank of a distributed job (built in parallel, cached); returns the job id, its ranks and how
-        each rank was found (distributedInfo, NCCL, file name, process, device or the order given)."""
+        each rank was found (distributedInfo, NCCL, file name, process, device or the order given).
+
+        A load outlives a call that ends first (a timeout, a cancel, a disconnect): loading the same files again
+        attaches to it and reports its progress, or opens what it built; cancel_load stops it."""
         opened = await _load(jobs, session_of(jobs.profiles, ctx), paths, workers, ctx)
         return text_result(*describe(opened.id, opened.job))
 

@@ -67,6 +67,12 @@ class JobStore:
         if ended and job is not None:
             job.close()
 
+    def stop_load(self, session: Session, paths: Sequence[str]) -> tuple[bool, int] | None:
+        """What Builds.stop says for the load of the job `paths` name."""
+        files = job_files(paths, self.profiles.check_allowed)
+        with self.profiles.lock:
+            return self.profiles.builds.stop(job_key_of(files), session)
+
     def load(self, session: Session, paths: Sequence[str], workers: int | None) -> OpenJob:
         """Load the job `paths` name, waiting on this thread."""
         while True:

@@ -160,11 +160,11 @@ class ProfileStore:
         held.build.ended.wait()
         return self.collect(held)
 
-    def stop_build(self, session: Session, ref: str) -> tuple[Path, tuple[bool, int] | None]:
-        """(file, what Builds.stop says) for the load of `ref` under way."""
+    def stop_build(self, session: Session, ref: str) -> tuple[bool, int] | None:
+        """What Builds.stop says for the load of the profile `ref`."""
         with self.lock:
             _, key = self._path_of(session, ref)
-            return key, self.builds.stop(key, session)
+            return self.builds.stop(key, session)
 
     def _lease(self, session: Session, key: Path, model: _Model, held: bool = False) -> Lease:
         """Lease `model` to this session; `held`: the lease was taken for the call already (as its build ended)."""
