@@ -9,13 +9,17 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Literal
 
 import anyio
 import pytest
 from conftest import FIXTURES, text_of
 from fixture_guard import FIXTURES_ROOT
 from mcp.client import Client
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, CancelTaskRequest, GetTaskRequest, Result
+from pydantic import TypeAdapter
 
 from stallhound.jobs import job as job_module
 from stallhound.model import cache
@@ -157,3 +161,78 @@ async def test_loads_load_job_timed_out_then_retried_loads_the_job_once(big, tmp
     assert not retry.is_error, text_of(retry)
     assert loads == [(big,)]  # one load, which the retry attached to
     assert retry.structured_content["ranks_total"] == 2 and retry.structured_content["reused"] is False
+
+
+class TaskHandle(Result):
+    """The tasks extension's CreateTaskResult, as a client claims it."""
+
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+
+
+class TasksClient(ClientExtension):
+    """A client of the tasks extension: it declares it, and finishes a task handle by polling tasks/get (at the
+    interval the server asks for) until the task ends; `polls` keeps every tasks/get answer."""
+
+    identifier = "io.modelcontextprotocol/tasks"
+
+    def __init__(self) -> None:
+        self.polls: list[dict[str, Any]] = []
+
+    def claims(self) -> list[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve)]
+
+    async def resolve(self, handle: TaskHandle, ctx: ClaimContext) -> CallToolResult:
+        while True:
+            task = await _task_request(ctx.session, "tasks/get", handle.task_id)
+            self.polls.append(task)
+            if task["status"] == "completed":
+                return CallToolResult.model_validate(task["result"])
+            assert task["status"] == "working", task
+            await anyio.sleep(task["pollIntervalMs"] / 1000)
+
+
+async def _task_request(session, method: str, task_id: str) -> dict[str, Any]:
+    request = {"tasks/get": GetTaskRequest, "tasks/cancel": CancelTaskRequest}[method]
+    return await session.send_request(request(params={"task_id": task_id}), TypeAdapter(dict[str, Any]))
+
+
+@pytest.mark.anyio
+async def test_loads_a_tasks_client_polls_a_load_longer_than_its_timeout_to_the_end(big, builds, tmp_path):
+    server = build_server([big.parent], cache_dir=tmp_path)
+    tasks = TasksClient()
+    async with Client(server, mode="auto", extensions=[tasks], read_timeout_seconds=TIMEOUT_S) as client:
+        loaded = await client.call_tool("load_profile", {"path": str(big)})
+    assert not loaded.is_error, text_of(loaded)
+    assert _kernels_loaded(loaded) == _kernels_in(big) and builds == [big]
+    working = [p for p in tasks.polls if p["status"] == "working"]
+    assert len(working) >= 2 and any(p["statusMessage"].startswith("step ") for p in working)  # the build's steps
+    assert tasks.polls[-1]["status"] == "completed" and tasks.polls[-1]["resultType"] == "complete"
+
+
+@pytest.mark.anyio
+async def test_loads_tasks_cancel_stops_the_load_and_its_build(big, builds, tmp_path):
+    server = build_server([big.parent], cache_dir=tmp_path)
+    async with Client(server, mode="auto", extensions=[TasksClient()]) as client:
+        handle = await client.session.call_tool("load_profile", {"path": str(big)}, allow_claimed=True)
+        assert isinstance(handle, TaskHandle) and handle.status == "working"
+        await _until(lambda: big in server.store.builds.running)
+        cancelled = await _task_request(client.session, "tasks/cancel", handle.task_id)
+        assert cancelled["resultType"] == "complete" and "taskId" not in cancelled  # an empty acknowledgement
+        await _until_ended(server)
+        task = await _task_request(client.session, "tasks/get", handle.task_id)
+        with pytest.raises(MCPError, match="no task nope"):
+            await _task_request(client.session, "tasks/get", "nope")
+    assert task["status"] == "cancelled" and "result" not in task
+    assert builds == [big] and list(tmp_path.glob("*.duckdb")) == []  # the build stopped and left no model
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_loads_a_client_without_the_tasks_extension_gets_the_result_itself(mode, cache_root):
+    server = build_server([FIXTURES.resolve()], cache_dir=cache_root)
+    mock = FIXTURES.resolve() / "nsysai_mock.sqlite"
+    async with Client(server, mode=mode) as client:
+        loaded = await client.session.call_tool("load_profile", {"path": str(mock)}, allow_claimed=True)
+    assert isinstance(loaded, CallToolResult) and not loaded.is_error

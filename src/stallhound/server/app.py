@@ -26,6 +26,8 @@ from stallhound.server.jobs import JobStore
 from stallhound.server.resources import register_resources
 from stallhound.server.sessions import session_of
 from stallhound.server.store import DEFAULT_MEMORY_BUDGET_MB, Lease, ProfileStore, Session
+from stallhound.server.tasks import Tasks
+from stallhound.server.tasks import lifespan as tasks_lifespan
 from stallhound.server.wording import profile_files
 from stallhound.server.wrapper import (
     CLOSES,
@@ -84,7 +86,7 @@ async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context) -
     if isinstance(held, Lease):
         return held
     try:
-        await follow(held.build, ctx)
+        await follow(held, ctx)
         return store.collect(held)
     finally:
         store.leave(held)  # after collect, nothing is left to let go
@@ -121,7 +123,8 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
     modules = skills()
     viewed = {name: (tool_function(modules[name], single), description(modules[name])) for name in ui.VIEWS}
     mcp = StallhoundMCP(name="stallhound", version=__version__, instructions=INSTRUCTIONS, **bearer_auth(token),
-                       extensions=[ui.extension(viewed, annotations=READ_ONLY, structured_output=True)])
+                       extensions=[ui.extension(viewed, annotations=READ_ONLY, structured_output=True), Tasks()],
+                       lifespan=tasks_lifespan)
     mcp.store = store  # for resources, prompts and tests
     add_tools(mcp, {name: m for name, m in modules.items() if name not in ui.VIEWS}, single)  # the viewed ones:
     add_tools(mcp, pair_tools(), pair)  # registered with their view by the extension

@@ -9,10 +9,13 @@ of its load) and no call of another session is waiting for it: a client's cancel
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -48,7 +51,29 @@ class Ticket:
 
     build: Build
     session: Session
+    stop: Callable[[], tuple[bool, int] | None]  # Builds.stop for this call's build and session, taking the lock
     share: Any = None
+
+
+class Follower(Protocol):
+    """Who else follows a call's build besides its MCP progress: the task the call runs in (server/tasks.py)."""
+
+    def step(self, done: int, total: int, label: str) -> None: ...
+
+    def follow(self, ticket: Ticket) -> None: ...
+
+
+FOLLOWER: ContextVar[Follower | None] = ContextVar("stallhound_build_follower", default=None)
+
+
+@contextmanager
+def following(follower: Follower) -> Iterator[None]:
+    """Inside the block, the builds this task's calls wait on are followed by `follower` too."""
+    token = FOLLOWER.set(follower)
+    try:
+        yield
+    finally:
+        FOLLOWER.reset(token)
 
 
 Ended = Callable[[Build, Any], None]  # ended(build, value), under the lock: hand the value to build.waiting
@@ -70,7 +95,7 @@ class Builds:
             build = self.running[key] = Build(key)
             threading.Thread(target=self._run, args=(build, make, ended, orphaned), daemon=True,
                              name=f"stallhound build {key}").start()
-        ticket = Ticket(build, session)
+        ticket = Ticket(build, session, functools.partial(self._stop_locked, key, session))
         build.waiting.append(ticket)
         return ticket
 
@@ -110,9 +135,17 @@ class Builds:
         return not others, others
 
 
-async def follow(build: Build, ctx: Context) -> None:
+    def _stop_locked(self, key: Hashable, session: Session) -> tuple[bool, int] | None:
+        with self.lock:
+            return self.stop(key, session)
+
+
+async def follow(ticket: Ticket, ctx: Context) -> None:
     """Until `build` ends, passing each step it reports on as this call's MCP progress (from the last one before the
     call came); the call may end first (a cancel, a timeout, its HTTP client leaving) and the build goes on."""
+    build, follower = ticket.build, FOLLOWER.get()
+    if follower is not None:
+        follower.follow(ticket)
     sent = max(len(build.steps) - 1, 0)
     async with ended_when_gone(ctx):
         ended = False
@@ -122,6 +155,8 @@ async def follow(build: Build, ctx: Context) -> None:
             sent += len(steps)
             for step in steps:
                 await ctx.report_progress(*step)
+                if follower is not None:
+                    follower.step(*step)
     if not build.ended.is_set():
         raise ClientGone("the client left before the load ended")
 

@@ -97,7 +97,7 @@ async def _load(jobs: JobStore, session: Session, paths: list[str], workers: int
     while True:
         ticket = jobs.attach(session, paths, workers)
         try:
-            await follow(ticket.build, ctx)
+            await follow(ticket, ctx)
             opened = jobs.collect(ticket)
         finally:
             jobs.leave(ticket)  # after collect, nothing is left to let go
