@@ -15,6 +15,7 @@ import anyio
 import pytest
 from conftest import FIXTURES, text_of
 from fixture_guard import FIXTURES_ROOT
+from httpserver import serving
 from mcp.client import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.shared.exceptions import MCPError
@@ -236,3 +237,15 @@ async def test_loads_a_client_without_the_tasks_extension_gets_the_result_itself
     async with Client(server, mode=mode) as client:
         loaded = await client.session.call_tool("load_profile", {"path": str(mock)}, allow_claimed=True)
     assert isinstance(loaded, CallToolResult) and not loaded.is_error
+
+
+@pytest.mark.anyio
+async def test_loads_a_tasks_client_over_http_polls_to_the_end(big, tmp_path):
+    """Over streamable HTTP (2026-07-28, stateless), where the tasks run in the server's lifespan."""
+    tasks = TasksClient()
+    with serving(big.parent, tmp_path) as served:
+        async with Client(served.url, mode="auto", extensions=[tasks], read_timeout_seconds=TIMEOUT_S) as client:
+            loaded = await client.call_tool("load_profile", {"path": str(big)})
+    assert not loaded.is_error, text_of(loaded)
+    assert _kernels_loaded(loaded) == _kernels_in(big)
+    assert [p["status"] for p in tasks.polls][-1] == "completed" and len(tasks.polls) >= 2
