@@ -4,7 +4,8 @@ A build outlives the call that started it: a client that gives up (its request t
 disconnected) leaves it running into the cache, and a later call for the same file attaches to it and follows its
 progress instead of starting again. A build stops only when asked by name (cancel_load, or tasks/cancel on the task
 of its load) and no call of another session is waiting for it: a client's cancel of a request cannot tell a user's
-"stop" from its own timeout, so it only ends that call's wait.
+"stop" from its own timeout, so it only ends that call's wait. (Without a cache, --no-cache, a build that ends with
+nobody waiting is lost; with stdio, the client stops the server process, and its builds, when it disconnects.)
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class Builds:
             value = make(build.report, build.cancelled)
         except Exception as exc:  # carried to every call waiting for the build, and raised there
             error = exc
-        with self.lock:
+        with self.lock:  # `ended` only hands the value out (no I/O), so nothing here keeps `ended` from being set
             del self.running[build.key]
             build.error = error
             if value is not None and build.waiting:

@@ -35,6 +35,9 @@ class _Model:
     cost_bytes: int
     leases: int = 0  # tool calls running on it now: never closed under them
 
+    def close(self) -> None:
+        self.profile.close()
+
 
 @dataclass
 class Lease:
@@ -119,15 +122,16 @@ class ProfileStore:
             if model is not None:
                 return self._lease(session, key, model)
             # open_profile words a missing or unreadable file (formats.source.check_file)
-            return self.builds.join(key, session, functools.partial(self._open, key), self._opened, Profile.close)
+            return self.builds.join(key, session, functools.partial(self._open, key), self._opened, _Model.close)
 
-    def _open(self, key: Path, progress: Progress, cancelled: threading.Event) -> Profile:
-        return open_profile(key, cache_dir=self.cache_dir, use_cache=self.use_cache, progress=progress,
-                            cancelled=cancelled)
+    def _open(self, key: Path, progress: Progress, cancelled: threading.Event) -> _Model:
+        profile = open_profile(key, cache_dir=self.cache_dir, use_cache=self.use_cache, progress=progress,
+                               cancelled=cancelled)
+        return _Model(profile, profile.model_path.stat().st_size)
 
-    def _opened(self, build: Build, profile: Profile) -> None:
+    def _opened(self, build: Build, model: _Model) -> None:
         """Under the lock, as a build ends: its model, open and held for each call still waiting for it."""
-        model = self.models[_file_of(build)] = _Model(profile, profile.model_path.stat().st_size)
+        self.models[_file_of(build)] = model
         for ticket in build.waiting:
             model.leases += 1
             ticket.share = model
