@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from pathlib import Path
 
 import jobskill
@@ -158,13 +157,13 @@ def test_job_tool_cli_command_runs_on_the_job(tmp_path, capsys, monkeypatch):
 def test_close_job_waits_for_the_calls_running_on_it(tmp_path):
     jobs = JobStore(ProfileStore(roots=[KINETO], cache_dir=tmp_path))
     session = Session("s")
-    opened = jobs.load(session, [GLOB], 1, None, threading.Event())
+    opened = jobs.load(session, [GLOB], 1)
     with jobs.leased(session, opened.id) as running:
         assert jobs.close(session, opened.id) == opened.id
         assert running.job.con.execute("SELECT count(*) FROM kernels").fetchone()[0] == sum(EXPECTED.values())
     with pytest.raises(Exception, match="(?i)closed"):
         opened.job.con.execute("SELECT 1")
-    second = jobs.load(session, [GLOB], 1, None, threading.Event())
+    second = jobs.load(session, [GLOB], 1)
     jobs.profiles.end_session(session)
     assert jobs.listing(session) == []
     with pytest.raises(Exception, match="(?i)closed"):

@@ -21,7 +21,8 @@ from stallhound.server import budget
 from stallhound.server.app import build_server
 from stallhound.tools import JOB_TOOL_NAMES, PAIR_TOOL_NAMES, TOOL_NAMES
 
-LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile", "load_job", "list_jobs", "close_job"}
+LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile", "load_job", "list_jobs", "close_job",
+                   "cancel_load"}
 ALL_TOOLS = set(TOOL_NAMES) | set(PAIR_TOOL_NAMES) | set(JOB_TOOL_NAMES) | LIFECYCLE_TOOLS
 MODES = ["legacy", "auto"]
 REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"},
@@ -43,7 +44,7 @@ async def test_server_lists_every_tool_with_schemas(server, mode):
     assert set(tools) == ALL_TOOLS
     for tool in tools.values():
         assert tool.description and tool.output_schema, tool.name
-        assert tool.annotations.read_only_hint is (tool.name not in ("close_profile", "close_job"))
+        assert tool.annotations.read_only_hint is (tool.name not in ("close_profile", "close_job", "cancel_load"))
         for name, prop in tool.input_schema["properties"].items():
             assert prop.get("description"), f"{tool.name}.{name} has no description"
 

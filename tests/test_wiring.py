@@ -92,7 +92,7 @@ def test_wiring_every_tool_kind_goes_through_the_one_wrapper(tmp_path):
             kinds.setdefault(getattr(handler, "kind", "lifecycle"), set()).add(name)
     assert kinds == {"single": set(tools.skills()), "pair": set(tools.pair_tools()), "job": set(tools.job_tools()),
                      "lifecycle": {"load_profile", "list_profiles", "close_profile", "load_job", "list_jobs",
-                                   "close_job"}}
+                                   "close_job", "cancel_load"}}
 
 
 def test_wiring_every_handler_converts_our_errors_in_the_one_place(tmp_path):

@@ -81,6 +81,10 @@ class UnknownProfile(InvalidRequest):
     """No profile is loaded with that id in this session."""
 
 
+class NoLoadUnderWay(InvalidRequest):
+    """cancel_load named files no load is building now."""
+
+
 class BudgetSettingInvalid(StallhoundError):
     """STALLHOUND_MAX_RESULT_CHARS / --max-result-chars is not a usable value."""
 

@@ -15,8 +15,10 @@ from pydantic import BaseModel, Field
 
 from stallhound import __version__
 from stallhound.analysis.contracts import run_skill
+from stallhound.model.errors import NoLoadUnderWay
 from stallhound.server import ui
-from stallhound.server.cancel import run_on_cursor, run_reporting
+from stallhound.server.builds import follow
+from stallhound.server.cancel import run_on_cursor
 from stallhound.server.errors import StallhoundMCP
 from stallhound.server.http import bearer_auth
 from stallhound.server.job_tools import register_job_tools
@@ -24,6 +26,8 @@ from stallhound.server.jobs import JobStore
 from stallhound.server.resources import register_resources
 from stallhound.server.sessions import session_of
 from stallhound.server.store import DEFAULT_MEMORY_BUDGET_MB, Lease, ProfileStore, Session
+from stallhound.server.tasks import Tasks
+from stallhound.server.tasks import lifespan as tasks_lifespan
 from stallhound.server.wording import profile_files
 from stallhound.server.wrapper import (
     CLOSES,
@@ -68,13 +72,24 @@ class Closed(BaseModel):
     closed: str
 
 
-async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context | None) -> Lease:
-    """Lease (opening or building if needed) a profile off the event loop, with MCP progress; a cancelled load
-    stops its build."""
-    lease = store.lease_open(session, ref)
-    if lease:
-        return lease
-    return await run_reporting(lambda progress, cancelled: store.acquire(session, ref, progress, cancelled), ctx)
+class LoadStopped(BaseModel):
+    paths: list[str]
+    stopped: bool = Field(description="true when the build was told to stop; false when it goes on for calls of "
+                                      "other sessions")
+    waiting_calls: int = Field(description="calls of other sessions waiting for the build")
+
+
+async def _load(store: ProfileStore, session: Session, ref: str, ctx: Context) -> Lease:
+    """Lease a profile, opening or building it if needed, with MCP progress; a call that ends first leaves the build
+    running (server/builds.py)."""
+    held = store.attach(session, ref)
+    if isinstance(held, Lease):
+        return held
+    try:
+        await follow(held, ctx)
+        return store.collect(held)
+    finally:
+        store.leave(held)  # after collect, nothing is left to let go
 
 
 @asynccontextmanager
@@ -108,7 +123,8 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
     modules = skills()
     viewed = {name: (tool_function(modules[name], single), description(modules[name])) for name in ui.VIEWS}
     mcp = StallhoundMCP(name="stallhound", version=__version__, instructions=INSTRUCTIONS, **bearer_auth(token),
-                       extensions=[ui.extension(viewed, annotations=READ_ONLY, structured_output=True)])
+                       extensions=[ui.extension(viewed, annotations=READ_ONLY, structured_output=True), Tasks()],
+                       lifespan=tasks_lifespan)
     mcp.store = store  # for resources, prompts and tests
     add_tools(mcp, {name: m for name, m in modules.items() if name not in ui.VIEWS}, single)  # the viewed ones:
     add_tools(mcp, pair_tools(), pair)  # registered with their view by the extension
@@ -116,6 +132,7 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
     register_resources(mcp, store)
     mcp.jobs = JobStore(store)  # for tests
     register_job_tools(mcp, mcp.jobs)
+    _register_cancel_load(mcp, mcp.jobs)
     return mcp
 
 
@@ -128,7 +145,10 @@ def _register_profile_tools(mcp: StallhoundMCP, store: ProfileStore, summary: Mo
                                                "allowed roots")],
         ctx: Context,
     ) -> Annotated[CallToolResult, LoadResult]:  # the SDK reads the output schema off LoadResult
-        """Load a profile (built once into a cache, then reused); returns its id and summary."""
+        """Load a profile (built once into a cache, then reused); returns its id and summary.
+
+        A build outlives a call that ends first (a timeout, a cancel, a disconnect): loading the same file again
+        attaches to it and reports its progress, or opens what it built; cancel_load stops it."""
         async with _leased(store, ctx, path) as lease:
             pid, profile = lease.id, lease.profile
             result = await run_on_cursor(
@@ -155,3 +175,30 @@ def _register_profile_tools(mcp: StallhoundMCP, store: ProfileStore, summary: Mo
         cached model stays on disk)."""
         pid = store.close(session_of(store, ctx), profile)
         return text_result(f"closed {pid}", Closed(closed=pid))
+
+
+def _register_cancel_load(mcp: StallhoundMCP, jobs: JobStore) -> None:
+    @mcp.tool(annotations=CLOSES, structured_output=True)
+    async def cancel_load(
+        paths: Annotated[list[str], Field(min_length=1, description=(
+            "What the load was given: the profile's path (load_profile), or the job's paths, folder or glob "
+            "(load_job)"))],
+        ctx: Context,
+    ) -> Annotated[CallToolResult, LoadStopped]:
+        """Stop a load_profile or load_job build under way, unless calls of other sessions are waiting for it.
+
+        A load whose call ended (the client's timeout, a cancel, a disconnect) keeps building into the cache, and
+        loading the same files again attaches to it and reports its progress; a client's cancel of a call cannot
+        tell a user's "stop" from its own timeout, so only this tool (or tasks/cancel on the load's task) stops the
+        build. This session's calls waiting for it then end with an error; clients of the 2026-07-28 protocol, which
+        has no sessions, count as one session."""
+        session = session_of(jobs.profiles, ctx)
+        found = jobs.profiles.stop_build(session, paths[0]) if len(paths) == 1 else None
+        found = found or jobs.stop_load(session, paths)
+        if found is None:
+            raise NoLoadUnderWay(f"no load of {', '.join(paths)} is under way (it ended or never began: a finished "
+                                 "load is in the cache, and loading it again opens it)")
+        stopped, others = found
+        text = (f"stopped the load of {', '.join(paths)}" if stopped else
+                f"the load of {', '.join(paths)} goes on: {others} calls of other sessions are waiting for it")
+        return text_result(text, LoadStopped(paths=paths, stopped=stopped, waiting_calls=others))

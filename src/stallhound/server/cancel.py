@@ -11,13 +11,12 @@ worker is interrupted until it has returned.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from typing import Any, Generic, TypeVar
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
+import anyio.abc
 import anyio.to_thread
 import duckdb
 from mcp.server.mcpserver import Context
@@ -27,7 +26,6 @@ from stallhound.model.errors import ClientGone
 from stallhound.model.limits import model_memory
 
 T = TypeVar("T")
-Reporter = Callable[[int, int, str], None]  # progress(done, total, label), as builds report it
 STOP_POLL_S = 0.05  # between interrupts: one that lands between two queries of a tool is lost
 STOP_WAIT_S = 5.0  # longest wait for an interrupted worker; steps between queries are short Python
 GONE_POLL_S = 0.25  # between checks that an HTTP client is still connected
@@ -94,17 +92,24 @@ async def _stop(worker: _Worker[Any]) -> None:
             await anyio.sleep(STOP_POLL_S)
 
 
+@asynccontextmanager
+async def ended_when_gone(ctx: Context | None) -> AsyncIterator[anyio.abc.TaskGroup]:
+    """A task group whose block is cancelled when this call's HTTP client leaves (and ends with the block)."""
+    request = ctx.request_context.request if ctx is not None else None
+    async with anyio.create_task_group() as tg:
+        if isinstance(request, Request):
+            tg.start_soon(_cancel_when_gone, request, tg.cancel_scope)
+        yield tg
+        tg.cancel_scope.cancel()
+
+
 async def run_stoppable(job: Callable[[], T], interrupt: Callable[[], None], ctx: Context | None) -> T:
     """job() on a worker thread, interrupted until it returns if the call is cancelled or its client leaves."""
     worker = _Worker(job, interrupt)
-    request = ctx.request_context.request if ctx is not None else None
     try:
-        async with anyio.create_task_group() as tg:
+        async with ended_when_gone(ctx) as tg:
             tg.start_soon(worker.run)
-            if isinstance(request, Request):
-                tg.start_soon(_cancel_when_gone, request, tg.cancel_scope)
             await worker.done.wait()
-            tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await _stop(worker)
@@ -125,16 +130,3 @@ async def run_on_cursor(con: duckdb.DuckDBPyConnection, job: Callable[[duckdb.Du
             cur.interrupt()
 
     return await run_stoppable(work, interrupt, ctx)
-
-
-async def run_reporting(job: Callable[[Reporter, threading.Event], T], ctx: Context | None) -> T:
-    """job(progress, cancelled) off the event loop (a build): what it reports goes to the client as MCP progress,
-    and `cancelled` is set when the call is stopped."""
-    cancelled = threading.Event()
-    token = anyio.lowlevel.current_token()  # the job reports from threads anyio did not start
-
-    def progress(done: int, total: int, label: str) -> None:
-        if ctx is not None:
-            anyio.from_thread.run(ctx.report_progress, done, total, label, token=token)
-
-    return await run_stoppable(lambda: job(progress, cancelled), cancelled.set, ctx)

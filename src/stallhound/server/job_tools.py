@@ -14,10 +14,10 @@ from pydantic import BaseModel, Field
 
 from stallhound import tools
 from stallhound.jobs.job import Job
-from stallhound.server.cancel import run_reporting
+from stallhound.server.builds import follow
 from stallhound.server.errors import StallhoundMCP
-from stallhound.server.jobs import JobStore
-from stallhound.server.sessions import session_of
+from stallhound.server.jobs import JobStore, OpenJob
+from stallhound.server.sessions import Session, session_of
 from stallhound.server.wording import profile_files
 from stallhound.server.wrapper import CLOSES, READ_ONLY, Kind, Leased, add_tools, on_one_cursor, text_result
 
@@ -90,6 +90,21 @@ def job_kind(jobs: JobStore) -> Kind:
     return Kind("job", ("job",), lease, on_one_cursor)
 
 
+async def _load(jobs: JobStore, session: Session, paths: list[str], workers: int | None, ctx: Context) -> OpenJob:
+    """The job `paths` name, with MCP progress (each file built, each rank written); a call that ends first leaves
+    the load running (server/builds.py), and one that attaches to a load another call takes loads it again from the
+    cache."""
+    while True:
+        ticket = jobs.attach(session, paths, workers)
+        try:
+            await follow(ticket, ctx)
+            opened = jobs.collect(ticket)
+        finally:
+            jobs.leave(ticket)  # after collect, nothing is left to let go
+        if opened is not None:
+            return opened
+
+
 def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
     add_tools(mcp, tools.job_tools(), job_kind(jobs))
 
@@ -104,10 +119,11 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
             "processes building the ranks' models at once; omit for this machine's cores"))] = None,
     ) -> Annotated[CallToolResult, JobLoaded]:  # the SDK reads the output schema off JobLoaded
         """Load every rank of a distributed job (built in parallel, cached); returns the job id, its ranks and how
-        each rank was found (distributedInfo, NCCL, file name, process, device or the order given)."""
-        session = session_of(jobs.profiles, ctx)  # progress: each file built and each rank written
-        opened = await run_reporting(
-            lambda progress, cancelled: jobs.load(session, paths, workers, progress, cancelled), ctx)
+        each rank was found (distributedInfo, NCCL, file name, process, device or the order given).
+
+        A load outlives a call that ends first (a timeout, a cancel, a disconnect): loading the same files again
+        attaches to it and reports its progress, or opens what it built; cancel_load stops it."""
+        opened = await _load(jobs, session_of(jobs.profiles, ctx), paths, workers, ctx)
         return text_result(*describe(opened.id, opened.job))
 
     @mcp.tool(annotations=READ_ONLY, structured_output=True)

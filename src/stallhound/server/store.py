@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -10,10 +11,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from stallhound.formats import Profile, open_profile
 from stallhound.model.cache import Progress
 from stallhound.model.errors import InvalidRequest, OutsideRoots, ProfileNotFound, UnknownProfile
+from stallhound.server.builds import Build, Builds, Ticket
 from stallhound.server.sessions import Session
 
 log = logging.getLogger("stallhound")
@@ -31,6 +34,9 @@ class _Model:
     profile: Profile
     cost_bytes: int
     leases: int = 0  # tool calls running on it now: never closed under them
+
+    def close(self) -> None:
+        self.profile.close()
 
 
 @dataclass
@@ -54,9 +60,11 @@ class ProfileStore:
     # requests outside any session (the 2026-07-28 protocol over HTTP has none) share these ids
     sessionless: Session = field(default_factory=lambda: Session("sessionless"))
     ended: list[Callable[[Session], None]] = field(default_factory=list)  # told when a session ends (its jobs)
+    builds: Builds = field(init=False)  # the loads under way, profiles' and jobs'
 
     def __post_init__(self) -> None:
         self.sessions.append(self.sessionless)
+        self.builds = Builds(self.lock)
 
     def check_allowed(self, path: Path) -> Path:
         """The absolute, symlink-free path of `path` (relative ones are taken from the first root) when it lies
@@ -105,41 +113,66 @@ class ProfileStore:
         full = self.check_allowed(Path(ref))
         return session.id_of(full), full
 
-    def lease_open(self, session: Session, ref: str) -> Lease | None:
-        """A lease on `ref` if its model is open now (no file access), else None."""
-        try:
-            with self.lock:
-                _, key = self._path_of(session, ref)
-                model = self.models.get(key)
-                return None if model is None else self._lease(session, key, model)
-        except (OSError, ValueError):
-            return None
-
-    def acquire(self, session: Session, ref: str, progress: Progress | None = None,
-                cancelled: threading.Event | None = None) -> Lease:
-        """Lease the profile `ref` (an id of this session or a path), opening or building it if needed; setting
-        `cancelled` stops a build under way."""
+    def attach(self, session: Session, ref: str) -> Lease | Ticket:
+        """A lease on `ref` (an id of this session or a path) when its model is open, else a ticket on the build that
+        opens it: the one under way for this file, or a new one."""
         with self.lock:
             _, key = self._path_of(session, ref)
             model = self.models.get(key)
             if model is not None:
                 return self._lease(session, key, model)
-        # open_profile words a missing or unreadable file (formats.source.check_file)
+            # open_profile words a missing or unreadable file (formats.source.check_file)
+            return self.builds.join(key, session, functools.partial(self._open, key), self._opened, _Model.close)
+
+    def _open(self, key: Path, progress: Progress, cancelled: threading.Event) -> _Model:
         profile = open_profile(key, cache_dir=self.cache_dir, use_cache=self.use_cache, progress=progress,
                                cancelled=cancelled)
+        return _Model(profile, profile.model_path.stat().st_size)
+
+    def _opened(self, build: Build, model: _Model) -> None:
+        """Under the lock, as a build ends: its model, open and held for each call still waiting for it."""
+        self.models[_file_of(build)] = model
+        for ticket in build.waiting:
+            model.leases += 1
+            ticket.share = model
+
+    def collect(self, ticket: Ticket) -> Lease:
+        """The lease the ended build of `ticket` holds for this call; the build's error when it failed."""
         with self.lock:
-            model = self.models.get(key)
-            if model is None:
-                model = self.models[key] = _Model(profile, profile.model_path.stat().st_size)
-            else:  # opened by another call meanwhile
-                self._close([profile])
-            lease = self._lease(session, key, model)
+            self.builds.leave(ticket)
+            if ticket.build.error is not None:
+                raise ticket.build.error
+            model, ticket.share = ticket.share, None
+            lease = self._lease(ticket.session, _file_of(ticket.build), model, held=True)
             closing = self._take_over_budget()
         self._close(closing)
         return lease
 
-    def _lease(self, session: Session, key: Path, model: _Model) -> Lease:
-        model.leases += 1
+    def leave(self, ticket: Ticket) -> None:
+        """This call no longer waits for its build (which goes on); what the build held for it is let go."""
+        with self.lock:
+            ended = self.builds.leave(ticket)
+            model, ticket.share = ticket.share, None
+        if ended and model is not None:
+            self.release(Lease("", model.profile, _file_of(ticket.build)))
+
+    def acquire(self, session: Session, ref: str) -> Lease:
+        """Lease the profile `ref`, opening or building it if needed (waiting on this thread for a build)."""
+        held = self.attach(session, ref)
+        if isinstance(held, Lease):
+            return held
+        held.build.ended.wait()
+        return self.collect(held)
+
+    def stop_build(self, session: Session, ref: str) -> tuple[bool, int] | None:
+        """What Builds.stop says for the load of the profile `ref`."""
+        with self.lock:
+            _, key = self._path_of(session, ref)
+            return self.builds.stop(key, session)
+
+    def _lease(self, session: Session, key: Path, model: _Model, held: bool = False) -> Lease:
+        """Lease `model` to this session; `held`: the lease was taken for the call already (as its build ended)."""
+        model.leases += 0 if held else 1
         self.models.move_to_end(key)
         pid = session.add(key, model.profile.fingerprint)
         return Lease(pid, model.profile, key)
@@ -211,3 +244,7 @@ class ProfileStore:
         with self.lock:
             return sum(m.cost_bytes for m in self.models.values())
 
+
+def _file_of(build: Build) -> Path:
+    """The file a profile's build opens: its key among the builds."""
+    return cast(Path, build.key)
