@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import jsonschema
 import pytest
 from conftest import FIXTURE_FILES, FIXTURES, text_of
@@ -25,8 +26,7 @@ LIFECYCLE_TOOLS = {"load_profile", "list_profiles", "close_profile", "load_job",
                    "cancel_load"}
 ALL_TOOLS = set(TOOL_NAMES) | set(PAIR_TOOL_NAMES) | set(JOB_TOOL_NAMES) | LIFECYCLE_TOOLS
 MODES = ["legacy", "auto"]
-REQUIRED_ARGS = {"query_sql": {"sql": "SELECT count(*) AS n FROM kernels"}, "find_kernels": {"pattern": "gemm"},
-                 "call_sites": {"events": "api_calls", "full_stacks": 5}}  # the largest result it gives
+REQUIRED_ARGS = {**conftest.REQUIRED_ARGS, "call_sites": {"events": "api_calls", "full_stacks": 5}}  # its largest
 
 
 
