@@ -9,7 +9,7 @@ MCPB_VERSION := 2.1.2
 MCPB := .tools/mcpb/node_modules/.bin/mcpb
 DEMO := out/demo.sqlite
 
-.PHONY: demo test test-heavy lint docs bench bench-job loadtest clean install dev inspector mcpb chromium \
+.PHONY: demo test test-heavy redteam lint docs bench bench-job loadtest clean install dev inspector mcpb chromium \
 	corpus-restore corpus-review corpus-manifest dist bundle
 
 $(BIN)/python:
@@ -58,6 +58,9 @@ test: $(VENV)/.dev $(INSPECTOR) $(MCPB) chromium
 
 test-heavy: $(VENV)/.dev  # the slower variants make test leaves out (pytest -m heavy), minutes
 	$(BIN)/python -m pytest -m heavy
+
+redteam: $(VENV)/.dev  # the heavy attack variants make test leaves out (tests/security, pytest -m redteam), minutes
+	$(BIN)/python -m pytest -m redteam tests/security
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check src tests bench corpus release
