@@ -1,5 +1,7 @@
 # stallhound MCP server. Build: docker build -t stallhound .
-# Run:   docker run -i --rm -v "$PWD:/profiles" stallhound
+# Run:   docker run -i --rm -v "$PWD:/profiles:ro" stallhound            (stdio)
+#        docker run -d --rm -p 127.0.0.1:8000:8000 -v "$PWD:/profiles:ro" -e STALLHOUND_TOKEN=... stallhound \
+#          --transport http --host 0.0.0.0 --port 8000                             (streamable HTTP with a token)
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
