@@ -43,6 +43,7 @@ START_TIMEOUT_S = 60  # import and uvicorn start on a loaded 2-core machine
 SAMPLE_S = 0.05  # RSS sampling period: short spikes between samples are caught by VmHWM for the main process
 PROBE_TIMEOUT_S = 30  # the fresh call that says the server is still up
 BYSTANDER_TIMEOUT_S = 120  # one describe_schema call; longer means the server starves other clients
+DYING_S = 2  # a connection broken by a dying server: how long its process may take to end (an abort dumps first)
 GRACE_S = 10  # how long the bystander's call in flight may finish after the attack ended
 MAX_SENTENCE_CHARS = 400  # issue 30: echoed input is cut to 200 characters, the sentence around it is short
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{8,}")  # native addresses of a backtrace
@@ -167,6 +168,9 @@ class Outcome:
     start_error: str = ""
     up: bool = False
     hung: bool = False
+    died: bool = False
+    exit_note: str = ""  # how the server process ended, where it did
+    alive_at_end: bool = False  # the process, when the attack's calls ended
     over_ceiling: bool = False
     peak_rss_mb: float = 0.0
     time_s: float = 0.0  # the attack's calls, together
@@ -203,7 +207,7 @@ class Outcome:
         """Each way this attack did not fail safely (none: it did)."""
         if not self.started:
             return []
-        found = [] if self.up else ["the server went down"]
+        found = [] if self.up else [f"the server went down{self.exit_note}"]
         found += ["hung"] * self.hung + ["over the RSS ceiling"] * self.over_ceiling
         if self.peak_rss_mb > limits.peak_rss_mb:
             found.append(f"peak RSS {self.peak_rss_mb:.0f} MB")
@@ -291,6 +295,12 @@ class Server:
             except psutil.NoSuchProcess:
                 continue
 
+    def exit_note(self) -> str:
+        code = self.popen.poll() if self.popen else None
+        if code is None:
+            return ""
+        return f" (killed by {signal.Signals(-code).name})" if code < 0 else f" (exit status {code})"
+
     def client(self) -> Client:
         if self.transport == "stdio":
             assert self.params is not None
@@ -331,28 +341,31 @@ def _accepts(port: int) -> bool:
 
 
 @asynccontextmanager
-async def serving(box: Sandbox, transport: Transport, token: str = TOKEN,
-                  extra: tuple[str, ...] = ()) -> AsyncIterator[tuple[Server, Client]]:
-    """A fresh server and a first client connected to it (over stdio the one client is the only session)."""
-    if transport == "http":
-        server = start_http(box, token, extra)
-        try:
-            async with server.client() as first:
-                yield server, first
-        finally:
-            server.kill()
-            assert server.popen is not None
-            server.popen.wait()
-        return
-    params = StdioServerParameters(command=sys.executable, args=serve_args(box, extra), env=box.env(), cwd=box.cwd)
+async def connected(client: Client) -> AsyncIterator[Client]:
+    """`client` connected. When the server dies the client cancels what runs inside it and its hang-up fails: that
+    failure is swallowed (the outcome records the death), so the caller's code after the block goes on."""
+    entered = False
+    try:
+        async with client as ready:
+            entered = True
+            yield ready
+    except* GONE:
+        if not entered:
+            raise
+
+
+@asynccontextmanager
+async def stdio_server(box: Sandbox) -> AsyncIterator[tuple[Server, Client]]:
+    """A fresh server over stdio and its one client (the process lives as long as the client)."""
+    params = StdioServerParameters(command=sys.executable, args=serve_args(box), env=box.env(), cwd=box.cwd)
     before = {p.pid for p in psutil.Process().children()}
     server = Server("stdio", 0, box, None, params=params)
-    async with server.client() as first:
+    async with connected(server.client()) as client:
         spawned = [p.pid for p in psutil.Process().children() if p.pid not in before]
         assert len(spawned) == 1, spawned
         server.pid = spawned[0]
         try:
-            yield server, first
+            yield server, client
         finally:
             server.kill()
 
@@ -393,14 +406,19 @@ async def probe(server: Server, profile: str) -> bool:
         return False
     if server.transport == "stdio":
         return True
+    answered = False
     with anyio.move_on_after(PROBE_TIMEOUT_S):
-        try:
-            async with server.client() as fresh:
-                result = await fresh.call_tool("describe_schema", {"profile": profile})
-        except GONE:
-            return False
-        return not result.is_error
-    return False
+        async with connected(server.client()) as fresh:
+            answered = not (await fresh.call_tool("describe_schema", {"profile": profile})).is_error
+    return answered
+
+
+async def until_dead(server: Server, attack_scope: anyio.CancelScope, out: Outcome) -> None:
+    """Ends the attack's calls as soon as the server process is gone (a call to a dead server may never return)."""
+    while server.alive():
+        await anyio.sleep(0.2)
+    out.died = True
+    attack_scope.cancel()
 
 
 @dataclass
@@ -440,46 +458,71 @@ def run_attack(attack: Attack, bystander_source: Path, transport: Transport = "h
 
 
 async def _attack_served(attack: Attack, box: Sandbox, transport: Transport, limits: Limits, out: Outcome) -> None:
-    profile = str(box.roots / BYSTANDER)
-    async with serving(box, transport, attack.token) as (server, first):
+    if transport == "stdio":
+        async with stdio_server(box) as (server, client):
+            with RssWatch(server.pid, limits.rss_ceiling_mb, server.kill) as watch:
+                await _strike(attack, box, server, client, client, limits, out)
+        _measured(out, server, watch, out.alive_at_end)
+        return
+    server = start_http(box, attack.token)
+    try:
         with RssWatch(server.pid, limits.rss_ceiling_mb, server.kill) as watch:
-            if transport == "stdio":
-                await _strike(attack, box, first, first, limits, out, profile)
-            else:
-                async with server.client() as attacker:
-                    await _strike(attack, box, attacker, first, limits, out, profile)
-                    if out.hung:
-                        server.kill()  # before the clients hang up: a hung server would keep them waiting
-            watch.sample()
-        out.over_ceiling = watch.over
-        out.up = not out.hung and not out.over_ceiling and await probe(server, profile)
-        out.peak_rss_mb = watch.peak_mb
-        if not out.up:
-            server.kill()
+            async with connected(server.client()) as other, connected(server.client()) as attacker:
+                await _strike(attack, box, server, attacker, other, limits, out)
+            answers = out.alive_at_end and not out.hung and await probe(server, str(box.roots / BYSTANDER))
+        _measured(out, server, watch, answers)
+    finally:
+        server.kill()
+        assert server.popen is not None
+        server.popen.wait()
 
 
-async def _strike(attack: Attack, box: Sandbox, attacker: Client, other: Client, limits: Limits, out: Outcome,
-                  profile: str) -> None:
+def _measured(out: Outcome, server: Server, watch: RssWatch, answers: bool) -> None:
+    watch.sample()
+    out.over_ceiling, out.exit_note, out.peak_rss_mb = watch.over, server.exit_note(), watch.peak_mb
+    out.up = answers and not (out.hung or out.died or out.over_ceiling)
+
+
+async def _strike(attack: Attack, box: Sandbox, server: Server, attacker: Client, other: Client, limits: Limits,
+                  out: Outcome) -> None:
+    """The attack's calls while the bystander calls; when the server dies mid-call the client cancels this, and
+    the finally clause still records what happened."""
+    profile = str(box.roots / BYSTANDER)
     await other.call_tool("load_profile", {"path": profile})
-    done, ended, since = anyio.Event(), anyio.Event(), [time.monotonic()]
+    done, ended, since, t0 = anyio.Event(), anyio.Event(), [time.monotonic()], time.monotonic()
 
     async def watch_other() -> None:
         await bystander(other, profile, done, out, since)
         ended.set()
 
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(watch_other)
-        t0 = time.monotonic()
-        with anyio.move_on_after(limits.wall_s) as scope:
-            try:
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watch_other)
+            with anyio.move_on_after(limits.wall_s) as scope:
+                tasks.start_soon(until_dead, server, scope, out)
                 for step in attack.calls:
                     out.answers.append(await call(attacker, box, step, limits.wall_s))
-            except GONE as exc:
-                out.answers.append(Answer(True, f"the connection broke: {type(exc).__name__}: {exc}"))
-        out.time_s, out.hung = time.monotonic() - t0, scope.cancelled_caught
-        done.set()
-        with anyio.move_on_after(0 if out.hung else GRACE_S):
-            await ended.wait()
-        if not ended.is_set():  # the call in flight waited at least this long
-            out.latencies_s.append(time.monotonic() - since[0])
-        tasks.cancel_scope.cancel()
+            out.time_s, out.hung = time.monotonic() - t0, scope.cancelled_caught and not out.died
+            done.set()
+            with anyio.move_on_after(0 if out.hung or out.died else GRACE_S):
+                await ended.wait()
+            tasks.cancel_scope.cancel()
+    finally:
+        _ended(attack, server, out, t0, None if ended.is_set() else since[0])
+
+
+def _ended(attack: Attack, server: Server, out: Outcome, t0: float, in_flight_since: float | None) -> None:
+    """What the attack's end leaves to record, whether it ended or was cut off."""
+    if not out.time_s:  # cut off: the connection broke
+        out.time_s = time.monotonic() - t0
+        deadline = time.monotonic() + DYING_S
+        while server.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    out.alive_at_end = server.alive()
+    if len(out.answers) < len(attack.calls) and not out.hung:
+        out.answers.append(Answer(True, f"the server died{server.exit_note()}" if not out.alive_at_end
+                                  else "the connection broke mid-call"))
+    if in_flight_since is not None:  # the bystander's call in flight waited at least this long
+        out.latencies_s.append(time.monotonic() - in_flight_since)
+    if out.hung:
+        server.kill()  # before the clients hang up: a hung server would keep them waiting
