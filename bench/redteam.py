@@ -32,6 +32,7 @@ KINETO = FIXTURES / "kineto" / "hta_sampled_rank0.json.gz"
 KINETO_RANK1 = FIXTURES / "kineto" / "hta_sampled_rank1.json.gz"
 INT64_MAX = 2**63 - 1
 KERNEL_TABLE_PAGE = 32  # the mock export's CUPTI_ACTIVITY_KIND_KERNEL root page (sqlite_master.rootpage)
+TRACE_EVENTS = '"traceEvents": ['  # as the fixture spells it
 CUT = 120  # characters of the sentence in the table
 MODEL_SLACK_MB = 10  # the cache's growth a load of the 3 MB bystander export explains (its model, ~3 MB)
 
@@ -52,8 +53,8 @@ class Scale:
 
 
 SCALES = {"full": Scale(),
-          "ci": Scale(nest_depth=30_000, comment_depth=3_000, bomb_mb=20, keys_mb=32, string_mb=5,
-                      unnest_rows=2_000_000, repeat_rows=50, wal_rows=20, ranks=8, workers=64)}
+          "ci": Scale(nest_depth=30_000, comment_depth=15_000, bomb_mb=20, keys_mb=32, string_mb=5,
+                      unnest_rows=25_000_000, repeat_rows=200, wal_rows=20, ranks=8, workers=64)}
 
 
 def _in(box: Sandbox, name: str) -> str:
@@ -114,6 +115,15 @@ def _kineto_with(name: str, head: Pieces | str, compress: bool = False) -> Calla
             for piece in ([head] if isinstance(head, str) else head()):
                 out.write(piece)
             out.write(", " + real.lstrip()[1:])
+    return prepare
+
+
+def _kineto_event_first(name: str, event: str) -> Callable[[Sandbox], None]:
+    """A copy of a real Kineto trace with `event` (JSON text) first in its traceEvents."""
+    def prepare(box: Sandbox) -> None:
+        real = _kineto_text()
+        assert TRACE_EVENTS in real
+        (box.roots / name).write_text(real.replace(TRACE_EVENTS, TRACE_EVENTS + event + ", ", 1))
     return prepare
 
 
@@ -255,6 +265,11 @@ def catalogue(scale: Scale = Scale()) -> list[Attack]:
                harm=_answered("ran CREATE TEMP")),
         Attack(6, f"Kineto JSON nested {s.nest_depth:,} deep",
                [_load("deep.json")], _kineto_with("deep.json", "[" * s.nest_depth + "]" * s.nest_depth)),
+        Attack(6, f"Kineto event args nested {s.nest_depth:,} deep",
+               [_load("deepargs.json")],
+               _kineto_event_first("deepargs.json", '{"ph": "X", "cat": "cpu_op", "name": "deep", "pid": 1, "tid": 1, '
+                                   '"ts": 1682725898236567, "dur": 1, "args": {"d": '
+                                   + "[" * s.nest_depth + "]" * s.nest_depth + "}}")),
         Attack(6, f"gzip bomb: {s.bomb_mb} MB array before traceEvents",
                [_load("bomb.json.gz")], _kineto_with("bomb.json.gz", _bomb(s.bomb_mb), compress=True)),
         Attack(6, f"{s.keys_mb} MB of unique top-level keys",
@@ -324,7 +339,7 @@ def _cell(text: str) -> str:
 
 
 def row(attack: Attack, out: Outcome, limits: Limits) -> str:
-    up = "refused to start" if not out.started else ("yes" if out.up else "**no**")
+    up = "refused to start" if not out.started else (out.state if out.up else f"**{out.state}**")
     p99 = "-" if out.other_p99_ms is None else f"{out.other_p99_ms:,.0f}"
     problems = "; ".join(out.problems(limits)) or "held"
     return (f"| {attack.klass} | {_cell(attack.name)} | {up} | {out.peak_rss_mb:,.0f} | {out.time_s:.1f} | {p99} "

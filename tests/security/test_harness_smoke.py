@@ -81,10 +81,11 @@ def test_harness_smoke_each_measure_fails_an_outcome_past_its_limit():
     fine = Outcome(up=True, peak_rss_mb=50, latencies_s=[0.05] * 100, answers=[Answer(True, "no such file")])
     assert fine.problems(limits) == []
     assert fine.other_p99_ms == pytest.approx(50)
+    assert Outcome(up=False, exit_note=" (killed by SIGABRT)").problems(limits)[0] == "went down (killed by SIGABRT)"
     bad = Outcome(up=False, hung=True, peak_rss_mb=200, latencies_s=[0.05] * 98 + [2.0, 2.0],
                   written_outside=["/home/x"], answers=[Answer(True, "a\nb")], harm="leaked")
-    assert bad.problems(limits) == ["the server went down", "hung", "peak RSS 200 MB",
-                                    "other client's p99 2000.0 ms", "wrote 1 files outside the cache",
+    assert bad.problems(limits) == ["hung (killed at the wall limit)", "peak RSS 200 MB",
+                                    "other client's p99 2000 ms", "wrote 1 files outside the cache",
                                     "answer: 2 lines", "leaked"]
 
 
