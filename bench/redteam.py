@@ -238,7 +238,12 @@ def _logs_read(box: Sandbox, out: Outcome) -> str:
 # ---- the catalogue ----
 
 def catalogue(scale: Scale = Scale()) -> list[Attack]:
-    s = scale
+    """Every attack, in the order of issue 30's classes."""
+    return _query_attacks(scale) + _input_attacks(scale) + _answer_attacks()
+
+
+def _query_attacks(s: Scale) -> list[Attack]:
+    """Classes 1-5: query_sql against the instance, its memory, its clock and its files."""
     nested = "SELECT 1 " + "/*" * s.comment_depth + "x" + "*/" * s.comment_depth
     wal = ("EXPLAIN ANALYZE COPY (SELECT repeat('x', 1000000) AS v FROM range({rows})) TO '{path}' (FORMAT csv)")
 
@@ -263,6 +268,12 @@ def catalogue(scale: Scale = Scale()) -> list[Attack]:
         Attack(5, "EXPLAIN ANALYZE CREATE TEMP TABLE",
                [LOAD, _sql("EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1 AS x")],
                harm=_answered("ran CREATE TEMP")),
+    ]
+
+
+def _input_attacks(s: Scale) -> list[Attack]:
+    """Classes 6-8: small files that take huge memory or time, loads that cannot be stopped, multiplied workers."""
+    return [
         Attack(6, f"Kineto JSON nested {s.nest_depth:,} deep",
                [_load("deep.json")], _kineto_with("deep.json", "[" * s.nest_depth + "]" * s.nest_depth)),
         Attack(6, f"Kineto event args nested {s.nest_depth:,} deep",
@@ -291,6 +302,12 @@ def catalogue(scale: Scale = Scale()) -> list[Attack]:
         Attack(8, f"load_job(workers={s.workers}) over {s.ranks} small ranks",
                [Call("load_job", lambda box: {"paths": [_in(box, "job")], "workers": s.workers})],
                _rank_folder(s.ranks)),
+    ]
+
+
+def _answer_attacks() -> list[Attack]:
+    """Classes 9-10: damaged inputs and hostile arguments, each to be answered in one sentence; small leaks."""
+    return [
         Attack(9, "a zeroed page in the kernel table", [_load("zeroed.sqlite")], _zeroed_page),
         Attack(9, "one kernel with a NULL process id",
                [_load("nullpid.sqlite")], _export(MOCK, "nullpid.sqlite",

@@ -26,7 +26,8 @@ def _id(attack: Attack) -> str:
 @pytest.mark.parametrize("attack", ATTACKS, ids=[_id(a) for a in ATTACKS])
 def test_redteam_attack_fails_safely(attack):
     out = run_attack(attack, MOCK, "http", LIMITS)
-    assert out.problems(LIMITS) == [], f"{attack.name}: {out.sentence[:300]}"
+    problems = out.problems(LIMITS)
+    assert problems == [], f"{attack.name}: {'; '.join(problems)}; it said: {out.sentence[:300]!r}"
 
 
 @pytest.mark.redteam
