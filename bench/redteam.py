@@ -264,7 +264,7 @@ def _query_attacks(s: Scale) -> list[Attack]:
         Attack(4, f"{s.comment_depth:,} nested /* */ with timeout_s=1 ({len(nested) // 1000} KB)",
                [LOAD, _sql(nested, timeout_s=1)], harm=_past_timeout(1)),
         Attack(5, f"EXPLAIN ANALYZE COPY {s.wal_rows} MB to the model's WAL, twice",
-               [LOAD, _sql(wal_sql), _sql(wal_sql)], harm=_wrote_cache),
+               [LOAD, _sql(wal_sql, timeout_s=60), _sql(wal_sql, timeout_s=60)], harm=_wrote_cache),
         Attack(5, "EXPLAIN ANALYZE CREATE TEMP TABLE",
                [LOAD, _sql("EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1 AS x")],
                harm=_answered("ran CREATE TEMP")),
