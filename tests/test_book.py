@@ -163,8 +163,9 @@ CHAINS = {
 DETECTOR_TAGS = {
     "kernel-hotspot": {"gemm-fp32", "gemm-tensor", "attention", "conv", "elementwise", "reduction", "norm", "copy",
                        "custom", "runtime", "launch-shape",
-                       # hotspots.fit_tags: element-wise kernels of a program that trains; a kind on AMD
-                       "elementwise-training", "gemm-tensor-amd"},
+                       # hotspots.fit_tags: a GEMM no library claims; element-wise kernels of a program that
+                       # trains; a kind on AMD
+                       "gemm-own", "elementwise-training", "gemm-tensor-amd"},
     "fp32-gemm-no-tensor-cores": {"gemm-fp32"},
     "excessive-h2d-transfers": {"pinned", "pageable", "many-small"},
     "pageable-host-memory": {"async-blocking", "large-single"},

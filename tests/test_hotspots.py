@@ -349,3 +349,19 @@ def test_hotspot_on_amd_names_the_rocm_profiler():
     for f in found:
         assert "`rocprof-compute profile -n mine -k mine -- <program>`" in f.title and "ncu" not in f.title
         assert "ROCm Compute Profiler" in f.title and "Nsight" not in f.title
+
+
+@pytest.mark.parametrize("name, chain, own, said", [
+    ("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1", "pytorch", True, "triton.autotune"),  # tl_vllm MI300 MoE
+    ("triton_tem_fused_mm_0", "pytorch", True, "max-autotune"),  # a torch.compile GEMM template
+    ("matmul_naive(float const*, float const*, float*, int)", "cuda", True, "cublasGemmEx"),
+    ("matmul_kernel", "julia", True, "mul!(C, A, B)"),
+    ("ampere_fp16_s16816gemm_fp16_128x256_ldg8_f2f_stages_64x3_nn", "pytorch", False, "MFU"),  # cuBLAS's
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32", "cuda", False, "cuBLASLt"),  # cuBLAS's
+])
+def test_gemm_hotspot_of_no_library_is_told_to_tune_or_replace_its_own_kernel(name, chain, own, said):
+    """A GEMM whose names no vendor library claims is the program's own kernel: library tuning (TunableOp, cuBLASLt
+    heuristics) and precision flags don't reach it, so its fix is to compare with the library and tune its own
+    configuration; a library's GEMM keeps the library's fix."""
+    tags, fix = _shown_fix(make_model(kernels=[launch(name, 0, 90 * MS, 4096, 256)], gpus=[H100]), chain)
+    assert ("gemm-own" in tags, said in fix) == (own, True), fix

@@ -205,11 +205,14 @@ def _severity(hot: Hot, kernel: KernelFill | None) -> Severity:
     return "medium" if worth else "info"
 
 
-def fit_tags(kind: str, training: bool, vendor: Vendor) -> list[str]:
-    """Tags that fit the book's fix to the program: element-wise kernels in a program the trace shows training (an
-    optimizer step or a backward pass: the optimizer's per-parameter kernels may be among them), and any kind on AMD
-    (NVIDIA's hardware and libraries are foreign there)."""
-    return [f"{kind}-training"] * (kind == "elementwise" and training) + [f"{kind}-amd"] * (vendor == AMD)
+def fit_tags(kind: str, training: bool, vendor: Vendor, library: str | None) -> list[str]:
+    """Tags that fit the book's fix to the program: a GEMM that no vendor library's names claim (a Triton or
+    hand-written kernel: library tuning and precision flags do not reach it), element-wise kernels in a program the
+    trace shows training (an optimizer step or a backward pass: the optimizer's per-parameter kernels may be among
+    them), and any kind on AMD (NVIDIA's hardware and libraries are foreign there)."""
+    own_gemm = kind.startswith("gemm") and library is None
+    return (["gemm-own"] * own_gemm + [f"{kind}-training"] * (kind == "elementwise" and training)
+            + [f"{kind}-amd"] * (vendor == AMD))
 
 
 def statement(hot: Hot, kernels: list[KernelFill], command: str | None, vendor: Vendor = NVIDIA,
@@ -237,7 +240,8 @@ def statement(hot: Hot, kernels: list[KernelFill], command: str | None, vendor: 
              f"{vendor.profiler}: `{ncu}`")
     return Finding(root_cause="kernel-hotspot", severity=_severity(hot, kernel), title=title,
                    evidence={**evidence, "ncu": ncu}, time_at_stake_ns=0, device=hot.device,
-                   tags=[hot.kind, *fit_tags(hot.kind, training, vendor), *(["launch-shape"] if waste else [])])
+                   tags=[hot.kind, *fit_tags(hot.kind, training, vendor, library_of(hot.name, hot.short_name)),
+                         *(["launch-shape"] if waste else [])])
 
 
 SEVERITY_ORDER: tuple[Severity, ...] = ("info", "medium", "high")
