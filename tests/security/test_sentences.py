@@ -286,3 +286,18 @@ def test_sentences_weak_token_stops_the_server_at_start_with_one_line(tmp_path):
     done = subprocess.run([*CLI, "serve", "--transport", "http", "--token", "x", "--root", str(tmp_path)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "too weak to guard the server" in done.stderr
+
+
+@pytest.mark.anyio
+async def test_sentences_errors_do_not_name_the_servers_own_folders(tmp_path, monkeypatch):
+    """The build's out-of-memory sentence names where it spills (the cache folder): a client is told it in words."""
+    monkeypatch.setenv("STALLHOUND_BUILD_MEMORY_MB", "1")
+    root, cache = tmp_path / "root", tmp_path / "private-cache"
+    root.mkdir()
+    server = build_server([root], cache_dir=cache)
+    async with Client(server) as client:
+        result = await client.call_tool("load_profile", {"path": str(_copy(root, "good.sqlite"))})
+    message = text_of(result)
+    said_once(message)
+    assert "ran out of memory" in message and "the server's cache folder" in message, message
+    assert "private-cache" not in message

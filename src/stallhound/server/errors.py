@@ -9,8 +9,10 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mcp.server.context import ServerRequestContext
@@ -58,32 +60,42 @@ def unforeseen(what: str, given: dict[str, Any], exc: BaseException) -> str:
             "persists report it with the server's log")
 
 
+Hide = Callable[[str], str]  # a message without the server's own folders (StallhoundMCP.hidden)
+
+
+def private_folders(folders: dict[Path, str], roots: list[Path]) -> dict[str, str]:
+    """The server's own folders (its cache, its temporary folder) a message may name, each -> the words a client is
+    told instead; a folder holding a root is left as it is, as the client was told the roots."""
+    return {str(f): words for f, words in folders.items() if not any(r.is_relative_to(f) for r in roots)}
+
+
 @contextmanager
-def converted(to_mcp: MakeError, what: str = "the call", given: dict[str, Any] | None = None) -> Iterator[None]:
-    """Inside the block, a StallhoundError is raised as to_mcp(its sentence), and any other exception (but the SDK's
-    own MCP errors) as to_mcp(`unforeseen`'s sentence about `what` on the arguments `given`)."""
+def converted(to_mcp: MakeError, what: str = "the call", given: dict[str, Any] | None = None,
+              hide: Hide = str) -> Iterator[None]:
+    """Inside the block, a StallhoundError is raised as to_mcp(its sentence, `hide`'s), and any other exception (but
+    the SDK's own MCP errors) as to_mcp(`unforeseen`'s sentence about `what` on the arguments `given`)."""
     try:
         yield
     except StallhoundError as exc:
-        raise to_mcp(said(str(exc))) from exc
+        raise to_mcp(said(hide(str(exc)))) from exc
     except (MCPError, ToolError, ResourceError):
         raise
     except Exception as exc:  # noqa: BLE001 - every defect of ours ends as one sentence, its traceback logged
         raise to_mcp(unforeseen(what, given or {}, exc)) from exc
 
 
-def converting(fn: F, to_mcp: MakeError, what: str = "the call") -> F:
+def converting(fn: F, to_mcp: MakeError, what: str = "the call", hide: Hide = str) -> F:
     """`fn` (sync or async, its signature kept for the SDK) with its errors `converted` (`what` names it in an
     unforeseen error's sentence); it names `to_mcp` as `converts_to`, which tests read."""
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
-            with converted(to_mcp, what, kwargs):
+            with converted(to_mcp, what, kwargs, hide):
                 return await fn(*args, **kwargs)
     else:
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            with converted(to_mcp, what, kwargs):
+            with converted(to_mcp, what, kwargs, hide):
                 return fn(*args, **kwargs)
     wrapped.converts_to = to_mcp  # type: ignore[attr-defined]
     return wrapped  # type: ignore[return-value]
@@ -98,20 +110,28 @@ class StallhoundMCP(MCPServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.handlers: dict[tuple[str, str], Callable[..., Any]] = {}
+        self.private: dict[str, str] = {}  # private_folders, set by build_server
         super().__init__(*args, **kwargs)  # registers the extensions' tools, through add_tool
+
+    def hidden(self, message: str) -> str:
+        """`message` with each of the server's own folders, and what follows it in the same path, in words: a
+        client has no business with paths outside the roots."""
+        for folder, words in self.private.items():
+            message = re.sub(re.escape(folder) + r"[^\s:;,()]*", words, message)
+        return message
 
     def add_tool(self, fn: Callable[..., Any], name: str | None = None, title: str | None = None,
                  description: str | None = None, annotations: ToolAnnotations | None = None,
                  icons: list[Icon] | None = None, meta: dict[str, Any] | None = None,
                  structured_output: bool | None = None) -> None:
-        handler = converting(fn, AS_TOOL_ERROR, name or fn.__name__)
+        handler = converting(fn, AS_TOOL_ERROR, name or fn.__name__, self.hidden)
         self.handlers["tool", name or fn.__name__] = handler
         super().add_tool(handler, name=name, title=title, description=description, annotations=annotations,
                          icons=icons, meta=meta, structured_output=structured_output)
 
     def resource(self, uri: str, **kwargs: Any) -> Callable[[F], F]:
         def register(fn: F) -> F:
-            self.handlers["resource", uri] = handler = converting(fn, AS_RESOURCE_ERROR, f"reading {uri}")
+            self.handlers["resource", uri] = handler = converting(fn, AS_RESOURCE_ERROR, f"reading {uri}", self.hidden)
             super(StallhoundMCP, self).resource(uri, **kwargs)(handler)
             return fn
         return register
@@ -120,7 +140,7 @@ class StallhoundMCP(MCPServer):
                icons: list[Icon] | None = None) -> Callable[[F], F]:
         def register(fn: F) -> F:
             self.handlers["prompt", name or fn.__name__] = handler = converting(
-                fn, AS_PROMPT_ERROR, f"the prompt {name or fn.__name__}")
+                fn, AS_PROMPT_ERROR, f"the prompt {name or fn.__name__}", self.hidden)
             super(StallhoundMCP, self).prompt(name, title=title, description=description, icons=icons)(handler)
             return fn
         return register
