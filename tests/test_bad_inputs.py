@@ -113,6 +113,17 @@ PATH_CASES = {
 }
 
 
+def _zero_page(path: Path, table: str) -> Path:
+    """`path` with the first page of `table` (its root, from sqlite_master) overwritten with zeros."""
+    with sqlite3.connect(path) as con:
+        size, = con.execute("PRAGMA page_size").fetchone()
+        root, = con.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", [table]).fetchone()
+    con.close()
+    data = bytearray(path.read_bytes())
+    data[(root - 1) * size: root * size] = bytes(size)
+    return _write(path, bytes(data))
+
+
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
@@ -173,11 +184,12 @@ LOADED_CASES = {
                       f"the export's {KERNEL} table has no column start (renamed or written by another tool), so its "
                       "2 rows were left out", ALL),
     "short_name_renamed": (MOCK, _rename("shortName", "short"), f"{KERNEL} table has no column shortName", ALL),
-    "null_start": (MOCK, _kernel_times("start = NULL"),
-                   "1 of 2 kernels rows were left out because their times are damaged (1 without a start time)", 1),
+    "null_start": (MOCK, _kernel_times("start = NULL"), "1 of 2 kernels rows were left out because their times or "
+                                                        "ids are damaged (1 without a start time)", 1),
     "null_end": (MOCK, _kernel_times('"end" = NULL'), "(1 without an end time)", 1),
     "negative_time": (MOCK, _kernel_times("start = -5"), "(1 with a negative time)", 1),
     "end_before_start": (MOCK, _kernel_times('"end" = start - 1000'), "(1 ending before they start)", 1),
+    "text_in_a_time_column": (MOCK, _kernel_times("start = 'abc'"), "read cell by cell", 1),
     "wal_mode": (MOCK, lambda p: _alter(p, "PRAGMA journal_mode=WAL"), None, 0),
     "non_utf8_nvtx_text": (NVTX_FIXTURE, lambda p: _alter(
         p, "UPDATE NVTX_EVENTS SET text = CAST(x'ff41e9' AS TEXT) WHERE rowid % 3 = 0 AND text IS NOT NULL"), None, 0),
@@ -247,7 +259,7 @@ def test_bad_inputs_non_utf8_nvtx_text_is_kept_as_escapes(tmp_path):
 
 REFUSED_CASES = {
     "string_table_dropped": (_drop("StringIds"), "has no readable StringIds table"),
-    "text_in_a_time_column": (_kernel_times("start = 'abc'"), "is not a readable SQLite database (Mismatch Type Error"),
+    "zeroed_string_table": (lambda p: _zero_page(p, "StringIds"), "is not a readable SQLite database"),
     "truncated_half_way": (lambda p: _write(p, p.read_bytes()[: p.stat().st_size // 2]),
                            "is not a readable SQLite database"),
 }

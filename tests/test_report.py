@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,26 @@ def test_report_real_fixture_matches_the_export_and_writes_nothing_beside_it(tmp
     assert sorted((int(d), lane) for d, lane in LANE.findall(after)) == sorted(k for k, v in raw.items() if v)
     assert after.count('class="gap"') == len(data["gaps"]) and (len(data["gaps"]) > 0) is some_gaps
     assert [d["device"] for d in data["devices"]] == devices
+
+
+HOSTILE_NAME = "<!--<script>gemm</script><!--"  # HTML's escaped state: unescaped, the data block runs on past its end
+
+
+def test_report_kernel_named_like_html_keeps_its_timeline(tmp_path, cache_root):
+    """A kernel named `<!--<script>...` (any name an export holds) is embedded so that the page parses: the data block
+    reads back with the name as it was, and the timeline draws its lanes without an error."""
+    path = tmp_path / "hostile.sqlite"
+    shutil.copyfile(FIXTURES / "nsysai_mock.sqlite", path)
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE StringIds SET value = ? WHERE id IN (SELECT shortName FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                    "UNION SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL)", [HOSTILE_NAME])
+    con.close()
+    out, html = _report(tmp_path, cache_root, str(path))
+    (data,) = _embedded(html)
+    assert HOSTILE_NAME in json.dumps(data) and "<!--" not in html.split('id="timeline-0">')[1].split("</script>")[0]
+    after = _drawn(out)
+    raw = raw_lanes(path, data["scope"]["start_ns"], data["scope"]["end_ns"])
+    assert sorted((int(d), lane) for d, lane in LANE.findall(after)) == sorted(k for k, v in raw.items() if v) != []
 
 
 def test_report_diff_of_a_synth_pair_shows_both_sides_and_the_verdict(synth_pair, tmp_path, cache_root):

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from stallhound.model.errors import BadParam
 from stallhound.server import budget
-from stallhound.server.validation import explain, unknown_arguments
+from stallhound.server.validation import explain, out_of_range, unknown_arguments
 
 
 def parse_params(module: ModuleType, profile: str, pairs: list[str], as_field: str = "profile",
@@ -27,9 +27,12 @@ def parse_params(module: ModuleType, profile: str, pairs: list[str], as_field: s
     if unknown:
         raise BadParam(unknown_arguments(unknown, valid))
     try:
-        return module.Params.model_validate_strings(values)
+        params = module.Params.model_validate_strings(values)
     except ValidationError as exc:
         raise BadParam(explain(exc, module.Params.model_json_schema())) from exc
+    if (beyond := out_of_range(dict(params), module.Params.model_json_schema())) is not None:
+        raise BadParam(beyond)
+    return params
 
 
 def print_fitted(result: BaseModel, module: ModuleType, params: BaseModel, form: str = "text") -> BaseModel:

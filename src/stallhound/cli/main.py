@@ -12,15 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from typing import Any
 
 import stallhound
 from stallhound.cli import diff, job, report, serve, synth, tool
 from stallhound.cli.arguments import WRITERS
 from stallhound.model import allocator
-from stallhound.model.errors import StallhoundError
+from stallhound.model.errors import StallhoundError, said
 
 EXIT_USAGE = 2
+EXIT_DEFECT = 70  # sysexits' EX_SOFTWARE: an error of ours, not of the input
+DEBUG_ENV = "STALLHOUND_DEBUG"  # set to print an unforeseen error's traceback below its sentence
 SUBCOMMANDS = (serve, tool, diff, job, report, synth)
 
 
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except StallhoundError as exc:
-        print(f"stallhound: error: {exc}", file=sys.stderr)
+        print(f"stallhound: error: {said(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("stallhound: interrupted", file=sys.stderr)
@@ -60,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `stallhound ... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as exc:  # noqa: BLE001 - a defect of ours: one line, the traceback on request
+        print(f"stallhound: error: {args.command} failed with an error stallhound did not foresee "
+              f"({type(exc).__name__}); check the input, and report it with the traceback that {DEBUG_ENV}=1 prints",
+              file=sys.stderr)
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        return EXIT_DEFECT
 
 
 if __name__ == "__main__":

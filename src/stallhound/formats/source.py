@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from stallhound.formats import registry
-from stallhound.model.errors import NotAProfile, ProfileNotFound
+from stallhound.model.errors import NotAProfile, ProfileNotFound, echo
 
 
 def profile_files() -> str:
@@ -34,19 +34,19 @@ def check_file(path: Path) -> Path:
     path = Path(path).expanduser()
     try:
         if not path.exists():
-            raise ProfileNotFound(f"{path} does not exist; pass the path of a profile: {profile_files()}")
+            raise ProfileNotFound(f"{echo(path)} does not exist; pass the path of a profile: {profile_files()}")
         if path.is_dir():
-            raise NotAProfile(f"{path} is a directory; pass one profile inside it: {profile_files()}")
+            raise NotAProfile(f"{echo(path)} is a directory; pass one profile inside it: {profile_files()}")
         path = path.resolve()
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop; ValueError: a NUL byte
-        raise ProfileNotFound(f"{path} cannot be opened ({getattr(exc, 'strerror', None) or exc}); check the path "
-                              "and its permissions") from exc
+        raise ProfileNotFound(f"{echo(path)} cannot be opened ({getattr(exc, 'strerror', None) or exc}); check the "
+                              "path and its permissions") from exc
     with os.fdopen(fd, "rb"):
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotAProfile(f"{path} is not a regular file (a device, FIFO or socket); pass a profile: "
+            raise NotAProfile(f"{echo(path)} is not a regular file (a device, FIFO or socket); pass a profile: "
                               f"{profile_files()}")
         if st.st_size == 0:
-            raise NotAProfile(f"{path} is empty (0 bytes); {empty_advice(path)}")
+            raise NotAProfile(f"{echo(path)} is empty (0 bytes); {empty_advice(path)}")
     return path

@@ -1,8 +1,44 @@
 """Every named error, in one place. Each message is one sentence: what was wrong and what to do next.
 
 The server turns any StallhoundError into an MCP error (or the CLI into one line on stderr) in one place;
-the classes tell callers and tests what went wrong, by layer.
+the classes tell callers and tests what went wrong, by layer. `echo` is how a message repeats what it was given,
+and `said` how any message leaves us: both keep an answer to one short line whatever the input.
 """
+
+import re
+
+MAX_ECHO_CHARS = 200  # of an input repeated in an error: enough to recognise a path or a value, never a pasted file
+# Of a whole error: the longest worded ones list what is valid (the book's ids, about 900 characters).
+MAX_SAID_CHARS = 2000
+ELLIPSIS = "\u2026"
+LONG_RUN = re.compile(rf"\S{{{MAX_ECHO_CHARS + 1},}}")  # an unbroken run longer than an echo: a pasted input
+ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")  # a native address (a DuckDB INTERNAL error's backtrace)
+
+
+def _one_line(text: str) -> str:
+    """Control characters (a newline in a path, a NUL, raw bytes) as escapes, so the text stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _cut(text: str, limit: int) -> str:
+    """At most `limit` characters, cut in the middle so that a path keeps its file name."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return f"{text[:head]}{ELLIPSIS}{text[len(text) - (limit - 1 - head):]}"
+
+
+def echo(value: object) -> str:
+    """`value` as an error repeats it: one line, at most MAX_ECHO_CHARS."""
+    return _cut(_one_line(str(value)), MAX_ECHO_CHARS)
+
+
+def said(message: str) -> str:
+    """A message as it leaves the server or the CLI: one line, no native addresses, each unbroken run (a path, a
+    number, pasted bytes) at most MAX_ECHO_CHARS, the whole at most MAX_SAID_CHARS."""
+    text = ADDRESS.sub("0x\u2026", _one_line(message.strip()))
+    text = LONG_RUN.sub(lambda m: _cut(m.group(0), MAX_ECHO_CHARS), text)
+    return _cut(text, MAX_SAID_CHARS)
 
 
 class StallhoundError(Exception):
@@ -95,6 +131,10 @@ class ResultTooLarge(InvalidRequest):
 
 class InsecureBind(StallhoundError):
     """HTTP on a non-loopback address without a bearer token."""
+
+
+class WeakToken(StallhoundError):
+    """A bearer token too short, too repetitive or with whitespace to guard the server."""
 
 
 class ClientGone(StallhoundError):

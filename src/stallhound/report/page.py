@@ -32,7 +32,9 @@ def _document(title: str, body: str, scripts: tuple[str, ...], last: str = "") -
 
 
 def _data(element_id: str, value: object) -> str:
-    text = json.dumps(value, separators=(",", ":")).replace("</", "<\\/")  # no early end of the script element
+    # every "<" as JSON's \u003c: neither "</script" nor "<!--" then "<script" (HTML's escaped state, which runs the
+    # element past its end) can occur in the data, whatever a kernel or range is named
+    text = json.dumps(value, separators=(",", ":")).replace("<", "\\u003c")
     return f'<script type="application/json" id="{element_id}">{text}</script>'
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,11 +16,12 @@ from pydantic import BaseModel, Field
 
 from stallhound import __version__
 from stallhound.analysis.contracts import run_skill
+from stallhound.model import cache
 from stallhound.model.errors import NoLoadUnderWay
 from stallhound.server import ui
 from stallhound.server.builds import follow
 from stallhound.server.cancel import run_on_cursor
-from stallhound.server.errors import StallhoundMCP
+from stallhound.server.errors import StallhoundMCP, private_folders
 from stallhound.server.http import bearer_auth
 from stallhound.server.job_tools import register_job_tools
 from stallhound.server.jobs import JobStore
@@ -126,6 +128,8 @@ def build_server(roots: list[Path], cache_dir: Path | None = None, use_cache: bo
                        extensions=[ui.extension(viewed, annotations=READ_ONLY, structured_output=True), Tasks()],
                        lifespan=tasks_lifespan)
     mcp.store = store  # for resources, prompts and tests
+    mcp.private = private_folders({store.cache_dir or cache.cache_dir(): "the server's cache folder",
+                                   Path(tempfile.gettempdir()): "the server's temporary folder"}, store.roots)
     add_tools(mcp, {name: m for name, m in modules.items() if name not in ui.VIEWS}, single)  # the viewed ones:
     add_tools(mcp, pair_tools(), pair)  # registered with their view by the extension
     _register_profile_tools(mcp, store, modules["profile_summary"])

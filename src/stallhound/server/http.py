@@ -14,9 +14,14 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
 
-from stallhound.model.errors import InsecureBind
+from stallhound.model.errors import InsecureBind, WeakToken
 
 TOKEN_ENV = "STALLHOUND_TOKEN"
+# A token is all that guards a server reachable from other machines: 16 characters of `secrets.token_urlsafe()` carry
+# 96 bits, beyond guessing over a network; fewer, or a few characters repeated, can be guessed.
+MIN_TOKEN_CHARS = 16
+MIN_TOKEN_DISTINCT = 8
+MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe())'"
 LOOPBACK_NAMES = ("localhost",)
 CLIENT_ID = "stallhound-token"  # the one principal a static token stands for
 
@@ -33,10 +38,20 @@ class StaticToken:
         return None
 
 
+def check_token(token: str) -> None:
+    """Refuse a token that cannot guard the server (its length and characters, never its text, are said)."""
+    if len(token) < MIN_TOKEN_CHARS or len(set(token)) < MIN_TOKEN_DISTINCT or not token.isprintable() or any(
+            c.isspace() for c in token):
+        raise WeakToken(f"the bearer token ({len(token)} characters, {len(set(token))} different) is too weak to guard "
+                        f"the server: use at least {MIN_TOKEN_CHARS} characters, {MIN_TOKEN_DISTINCT} of them "
+                        f"different, no spaces, as `{MAKE_TOKEN}` makes, in --token or ${TOKEN_ENV}")
+
+
 def bearer_auth(token: str | None) -> dict[str, Any]:
-    """MCPServer arguments that make every HTTP request carry `token` (none: no auth)."""
+    """MCPServer arguments that make every HTTP request carry `token` (none: no auth); a weak token is refused."""
     if not token:
         return {}
+    check_token(token)
     # The SDK's auth settings name an OAuth issuer; a static token has none to advertise, and without
     # resource_server_url the SDK publishes no metadata, so this URL is never served or followed.
     settings = AuthSettings(issuer_url="http://localhost", resource_server_url=None)
@@ -53,6 +68,8 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, token: str | None) -> None:
+    if token:
+        check_token(token)
     if not token and not is_loopback(host):
         raise InsecureBind(f"binding {host} exposes the server beyond this machine: set a bearer token with "
                            f"--token or ${TOKEN_ENV}, or bind 127.0.0.1")

@@ -79,14 +79,15 @@ def _register_loaded(mcp: StallhoundMCP, store: ProfileStore) -> None:
             return run_skill(cur, profile_summary, profile_summary.Params(profile=id)).model_dump_json(indent=1)
 
     @mcp.completion()
-    async def complete(ref, argument, context):
+    async def complete(ref, argument, context, ctx: Context):
+        mine = sorted(session_of(store, ctx).ids)  # only the caller's: another session's ids are its own business
         if isinstance(ref, ResourceTemplateReference):
-            options = {"id": list(book.load_book()) if "book" in ref.uri else store.all_ids(),
+            options = {"id": list(book.load_book()) if "book" in ref.uri else mine,
                        "phase": list(book.PHASES)}.get(argument.name, [])
         elif isinstance(ref, PromptReference) and argument.name == "finding":
             options = list(book.load_book())
         elif isinstance(ref, PromptReference) and argument.name in ("profile", "before", "after"):
-            options = store.all_ids()
+            options = mine
         else:
             return None
         matches = [o for o in options if o.startswith(argument.value or "")]

@@ -15,7 +15,7 @@ from typing import cast
 
 from stallhound.formats import Profile, open_profile
 from stallhound.model.cache import Progress
-from stallhound.model.errors import InvalidRequest, OutsideRoots, ProfileNotFound, UnknownProfile
+from stallhound.model.errors import InvalidRequest, OutsideRoots, ProfileNotFound, UnknownProfile, echo
 from stallhound.server.builds import Build, Builds, Ticket
 from stallhound.server.sessions import Session
 
@@ -69,12 +69,12 @@ class ProfileStore:
     def check_allowed(self, path: Path) -> Path:
         """The absolute, symlink-free path of `path` (relative ones are taken from the first root) when it lies
         inside one of the roots; a one-sentence error for URLs, NUL bytes, unresolvable paths and the rest."""
-        given, listed = str(path), ", ".join(str(r) for r in self.roots)
+        given, listed = echo(path), ", ".join(str(r) for r in self.roots)
         if URL_SCHEME.match(given):
             raise OutsideRoots(f"{given} is a URL; stallhound reads local files only: pass the path of the file "
                                f"inside the allowed roots ({listed})")
-        if "\0" in given:
-            raise InvalidRequest(f"the path {given!r} contains a NUL byte; pass a plain file path")
+        if "\0" in str(path):
+            raise InvalidRequest(f"the path {given} contains a NUL byte; pass a plain file path")
         full = path.expanduser()
         try:
             full = (full if full.is_absolute() else self.roots[0] / full).resolve()
@@ -83,9 +83,9 @@ class ProfileStore:
             raise ProfileNotFound(f"{given} cannot be resolved ({getattr(exc, 'strerror', None) or exc}); "
                                   "pass the path of an existing file") from exc
         if not any(full.is_relative_to(root) for root in self.roots):
-            resolved = "" if str(full) == given else f" (it resolves to {full})"
-            raise OutsideRoots(f"{given}{resolved} is outside the allowed roots ({listed}); move the "
-                               "profile there or start the server with --root pointing at its folder")
+            # where a link leads outside the roots is not said: it would tell what lies there
+            raise OutsideRoots(f"{given} is outside the allowed roots ({listed}); move the profile there or start "
+                               "the server with --root pointing at its folder")
         return full
 
     def open_session(self, name: str) -> Session:
@@ -234,11 +234,6 @@ class ProfileStore:
         """(id, path, fingerprint) of each profile this session loaded."""
         with self.lock:
             return [(pid, path, session.fingerprints[pid]) for pid, path in session.ids.items()]
-
-    def all_ids(self) -> list[str]:
-        """Every session's ids, for completions (the SDK gives completion handlers no session)."""
-        with self.lock:
-            return sorted({pid for s in self.sessions for pid in s.ids})
 
     def open_bytes(self) -> int:
         with self.lock:

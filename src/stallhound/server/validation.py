@@ -12,6 +12,8 @@ from typing import Any
 from pydantic import ValidationError
 
 MAX_SHOWN_CHARS = 60  # of a rejected value echoed back: enough to recognise it, not a pasted query
+# Integers a tool passes on to DuckDB (BIGINT) or Python's C code: JSON has no bound, 10**400 parses.
+INT64_MAX = 2**63 - 1
 
 
 def shown(value: Any) -> str:
@@ -86,6 +88,31 @@ def explain(error: ValidationError, schema: dict[str, Any]) -> str:
         else:
             parts[name] = f"{name} must be {expected(spec)} (got {shown(err['input'])})"
     return "; ".join(parts.values())
+
+
+def _too_big(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_too_big(v) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX
+
+
+def _capped(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` with its integer arms bounded to 64 bits, as the message words what is valid."""
+    def cap(arm: dict[str, Any]) -> dict[str, Any]:
+        if arm.get("type") != "integer":
+            return arm
+        return {**arm, "maximum": min(arm.get("maximum", INT64_MAX), INT64_MAX),
+                "minimum": max(arm.get("minimum", -INT64_MAX - 1), -INT64_MAX - 1)}
+    return {**spec, "anyOf": [cap(a) for a in spec["anyOf"]]} if "anyOf" in spec else cap(spec)
+
+
+def out_of_range(arguments: dict[str, Any], schema: dict[str, Any]) -> str | None:
+    """One line naming the first argument holding an integer beyond 64 bits (no profile's figure is), or None."""
+    properties = schema.get("properties", {})
+    for name, value in arguments.items():
+        if _too_big(value):
+            return f"{name} must be {expected(_capped(properties.get(name, {})))} (got {shown(value)})"
+    return None
 
 
 def unknown_arguments(given: list[str], valid: list[str], what: str = "this tool") -> str:

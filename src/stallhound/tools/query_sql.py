@@ -105,6 +105,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     except duckdb.InterruptException as exc:
         raise QueryRefused(f"the query ran past {params.timeout_s:g} s and was stopped; aggregate more or add "
                            "a WHERE on start_ns") from exc
+    except duckdb.OutOfMemoryException:
+        raise  # worded by model.limits.model_memory, which names our setting, not DuckDB's SET memory_limit
     except duckdb.Error as exc:
         raise QueryRefused(f"the query failed ({sql_error(exc)}); describe_schema lists the tables and "
                            "their columns") from exc

@@ -14,7 +14,15 @@ import duckdb
 from stallhound.formats.base import Format
 from stallhound.formats.nsys import build as export_build
 from stallhound.formats.nsys.hardware import OPTIONS
-from stallhound.formats.nsys.raw import ROLLBACK_MODE, SQLITE_MAGIC, WAL_VERSION_OFFSET, RawExport, damaged, is_wal_mode
+from stallhound.formats.nsys.raw import (
+    ROLLBACK_MODE,
+    SQLITE_MAGIC,
+    WAL_VERSION_OFFSET,
+    RawExport,
+    damaged,
+    is_wal_mode,
+    raw_malformed,
+)
 from stallhound.formats.nsys.report import REPORT_SUFFIXES, convert_report
 from stallhound.model.cache import Progress
 
@@ -23,7 +31,15 @@ TRACE = "--trace="  # the option whose values one capture lists together: --trac
 # What DuckDB or SQLite raise when the export's content cannot be read (truncated pages, invalid text or
 # values of the wrong type); our own SQL errors (binder, catalog) are not among them.
 DAMAGE_ERRORS = (sqlite3.DatabaseError, duckdb.IOException, duckdb.InvalidInputException,
-                 duckdb.TypeMismatchException, duckdb.ConversionException)
+                 duckdb.TypeMismatchException, duckdb.ConversionException, duckdb.OutOfRangeException)
+# Builds of one export at most: the first as it is, then read loosely (RawExport.recover), then without the tables
+# whose pages are damaged; each retry leaves out more, so the last one either loads what is readable or is refused.
+BUILD_TRIES = 3
+
+
+def _content_error(exc: Exception) -> bool:
+    """Whether a failed build's error is about the export's content (a damaged page, a cell of the wrong type)."""
+    return isinstance(exc, DAMAGE_ERRORS) or raw_malformed(exc)
 
 
 def is_export(path: Path) -> bool:
@@ -52,7 +68,15 @@ def build_export(sqlite_path: Path, out: Path, key: str, progress: Progress | No
     try:
         if is_wal_mode(sqlite_path):
             raw.scan_path = _scan_copy(sqlite_path, out.parent)
-        export_build.build(raw, out, key, progress, cancelled)
+        for tries_left in reversed(range(BUILD_TRIES)):
+            try:
+                export_build.build(raw, out, key, progress, cancelled)
+                return
+            except Exception as exc:
+                if not tries_left or not _content_error(exc) or not raw.recover(exc):
+                    raise
+                for leftover in (out, out.with_name(out.name + ".wal")):
+                    leftover.unlink(missing_ok=True)
     finally:
         raw.close()
         if raw.scan_path != sqlite_path:
@@ -65,7 +89,7 @@ def _prepare(path: Path, cache_dir: Path) -> Path:
 
 
 def _damaged(path: Path, exc: Exception) -> Exception | None:
-    return damaged(path, exc) if isinstance(exc, DAMAGE_ERRORS) else None
+    return damaged(path, exc) if _content_error(exc) else None
 
 
 def merged(options: list[str]) -> str:

@@ -71,7 +71,7 @@ class ActivityJoins(BuildSteps):
         return f'r."{name}"' if name in self.cols(table) else default
 
     def src(self, table: str) -> str:
-        return f'raw."{self.raw.real_name(table)}"'
+        return self.raw.scan(table)
 
     def activity(self, table: str, cur: duckdb.DuckDBPyConnection) -> str:
         """Where to read `table`'s rows: the raw table when its API join runs once, else a DuckDB copy of it,

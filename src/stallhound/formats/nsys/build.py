@@ -358,6 +358,8 @@ def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None
     b = Builder(raw, out, progress, cancelled)
     with b.running():
         load_sqlite_scanner(b.con)
+        if raw.loose:  # cells as text, cast as their columns declare (RawExport.scan)
+            b.sql("SET GLOBAL sqlite_all_varchar = true")
         b.sql(f"ATTACH '{_quote(raw.scan_path)}' AS raw (TYPE sqlite, READ_ONLY)")
         b.step("strings and enums")
         b.strings()

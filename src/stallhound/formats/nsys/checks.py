@@ -52,6 +52,16 @@ TIMED: dict[str, tuple[str, str | None]] = {
     "os_runtime": ("start_ns", "end_ns"), "nvtx": ("start_ns", None), "cpu_samples": ("time_ns", None),
     "sched": ("time_ns", None), "memory_usage": ("time_ns", None), "uvm_faults": ("start_ns", None),
 }
+# 2**53 ns after the session's origin (104 days): no capture runs that long, and past it a time is no longer exact as a
+# JSON number or a double, so sums and windows over it would be wrong; such a time is damage, as a negative one is.
+MAX_TIME_NS = 2**53
+# Model table -> the columns that name what a row is about (the device it ran on, the process that issued it): a row
+# without one cannot be attributed, and the tools and their results take them as always present.
+KEYED: dict[str, tuple[str, ...]] = {
+    "kernels": ("device_id", "pid"), "memcpy": ("device_id", "pid"), "memset": ("device_id", "pid"),
+    "graph_exec": ("device_id", "pid"), "sync": ("pid",), "cuda_api": ("pid", "tid"), "os_runtime": ("pid", "tid"),
+    "nvtx": ("pid", "tid"), "cpu_samples": ("pid", "tid"), "sched": ("pid", "tid"), "memory_usage": ("pid",),
+}
 LOAD_SEVERITY = "warning"  # figures still stand for the rest of the data
 
 # Text read by DuckDB's SQLite scanner as it is; bytes that are not UTF-8 become \xNN escapes (instead of
@@ -70,27 +80,45 @@ def left_out_note(table: str, missing: list[str], rows: int) -> str:
             "`nsys export --type sqlite` to get it back")
 
 
-def _bad_time_counts(con: duckdb.DuckDBPyConnection, table: str, start: str, end: str | None) -> tuple[int, ...]:
-    end_checks = (f"count(*) FILTER (WHERE {start} >= 0 AND {end} IS NULL)",
-                  f"count(*) FILTER (WHERE {start} >= 0 AND {end} < {start})") if end else ("0", "0")
-    return one_row(con.execute(f"SELECT count(*), count(*) FILTER (WHERE {start} IS NULL), "
-                               f"count(*) FILTER (WHERE {start} < 0), {', '.join(end_checks)} FROM {table}"))
+def damaged_note(table: str) -> str:
+    return (f"the export's {table} table is damaged (SQLite reports its pages as malformed), so its rows were left out "
+            "and that data reads as missing; re-export the report with `nsys export --type sqlite` to get it back")
 
 
-def drop_untimed_rows(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Delete rows that cannot be placed on the timeline (see TIMED); one note per table that had any."""
+def _faults(table: str) -> list[tuple[str, str]]:
+    """(SQL condition, why) of each way a row of `table` can be damaged, as the note words it."""
+    start, end = TIMED[table]
+    faults = [(f"{start} IS NULL", "without a start time"), (f"{start} < 0", "with a negative time"),
+              (f"{start} > {MAX_TIME_NS}", "with a time beyond 104 days")]
+    if end:
+        faults += [(f"{end} IS NULL", "without an end time"), (f"{end} > {MAX_TIME_NS}", "ending beyond 104 days"),
+                   (f"{end} < {start}", "ending before they start")]
+    return faults + [(f"{key} IS NULL", f"without a {KEY_WORDS[key]}") for key in KEYED.get(table, ())]
+
+
+KEY_WORDS = {"device_id": "device", "pid": "process id", "tid": "thread id"}
+
+
+def _first_fault_counts(con: duckdb.DuckDBPyConnection, table: str, faults: list[tuple[str, str]]) -> tuple[int, ...]:
+    """Rows of `table`, then the rows each fault counts that no earlier fault did (each row counted once)."""
+    counts = [f"count(*) FILTER (WHERE ({cond}) AND NOT coalesce({' OR '.join(c for c, _ in faults[:i]) or 'false'}, "
+              f"false))" for i, (cond, _) in enumerate(faults)]
+    return one_row(con.execute(f"SELECT count(*), {', '.join(counts)} FROM {table}"))
+
+
+def drop_damaged_rows(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Delete rows that cannot be placed on the timeline or attributed (TIMED, MAX_TIME_NS, KEYED); one note per table
+    that had any."""
     notes = []
-    for table, (start, end) in TIMED.items():
-        total, no_start, negative, no_end, reversed_ = _bad_time_counts(con, table, start, end)
-        dropped = no_start + negative + no_end + reversed_
+    for table in TIMED:
+        faults = _faults(table)
+        total, *counts = _first_fault_counts(con, table, faults)
+        dropped = sum(counts)
         if not dropped:
             continue
-        where = f"{start} IS NULL OR {start} < 0" + (f" OR {end} IS NULL OR {end} < {start}" if end else "")
-        con.execute(f"DELETE FROM {table} WHERE {where}")
-        counts = ((no_start, "without a start time"), (negative, "with a negative time"),
-                  (no_end, "without an end time"), (reversed_, "ending before they start"))
-        reasons = [f"{n:,} {why}" for n, why in counts if n]
-        notes.append(f"{dropped:,} of {total:,} {table} rows were left out because their times are damaged "
+        con.execute(f"DELETE FROM {table} WHERE {' OR '.join(f'coalesce({c}, false)' for c, _ in faults)}")
+        reasons = [f"{n:,} {why}" for n, (_, why) in zip(counts, faults, strict=True) if n]
+        notes.append(f"{dropped:,} of {total:,} {table} rows were left out because their times or ids are damaged "
                      f"({', '.join(reasons)}), so figures cover the other {total - dropped:,}; re-export the report "
                      "with `nsys export --type sqlite` if this persists")
     return notes
@@ -104,5 +132,5 @@ def record(con: duckdb.DuckDBPyConnection, notes: list[str]) -> None:
 
 
 def clean(con: duckdb.DuckDBPyConnection, raw_notes: list[str]) -> None:
-    """After the scan, before devices and windows are derived: drop untimed rows, record every note."""
-    record(con, [*raw_notes, *drop_untimed_rows(con)])
+    """After the scan, before devices and windows are derived: drop damaged rows, record every note."""
+    record(con, [*raw_notes, *drop_damaged_rows(con)])

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import overload
 from urllib.parse import quote
 
-from stallhound.formats.nsys.checks import ESSENTIAL_TABLES, left_out_note, missing_columns
-from stallhound.model.errors import NotAProfile
+from stallhound.formats.nsys.checks import ESSENTIAL_TABLES, MAX_TIME_NS, damaged_note, left_out_note, missing_columns
+from stallhound.model.errors import NotAProfile, echo
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Header bytes 18 and 19 (file format write and read versions): 2 means WAL journal mode, 1 the rollback journal.
@@ -54,6 +54,34 @@ BUILTIN_ENUMS: dict[str, dict[int, str]] = {
 }
 
 
+# Read loosely (every cell as text, then cast as its column declares: a cell of the wrong type reads as NULL and its
+# row is dropped and counted by checks.drop_damaged_rows), columns declared with no type that hold text.
+TEXT_COLUMNS = ("text", "value", "name")
+TIME_COLUMNS = ("start", "end", "timestamp")  # bounded by checks.MAX_TIME_NS, so that no duration overflows
+LOOSE_NOTE = ("some cells of the export's tables hold values of another type than their column's (text or a fraction "
+              "where nsys writes whole numbers), or columns declare no type: it was read cell by cell, and rows whose "
+              "times or ids did not read are counted below")
+MALFORMED = "malformed"  # in SQLite's (and DuckDB's scanner's) message for a damaged page
+
+
+def raw_malformed(exc: Exception) -> bool:
+    """Whether SQLite (or DuckDB's scanner) found a damaged page."""
+    return MALFORMED in str(exc)
+
+
+def typed(name: str, declared: str) -> str:
+    """The SELECT item that reads a loosely read (text) column as the type it declares."""
+    quoted, decl = f'"{name}"', declared.upper()
+    if any(k in decl for k in ("CHAR", "CLOB", "TEXT")) or (not decl and name in TEXT_COLUMNS):
+        return quoted
+    if any(k in decl for k in ("REAL", "FLOA", "DOUB")):
+        return f"TRY_CAST({quoted} AS DOUBLE) AS {quoted}"
+    number = f"TRY_CAST({quoted} AS BIGINT)"
+    if name in TIME_COLUMNS:
+        return f"CASE WHEN {number} BETWEEN -{MAX_TIME_NS} AND {MAX_TIME_NS} THEN {number} END AS {quoted}"
+    return f"{number} AS {quoted}"
+
+
 @overload
 def decode_text(value: bytes | str) -> str: ...
 @overload
@@ -71,7 +99,7 @@ def decode_text(value: object) -> object:
 def damaged(path: Path, exc: Exception) -> NotAProfile:
     """The one-sentence error for an export SQLite or DuckDB failed to read part of."""
     lines = str(exc).strip().splitlines()
-    return NotAProfile(f"{path} is not a readable SQLite database ({lines[0] if lines else type(exc).__name__}): "
+    return NotAProfile(f"{path} is not a readable SQLite database ({echo(lines[0]) if lines else type(exc).__name__}): "
                        "it may be truncated, damaged or still being written; re-export it with "
                        "`nsys export --type sqlite`")
 
@@ -95,6 +123,7 @@ class RawExport:
         self.path = path
         self.scan_path = path
         self.notes: list[str] = []
+        self.loose = False  # read every table cell by cell (see `typed`): some cells or columns are not as declared
         uri = f"file:{quote(str(path))}?mode=ro&immutable=1"
         try:
             self.con = sqlite3.connect(uri, uri=True, check_same_thread=False)
@@ -128,6 +157,48 @@ class RawExport:
             if missing:
                 self.notes.append(left_out_note(table, missing, self.count(table)))
                 del self.table_names[table]
+        if any(not declared for t in self.table_names for _, declared in self.declared(t)):
+            self.read_loosely()
+
+    def read_loosely(self) -> None:
+        self.loose = True
+        self.notes.append(LOOSE_NOTE)
+
+    def recover(self, exc: Exception) -> bool:
+        """After a build failed with `exc` on the export's content: whether reading it otherwise may succeed, having
+        set that up (damaged tables left out and noted, or cells read loosely); False when nothing is left to try."""
+        if raw_malformed(exc):
+            damaged = [t for t in sorted(self.table_names) if t not in ESSENTIAL_TABLES and not self._readable(t)]
+            for table in damaged:
+                self.notes.append(damaged_note(table))
+                del self.table_names[table]
+            return bool(damaged)
+        if self.loose:
+            return False
+        self.read_loosely()
+        return True
+
+    def _readable(self, table: str) -> bool:
+        """Whether every row of `table` reads (SQLite reports a damaged page of it only when it reaches it)."""
+        try:
+            for _ in self.con.execute(f'SELECT * FROM "{self.real_name(table)}"'):
+                pass
+        except sqlite3.DatabaseError:
+            return False
+        return True
+
+    def declared(self, table: str) -> list[tuple[str, str]]:
+        """(column, declared type) of `table`, as the export's schema has them."""
+        return [(decode_text(r[1]), decode_text(r[2])) for r in
+                self.con.execute(f'PRAGMA table_info("{self.real_name(table)}")')]
+
+    def scan(self, table: str) -> str:
+        """What DuckDB reads `table` from, `raw` being the export attached: the table, or, read loosely, a SELECT that
+        casts each column as it declares."""
+        name = f'raw."{self.real_name(table)}"'
+        if not self.loose:
+            return name
+        return f"(SELECT {', '.join(typed(c, d) for c, d in self.declared(table))} FROM {name})"
 
     def close(self) -> None:
         self.con.close()
