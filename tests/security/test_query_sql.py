@@ -300,3 +300,10 @@ async def test_query_sql_cut_cells_and_rows_before_python_on_a_wide_long_result(
     data = result.structured_content
     assert data["row_count"] == 1000 and data["rows"]
     assert all(len(v) < 10_000 and v.endswith(" more characters]") for row in data["rows"] for v in row)
+
+
+def test_query_sql_parse_errors_keep_no_advice_to_change_settings():
+    with pytest.raises(QueryRefused) as refused:
+        sql_allow.check("SELECT 1" + " + 1" * 1500, TABLES)
+    assert "Max expression depth limit of 1000 exceeded" in str(refused.value)
+    assert "SET" not in str(refused.value) and "\n" not in str(refused.value)

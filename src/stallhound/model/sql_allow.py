@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -89,9 +90,18 @@ to_weeks to_years today translate trim trunc try_strptime typeof ucase unbin unh
 url_decode url_encode uuid var_pop var_samp variance wavg week weekday weekofyear weighted_avg xor year yearweek
 """.split())
 
+DUCKDB_POINTER = re.compile(r"\n\s*LINE \d+:.*", re.S)  # DuckDB's echo of the statement and a caret under it
+DUCKDB_ADVICE = re.compile(r"\s*(Use|See|Consider)\b[^.]*(SET|PRAGMA|https?:)[^.]*\.?", re.S)  # settings we refuse
 _parser_lock = threading.Lock()
 _parser: duckdb.DuckDBPyConnection | None = None
 FIX = "describe_schema lists what a query may read"
+
+
+def sql_error(message: object) -> str:
+    """DuckDB's message on one line, without its statement echo or advice to change settings (which query_sql
+    refuses): keeps hints such as 'Did you mean "kernels"?'."""
+    text = DUCKDB_ADVICE.sub("", DUCKDB_POINTER.sub("", str(message)))
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def bound_text(sql: str) -> None:
@@ -138,7 +148,7 @@ def parse(sql: str) -> dict[str, Any]:
     tree = _serialize(sql)
     if tree.get("error"):
         if "Only SELECT" not in str(tree.get("error_message")):
-            raise QueryRefused(f"the SQL does not parse ({' '.join(str(tree.get('error_message')).split())[:200]}); "
+            raise QueryRefused(f"the SQL does not parse ({sql_error(tree.get('error_message'))[:200]}); "
                                "fix the syntax")
         raise QueryRefused(f"only SELECT or WITH queries (or DESCRIBE of one) are allowed, not {_kinds(sql)}; "
                            "the model is read-only, and settings, files, logging and extensions are off limits")

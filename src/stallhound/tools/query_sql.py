@@ -18,7 +18,6 @@ import datetime
 import json
 import math
 import mmap
-import re
 import threading
 import time
 from decimal import Decimal
@@ -31,7 +30,7 @@ from pydantic import Field
 from stallhound.analysis.common import OffsetParam, Paged, ProfileParams, more_rows, next_page
 from stallhound.model.errors import QueryRefused
 from stallhound.model.limits import MODEL_MEMORY_ENV, model_memory_mb
-from stallhound.model.sql_allow import check
+from stallhound.model.sql_allow import check, sql_error
 
 MAX_ROWS = 1000  # rows: more belongs in an aggregate, not in a model's context
 MAX_TIMEOUT_S = 60
@@ -44,8 +43,6 @@ MIN_CELL_CHARS = 100  # characters a text cell keeps however many there are: eno
 MAX_LIST_ITEMS = 10_000  # items of one list cell: more is never shown
 WATCH_POLL_S = 0.02  # between checks of the clock and of memory while the query runs
 STATM = Path("/proc/self/statm")  # the process's resident pages (Linux); elsewhere only the clock is watched
-DUCKDB_POINTER = re.compile(r"\n\s*LINE \d+:.*", re.S)  # DuckDB's echo of the statement and a caret under it
-DUCKDB_ADVICE = re.compile(r"\s*(Use|See|Consider)\b[^.]*(SET|PRAGMA|https?:)[^.]*\.?", re.S)  # settings we refuse
 PAGE_BYTES = mmap.PAGESIZE
 NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 CUT_HINT = "select fewer or shorter columns, or aggregate (GROUP BY) instead of listing rows"  # read by the budget
@@ -75,13 +72,6 @@ class Result(Paged):
     row_count: int = Field(description="rows the query gave, counted up to `limit`; `rows` holds fewer when the "
                                        "result budget cut them (cut_by='characters')")
     truncated: bool = Field(description="true when more rows existed than were returned")
-
-
-def sql_error(exc: duckdb.Error) -> str:
-    """DuckDB's message on one line, without its statement echo or advice to change settings (which query_sql
-    refuses): keeps hints such as 'Did you mean "kernels"?'."""
-    text = DUCKDB_ADVICE.sub("", DUCKDB_POINTER.sub("", str(exc)))
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def cell(value: Any) -> Any:
