@@ -50,9 +50,10 @@ CELLS = ("cells as JSON: numbers, text, true/false, null; NaN, Infinity and -Inf
          "arrays; structs and maps as objects (map keys as text); DECIMAL as numbers; dates, times and timestamps "
          "as ISO 8601 text; intervals and UUIDs as text; BLOBs as text with \\xHH escapes; `types` names each "
          "column's DuckDB type")
-MODEL_TABLES = ("SELECT lower(table_name) FROM duckdb_tables() WHERE database_name = current_database() "
-                "AND schema_name = 'main' UNION SELECT lower(view_name) FROM duckdb_views() "
-                "WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal")
+MODEL_TABLES = (  # two queries: their UNION takes ten times as long (10 ms) as both
+    "SELECT lower(table_name) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main'",
+    "SELECT lower(view_name) FROM duckdb_views() WHERE database_name = current_database() AND schema_name = 'main' "
+    "AND NOT internal")
 
 
 class Params(ProfileParams):
@@ -97,7 +98,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     watch = _Watch(con, params.timeout_s)
     try:
         with watch:
-            check(params.sql, {name for (name,) in con.execute(MODEL_TABLES).fetchall()})
+            check(params.sql, {name for sql in MODEL_TABLES for (name,) in con.execute(sql).fetchall()})
             rel = _bounded(con.sql(params.sql), params)
             rows = rel.execute().fetchmany(params.limit + 1)
             columns, types = rel.columns, [str(t) for t in rel.types]
