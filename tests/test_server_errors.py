@@ -61,7 +61,7 @@ EXACT = [
      "group_by must be one of 'name', 'short_name' (got 'size')"),
     ("top_kernels", {"profile": MOCK, "bogus": 1, "limt": 2},
      f"'bogus', 'limt' are not parameters of this tool (parameters: {SCOPED}, group_by, per_device, limit, offset)"),
-    ("query_sql", {"profile": MOCK}, "sql is required: One DuckDB SELECT/WITH/DESCRIBE/EXPLAIN statement over the "
+    ("query_sql", {"profile": MOCK}, "sql is required: One DuckDB SELECT/WITH query (or DESCRIBE of one) over the "
                                      "model tables (see describe_schema); bind no parameters"),
     ("query_sql", {"profile": MOCK, "sql": ""}, "sql must be a non-empty string (got '')"),
     ("query_sql", {"profile": MOCK, "sql": "SELECT 1", "timeout_s": 0},
