@@ -37,8 +37,9 @@ COMPUTED_COLUMN = 2  # PRAGMA table_xinfo's `hidden` of a generated VIRTUAL colu
 # SQLite virtual-machine steps between checks that the load was cancelled: about a millisecond of work.
 CANCEL_CHECK_STEPS = 10_000
 # Characters kept of one string of StringIds. Names are shared: one string may name every kernel or call, and the
-# build copies it into each row that uses it, so one 50 MB string under 3,119 kernels took 9 GB and more. Real names
-# stay far below (the longest kernel name in our corpus is 5,835 characters; long CUTLASS names about 10,000).
+# build copies it into each row that uses it, so one 50 MB string under 3,119 kernels took 9 GB and more. Names stay
+# far below (the longest kernel name in our corpus has 5,835 characters); longer strings are program output that
+# nsys keeps (an OpenACC present-table dump of 271,919) which the model does not use.
 MAX_STRING_CHARS = 16_384
 
 # nsys' own codes, used only when an export lacks the ENUM table (older exports).
@@ -279,13 +280,13 @@ class RawExport:
     def strings(self) -> tuple[list[int], list[str | None]]:
         """StringIds' ids and values (None for a value that is not text), each cut to MAX_STRING_CHARS characters
         before it leaves SQLite; a note counts those cut."""
-        rows = self.rows("StringIds", f"id, substr(value, 1, {MAX_STRING_CHARS}), length(value) > {MAX_STRING_CHARS}")
-        cut = sum(1 for r in rows if r[2])
-        if cut:
-            said = "1 string" if cut == 1 else f"{cut:,} strings"
-            self.notes.append(f"{said} of the export's StringIds table ran past {MAX_STRING_CHARS:,} characters and "
-                              "were cut there (no name nsys writes is that long, so the file was likely altered); "
-                              "the names that use them end early")
+        rows = self.rows("StringIds", f"id, substr(value, 1, {MAX_STRING_CHARS}), length(value)")
+        longer = [r[2] for r in rows if isinstance(r[2], int) and r[2] > MAX_STRING_CHARS]
+        if longer:
+            said = "1 string" if len(longer) == 1 else f"{len(longer):,} strings"
+            self.notes.append(f"{said} of the export's StringIds table ran past {MAX_STRING_CHARS:,} characters "
+                              f"(the longest had {max(longer):,}); each was cut there, so that memory holds however "
+                              "many rows share one, and a name or text using one ends early")
         return [r[0] for r in rows], [r[1] if isinstance(r[1], str) else None for r in rows]
 
     @cached_property
