@@ -20,6 +20,11 @@ from stallhound.jobs.ranks import Probe, probe
 from stallhound.model.errors import LoadCancelled
 
 POLL_S = 0.2  # between checks that the load was cancelled while tasks run
+# Process pools running at once in this process (a server's every session): each holds up to cores() build processes
+# of about 1 GB at peak, and a second pool at once on the same cores only doubles memory for no time won. A load that
+# needs a pool while another runs waits for it to end.
+MAX_POOLS = 1
+POOLS = threading.BoundedSemaphore(MAX_POOLS)
 
 
 def build_file(path: Path, cache_dir: Path) -> Probe:
@@ -77,12 +82,19 @@ def drain(futures: dict[Any, int], done_of: Callable[[set[Any]], Iterable[Any]],
 
 
 class Pool:
-    """A process pool on this machine. Processes are spawned, not forked: a fork would copy DuckDB's threads'
-    locks mid-use."""
+    """A process pool on this machine, one at a time (MAX_POOLS). Processes are spawned, not forked: a fork would
+    copy DuckDB's threads' locks mid-use."""
 
     def __init__(self, workers: int, cancelled: threading.Event):
         self.cancelled = cancelled
-        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        while not POOLS.acquire(timeout=POLL_S):
+            if cancelled.is_set():
+                raise LoadCancelled("loading the job was cancelled while it waited for another job's load to end")
+        try:
+            self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        except (ValueError, OSError):
+            POOLS.release()
+            raise
 
     def run(self, fn: Callable[..., Any], calls: list[tuple], on_done: Callable[[int, Any], None]) -> None:
         futures: dict[Future, int] = {self.executor.submit(fn, *args): i for i, args in enumerate(calls)}
@@ -90,7 +102,10 @@ class Pool:
               self.cancelled, lambda: [f.cancel() for f in futures])
 
     def close(self) -> None:
-        self.executor.shutdown(wait=not self.cancelled.is_set(), cancel_futures=True)
+        try:
+            self.executor.shutdown(wait=not self.cancelled.is_set(), cancel_futures=True)
+        finally:
+            POOLS.release()
 
 
 def runner(workers: int, tasks: int, cancelled: threading.Event, dask_client: Any = None) -> Runner:

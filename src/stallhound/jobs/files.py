@@ -7,7 +7,8 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from stallhound.formats import registry
+from stallhound.formats import kineto, registry
+from stallhound.jobs import head
 from stallhound.model.errors import NoJobFiles, ProfileNotFound
 
 # A rank in a file name: rank_3, rank-3, rank3, _r3, -r3, .3. (as in `nsys -o rank_%q{RANK}`, trace.3.json).
@@ -22,8 +23,13 @@ def _natural(path: Path) -> tuple:
 
 
 def _is_profile(path: Path) -> bool:
-    """Whether a file found in a folder or by a glob is a profile some format takes (hidden files never are)."""
-    return path.is_file() and not path.name.startswith(".") and registry.picks(path)
+    """Whether a file found in a folder or by a glob is a profile some format takes (hidden files never are); a JSON
+    file is judged by its first bytes only (head.holds_trace_events), never parsed whole."""
+    if not path.is_file() or path.name.startswith("."):
+        return False
+    if path.name.lower().endswith(kineto.FORMAT.suffixes):
+        return head.holds_trace_events(path)
+    return registry.picks(path)
 
 
 def _expand(item: str, check: Callable[[Path], Path]) -> list[Path]:

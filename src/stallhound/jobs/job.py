@@ -144,12 +144,14 @@ def load_job(spec: str | Path | Sequence[str | Path], *, cache_dir: Path | None 
              progress: Progress | None = None, check: Callable[[Path], Path] = Path.resolve, dask_client: Any = None,
              cancelled: threading.Event | None = None) -> Job:
     """The job made of the profiles `spec` names (paths, a folder or a glob; see job_files): models built with
-    `workers` processes (default: this machine's cores), or as tasks on a Dask cluster through `dask_client`.
-    `check` resolves each path (the server's allowed roots); setting `cancelled` stops the load."""
+    `workers` processes (at most, and by default, this machine's cores; one job's pool at a time, see jobs.build), or
+    as tasks on a Dask cluster through `dask_client`. `check` resolves each path (the server's allowed roots); setting
+    `cancelled` stops the load."""
     start = time.perf_counter()
     files = job_files(spec, check)
     directory = cache_dir or cache.cache_dir()
-    workers, cancelled = workers or cores(), cancelled or threading.Event()
+    # More processes than cores win no time and each holds up to a build's memory: 64 asked for 32 ranks took 5.45 GB.
+    workers, cancelled = min(workers or cores(), cores()), cancelled or threading.Event()
     report = _Reporter(progress, len(files))
     cached = dask_client is None and _all_cached(files, directory)
     run = runner(1 if cached else workers, len(files), cancelled, dask_client)

@@ -116,7 +116,8 @@ def register_job_tools(mcp: StallhoundMCP, jobs: JobStore) -> None:
             "processes or devices is a rank per process or device"))],
         ctx: Context,
         workers: Annotated[int | None, Field(strict=True, ge=1, le=MAX_WORKERS, description=(
-            "processes building the ranks' models at once; omit for this machine's cores"))] = None,
+            "processes building the ranks' models at once, at most this machine's cores (the default); one "
+            "job load builds at a time, others wait their turn"))] = None,
     ) -> Annotated[CallToolResult, JobLoaded]:  # the SDK reads the output schema off JobLoaded
         """Load every rank of a distributed job (built in parallel, cached); returns the job id, its ranks and how
         each rank was found (distributedInfo, NCCL, file name, process, device or the order given).

@@ -64,7 +64,7 @@ def _scan_copy(sqlite_path: Path, directory: Path) -> Path:
 def build_export(sqlite_path: Path, out: Path, key: str, progress: Progress | None = None,
                  cancelled: threading.Event | None = None) -> None:
     """Build the model of an nsys export into `out`, through a private copy when the export is in WAL mode."""
-    raw = RawExport(sqlite_path)
+    raw = RawExport(sqlite_path, cancelled)
     try:
         if is_wal_mode(sqlite_path):
             raw.scan_path = _scan_copy(sqlite_path, out.parent)
@@ -73,6 +73,8 @@ def build_export(sqlite_path: Path, out: Path, key: str, progress: Progress | No
                 export_build.build(raw, out, key, progress, cancelled)
                 return
             except Exception as exc:
+                if isinstance(exc, sqlite3.OperationalError) and (stopped := raw.interrupted()) is not None:
+                    raise stopped from exc  # a read the cancel interrupted: nothing to retry
                 if not tries_left or not _content_error(exc) or not raw.recover(exc):
                     raise
                 for leftover in (out, out.with_name(out.name + ".wal")):

@@ -77,9 +77,7 @@ class Builder(ActivityJoins):
 
     # --- small tables, read with sqlite3 -------------------------------------------------------
     def strings(self) -> None:
-        rows = self.raw.rows("StringIds", "id, value") if self.raw.has("StringIds") else []
-        ids = [r[0] for r in rows]
-        values = [r[1] if isinstance(r[1], str) else None for r in rows]
+        ids, values = self.raw.strings()
         self.sql("CREATE TABLE _strings (id BIGINT, value VARCHAR)")
         self.con.execute("INSERT INTO _strings SELECT unnest($ids), unnest($values)", {"ids": ids, "values": values})
 

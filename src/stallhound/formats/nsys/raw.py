@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 from functools import cached_property
 from pathlib import Path
 from typing import overload
 from urllib.parse import quote
 
-from stallhound.formats.nsys.checks import ESSENTIAL_TABLES, MAX_TIME_NS, damaged_note, left_out_note, missing_columns
-from stallhound.model.errors import NotAProfile, echo
+from stallhound.formats.nsys.checks import (
+    ESSENTIAL_TABLES,
+    MAX_TIME_NS,
+    REQUIRED_COLUMNS,
+    damaged_note,
+    left_out_note,
+    missing_columns,
+)
+from stallhound.model.errors import LoadCancelled, NotAProfile, echo
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Header bytes 18 and 19 (file format write and read versions): 2 means WAL journal mode, 1 the rollback journal.
@@ -21,6 +29,18 @@ ROLLBACK_MODE = b"\x01\x01"
 NSYS_MARKERS = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "ThreadNames", "CUPTI_ACTIVITY_KIND_KERNEL")
 # Misspellings seen in real exports, mapped to the name we look up.
 TABLE_ALIASES = {"ENUM_CUDA_KRENEL_LAUNCH_TYPE": "ENUM_CUDA_KERNEL_LAUNCH_TYPE"}
+# The schema rows of what the build may read: nsys writes plain tables only. A view, a virtual table or a column
+# computed on read (generated VIRTUAL) runs SQL of the file's author on every read (a recursive view never ends,
+# and neither SQLite nor DuckDB's scanner can be interrupted inside it), so none is ever read.
+SCHEMA_SQL = "SELECT name, type, sql FROM sqlite_master WHERE type IN ('table', 'view')"
+COMPUTED_COLUMN = 2  # PRAGMA table_xinfo's `hidden` of a generated VIRTUAL column (3, STORED, is stored data)
+# SQLite virtual-machine steps between checks that the load was cancelled: about a millisecond of work.
+CANCEL_CHECK_STEPS = 10_000
+# Characters kept of one string of StringIds. Names are shared: one string may name every kernel or call, and the
+# build copies it into each row that uses it, so one 50 MB string under 3,119 kernels took 9 GB and more. Names stay
+# far below (the longest kernel name in our corpus has 5,835 characters); longer strings are program output that
+# nsys keeps (an OpenACC present-table dump of 271,919) which the model does not use.
+MAX_STRING_CHARS = 16_384
 
 # nsys' own codes, used only when an export lacks the ENUM table (older exports).
 BUILTIN_ENUMS: dict[str, dict[int, str]] = {
@@ -104,6 +124,12 @@ def damaged(path: Path, exc: Exception) -> NotAProfile:
                        "`nsys export --type sqlite`")
 
 
+def computed_note(table: str, kind: str) -> str:
+    what = "a view" if kind == "view" else "a table computed on read"
+    return (f"the export's {table} is {what}, not a table as nsys writes it, so it was left out unread and that "
+            "data reads as missing; re-export the report with `nsys export --type sqlite` to get it back")
+
+
 def is_wal_mode(path: Path) -> bool:
     """Whether the export is in WAL journal mode: SQLite (and DuckDB's scanner) opening it without
     `immutable` would create -wal/-shm files beside it."""
@@ -119,11 +145,12 @@ class RawExport:
     `scan_path` is the file DuckDB's scanner reads (a private copy when the export is in WAL mode).
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, cancelled: threading.Event | None = None):
         self.path = path
         self.scan_path = path
         self.notes: list[str] = []
         self.loose = False  # read every table cell by cell (see `typed`): some cells or columns are not as declared
+        self.cancelled = cancelled or threading.Event()
         uri = f"file:{quote(str(path))}?mode=ro&immutable=1"
         try:
             self.con = sqlite3.connect(uri, uri=True, check_same_thread=False)
@@ -131,9 +158,8 @@ class RawExport:
             raise damaged(path, exc) from exc
         try:
             self.con.text_factory = bytes
-            names = [decode_text(r[0]) for r in
-                     self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
-            self.table_names: dict[str, str] = {TABLE_ALIASES.get(n, n): n for n in names}
+            self.con.set_progress_handler(self.cancelled.is_set, CANCEL_CHECK_STEPS)
+            self.table_names: dict[str, str] = self._stored_tables()
             if not any(m in self.table_names for m in NSYS_MARKERS):
                 raise NotAProfile(f"{path} is an SQLite database but not an Nsight Systems export "
                                   "(no StringIds/CUPTI/TARGET_INFO tables); export one with "
@@ -141,10 +167,31 @@ class RawExport:
             self._hide_unreadable_tables()
         except sqlite3.DatabaseError as exc:
             self.con.close()
-            raise damaged(path, exc) from exc
+            raise (self.interrupted() or damaged(path, exc)) from exc
         except NotAProfile:
             self.con.close()
             raise
+
+    def interrupted(self) -> LoadCancelled | None:
+        """The error of a read the load's cancel interrupted (through the progress handler), else None."""
+        return LoadCancelled(f"loading {self.path} was cancelled") if self.cancelled.is_set() else None
+
+    def _stored_tables(self) -> dict[str, str]:
+        """Name looked up -> name in the file, of the plain tables (see SCHEMA_SQL); each view, virtual table or
+        table with a computed column where the build reads a table is noted as left out, unread."""
+        tables: dict[str, str] = {}
+        for name, kind, sql in ((decode_text(n), t, decode_text(q or b"")) for n, t, q in self.con.execute(SCHEMA_SQL)):
+            looked_up = TABLE_ALIASES.get(name, name)
+            if kind == b"table" and not sql.lstrip().upper().startswith("CREATE VIRTUAL") \
+                    and not self._computed_columns(name):
+                tables[looked_up] = name
+            elif looked_up in REQUIRED_COLUMNS:
+                self.notes.append(computed_note(looked_up, kind.decode()))
+        return tables
+
+    def _computed_columns(self, table: str) -> bool:
+        quoted = table.replace('"', '""')
+        return any(r[-1] == COMPUTED_COLUMN for r in self.con.execute(f'PRAGMA table_xinfo("{quoted}")'))
 
     def _hide_unreadable_tables(self) -> None:
         for table in ESSENTIAL_TABLES:
@@ -229,6 +276,18 @@ class RawExport:
             return []
         cur = self.con.execute(f'SELECT {columns} FROM "{self.real_name(table)}"')
         return [tuple(decode_text(v) for v in row) for row in cur]
+
+    def strings(self) -> tuple[list[int], list[str | None]]:
+        """StringIds' ids and values (None for a value that is not text), each cut to MAX_STRING_CHARS characters
+        before it leaves SQLite; a note counts those cut."""
+        rows = self.rows("StringIds", f"id, substr(value, 1, {MAX_STRING_CHARS}), length(value)")
+        longer = [r[2] for r in rows if isinstance(r[2], int) and r[2] > MAX_STRING_CHARS]
+        if longer:
+            said = "1 string" if len(longer) == 1 else f"{len(longer):,} strings"
+            self.notes.append(f"{said} of the export's StringIds table ran past {MAX_STRING_CHARS:,} characters "
+                              f"(the longest had {max(longer):,}); each was cut there, so that memory holds however "
+                              "many rows share one, and a name or text using one ends early")
+        return [r[0] for r in rows], [r[1] if isinstance(r[1], str) else None for r in rows]
 
     @cached_property
     def metadata(self) -> tuple[str | None, dict[str, str]]:
