@@ -123,8 +123,12 @@ class _Reader:
             if self.depth > MAX_DEPTH:
                 raise _refusal(self.path, f"its JSON nests deeper than {MAX_DEPTH} levels")
 
-    def bytes(self) -> bytes:
-        return b"".join(self.chunks)[-TAIL_BYTES:]
+    def after_events(self) -> bytes:
+        """The last bytes read, from shortly before the end of the last value marked (the last event): ijson reads
+        a chunk ahead at most, so the traceEvents array closes in them, and scanning them for the values after it
+        costs a few chunks, not TAIL_BYTES."""
+        ahead = self.total - self.marked + 2 * READ_BYTES if self.marked else TAIL_BYTES
+        return b"".join(self.chunks)[-min(ahead, TAIL_BYTES):]
 
 
 @contextmanager
@@ -243,7 +247,7 @@ def host_row(kind: str, ev: dict, args: dict) -> tuple:
 def trailing(tail: bytes) -> dict:
     """The top-level values after traceEvents in `tail`, the last bytes of a well-formed trace. Scanned backwards
     from the closing brace: each comma at depth 1 outside strings starts a key; the values after the key
-    traceEvents are parsed as one object. Values that start before the tail (past TAIL_BYTES) are left out."""
+    traceEvents are parsed as one object. Values that start before the tail (_Reader.after_events) are left out."""
     end = tail.rfind(b"}")
     reverse = tail[:end][::-1]
     depth, quoted, start = 1, False, None
@@ -268,21 +272,23 @@ def trailing(tail: bytes) -> dict:
     return {} if start is None else json.loads(b"{" + tail[start + 1:end + 1])
 
 
-def _rows(ev: dict) -> list[tuple[str, tuple]]:
-    """(callback, row) for each row an event gives: gpu, host (and comms), python, or a process/thread name."""
+def _feed(ev: dict, sinks: dict[str, Callable[[tuple], None]]) -> None:
+    """Hand the event's rows to `sinks` (see events); an unreadable event raises one of EVENT_ERRORS before any of
+    its rows is handed."""
     ph, args = ev.get("ph"), ev.get("args") or {}
     if ph == "X" and "ts" in ev:
         kind = CATEGORIES.get(str(ev.get("cat", "")).lower())
         if kind == PYTHON_FUNCTION:
-            return [("python", python_row(ev, args))]
-        if kind in ("kernel", "memcpy", "memset"):
-            return [("gpu", gpu_row(kind, ev, args))]
-        if kind is not None:
-            comms = str(ev.get("name")).startswith(kineto_nccl.COMM_OPS)
-            return [("host", host_row(kind, ev, args)), *([("comms", comms_row(ev, args))] if comms else [])]
+            sinks["python"](python_row(ev, args))
+        elif kind in ("kernel", "memcpy", "memset"):
+            sinks["gpu"](gpu_row(kind, ev, args))
+        elif kind is not None:
+            host = host_row(kind, ev, args)
+            if str(ev.get("name")).startswith(kineto_nccl.COMM_OPS):
+                sinks["comms"](comms_row(ev, args))
+            sinks["host"](host)
     elif ph == "M" and ev.get("name") in ("process_name", "thread_name") and "name" in args:
-        return [("name", (ev["name"], as_int(ev.get("pid")), as_int(ev.get("tid")), str(args["name"])))]
-    return []
+        sinks["name"]((ev["name"], as_int(ev.get("pid")), as_int(ev.get("tid")), str(args["name"])))
 
 
 def events(path: Path, sinks: dict[str, Callable[[tuple], None]]) -> tuple[dict, int, int]:
@@ -296,14 +302,11 @@ def events(path: Path, sinks: dict[str, Callable[[tuple], None]]) -> tuple[dict,
             for ev in ijson.items(fh, f"{TRACE_EVENTS}.item"):
                 fh.mark()
                 try:
-                    rows = _rows(ev)
+                    _feed(ev, sinks)
+                    read += 1
                 except EVENT_ERRORS:
                     dropped += 1
-                    continue
-                read += 1
-                for sink, row in rows:
-                    sinks[sink](row)
-            after = trailing(fh.bytes())
+            after = trailing(fh.after_events())
     except (*READ_ERRORS, json.JSONDecodeError, RecursionError) as exc:
         raise broken(path, exc) from exc
     if dropped and not read:
