@@ -7,11 +7,12 @@ issue used) are marked redteam."""
 
 from __future__ import annotations
 
-import gzip
+import itertools
 import json
 import resource
 import time
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import anyio
@@ -70,13 +71,14 @@ def _nested(depth: int) -> bytes:
     return b'{"traceEvents": [{"ph": "X", "args": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}]}"
 
 
-def _gzip_stream(head: bytes, unit: bytes, count: int, tail: bytes) -> bytes:
+def _gzip_parts(parts: Iterable[bytes]) -> bytes:
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip header and trailer
+    return b"".join([*(packer.compress(part) for part in parts), packer.flush()])
+
+
+def _gzip_stream(head: bytes, unit: bytes, count: int, tail: bytes) -> bytes:
     chunk = unit * (1 << 16)
-    out = [packer.compress(head)]
-    for _ in range(count // (1 << 16)):
-        out.append(packer.compress(chunk))
-    return b"".join([*out, packer.compress(tail), packer.flush()])
+    return _gzip_parts(itertools.chain([head], (chunk for _ in range(count // (1 << 16))), [tail]))
 
 
 def test_deep_nesting_is_refused_before_it_is_built(tmp_path):
@@ -167,6 +169,7 @@ def test_the_issues_full_size_attacks_are_refused(tmp_path):
     _refused(tmp_path, "deep.json", _nested(100_000), "nests deeper than")
     _refused(tmp_path, "bomb.json.gz", _gzip_stream(b'{"x": [', b"0,", 300 << 20, b'0], "traceEvents": []}'),
              "gzip bomb")
-    keys = gzip.compress(b"{" + b"".join(b'"k%d": 0, ' % i for i in range(70_000_000)) + b'"traceEvents": []}', 1)
-    _refused(tmp_path, "keys.json.gz", keys, "refused")
+    blocks = (b"".join(b'"k%d": 0, ' % i for i in range(first, first + 100_000)) for first in range(0, 70_000_000,
+                                                                                                      100_000))
+    _refused(tmp_path, "keys.json.gz", _gzip_parts(itertools.chain([b"{"], blocks, [b'"traceEvents": []}'])), "refused")
     _refused(tmp_path, "dims.json", _trace([{**OP, "args": {"Input Dims": [[1]] * (4 << 20)}}]), "a JSON value over")

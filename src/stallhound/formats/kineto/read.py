@@ -7,6 +7,10 @@ ijson's C backend, keeping the last TAIL_BYTES read: the values some versions wr
 Times are converted from Kineto's microseconds (decimal fractions, read exactly as Decimal) to integer
 nanoseconds once, here: ns = round(us * 1000), halves to even; an end is round((ts + dur) * 1000),
 so it is never rounded twice. Kineto writes at most 3 decimals, so no rounding happens in practice.
+
+Both passes read through _Reader, which refuses a file in one sentence, as its bytes arrive and before the parser
+builds anything from them, when it nests deeper than any trace, holds one value too large to build, or unpacks like
+a gzip bomb (the limits below). An event whose row cannot be made (EVENT_ERRORS) is dropped and counted.
 """
 
 from __future__ import annotations
