@@ -79,9 +79,11 @@ INT64 = 1 << 63  # times past it do not fit the model's BIGINT nanoseconds
 BRACKETS = bytes(range(256)).translate(None, b"{}[]")  # every byte but a bracket, to delete
 
 
-def _refusal(path: Path, what: str) -> NotAProfile:
-    return NotAProfile(f"{path} is refused: {what}, which no torch.profiler trace does; pass a trace written by "
-                       "torch.profiler (export_chrome_trace or tensorboard_trace_handler)")
+PASS_A_TRACE = "pass a trace written by torch.profiler (export_chrome_trace or tensorboard_trace_handler)"
+
+
+def _refusal(path: Path, what: str, advice: str = PASS_A_TRACE) -> NotAProfile:
+    return NotAProfile(f"{path} is refused: {what}, which no torch.profiler trace does; {advice}")
 
 
 class _Reader:
@@ -98,8 +100,8 @@ class _Reader:
         data = self.fh.read(READ_BYTES if size < 0 else min(size, READ_BYTES))  # ijson asks for 0 bytes first
         self.total += len(data)
         if self.unpacked_limit is not None and self.total > self.unpacked_limit:
-            raise _refusal(self.path, f"it unpacks to over {MAX_GZIP_RATIO} times its packed size (a gzip bomb); "
-                                      "if it is a real trace, unpack it and pass the .json")
+            raise _refusal(self.path, f"it unpacks to over {MAX_GZIP_RATIO} times its packed size (a gzip bomb)",
+                           "if it is a real trace, unpack it and pass the .json")
         if self.total - self.marked > self.value_bytes:
             raise _refusal(self.path, f"it holds a JSON value over {self.value_bytes >> 20} MB")
         self._nest(data)
