@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from datetime import date
@@ -20,6 +21,7 @@ from run import SHARED, child, machine, record
 
 SOURCE = SHARED / "fixtures/kineto/hta_a100_nccl_rank0.json.gz"
 BIG = Path(os.environ.get("STALLHOUND_BENCH_KINETO", "/tmp/stallhound-bench/kineto_big.json"))
+SOURCE_DIR = Path(__file__).resolve().parent
 COPIES = 116  # x 8.6 MB of events as json.dumps writes them: ~1 GB of JSON
 GAP_US = 1000  # between copies, so copies never overlap in time
 
@@ -64,18 +66,28 @@ def load(path: Path) -> dict:
         return child(path, Path(cache), "load")
 
 
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=SOURCE_DIR)
+    return done.stdout.strip() or "unknown"
+
+
+def _load_average() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main() -> int:
     make_trace()
-    rows = []
+    rows, before = [], _load_average()
     for path in (BIG, BIG.with_suffix(".json.gz")):
         result = load(path)
         rows.append(f"| {path.name} | {path.stat().st_size / 1e9:.2f} GB ({BIG.stat().st_size / 1e9:.2f} GB of JSON) | "
                     f"{result['seconds']:.1f} s | {result['cpu_seconds']:.1f} s | {result['peak_rss_mb']:.0f} MB |")
     text = "\n".join([
-        f"## {date.today().isoformat()}: Kineto trace load, {machine()}", "",
+        f"## {date.today().isoformat()}: Kineto trace load (commit {_commit()}), {machine()}", "",
         f"{COPIES} copies of {SOURCE.name}'s events (shifted in time and correlation id), streamed with ijson "
-        "(yajl2_c) and staged into DuckDB in batches on a writer thread; each load in a fresh process with an empty "
-        "cache.", "",
+        "(yajl2_c) through the reader's bounds (depth, value size, gzip ratio) and staged into DuckDB in batches on "
+        "a writer thread; each load in a fresh process with an empty cache. Load average before / after: "
+        f"{before} / {_load_average()} ({os.cpu_count()} cores).", "",
         "| trace | size | cold load (wall) | CPU | peak RSS |", "|---|---|---|---|---|", *rows]) + "\n"
     print(text)
     record(text)

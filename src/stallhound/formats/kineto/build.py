@@ -18,7 +18,14 @@ from stallhound.formats.build_steps import BuildSteps, Progress
 from stallhound.formats.derive import WINDOW_SQL
 from stallhound.formats.kineto import read as kineto_read
 from stallhound.formats.kineto import stacks
-from stallhound.formats.kineto.meta import capability_rows, diagnostic_rows, distributed, gpu_rows, meta_row
+from stallhound.formats.kineto.meta import (
+    capability_rows,
+    diagnostic_rows,
+    distributed,
+    dropped_note,
+    gpu_rows,
+    meta_row,
+)
 from stallhound.formats.kineto.sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from stallhound.formats.kineto.stage import Stage, Writer
 from stallhound.model.duck import one_row
@@ -29,6 +36,9 @@ from stallhound.model.schema import ddl
 # below an export's, whose tables DuckDB scans in place.
 STAGE_MEMORY_LIMIT = "128MB"
 MAP_MEMORY_LIMIT = "256MB"
+# sink of kineto_read.events -> the staging table its rows go to, and its columns
+STAGES = (("gpu", "_k_gpu", GPU_COLUMNS), ("host", "_k_host", HOST_COLUMNS), ("comms", "_k_comms", COMMS_COLUMNS),
+          ("python", "_k_py", stacks.COLUMNS))
 STEPS = ("reading trace events", "kernels, copies, CUDA API calls, CPU ops", "devices, metadata, capabilities",
          "writing the model")  # as progress reports them
 
@@ -43,23 +53,27 @@ class KinetoBuilder(BuildSteps):
         super().__init__(path, out, progress, STAGE_MEMORY_LIMIT, cancelled)
         self.path = path
         self.names: dict[tuple[str, int | None, int | None], str] = {}
+        self.notes: list[tuple] = []  # diagnostics rows about what the load left out
 
-    def on_name(self, kind: str, pid: int | None, tid: int | None, name: str) -> None:
+    def on_name(self, row: tuple[str, int | None, int | None, str]) -> None:
+        kind, pid, tid, name = row
         self.names[(kind, pid, tid if kind == "thread_name" else None)] = name  # the last name given wins
 
     def stage(self) -> dict:
         """Stream the events into _k_gpu, _k_host, _k_comms and _k_py; return the top-level values after the
-        events."""
+        events, and a load note (in `notes`) when events were dropped as unreadable."""
         writer, failed = Writer(self), True
         try:
-            gpu, host, comms, py = (Stage(writer, "_k_gpu", GPU_COLUMNS), Stage(writer, "_k_host", HOST_COLUMNS),
-                                    Stage(writer, "_k_comms", COMMS_COLUMNS), Stage(writer, "_k_py", stacks.COLUMNS))
-            after = kineto_read.events(self.path, gpu.add, host.add, comms.add, self.on_name, py.add)
-            for s in (gpu, host, comms, py):
+            stages = {sink: Stage(writer, table, columns) for sink, table, columns in STAGES}
+            after, read, dropped = kineto_read.events(
+                self.path, {**{k: s.add for k, s in stages.items()}, "name": self.on_name})
+            for s in stages.values():
                 s.flush()
             failed = False
         finally:
             writer.close(failed)
+        if dropped:
+            self.notes.append(dropped_note(read, dropped))
         return after
 
     def names_tables(self) -> None:
@@ -95,7 +109,7 @@ def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = N
         b.model(distributed(head)[0])
         b.step("devices, metadata, capabilities")
         b.load_list("gpus", gpu_rows(b.con, head))
-        b.load_list("diagnostics", diagnostic_rows(head))
+        b.load_list("diagnostics", [*diagnostic_rows(head), *b.notes])
         b.load_list("meta", [meta_row(path, fingerprint, head, one_row(b.con.execute(WINDOW_SQL)))])
         b.load_list("capabilities", capability_rows(b.con))
         for helper in ("_k_gpu", "_k_host", "_k_comms", "_k_py", *stacks.HELPERS):

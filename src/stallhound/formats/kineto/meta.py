@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 
 from stallhound.formats import registry, remedy
-from stallhound.formats.derive import DATA_TABLES
+from stallhound.formats.derive import DATA_TABLES, LOAD_SOURCE
 from stallhound.formats.derive import capability_rows as derive_capabilities
 from stallhound.formats.kineto.nccl import as_int
 from stallhound.model.schema import MODEL_VERSION
@@ -16,6 +16,8 @@ from stallhound.model.schema import MODEL_VERSION
 PLATFORM = "torch.profiler (Kineto)"  # meta.platform of every Kineto trace: what wrote it
 RANK_SOURCE = "distributedInfo"  # meta.rank_source: the trace's own distributedInfo block
 EPOCH_FLOOR_NS = 946_684_800 * 10**9  # 2000-01-01: an earlier start is a clock that does not count from the epoch
+EPOCH_CEILING_NS = 253_402_300_800 * 10**9  # year 10000: a later start is no date (datetime ends at 9999)
+LOAD_SEVERITY = "warning"  # a dropped event's note: the figures still stand for the other events
 DIAGNOSTIC_SOURCE = "kineto"  # diagnostics.source of what the trace says about its capture
 NOT_IN_KINETO = "not recorded by torch.profiler; capture the run with {writer} {options} to get it"
 CUDA_ACTIVITY = "torch.profiler with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
@@ -32,7 +34,9 @@ DEVICES_SQL = """SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels U
 
 def _properties(head: dict) -> dict[int, dict]:
     props = head.get("deviceProperties")
-    return {int(p["id"]): p for p in props if isinstance(p, dict) and "id" in p} if isinstance(props, list) else {}
+    if not isinstance(props, list):
+        return {}
+    return {device: p for p in props if isinstance(p, dict) and (device := as_int(p.get("id"))) is not None}
 
 
 def gpu_rows(con: duckdb.DuckDBPyConnection, head: dict) -> list[tuple]:
@@ -43,7 +47,9 @@ def gpu_rows(con: duckdb.DuckDBPyConnection, head: dict) -> list[tuple]:
         p = props.get(device, {})
         cc = f"{p['computeMajor']}.{p['computeMinor']}" if "computeMajor" in p and "computeMinor" in p else None
         threads, warp = as_int(p.get("maxThreadsPerMultiprocessor")), as_int(p.get("warpSize"))
-        rows.append((device, p.get("name"), None, p.get("numSms"), p.get("totalGlobalMem"), None, None, cc, None,
+        name = p.get("name")
+        rows.append((device, None if name is None else str(name), None, as_int(p.get("numSms")),
+                     as_int(p.get("totalGlobalMem")), None, None, cc, None,
                      threads // warp if threads and warp else None, None, as_int(p.get("regsPerMultiprocessor")),
                      as_int(p.get("sharedMemPerMultiprocessor"))))
     return rows
@@ -58,6 +64,15 @@ def diagnostic_rows(head: dict) -> list[tuple]:
     return [(None, "info", DIAGNOSTIC_SOURCE, None,
              f"torch.profiler trace of rank {info['rank']} of world size {info.get('world_size', '?')}"
              + (f" ({extra})" if extra else ""))]
+
+
+def dropped_note(read: int, dropped: int) -> tuple:
+    """The diagnostics row that says how many events the load dropped as unreadable (kineto_read.EVENT_ERRORS)."""
+    total = read + dropped
+    return (None, LOAD_SEVERITY, LOAD_SOURCE, None,
+            f"{dropped:,} of {total:,} trace events were left out because they cannot be read (not an object, or "
+            f"args or times unlike torch.profiler's), so figures cover the other {read:,}; capture the trace again "
+            "if this persists")
 
 
 def distributed(head: dict) -> tuple[int | None, int | None, str | None]:
@@ -86,7 +101,7 @@ def started_utc(head: dict, capture_start_ns: int | None) -> str | None:
     baseTimeNanoseconds (Unix epoch ns; traces without it count from the epoch itself). None before
     EPOCH_FLOOR_NS, a clock that is not the epoch's."""
     base = as_int(head.get("baseTimeNanoseconds")) or 0
-    if capture_start_ns is None or base + capture_start_ns < EPOCH_FLOOR_NS:
+    if capture_start_ns is None or not EPOCH_FLOOR_NS <= base + capture_start_ns < EPOCH_CEILING_NS:
         return None
     return datetime.fromtimestamp((base + capture_start_ns) // 10**9, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 

@@ -55,6 +55,8 @@ NONE = (None,) * len(COLUMNS)
 
 
 def as_int(value) -> int | None:
+    if value.__class__ is int:  # most values: skips the call to int()
+        return value
     try:
         return int(value)
     except (TypeError, ValueError):

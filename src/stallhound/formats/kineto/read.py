@@ -7,6 +7,10 @@ ijson's C backend, keeping the last TAIL_BYTES read: the values some versions wr
 Times are converted from Kineto's microseconds (decimal fractions, read exactly as Decimal) to integer
 nanoseconds once, here: ns = round(us * 1000), halves to even; an end is round((ts + dur) * 1000),
 so it is never rounded twice. Kineto writes at most 3 decimals, so no rounding happens in practice.
+
+Both passes read through _Reader, which refuses a file in one sentence, as its bytes arrive and before the parser
+builds anything from them, when it nests deeper than any trace, holds one value too large to build, or unpacks like
+a gzip bomb (the limits below). An event whose row cannot be made (EVENT_ERRORS) is dropped and counted.
 """
 
 from __future__ import annotations
@@ -52,18 +56,99 @@ BACKSLASHES = re.compile(rb"\\*")  # before a quote: an odd count escapes it
 EVENTS_KEY = re.compile(rb'\s*"traceEvents"\s*:')
 # What a damaged file raises while it is decompressed or parsed.
 READ_ERRORS = (ijson.JSONError, gzip.BadGzipFile, EOFError, zlib.error, UnicodeDecodeError, OSError)
+# What one bad event raises while its row is made (an event that is no object, args that are a list or a string, a
+# time that is no number or out of range): the event is dropped and counted, the rest of the trace still loads.
+EVENT_ERRORS = (AttributeError, TypeError, ValueError, ArithmeticError)
+# Limits checked on the bytes as they are read, before the parser builds anything from them (issue 30's attacks).
+# Kineto nests 8 deep at most (an event's args' Input Dims); ijson's paths grow with the square of the depth (30,000
+# levels in 60 KB took 2.3 GB). Counted over brackets, those inside strings too, so far above any real trace.
+MAX_DEPTH = 1000
+REDUCE_PASSES = 16  # passes that drop adjacent bracket pairs from a chunk: a real trace's need fewer than 10
+# A real event is a few KB and the values around traceEvents (8 GPUs' properties, a large job's process groups)
+# under a MB; more bytes than this read with no event finished is one value too large to build in memory.
+MAX_VALUE_BYTES = 8 << 20
+# The header before traceEvents is read token by token in Python (ijson.parse, about a microsecond a token), so it is
+# held to less: 8 GPUs' properties are 3 KB, a large job's process groups some hundred KB.
+MAX_HEADER_BYTES = 4 << 20
+# Kineto's JSON gzips 8 to 15 times smaller; past this many times its packed size, an archive is a bomb. Small
+# archives may unpack to GZIP_FLOOR_BYTES whatever their ratio.
+MAX_GZIP_RATIO = 100
+GZIP_FLOOR_BYTES = 16 << 20
+READ_BYTES = 64 << 10  # what ijson asks for at a time; a read of everything is never made
+INT64 = 1 << 63  # times past it do not fit the model's BIGINT nanoseconds
+BRACKETS = bytes(range(256)).translate(None, b"{}[]")  # every byte but a bracket, to delete
+
+
+PASS_A_TRACE = "pass a trace written by torch.profiler (export_chrome_trace or tensorboard_trace_handler)"
+
+
+def _refusal(path: Path, what: str, advice: str = PASS_A_TRACE) -> NotAProfile:
+    return NotAProfile(f"{path} is refused: {what}, which no torch.profiler trace does; {advice}")
+
+
+class _Reader:
+    """A binary reader that refuses, as the bytes arrive, what would exhaust the parser (MAX_DEPTH, MAX_VALUE_BYTES,
+    MAX_GZIP_RATIO), and keeps the last TAIL_BYTES it read (and a chunk more at most)."""
+
+    def __init__(self, fh: io.BufferedIOBase, path: Path, packed_bytes: int | None, value_bytes: int):
+        self.fh, self.path, self.value_bytes = fh, path, value_bytes
+        self.unpacked_limit = None if packed_bytes is None else max(MAX_GZIP_RATIO * packed_bytes, GZIP_FLOOR_BYTES)
+        self.total = self.marked = self.depth = self.kept = 0
+        self.chunks: collections.deque[bytes] = collections.deque()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.fh.read(READ_BYTES if size < 0 else min(size, READ_BYTES))  # ijson asks for 0 bytes first
+        self.total += len(data)
+        if self.unpacked_limit is not None and self.total > self.unpacked_limit:
+            raise _refusal(self.path, f"it unpacks to over {MAX_GZIP_RATIO} times its packed size (a gzip bomb)",
+                           "if it is a real trace, unpack it and pass the .json")
+        if self.total - self.marked > self.value_bytes:
+            raise _refusal(self.path, f"it holds a JSON value over {self.value_bytes >> 20} MB")
+        self._nest(data)
+        self.chunks.append(data)
+        self.kept += len(data)
+        while self.kept - len(self.chunks[0]) >= TAIL_BYTES:
+            self.kept -= len(self.chunks.popleft())
+        return data
+
+    def mark(self) -> None:
+        """A value was finished: MAX_VALUE_BYTES counts from here."""
+        self.marked = self.total
+
+    def _nest(self, data: bytes) -> None:
+        """Follow the depth over the chunk's brackets: pairs that close at once are dropped first (a real trace's
+        chunk reduces in a few passes to a few unclosed brackets), the rest are counted one by one."""
+        brackets = data.translate(None, BRACKETS)
+        for _ in range(REDUCE_PASSES):
+            reduced = brackets.replace(b"[]", b"").replace(b"{}", b"")
+            if len(reduced) == len(brackets):
+                break
+            brackets = reduced
+        for byte in brackets:
+            self.depth = max(self.depth + (1 if byte in b"{[" else -1), 0)
+            if self.depth > MAX_DEPTH:
+                raise _refusal(self.path, f"its JSON nests deeper than {MAX_DEPTH} levels")
+
+    def after_events(self) -> bytes:
+        """The last bytes read, from shortly before the end of the last value marked (the last event): ijson reads
+        a chunk ahead at most, so the traceEvents array closes in them, and scanning them for the values after it
+        costs a few chunks, not TAIL_BYTES."""
+        ahead = self.total - self.marked + 2 * READ_BYTES if self.marked else TAIL_BYTES
+        return b"".join(self.chunks)[-min(ahead, TAIL_BYTES):]
 
 
 @contextmanager
-def _open(path: Path) -> Iterator[io.BufferedIOBase]:
+def _open(path: Path, value_bytes: int = MAX_VALUE_BYTES) -> Iterator[_Reader]:
+    """The file's bytes, unpacked when gzipped, read through _Reader: no more than `value_bytes` with no value
+    finished (_Reader.mark)."""
     with path.open("rb") as raw:
         gzipped = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
         raw.seek(0)
         if not gzipped:
-            yield raw
+            yield _Reader(raw, path, None, value_bytes)
             return
         with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-            yield unzipped
+            yield _Reader(unzipped, path, path.stat().st_size, value_bytes)
 
 
 def is_trace(path: Path) -> bool:
@@ -88,7 +173,7 @@ def header(path: Path) -> dict:
     values: dict = {}
     key, builder = None, None
     try:
-        with _open(path) as fh:
+        with _open(path, MAX_HEADER_BYTES) as fh:
             for prefix, event, value in ijson.parse(fh):
                 if prefix == "" and event == "map_key":
                     if builder is not None:
@@ -107,8 +192,11 @@ def header(path: Path) -> dict:
 
 
 def ns(us) -> int:
-    """Kineto microseconds (int or exact Decimal) as integer nanoseconds, halves to even."""
-    return round(us * 1000)
+    """Kineto microseconds (int or exact Decimal) as integer nanoseconds, halves to even; ValueError past INT64."""
+    value = round(us * 1000)
+    if not -INT64 <= value < INT64:
+        raise ValueError(f"a time of {us} us is out of range")
+    return value
 
 
 def _dims(args: dict, key: str) -> tuple:
@@ -162,29 +250,10 @@ def host_row(kind: str, ev: dict, args: dict) -> tuple:
             ns(start), ns(start + ev.get("dur", 0)))
 
 
-class _Tail:
-    """A binary reader that keeps the last TAIL_BYTES it read (and a chunk more at most)."""
-
-    def __init__(self, fh: io.BufferedIOBase):
-        self.fh, self.kept = fh, 0
-        self.chunks: collections.deque[bytes] = collections.deque()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.fh.read(size)
-        self.chunks.append(data)
-        self.kept += len(data)
-        while self.kept - len(self.chunks[0]) >= TAIL_BYTES:
-            self.kept -= len(self.chunks.popleft())
-        return data
-
-    def bytes(self) -> bytes:
-        return b"".join(self.chunks)[-TAIL_BYTES:]
-
-
 def trailing(tail: bytes) -> dict:
     """The top-level values after traceEvents in `tail`, the last bytes of a well-formed trace. Scanned backwards
     from the closing brace: each comma at depth 1 outside strings starts a key; the values after the key
-    traceEvents are parsed as one object. Values that start before the tail (past TAIL_BYTES) are left out."""
+    traceEvents are parsed as one object. Values that start before the tail (_Reader.after_events) are left out."""
     end = tail.rfind(b"}")
     reverse = tail[:end][::-1]
     depth, quoted, start = 1, False, None
@@ -209,29 +278,45 @@ def trailing(tail: bytes) -> dict:
     return {} if start is None else json.loads(b"{" + tail[start + 1:end + 1])
 
 
-def events(path: Path, on_gpu: Callable[[tuple], None], on_host: Callable[[tuple], None],
-           on_comms: Callable[[tuple], None], on_name: Callable[[str, int | None, int | None, str], None],
-           on_python: Callable[[tuple], None]) -> dict:
-    """Feed every complete ('X') event of a known category, every comms op (kineto_nccl.COMM_OPS), every Python
-    frame (python_function) and every process/thread name to the callbacks; return the top-level values written
-    after traceEvents."""
+def _feed(ev: dict, sinks: dict[str, Callable[[tuple], None]]) -> None:
+    """Hand the event's rows to `sinks` (see events); an unreadable event raises one of EVENT_ERRORS before any of
+    its rows is handed."""
+    ph, args = ev.get("ph"), ev.get("args") or {}
+    if ph == "X" and "ts" in ev:
+        kind = CATEGORIES.get(str(ev.get("cat", "")).lower())
+        if kind == PYTHON_FUNCTION:
+            sinks["python"](python_row(ev, args))
+        elif kind in ("kernel", "memcpy", "memset"):
+            sinks["gpu"](gpu_row(kind, ev, args))
+        elif kind is not None:
+            host = host_row(kind, ev, args)
+            if str(ev.get("name")).startswith(kineto_nccl.COMM_OPS):
+                sinks["comms"](comms_row(ev, args))
+            sinks["host"](host)
+    elif ph == "M" and ev.get("name") in ("process_name", "thread_name") and "name" in args:
+        sinks["name"]((ev["name"], as_int(ev.get("pid")), as_int(ev.get("tid")), str(args["name"])))
+
+
+def events(path: Path, sinks: dict[str, Callable[[tuple], None]]) -> tuple[dict, int, int]:
+    """Feed every complete ('X') event of a known category (sinks 'gpu', 'host', 'python'), every comms op
+    (kineto_nccl.COMM_OPS, 'comms') and every process/thread name ('name': kind, pid, tid, name) to `sinks`;
+    return the top-level values written after traceEvents, the events read and the events dropped as unreadable
+    (EVENT_ERRORS). A trace none of whose events is readable is refused."""
+    read = dropped = 0
     try:
         with _open(path) as fh:
-            tail = _Tail(fh)
-            for ev in ijson.items(tail, f"{TRACE_EVENTS}.item"):
-                ph, args = ev.get("ph"), ev.get("args") or {}
-                if ph == "X" and "ts" in ev:
-                    kind = CATEGORIES.get(str(ev.get("cat", "")).lower())
-                    if kind == PYTHON_FUNCTION:
-                        on_python(python_row(ev, args))
-                    elif kind in ("kernel", "memcpy", "memset"):
-                        on_gpu(gpu_row(kind, ev, args))
-                    elif kind is not None:
-                        on_host(host_row(kind, ev, args))
-                        if str(ev.get("name")).startswith(kineto_nccl.COMM_OPS):
-                            on_comms(comms_row(ev, args))
-                elif ph == "M" and ev.get("name") in ("process_name", "thread_name") and "name" in args:
-                    on_name(ev["name"], as_int(ev.get("pid")), as_int(ev.get("tid")), str(args["name"]))
-        return trailing(tail.bytes())
-    except (*READ_ERRORS, TypeError, json.JSONDecodeError) as exc:  # TypeError: a time that is not a number
+            for ev in ijson.items(fh, f"{TRACE_EVENTS}.item"):
+                fh.mark()
+                try:
+                    _feed(ev, sinks)
+                    read += 1
+                except EVENT_ERRORS:
+                    dropped += 1
+            after = trailing(fh.after_events())
+    except (*READ_ERRORS, json.JSONDecodeError, RecursionError) as exc:
         raise broken(path, exc) from exc
+    if dropped and not read:
+        raise NotAProfile(f"{path} is refused: none of its {dropped:,} trace events can be read (each is not an "
+                          "object, or its args or times are not what torch.profiler writes); pass a trace written "
+                          "by torch.profiler")
+    return after, read, dropped
