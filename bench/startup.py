@@ -11,6 +11,10 @@ back to slower SQLite reads, with a network timeout on each start); so that venv
 its scanner from the package index, put where DuckDB looks for installed extensions in a home folder of the
 benchmark's own. Where nsys-ai cannot be installed the section says why and ours runs alone.
 
+Then the MCP server as an assistant meets it: `stallhound serve` over stdio, driven by the MCP SDK's own client, the
+small export loaded, MCP_CALLS warm calls of one cheap tool (MCP_TOOL, after one call that warms it), each round trip
+timed in the client: p50 and p99.
+
 Every child gets PYTHONPYCACHEPREFIX (a folder of the benchmark's) and not PYTHONDONTWRITEBYTECODE: an installed
 package runs from compiled bytecode, and the warm-up run of each command compiles it there.
 """
@@ -30,6 +34,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+from load import percentile
 from run import ROOT, SHARED, machine, record
 
 PROFILE = SHARED / "fixtures/nsys/nsysai_h100_2gpu_1s.sqlite"
@@ -39,6 +44,9 @@ NSYS_AI_VENV = BENCH_DIR / "nsys-ai-venv"
 REPEATS = 7
 INSTALL_TIMEOUT_S = 600
 GOALS = {"version": "<= 0.15 s wall", "help": "<= 0.15 s wall", "triage": "<= 0.5 s wall, >= 10x faster than nsys-ai"}
+MCP_CALLS = 200
+MCP_TOOL = "gpu_utilization"  # one small query on the loaded model: the round trip is mostly the server's own cost
+MCP_GOAL = "<= 30 ms / <= 150 ms"
 
 
 def timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, float]:
@@ -136,6 +144,33 @@ def measure(home: Path, cache: Path, work: Path) -> tuple[dict[str, dict], dict]
     return found, peer
 
 
+async def _round_trips(cache: Path, home: Path) -> list[float]:
+    """Seconds of each of MCP_CALLS warm MCP_TOOL calls on PROFILE, over stdio to a `stallhound serve` child."""
+    from mcp.client import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    cmd = stallhound_command()
+    server = StdioServerParameters(command=cmd[0], env=child_env(home), args=[
+        *cmd[1:], "serve", "--root", str(PROFILE.parent), "--cache-dir", str(cache)])
+    async with Client(server) as client:
+        loaded = await client.call_tool("load_profile", {"path": str(PROFILE)})
+        args = {"profile": loaded.structured_content["profile"]}
+        times = []
+        for _ in range(MCP_CALLS + 1):
+            start = time.perf_counter()
+            result = await client.call_tool(MCP_TOOL, args)
+            times.append(time.perf_counter() - start)
+            if result.is_error:
+                raise RuntimeError(f"{MCP_TOOL} failed: {result.content}")
+    return times[1:]
+
+
+def round_trips(cache: Path, home: Path) -> dict[str, float]:
+    import anyio
+    times = anyio.run(_round_trips, cache, home)
+    return {"p50": percentile(times, 50), "p99": percentile(times, 99), "max": max(times)}
+
+
 def load_average() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -145,10 +180,12 @@ def commit() -> str:
     return done.stdout.strip() or "?"
 
 
-def report(mine: dict[str, dict], peer: dict, loads: tuple[str, str]) -> str:
+def report(mine: dict[str, dict], peer: dict, mcp: dict[str, float], loads: tuple[str, str]) -> str:
     label = {"version": "`stallhound --version`", "help": "`stallhound --help`",
              "triage": f"`stallhound triage --json`, cached model of {PROFILE.name}"}
     rows = [f"| {label[k]} | {r['wall']:.3f} s | {r['cpu']:.3f} s | {GOALS[k]} |" for k, r in mine.items()]
+    rows.append(f"| MCP `{MCP_TOOL}` round trip over stdio, warm ({MCP_CALLS} calls): p50 / p99 (max) | "
+                f"{1e3 * mcp['p50']:.1f} ms / {1e3 * mcp['p99']:.1f} ms ({1e3 * mcp['max']:.0f} ms) | | {MCP_GOAL} |")
     first = mine["triage"]["first"]
     rows.append(f"| `stallhound triage --json`, cold (builds the model; one run) | {first[0]:.2f} s | {first[1]:.2f} s "
                 "| |")
@@ -177,9 +214,10 @@ def main() -> int:
         for folder in (home, cache, work):
             folder.mkdir()
         mine, peer = measure(home, cache, work)
-    text = report(mine, peer, (before, load_average()))
+        mcp = round_trips(cache, home)
+    text = report(mine, peer, mcp, (before, load_average()))
     print(text)
-    print(json.dumps({"ours": mine, "nsys_ai": peer, "python": platform.python_version()}), file=sys.stderr)
+    print(json.dumps({"ours": mine, "nsys_ai": peer, "mcp": mcp, "python": platform.python_version()}), file=sys.stderr)
     record(text)
     return 0
 

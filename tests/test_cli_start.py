@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 from conftest import FIXTURES
@@ -98,3 +99,38 @@ def test_the_names_help_quotes_are_their_sources():
     summaries = {name: (module.__doc__ or "").strip().splitlines()[0] for name, module in tools.job_tools().items()}
     assert arguments.JOB_TOOLS == summaries
     assert list(arguments.JOB_TOOLS) == list(tools.JOB_TOOL_NAMES)
+
+
+# Runs main on argv in a fresh interpreter, counting every search for pandas; prints the count.
+PANDAS_PROBE = """
+import json, sys
+tries = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        tries.extend([name] if name.split(".")[0] == "pandas" else [])
+sys.meta_path.insert(0, Spy())
+from stallhound.cli.main import main
+main(json.loads(sys.argv[1]))
+print(len(tries), file=sys.stderr)
+"""
+
+
+def test_triage_never_searches_for_pandas(tmp_path):
+    """DuckDB's binding tries `import pandas` for each bound parameter (cli/main.without_pandas): a command marks it
+    absent, so a triage of ~120 queries searches for it not once."""
+    argv = ["triage", str(FIXTURES / "nsysai_h100_2gpu_1s.sqlite"), "--json", "--cache-dir", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-c", PANDAS_PROBE, json.dumps(argv)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == "0"
+
+
+def test_without_pandas_keeps_a_pandas_already_imported(monkeypatch):
+    imported = types.ModuleType("pandas")
+    monkeypatch.setitem(sys.modules, "pandas", imported)
+    main.without_pandas()
+    assert sys.modules["pandas"] is imported
+    monkeypatch.delitem(sys.modules, "pandas")
+    main.without_pandas()
+    with pytest.raises(ImportError):
+        import pandas  # noqa: F401

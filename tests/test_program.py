@@ -182,3 +182,12 @@ def test_program_frameworks_seen_only_as_nvtx_domains_are_listed_by_name():
     con = make_model(nvtx=[{"pid": 10, "tid": 10, "text": "range", "domain": d, "start_ns": 0, "end_ns": 10,
                             "kind": "push_pop", "depth": 0} for d in names])
     assert program.detect(con).frameworks == sorted({label for label, *_ in program_clues.NVTX_DOMAINS})
+
+
+def test_program_clues_of_modules_come_in_the_rules_order_whatever_the_process():
+    """The clues a triage prints are the same from one run to the next: matched rules in MODULES' order, each once
+    (a set's order changed with each process's string hashes)."""
+    con = model(modules=("/usr/lib/libcudf.so", "/opt/lib/libtorch_cuda.so", "/usr/lib/libpython3.11.so",
+                         "/usr/lib/libtorch.so"))
+    labels = [c.line for c in program_clues.gather(con).clues if c.line.startswith("host module")]
+    assert labels == [f"host module of {label} in the call stacks" for label in ("Python", "PyTorch", "cuDF (RAPIDS)")]

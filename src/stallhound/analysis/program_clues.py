@@ -147,10 +147,12 @@ def gather(con: duckdb.DuckDBPyConnection) -> Facts:
 
 
 def _matches(con: duckdb.DuckDBPyConnection, sql: str, rules: tuple[tuple[str, str, str | None, str | None], ...],
-             params: dict[str, object] | None = None) -> set[tuple[str, str | None, str | None]]:
-    """(label, framework, language) of every rule whose pattern matches a value the query returns."""
+             params: dict[str, object] | None = None) -> list[tuple[str, str | None, str | None]]:
+    """(label, framework, language) of every rule whose pattern matches a value the query returns, once each, in
+    the rules' order (a set's would change from one process to the next, and the clues' order with it)."""
     values = [v for (v,) in con.execute(sql, params).fetchall()]
-    return {(label, fw, lang) for label, pattern, fw, lang in rules for v in values if re.search(pattern, v)}
+    return list(dict.fromkeys((label, fw, lang) for label, pattern, fw, lang in rules
+                              if any(re.search(pattern, v) for v in values)))
 
 
 def _kernel_families(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[int, float]]:
@@ -201,7 +203,7 @@ def _only_language(framework: str | None) -> str | None:
 
 
 def _stdpar(con: duckdb.DuckDBPyConnection, kernels: dict[str, tuple[int, float]],
-            modules: set[tuple[str, str | None, str | None]]) -> list[Clue]:
+            modules: list[tuple[str, str | None, str | None]]) -> list[Clue]:
     """nvc++ -stdpar runs the C++ parallel algorithms as CUB/Thrust kernels on data the program never copies
     itself: the heap is managed memory that migrates on demand. CUB/Thrust kernels count for stdpar, by their
     time, only beside that way of moving data (managed memory, no explicit host-device copy calls) or the NVHPC

@@ -49,9 +49,18 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def without_pandas() -> None:
+    """Mark pandas absent for the rest of this process unless it is already imported. DuckDB's Python binding tries
+    `import pandas` for every bound query parameter (to recognise pandas.NA): where pandas is not installed, each try
+    searches sys.path again (about 0.1 s of a cached triage's ~120 queries); where it is, the first try imports all
+    of it (about 0.5 s). A command hands DuckDB no DataFrame, so neither is of use to it."""
+    sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]  # None in sys.modules: "not importable"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     allocator.tune()
+    without_pandas()
     try:
         return args.run(args)
     except StallhoundError as exc:

@@ -20,6 +20,10 @@ OFFLINE: Settings = {"autoinstall_known_extensions": False, "autoload_known_exte
 # DuckDB hands freed memory back to the OS after a bulk free larger than this (default 512 MB); until then it stays
 # in RSS beyond the model memory limit. A small threshold lowers a large profile's peak RSS at no cost in time.
 RETURN_FREED_MEMORY: Settings = {"allocator_bulk_deallocation_flush_threshold": "16MB"}
+# DuckDB parts a query's work among its threads by row group (122,880 rows): on a model whose largest table fits in
+# one, a second thread has nothing to take, and waking it for each of a triage's ~120 queries costs more CPU than it
+# saves (on a busy machine, ms of wall time a query). Such a model gets one thread; a larger one, DuckDB's default.
+ROW_GROUP_ROWS = 122_880
 
 
 def _scanner_path() -> Path:
@@ -93,6 +97,9 @@ def open_model(path: Path) -> duckdb.DuckDBPyConnection:
                 **OFFLINE, **RETURN_FREED_MEMORY, "enable_external_access": False,
                 "memory_limit": f"{model_memory_mb()}MB", "temp_directory": str(spill_folder(path))})
             base.execute("SET enable_progress_bar = false")
+            largest = one_row(base.execute("SELECT coalesce(max(estimated_size), 0) FROM duckdb_tables()"))[0]
+            if largest <= ROW_GROUP_ROWS:
+                base.execute("SET threads = 1")
             base.execute("SET lock_configuration = true")
         _shared[path] = (base, users + 1)
         return base.cursor()

@@ -35,6 +35,11 @@ PAIR_TOOL_NAMES = ("diff_profiles", "verify_fix")  # tools comparing two profile
 
 JOB_TOOL_NAMES = ("rank_imbalance", "triage_job")  # tools reading every rank of a job (Params.job; a job connection)
 
+# The tools with findings (detectors), named here so that a triage imports only them, not every tool (that cost each
+# start ~50 ms); tests/test_contracts.py checks that they are exactly the registered tools with findings.
+DETECTOR_NAMES = ("top_kernels", "gpu_idle_gaps", "kernel_launch_overhead", "memory_transfers", "unified_memory",
+                  "sync_analysis", "nccl_breakdown", "thread_utilization", "iterations", "rank_imbalance")
+
 
 def skill(name: str) -> ModuleType:
     """The module of the single-profile tool `name`, imported alone (a command runs one tool: importing them all
@@ -60,12 +65,13 @@ def job_tools() -> dict[str, ModuleType]:
 
 
 def detectors(*how: TriageHow) -> list[tuple[str, ModuleType, TriageRole]]:
-    """(name, module, TRIAGE) of every registered tool with findings(result), those with a role in `how` (all when
-    none is named), in triage's order (by TriageRole.order; the others after, by name). A tool with findings but no
-    TRIAGE, or a TRIAGE but no findings, is refused: triage would silently leave it out; so is a second tool
-    declaring a SOLE role: triage would count the same findings twice."""
+    """(name, module, TRIAGE) of every detector (DETECTOR_NAMES), those with a role in `how` (all when none is
+    named), in triage's order (by TriageRole.order; the others after, by name). A tool with findings but no TRIAGE,
+    or a TRIAGE but no findings, is refused: triage would silently leave it out; so is a second tool declaring a
+    SOLE role: triage would count the same findings twice."""
     found = []
-    for name, module in sorted({**skills(), **pair_tools(), **job_tools()}.items()):
+    for name in sorted(DETECTOR_NAMES):
+        module = import_module(f"stallhound.tools.{name}")
         role = getattr(module, "TRIAGE", None)
         if hasattr(module, "findings") != isinstance(role, TriageRole):
             raise TypeError(f"tool {name}: a detector (findings(result)) declares TRIAGE = TriageRole(...), and "

@@ -43,7 +43,7 @@ from stallhound.analysis.shares import Classification
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
-from stallhound.tools import declared, detectors, iterations, skills
+from stallhound.tools import declared, detectors, iterations, skill
 
 DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
 # the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
@@ -238,7 +238,7 @@ def _loads_code(finding: Finding) -> bool:
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     prog = program.detect(con)
     chain = tuple(prog.fix_chain)
-    summary = skills()["profile_summary"]
+    summary = skill("profile_summary")
     quality = as_result(run_once(con, summary, summary.Params(profile=params.profile)), summary.Result).trace_quality
     unset = one_row(con.execute("SELECT capture_start_ns IS NULL FROM meta"))
     if unset[0]:
