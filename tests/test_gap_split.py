@@ -64,8 +64,9 @@ def test_gap_split_a_syncs_turnaround_ends_where_the_host_prints(cache_root):
                            ON s.id = r.nameId WHERE s.value LIKE 'cudaStreamSynchronize%'""").fetchall()
     expected = 0
     for start, end, thread in syncs:
-        [first_os] = raw.execute("SELECT min(start) FROM OSRT_API WHERE globalTid = ? AND start >= ?",
-                                 (thread, end)).fetchone()
+        [first_os] = raw.execute("""SELECT min(o.start) FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId
+                                    WHERE o.globalTid = ? AND o.start >= ? AND s.value NOT LIKE 'ioctl%'""",
+                                 (thread, end)).fetchone()  # ioctl: the driver's own
         cut = min(end + attribution.SYNC_RESUME_MAX_NS, first_os)
         expected += sum(min(e, cut) - s for s, e in idle if start <= s < end < e)
     con, scope = _attributed(FIXTURES / "clue_t4_report4.sqlite", cache_root)

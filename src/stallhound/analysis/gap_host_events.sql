@@ -52,7 +52,8 @@ host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed,
   FROM cuda_api a WHERE a.end_ns > $start AND a.start_ns < $end AND (a.end_ns - a.start_ns > $bucket_ns
     OR (a.pid, a.tid, a.start_ns // $bucket_ns) IN (SELECT pid, tid, bucket FROM near))
   UNION ALL
-  SELECT o.pid, o.tid, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait' ELSE 'os' END, o.start_ns, o.end_ns
+  SELECT o.pid, o.tid, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait'  -- ioctl: the GPU driver's own calls
+                           WHEN o.name LIKE 'ioctl%' THEN 'api' ELSE 'os' END, o.start_ns, o.end_ns
   FROM os_runtime o JOIN threads_in USING (pid, tid) WHERE o.end_ns > $start AND o.start_ns < $end
   UNION ALL
   SELECT n.pid, n.tid, t.what, n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
