@@ -474,6 +474,11 @@ def _random_timeline(seed: int):
                     copies.append({**copy(corr, s + 100, s + 600, direction, src, dst, 4), "device_id": device,
                                    "tid": tid})
                 corr += 1
+                at = s + rng.choice([1_000, 10_000, 60_000]) + rng.choice([500, 3_000, 30_000])
+                if kind != "alloc" and rng.random() < 0.5 and T + at not in {c["start_ns"] for c in calls
+                                                                             if c["tid"] == tid}:
+                    # an allocation after it, in the gap or after (a thread begins one call at a time)
+                    calls.append({**call("cudaMalloc", "alloc", at, at + rng.choice([2_000, 20_000])), "tid": tid})
                 if rng.random() < 0.5:  # a unified-memory migration no call launched: the driver's, or the host's
                     at = t + length + rng.choice([500, 3_000, 20_000, 70_000])
                     copies.append({**copy(None, at, at + 700, rng.choice(["UVM_H2D", "UVM_D2H"]), "unknown",
@@ -549,5 +554,56 @@ def test_attribution_host_communication_claims_its_own_time_under_half_a_gap(mpi
                             "kind": "push_pop", "depth": 0}],
                      sched=[{"pid": 1, "tid": 7, "time_ns": T + 10_000, "cpu": 0, "is_sched_in": True},
                             {"pid": 1, "tid": 7, "time_ns": T + 2_000_000, "cpu": 0, "is_sched_in": False}])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: t.ns for c, t in idle.causes.items()} == causes
+
+
+@pytest.mark.parametrize("malloc, causes", [
+    # the sync returns at 14 us, the cudaMalloc runs 17-23 us: the sync keeps its in-call idle and turnaround until
+    # the allocation begins (10-17 us), the allocation its own 6 us, the late launch the rest (23-40 us)
+    ((17_000, 23_000), {"sync": (7_000, 1, 1), "alloc": (6_000, 1, 0), "launch": (17_000, 1, 0)}),
+    (None, {"sync": (30_000, 1, 1)}),  # no allocation: the gap (30 us) is the sync's, turnaround and launch included
+    ((41_000, 45_000), {"sync": (30_000, 1, 1)}),  # an allocation after the gap claims none of it
+])
+def test_attribution_a_short_gap_is_cut_where_an_allocation_call_begins(malloc, causes):
+    """k1 runs dry at 10 us inside a cudaStreamSynchronize (5-14 us); k2, launched at 25-33 us, lands at 40 us: a
+    short gap (30 us), judged in the pass (ShortGaps) and by the labelling alike."""
+    calls = [call("cudaStreamSynchronize", "sync", 5_000, 14_000),
+             call("cudaLaunchKernel", "launch", -5_000, -1_000, 1),
+             call("cudaLaunchKernel", "launch", 25_000, 33_000, 2)]
+    calls += [call("cudaMalloc", "alloc", *malloc)] if malloc else []
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 40_000, 60_000, (25_000, 33_000))],
+                     cuda_api=calls)
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert {c: (t.ns, t.gaps, t.calls) for c, t in idle.causes.items()} == causes
+
+
+def test_attribution_a_sync_turnaround_ends_at_the_threads_first_os_call():
+    """The sync (5-11 us) drained the queue at 10 us; the thread calls fwrite() 2 us after it returned and runs on a
+    CPU until k2 lands at 6 ms: the sync keeps its in-call idle and those 2 us, the host's own work the rest."""
+    sched = [{"pid": 1, "tid": 7, "time_ns": T + t, "cpu": 0, "is_sched_in": i} for t, i in ((15_000, True),
+                                                                                          (5_900_000, False))]
+    idle, [gap] = late_resume(os_runtime=[{"pid": 1, "tid": 7, "name": "fwrite", "start_ns": T + 13_000,
+                                           "end_ns": T + 14_000}], sched=sched)
+    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == {"sync": (3_000, 1), "host_cpu": (5_987_000, 0)}
+    assert (gap.cause, gap.late_ns, gap.late_cause) == ("sync", 5_987_000, "host_cpu")
+
+
+@pytest.mark.parametrize("free_tid, free, causes", [
+    # thread 8 (which launches work too) frees 1-5 ms while thread 7, which launched k2, shows nothing: allocation for
+    # the free's own 4 ms, the rest untraced
+    (8, (1_000_000, 5_000_000), {"alloc": 4_000_000, "host_untraced": 1_990_000}),
+    (8, (1_000_000, 2_000_000), {"host_untraced": 5_990_000}),  # 1 of 5.99 ms: not what keeps the device idle
+    (9, (1_000_000, 5_000_000), {"host_untraced": 5_990_000}),  # a thread that launches no work: not the device's
+])
+def test_attribution_a_gap_other_launching_threads_spend_allocating_is_alloc(free_tid, free, causes):
+    """k1 runs dry at 10 us; thread 7 launches k2 at 5.99 ms (lands at 6 ms) and does nothing else seen; thread 8
+    launches k3 beside k2 and calls cudaFree meanwhile: a framework's other thread (autograd's) freeing memory."""
+    kernels = [kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 6_000_000, 6_010_000, (5_990_000, 5_995_000)),
+               {**kernel(3, 6_002_000, 6_004_000, (5_996_000, 5_997_000)), "tid": 8}]  # beside k2
+    calls = [call("cudaLaunchKernel", "launch", *k, n) for n, k in ((1, (-5_000, -1_000)), (2, (5_990_000, 5_995_000)))]
+    calls += [{**call("cudaLaunchKernel", "launch", 5_996_000, 5_997_000, 3), "tid": 8},
+              {**call("cudaFree", "alloc", *free), "tid": free_tid}]
+    con = make_model(kernels=kernels, cuda_api=calls)
     [idle] = attribution.attribute(con, scope(con)).devices.values()
     assert {c: t.ns for c, t in idle.causes.items()} == causes

@@ -229,13 +229,11 @@ def _clue_sync_share(lo: int, hi: int) -> tuple[int, int, int, int]:
 
 def test_sync_analysis_clue_counts_the_calls_and_claims_the_idle_they_explain(open_fixture):
     """CLUE syncs once per iteration (20 calls). The device idles 10.76 ms inside those calls, 10.1 ms of it waiting
-    on the driver between the prefetches back to the host: not the syncs'. The finding counts calls, not gaps, and
-    claims the drain inside each call plus the turnaround after it."""
+    on the driver between the prefetches back to the host: not the syncs'. About 1 us after each returns the thread
+    calls fwrite() and prints for ~4.7 ms: its own work, so the syncs keep only the drain inside them and that 1 us
+    (0.311 ms in all, tests/test_gap_split.py), not worth a finding; before, a 1 ms turnaround each (18.35 ms)."""
     con = open_fixture("clue_t4_report4").con
-    [f] = [f for f in run(con).findings if f.root_cause == "excessive-synchronization"]
+    assert not [f for f in run(con).findings if f.root_cause == "excessive-synchronization"]
     s = run(con).scope
-    share, calls, inside, waited = _clue_sync_share(s.start_ns, s.end_ns)
+    _, calls, inside, waited = _clue_sync_share(s.start_ns, s.end_ns)
     assert (calls, round(inside / 1e6, 2), round(waited / 1e6, 1)) == (20, 10.76, 10.1)
-    assert f.time_at_stake_ns == share and f.evidence["calls"] == calls
-    assert "20 cudaStreamSynchronize calls" in f.title
-    assert share <= inside - waited + calls * 1_000_000  # the drain inside the calls, and a turnaround per call

@@ -14,7 +14,8 @@ nanoseconds and their sum is the device's idle time:
   (the .item() pattern); a copy from pageable host memory, or a synchronize right after one; another
   synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call is why the
   device ran dry however late the host resumes: it keeps the gap up to SYNC_RESUME_MAX_NS after it returned
-  (the host's turnaround, which work queued ahead would have hidden); what lies past that is the late resume
+  (the host's turnaround, which work queued ahead would have hidden), or until the thread is seen doing its own work:
+  an OS call (printing, I/O) or an activity claimed for its own time (below); what lies past that is the late resume
   (late_ns), judged by what the host did in the gap like a gap without a blocking call (sync, launch,
   host_cpu, host_untraced). A synchronize call covering most of a longer gap also counts as sync (the host
   waited on other work meanwhile). Each blocking cause counts the distinct calls whose gaps it holds (calls).
@@ -26,7 +27,9 @@ nanoseconds and their sum is the device's idle time:
   one stays queued.
   A short gap that starts in a blocking call's wake (after it returned, until the thread's first kernel launch
   after it has returned) is the call's too: the call left the queue empty, so that launch's latency is exposed
-  however fast the host launches (attribution_sql.CALLS_SQL).
+  however fast the host launches (attribution_sql.CALLS_SQL). A short gap held by a call that allocates nothing, in
+  which the thread then calls an allocation call, is cut: the call's piece ends where the allocation begins, the
+  allocation calls claim their own time, and the rest is the late launch (short_gaps.ShortGaps).
 - host_fault: the device's work on both sides of the gap is unified-memory migrations that a host thread's touch
   caused (rules.HOST_TOUCH_SQL: the host reads managed memory that lives on the device, page by page), and the gap
   lasts at most FAULT_CYCLE_MAX_NS: the host is stalled in page faults between them, not launching or computing.
@@ -37,7 +40,9 @@ nanoseconds and their sum is the device's idle time:
 - alloc: memory allocation or free calls (device, or pinned host memory) cover most of the gap; or the gap began
   inside (or in the wake of) one that is not stream-ordered, a blocking call like those above (cudaFree waits for
   the device; while the host allocates it launches nothing); or, in a gap of up to OP_OVERHEAD_MAX_NS before a late
-  launch, allocating is the most the host is seen doing (the op's overhead was its allocation).
+  launch, allocating is the most the host is seen doing (the op's overhead was its allocation). For a gap begun in
+  no blocking call, the allocation calls of every launching thread of the process count (a framework's other thread,
+  such as autograd's, frees memory while the launching thread waits on it).
 - jit: a module load or a run-time compile (module-loading calls, compile NVTX ranges, the first launch of a kernel
   when that call is long: lazy loading) inside the gap, unless allocation, communication, a loader or waits (below)
   cover most of it; charged for the time they run (their union within the gap), the rest of the gap judged like a
@@ -71,12 +76,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import duckdb
-import numpy as np
 
 from stallhound.analysis import gap_pass, nvtx_texts, rules
 from stallhound.analysis.attribution_sql import CALLS_SQL, HOST_SQL, MAIN_THREAD_SQL, SPANS_SQL, THREADS_SQL, TOTALS_SQL
 from stallhound.analysis.common import Scope, per_model
 from stallhound.analysis.device_pass import DEFAULT_SLICES
+from stallhound.analysis.short_gaps import ShortGaps
 from stallhound.model.duck import one_row
 
 LAUNCH_GAP_MAX_NS = 50_000  # 50 us: eager frameworks spend up to this much host time per op; longer is other work
@@ -130,81 +135,6 @@ def bound(sql: str, params: dict[str, object]) -> dict[str, object]:
     return {name: params[name] for name in set(re.findall(r"\$(\w+)", sql)) if name in params}
 
 
-UNBLOCKED = ("host_untraced", "launch_tiny", "launch")  # a short gap's cause with no blocking call, coded -1, -2, -3
-
-
-class ShortGaps:
-    """The gap pass's judge (gap_pass.Judge) of the gaps LABELLED would only count: not queued, at most
-    LAUNCH_GAP_MAX_NS and shorter than the pass's fold limit. Each gets the cause LABELLED gives it (the blocking
-    call whose span or wake (CALLS_SQL) holds its start on its thread, else host_untraced when the work after it was
-    not launched by a traced call, else launch_tiny or launch) and is counted and summed per (device, cause, call)
-    instead of written: most gaps of a large export, which the labelling then no longer reads."""
-
-    def __init__(self, spans: dict[str, np.ndarray], main_threads: dict[int, tuple[int, int]], below_ns: int):
-        self.below_ns, self.main_threads = below_ns, main_threads
-        self.labels = sorted(set(spans["cause"].tolist()) | set(spans["name"].tolist()) - {None}
-                             | {"queued", "host_fault"})
-        ids = {label: i for i, label in enumerate(self.labels)}  # a call with no name: -1, as no call (NULL)
-        self.spans: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
-        cause = np.array([ids[c] for c in spans["cause"].tolist()], dtype=np.int64)
-        name = np.array([ids.get(n, -1) for n in spans["name"].tolist()], dtype=np.int64)
-        thread = np.stack([spans["pid"], spans["tid"]], axis=1).astype(np.int64)
-        edges = np.flatnonzero(np.any(thread[1:] != thread[:-1], axis=1)) + 1  # SPANS_SQL sorts by thread, start
-        for lo, hi in zip(np.concatenate(([0], edges)), np.concatenate((edges, [len(thread)])), strict=True):
-            if hi > lo:
-                self.spans[int(thread[lo, 0]), int(thread[lo, 1])] = (
-                    spans["start_ns"][lo:hi], spans["until_ns"][lo:hi], spans["reach_ns"][lo:hi],
-                    spans["end_ns"][lo:hi], cause[lo:hi], name[lo:hi])
-        self.counted: dict[tuple[int, str, str | None], list[int]] = {}
-        self.calls: dict[tuple[int, str], set[tuple[int, int, int]]] = {}  # (device, cause) -> (pid, tid, call start)
-
-    def __call__(self, device: int, gaps: dict[str, np.ndarray]) -> np.ndarray:
-        start, end, launch_end = gaps["start_ns"], gaps["end_ns"], gaps["launch_end_ns"]
-        duration = end - start
-        judged = (duration < self.below_ns) & (duration <= LAUNCH_GAP_MAX_NS) & ~(launch_end <= start)
-        if not judged.any():
-            return judged
-        at = np.flatnonzero(judged)
-        pid, tid = self._threads(device, {k: gaps[k][at] for k in ("pid", "tid", "prev_pid", "prev_tid")})
-        untraced = launch_end[at] >= gap_pass.TOUCH_TIME
-        touched = gaps["touched"][at]  # host_fault, whatever call the thread is in (gap_causes.sql)
-        cause = np.where(touched, self.labels.index("host_fault"),
-                         np.where(untraced, -1, np.where(gaps["tiny"][at], -2, -3)))  # UNBLOCKED
-        call = np.full(len(at), -1)
-        begins, ends, launched = start[at], end[at], launch_end[at]
-        driver = launched == gap_pass.DRIVER_TIME
-        for key, (starts, untils, reaches, call_ends, causes, names) in self.spans.items():
-            mine = np.flatnonzero((pid == key[0]) & (tid == key[1]) & ~touched)
-            if not len(mine):
-                continue
-            span = np.searchsorted(starts, begins[mine], side="right") - 1
-            pos = np.maximum(span, 0)
-            woken = (begins[mine] < reaches[pos]) & (launched[mine] <= reaches[pos])  # in its wake (CALLS_SQL)
-            inside = (span >= 0) & ((begins[mine] < untils[pos]) | woken)
-            cause[mine[inside]], call[mine[inside]] = causes[span[inside]], names[span[inside]]
-            waited = inside & driver[mine] & (ends[mine] <= call_ends[pos])  # gap_causes.sql: queued
-            cause[mine[waited]], call[mine[waited]] = self.labels.index("queued"), -1
-            blocked = inside & ~waited
-            for c, at_call in set(zip(causes[span[blocked]].tolist(), starts[span[blocked]].tolist(), strict=True)):
-                self.calls.setdefault((device, self.labels[c]), set()).add((*key, at_call))
-        for c, n in set(zip(cause.tolist(), call.tolist(), strict=True)):
-            these = (cause == c) & (call == n)
-            label = UNBLOCKED[-c - 1] if c < 0 else self.labels[c]
-            sums = self.counted.setdefault((device, label, self.labels[n] if n >= 0 else None), [0, 0])
-            sums[0] += int(these.sum())
-            sums[1] += int(duration[at][these].sum())
-        return judged
-
-    def _threads(self, device: int, g: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Each gap's thread as gap_thread picks it: the next work's, else the previous work's, else the device's
-        main thread (NO_THREAD when it has none)."""
-        main = self.main_threads.get(device, (gap_pass.NO_THREAD, gap_pass.NO_THREAD))
-        own, prev = g["tid"] != gap_pass.NO_THREAD, g["prev_tid"] != gap_pass.NO_THREAD
-        pid = np.where(own, g["pid"], np.where(prev, g["prev_pid"], main[0]))
-        tid = np.where(own, g["tid"], np.where(prev, g["prev_tid"], main[1]))
-        return pid, tid
-
-
 @contextmanager
 def labelled_inputs(con: duckdb.DuckDBPyConnection, scope: Scope, fold_below_ns: int,
                     slices: int | None = None) -> Iterator[tuple[gap_pass.Folded, ShortGaps]]:
@@ -219,7 +149,7 @@ def labelled_inputs(con: duckdb.DuckDBPyConnection, scope: Scope, fold_below_ns:
             con.execute(sql, bound(sql, params))
         spans = con.execute(SPANS_SQL).fetchnumpy()
         main_threads = {d: (p, t) for d, p, t in con.execute(MAIN_THREAD_SQL).fetchall()}
-        short = ShortGaps(spans, main_threads, fold_below_ns)
+        short = ShortGaps(spans, main_threads, min(fold_below_ns, LAUNCH_GAP_MAX_NS + 1))
         with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, fold_below_ns, slices, short) as folded:
             con.execute(HOST_SQL, bound(HOST_SQL, params))
             yield folded, short

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stallhound.analysis import rules
-from stallhound.analysis.intervals import overlaps
+from stallhound.analysis.intervals import covered, overlaps
 from stallhound.model.sql_files import sql_beside
 
 THREADS_SQL = """CREATE TEMP TABLE gap_work_threads AS  -- the work's launching threads, operations per device
@@ -131,11 +131,14 @@ at_start AS (  -- each gap with the blocking call that holds it (blocked_cause, 
 # waits, the profiler's overhead) and the framework's operators, the union of their time inside it.
 ACTIVITIES = "('jit', 'module', 'lazy', 'profiler', 'loader', 'alloc', 'wait', 'comm')"  # claimed for their own time
 HOST = sql_beside(__package__, "gap_host_events.sql") + overlaps(
-    "touch", "long_gaps", "host_events", "pid, tid", "what") + """,
-cuts AS (  -- a gap begun in a blocking call: where the call's piece ends (cut_ns, gap_causes.sql), its return plus the
-  -- turnaround, $resume_max at most, while the host does nothing identifiable: a claimed activity (ACTIVITIES) is seen
+    "touch", "long_gaps", "host_events", "pid, tid", "what") + ",\n" + overlaps(
+    "process_touch", "long_gaps", "process_allocs", "pid") + ",\n" + covered("process_alloc", "process_touch") + """,
+cuts AS (  -- a gap begun in a blocking call: where the call's piece ends (gap_causes.sql), its return plus the
+  -- turnaround, $resume_max at most, while the host does nothing but drive the device: until a claimed activity
+  -- (ACTIVITIES) runs (cut_ns), or the thread makes an OS call (printing, I/O: its own work; own_ns)
   SELECT g.probe_id, least(g.b_end + $resume_max, min(greatest(t.start_ns, g.b_end)) FILTER (
-           WHERE t.end_ns > g.b_end AND t.what IN """ + ACTIVITIES + """)) AS cut_ns
+           WHERE t.end_ns > g.b_end AND t.what IN """ + ACTIVITIES + """)) AS cut_ns,
+         min(t.start_ns) FILTER (WHERE t.start_ns >= g.b_end AND t.what = 'os') AS own_ns
   FROM long_gaps g LEFT JOIN touch t USING (probe_id) WHERE g.b_end IS NOT NULL GROUP BY g.probe_id, g.b_end),
 nested AS (  -- per gap, the union of each activity's time in it: nested compile ranges, a load inside a compile
   -- range, nested operators, loader or communication ranges count once (a piece adds what lies past the latest end
@@ -155,14 +158,16 @@ nested AS (  -- per gap, the union of each activity's time in it: nested compile
               WHERE t.what IN """ + ACTIVITIES[:-1] + """, 'op')))
   GROUP BY probe_id),
 host AS (
-  SELECT h.*, n.jit_ns, n.profiler_ns, n.op_ns, n.loader_ns, n.alloc_ns, n.wait_ns, n.comm_ns, c.cut_ns FROM (
-  SELECT probe_id AS gap_id, sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,
+  SELECT g.probe_id AS gap_id, h.* EXCLUDE (probe_id), n.jit_ns, n.profiler_ns, n.op_ns, n.loader_ns,
+         CASE WHEN g.b_end IS NULL THEN coalesce(pa.ns, n.alloc_ns) ELSE n.alloc_ns END AS alloc_ns, n.wait_ns,
+         n.comm_ns, c.cut_ns, c.own_ns FROM long_gaps g LEFT JOIN (
+  SELECT probe_id, sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'launch') AS launch_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'cpu') AS cpu_ns,
-         sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api'))
+         sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api', 'os'))
            AS api_ns
-  FROM touch GROUP BY probe_id) h LEFT JOIN nested n ON n.probe_id = h.gap_id
-  LEFT JOIN cuts c ON c.probe_id = h.gap_id),"""
+  FROM touch GROUP BY probe_id) h USING (probe_id) LEFT JOIN nested n USING (probe_id) LEFT JOIN cuts c USING (probe_id)
+  LEFT JOIN process_alloc pa USING (probe_id)),"""
 
 HOST_SQL = "CREATE TEMP TABLE gap_host AS WITH " + WORK + HOST.rstrip().rstrip(",") + """
 SELECT * FROM host"""

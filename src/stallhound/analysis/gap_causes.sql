@@ -8,9 +8,11 @@
 -- activity claims only its own time in the gap (the union of its events there, gap_host): a finding never claims more
 -- than the time of the events it is about. So a gap is cut in up to three pieces that never share nanoseconds
 -- (split): the blocking call it began in (its in-call idle and up to $resume_max of turnaround, while the host does
--- nothing identifiable: gap_host's cut_ns); the activity's own time after that (one piece with the call's when it is
--- of the call's kind) (then_ns, then_cause); the rest (late_ns, late_cause: host_cause). A blocking
--- call's late resume with no activity, likewise the rest. The result as labelled.
+-- nothing but drive the device: gap_host's cut_ns at a claimed activity, own_ns at an OS call); the activity's own
+-- time after that (one piece with the call's when it is of the call's kind) (then_ns, then_cause); the rest
+-- (late_ns, late_cause: host_cause). A blocking call's late resume with no activity, likewise the rest. A short gap
+-- begun in a call that allocates nothing is cut where an allocation call of its thread begins in it
+-- (short_allocs): the allocation calls' own time (then), the late launch after them (late). The result as labelled.
 -- Before all that, a held gap: one of $held_min or more that a blocking copy call on any thread spans to its end, for
 -- most of it, whose transfer runs on the gap's device only after the gap, while the work after the gap had been
 -- launched before the call began (or by no traced call): the device waited on work the trace does not show (another
@@ -18,7 +20,7 @@
 -- A synchronize call names no device and moves nothing, so a queued gap inside one stays queued (the device may wait
 -- on another device the host waits for too).
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
--- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max.
+-- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max, $bucket_ns.
 held AS (
   SELECT g.gap_id, b.cause AS h_cause, b.name AS h_name, b.pid AS h_pid, b.tid AS h_tid, b.start_ns AS h_start
   FROM idle_gaps g JOIN gap_blocking_calls b ON b.copy_device = g.device_id AND b.start_ns < g.end_ns
@@ -26,8 +28,18 @@ held AS (
   WHERE g.duration_ns >= $held_min AND NOT g.driver AND coalesce(g.launch_end_ns <= b.start_ns, true)
     AND g.end_ns - greatest(g.start_ns, b.start_ns) >= $dominant * g.duration_ns
   QUALIFY row_number() OVER (PARTITION BY g.gap_id ORDER BY b.start_ns, b.pid, b.tid) = 1),
+short_allocs AS (  -- a short gap begun in a blocking call that allocates nothing: the thread's allocation calls that
+  -- begin in it after that call, each for its own time (until the thread's next blocking call), as ShortGaps finds them
+  SELECT g.gap_id, min(a.start_ns) AS alloc_at, sum(least(a.until_ns, g.end_ns) - a.start_ns) AS s_alloc_ns
+  FROM (SELECT gap_id, pid, tid, end_ns, b_start,
+               unnest(range(start_ns // $bucket_ns, (end_ns - 1) // $bucket_ns + 1)) AS bucket
+        FROM at_start WHERE duration_ns <= $launch_gap_max AND blocked_cause <> 'alloc') g
+  JOIN (SELECT *, start_ns // $bucket_ns AS bucket FROM gap_blocking_calls WHERE cause = 'alloc') a
+    ON a.pid = g.pid AND a.tid = g.tid AND a.bucket = g.bucket AND a.start_ns > g.b_start AND a.start_ns < g.end_ns
+  GROUP BY g.gap_id),
 judged AS (
-  SELECT g.*, h.jit_ns, h.profiler_ns, hd.h_cause IS NOT NULL AS held, hd.h_name, hd.h_pid, hd.h_tid, hd.h_start,
+  SELECT g.*, sa.alloc_at, sa.s_alloc_ns, h.jit_ns, h.profiler_ns, hd.h_cause IS NOT NULL AS held, hd.h_name,
+         hd.h_pid, hd.h_tid, hd.h_start,
   CASE
     WHEN hd.h_cause IS NOT NULL THEN hd.h_cause
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
@@ -57,12 +69,13 @@ judged AS (
       AND h.alloc_ns >= greatest(coalesce(h.launch_ns, 0), coalesce(h.sync_ns, 0),
                                  coalesce(h.cpu_ns, 0) - coalesce(h.api_ns, 0)) AS op_alloc,  -- the op's overhead
       -- was its allocation: allocating is the most the host is seen doing in it
-    h.alloc_ns, h.comm_ns, h.loader_ns, h.wait_ns, h.cut_ns
-  FROM at_start g LEFT JOIN gap_host h USING (gap_id) LEFT JOIN held hd USING (gap_id)),
+    h.alloc_ns, h.comm_ns, h.loader_ns, h.wait_ns, h.cut_ns, h.own_ns
+  FROM at_start g LEFT JOIN gap_host h USING (gap_id) LEFT JOIN held hd USING (gap_id)
+  LEFT JOIN short_allocs sa USING (gap_id)),
 activity AS (  -- a longer gap's host activity (one claimed for its own time), that time, and the blocking call's piece
   -- before it: the call's in-call idle and up to $resume_max of turnaround, when the call is not the activity's kind
   SELECT *, CASE WHEN act IS NULL OR held OR blocked_cause IS NULL THEN 0
-                 ELSE least(end_ns, coalesce(cut_ns, b_end + $resume_max)) - start_ns END AS call_ns
+                 ELSE least(end_ns, coalesce(cut_ns, b_end + $resume_max), own_ns) - start_ns END AS call_ns
   FROM (SELECT *, CASE WHEN held OR duration_ns <= $launch_gap_max THEN NULL
                        WHEN early_cause IN ('host_comm', 'input_wait', 'host_wait', 'jit', 'profiler') THEN early_cause
                        WHEN early_cause = 'alloc' AND alloc_ns + CASE WHEN blocked_cause = 'alloc' THEN greatest(0,
@@ -74,16 +87,19 @@ activity AS (  -- a longer gap's host activity (one claimed for its own time), t
                     ELSE coalesce(alloc_ns, 0) END AS act_ns FROM judged)),
 split AS (
   SELECT *, CASE WHEN call_ns > 0 THEN blocked_cause ELSE coalesce(act, early_cause, host_cause) END AS cause,
-         CASE WHEN call_ns > 0 AND act <> blocked_cause THEN act END AS then_cause,  -- of the call's kind: one piece
-         CASE WHEN call_ns > 0 AND act <> blocked_cause THEN least(act_ns, duration_ns - call_ns) ELSE 0 END AS then_ns,
+         CASE WHEN call_ns > 0 AND act <> blocked_cause THEN act WHEN short_split THEN 'alloc' END AS then_cause,
+         CASE WHEN call_ns > 0 AND act <> blocked_cause THEN least(act_ns, duration_ns - call_ns)  -- of the call's
+              WHEN short_split THEN s_alloc_ns ELSE 0 END AS then_ns,  -- kind: one piece
          CASE
+    WHEN short_split THEN duration_ns - (alloc_at - start_ns) - s_alloc_ns  -- the rest: the late launch
     WHEN act = 'alloc' AND blocked_cause = 'alloc' THEN greatest(0, duration_ns - (least(b_end, end_ns) - start_ns)
       - act_ns - $resume_max)  -- begun in an alloc call: the calls' own time in it and one turnaround after them
     WHEN act IS NOT NULL THEN duration_ns - call_ns - least(act_ns, duration_ns - call_ns)
     WHEN early_cause = blocked_cause AND host_cause <> early_cause AND duration_ns > $launch_gap_max AND NOT held
-      THEN greatest(0, end_ns - (b_end + $resume_max))
+      THEN greatest(0, end_ns - least(b_end + $resume_max, own_ns))  -- least skips a NULL
     ELSE 0 END AS late_ns
-  FROM activity),
+  FROM (SELECT *, duration_ns <= $launch_gap_max AND early_cause = blocked_cause AND alloc_at IS NOT NULL
+                  AS short_split FROM activity)),  -- a short gap's call piece ends where an allocation call begins
 labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls; a held
   -- gap is the copy's thread's
   SELECT gap_id, device_id, start_ns, end_ns, duration_ns, CASE WHEN held THEN h_pid ELSE pid END AS pid,

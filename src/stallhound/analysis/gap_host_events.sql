@@ -1,6 +1,6 @@
 -- What the launching threads did around the long gaps (neither queued nor at most $launch_gap_max): their CUDA
 -- calls near those gaps (each with its kind: jit, module, alloc, lazy load, sync, launch or other API), OS-runtime
--- waits, NVTX ranges of a known kind (jit, comm, loader), framework operators (ranges of domain $op_domain) when the
+-- calls (waits, and others: 'os'), NVTX ranges of a known kind (jit, comm, loader), framework operators (ranges of domain $op_domain) when the
 -- trace has no CPU data, time on a CPU (scheduler data, else CPU samples), and the profiler's own overhead in their
 -- process (profiler_overhead: CUPTI buffer flushes stall the process's CUDA calls), as host_events.
 -- A lazy load is a launch call of at least $lazy that launched the first kernel of its name in its process: a
@@ -36,6 +36,11 @@ firsts AS (  -- the first kernel of each of their names in their process
   WHERE (pid, coalesce(name, short_name)) IN (SELECT pid, name FROM long_launched) GROUP BY ALL),
 lazy_loads AS (  -- the long launches that launched it
   SELECT l.pid, l.correlation_id FROM long_launched l JOIN firsts f USING (pid, name) WHERE l.start_ns = f.first_ns),
+process_allocs AS (  -- the allocation calls of every launching thread of a process: a gap the launching thread
+  -- began in no blocking call is alloc for the union of them (a framework's other thread, autograd's, frees memory
+  -- while this one waits on it)
+  SELECT a.pid, a.start_ns, a.end_ns FROM cuda_api a JOIN threads_in USING (pid, tid)
+  WHERE a.kind = 'alloc' AND a.end_ns > $start AND a.start_ns < $end),
 host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed, as written once it spills on the largest exports
   SELECT a.pid, a.tid, CASE WHEN a.kind = 'module' AND regexp_matches(a.name, $jit_calls) THEN 'jit'
                            WHEN a.kind = 'module' THEN 'module' WHEN a.kind = 'alloc' THEN 'alloc'
@@ -47,7 +52,8 @@ host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed,
   FROM cuda_api a WHERE a.end_ns > $start AND a.start_ns < $end AND (a.end_ns - a.start_ns > $bucket_ns
     OR (a.pid, a.tid, a.start_ns // $bucket_ns) IN (SELECT pid, tid, bucket FROM near))
   UNION ALL
-  SELECT o.pid, o.tid, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait' ELSE 'api' END, o.start_ns, o.end_ns
+  SELECT o.pid, o.tid, CASE WHEN regexp_matches(o.name, $waits) THEN 'wait'  -- ioctl: the GPU driver's own calls
+                           WHEN o.name LIKE 'ioctl%' THEN 'api' ELSE 'os' END, o.start_ns, o.end_ns
   FROM os_runtime o JOIN threads_in USING (pid, tid) WHERE o.end_ns > $start AND o.start_ns < $end
   UNION ALL
   SELECT n.pid, n.tid, t.what, n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)

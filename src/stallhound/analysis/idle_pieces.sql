@@ -25,10 +25,11 @@ kept AS MATERIALIZED (  -- a row of its own for each gap that can be listed, has
 pieces0 AS (  -- a gap's time by cause: all of it, or its pieces in order (gap_causes.sql): its cause's, a host
   -- activity's own time after a blocking call's piece (then_ns), the rest (late_ns: a late resume after a blocking
   -- call, or the time the activity did not run); held_ns: a held gap's, never split
-  SELECT gap_id, device_id, cause, gaps, start_ns, ns - then_ns - late_ns AS ns, duration_ns, calls, held_ns FROM kept
-  UNION ALL SELECT gap_id, device_id, then_cause, 1, end_ns - late_ns - then_ns, then_ns, duration_ns, NULL, 0
+  SELECT gap_id, device_id, cause, gaps, start_ns, ns - then_ns - late_ns AS ns, duration_ns, calls, held_ns,
+         blocked_in FROM kept
+  UNION ALL SELECT gap_id, device_id, then_cause, 1, end_ns - late_ns - then_ns, then_ns, duration_ns, NULL, 0, NULL
   FROM kept WHERE then_ns > 0
-  UNION ALL SELECT gap_id, device_id, late_cause, 1, end_ns - late_ns, late_ns, duration_ns, NULL, 0 FROM kept
+  UNION ALL SELECT gap_id, device_id, late_cause, 1, end_ns - late_ns, late_ns, duration_ns, NULL, 0, NULL FROM kept
   WHERE late_ns > 0),
 pieces AS (  -- host_id: the gap's id on its piece with no host activity traced (a gap has one at most)
   SELECT *, CASE WHEN cause IN ('host_untraced', 'host_cpu') THEN gap_id END AS host_id FROM pieces0),

@@ -5,9 +5,9 @@
 -- held): two lists.
 -- The end of attribution_sql.TOTALS_SQL, after the pauses (periodic).
 -- Binds $bubble_min, $min_gap.
-apis AS (
+apis AS (  -- by the time of the blocking calls' own pieces
   SELECT device_id, cause, first(blocked_in ORDER BY ns DESC, blocked_in) AS api FROM (
-    SELECT device_id, cause, blocked_in, sum(ns) AS ns FROM kept
+    SELECT device_id, cause, blocked_in, sum(ns) AS ns FROM pieces
     WHERE cause IN ('sync', 'readback', 'pageable_copy', 'sync_copy') AND blocked_in IS NOT NULL GROUP BY ALL)
   GROUP BY ALL),
 totals AS (
