@@ -18,6 +18,7 @@ from stallhound.analysis.step_boundaries import MIN_REPEATS, boundaries
 from stallhound.model.sql_files import sql_beside
 
 MIN_STEPS = MIN_REPEATS  # fewer steps in the window cannot show that every step repeats the others
+MIN_GRAPH_KERNELS = 2  # a graph of one kernel replaces one launch with one replay: it saves nothing
 STEP_KERNELS_SQL = sql_beside(__package__, "step_kernels.sql")
 
 
@@ -36,8 +37,10 @@ def steps_in(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[tuple[int, in
 
 
 def same_steps(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, SameSteps]:
-    """Per device in scope whose steps in the window all run one kernel sequence: the steps and kernels per step."""
-    return repeated(con, steps_in(con, scope), scope.devices)
+    """Per device in scope whose steps in the window all run one sequence of MIN_GRAPH_KERNELS kernels or more: the
+    steps and kernels per step (what a CUDA graph replay per step could replace)."""
+    found = repeated(con, steps_in(con, scope), scope.devices)
+    return {device: same for device, same in found.items() if same.kernels >= MIN_GRAPH_KERNELS}
 
 
 def repeated(con: duckdb.DuckDBPyConnection, steps: list[tuple[int, int]], devices: list[int]) -> dict[int, SameSteps]:
