@@ -77,7 +77,7 @@ def find(folder: Path | None, profiles: list[str], call: list[str]) -> Memo | No
         return None
     named = json.dumps([call, profiles, [os.path.realpath(p) for p in profiles]])
     settings = sorted((k, v) for k, v in os.environ.items() if k.startswith(SETTINGS_PREFIX))
-    stamp = json.dumps([stamps, MODEL_VERSION, code_stamp(), settings])
+    stamp = json.dumps([named, stamps, MODEL_VERSION, code_stamp(), settings])  # the call too: names may collide
     name = hashlib.blake2b(named.encode(), digest_size=16).hexdigest()
     return Memo(path=(folder or cache_dir()) / MEMO_FOLDER / f"{name}.json", stamp=stamp)
 
