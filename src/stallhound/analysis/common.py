@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -161,11 +162,27 @@ _model_cache: dict[tuple, object] = {}
 _model_cache_lock = threading.Lock()  # calls run on worker threads: eviction must not race another call's insert
 
 
+_fingerprints: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()
+
+
+def _fingerprint(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The model's fingerprint, asked once per connection (a triage calls per_model some twenty times); test models
+    (none, or 'test') are asked each time, as a test may fill their meta after opening them."""
+    with _model_cache_lock:
+        if (known := _fingerprints.get(con)) is not None:
+            return known
+    found = con.execute("SELECT fingerprint FROM meta").fetchone()
+    fingerprint = found[0] if found else None
+    if fingerprint not in (None, "test"):
+        with _model_cache_lock:
+            _fingerprints[con] = fingerprint
+    return fingerprint
+
+
 def per_model(con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], T]) -> T:
     """compute() once per model and key. A model file never changes once built (its fingerprint names its
     content), so a result is never stale; in-memory test models (no fingerprint, or 'test') are not cached."""
-    found = con.execute("SELECT fingerprint FROM meta").fetchone()
-    fingerprint = found[0] if found else None
+    fingerprint = _fingerprint(con)
     if fingerprint in (None, "test"):
         return compute()
     full = (fingerprint, *key)
@@ -229,7 +246,9 @@ def leads_first(items: list[T], finding: Callable[[T], Finding], limit: int) -> 
 
 
 def devices_of(con: duckdb.DuckDBPyConnection) -> list[int]:
-    return [r[0] for r in con.execute("SELECT device_id FROM gpus ORDER BY device_id").fetchall()]
+    """The model's device ids, ascending (asked once per model: every scoped tool of a triage resolves its scope)."""
+    return list(per_model(con, ("devices",), lambda: [r[0] for r in con.execute(
+        "SELECT device_id FROM gpus ORDER BY device_id").fetchall()]))
 
 
 def resolve_scope(con: duckdb.DuckDBPyConnection, params: ScopedParams,

@@ -63,15 +63,23 @@ def _compared(module: ModuleType, params: BaseModel, args: argparse.Namespace) -
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallhound.cli import memo  # at run time: parsing stays light (cli/main.py)
+
+    if args.fail_on_regression is not None and args.fail_on_regression < 0:
+        raise BadOption(f"--fail-on-regression {args.fail_on_regression:g} is negative; pass a percentage "
+                             "of 0 or more")
+    call = ["diff", args.format, args.limit, args.range_name, args.fail_on_regression]
+    kept = None if args.no_cache else memo.find(args.cache_dir, [args.before, args.after], call)
+    return memo.answered(kept, lambda: _diffed(args))
+
+
+def _diffed(args: argparse.Namespace) -> int:
     from stallhound.cli.calls import parse_params
     from stallhound.tools import diff_profiles
 
     pairs = ([] if args.limit is None else [f"limit={args.limit}"]) + range_name_pairs(args)
     params = parse_params(diff_profiles, args.before, pairs, as_field="before", after=args.after)
     assert isinstance(params, diff_profiles.Params)  # parse_params builds the module's Params
-    if args.fail_on_regression is not None and args.fail_on_regression < 0:
-        raise BadOption(f"--fail-on-regression {args.fail_on_regression:g} is negative; pass a percentage "
-                             "of 0 or more")
     result = _compared(diff_profiles, params, args)
     assert isinstance(result, diff_profiles.Result)  # fit keeps the module's Result
     d = result.decision

@@ -6,6 +6,8 @@ import argparse
 
 from stallhound.cli.arguments import PROFILE_FILES, Subcommands, add_profile_options, add_range_name, range_name_pairs
 
+UNKEPT_TOOLS = {"query_sql"}  # the user's SQL may ask for now() or random(): not a pure function of the model
+
 
 def register(sub: Subcommands) -> None:
     tool = sub.add_parser("tool", help="run one analysis tool on a profile")
@@ -29,8 +31,17 @@ def register(sub: Subcommands) -> None:
     triage.set_defaults(run=run_triage)
 
 
-def _run(args: argparse.Namespace, name: str, pairs: list[str], form: str) -> None:
-    """Run the tool `name` on the profile and print its result as `form` (see print_fitted)."""
+def _run(args: argparse.Namespace, name: str, pairs: list[str], form: str) -> int:
+    """Run the tool `name` on the profile and print its result as `form` (see print_fitted), or print the answer
+    kept from the same call on the same model (cli/memo.py)."""
+    from stallhound.cli import memo  # at run time: parsing stays light (cli/main.py)
+
+    pure = not args.no_cache and name not in UNKEPT_TOOLS
+    kept = memo.find(args.cache_dir, [args.profile], ["tool", name, form, *pairs]) if pure else None
+    return memo.answered(kept, lambda: _computed(args, name, pairs, form))
+
+
+def _computed(args: argparse.Namespace, name: str, pairs: list[str], form: str) -> int:
     from stallhound import tools
     from stallhound.analysis.contracts import run_skill
     from stallhound.cli.calls import parse_params, print_fitted
@@ -45,11 +56,11 @@ def _run(args: argparse.Namespace, name: str, pairs: list[str], form: str) -> No
             print_fitted(run_skill(profile.con, module, params), module, params, form)
     finally:
         profile.close()
+    return 0
 
 
 def run_tool(args: argparse.Namespace) -> int:
-    _run(args, args.name, args.param, "json" if args.json else "text")
-    return 0
+    return _run(args, args.name, args.param, "json" if args.json else "text")
 
 
 def list_tools(_args: argparse.Namespace) -> int:
@@ -61,6 +72,6 @@ def list_tools(_args: argparse.Namespace) -> int:
 
 
 def run_triage(args: argparse.Namespace) -> int:
-    _run(args, "triage", range_name_pairs(args), "json" if args.json else "markdown" if args.markdown else "text")
-    return 0
+    form = "json" if args.json else "markdown" if args.markdown else "text"
+    return _run(args, "triage", range_name_pairs(args), form)
 

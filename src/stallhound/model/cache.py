@@ -24,6 +24,8 @@ import duckdb
 from stallhound.model import allocator
 from stallhound.model.duck import close_model, open_model
 from stallhound.model.errors import CacheUnwritable, ProfileChanged
+from stallhound.model.folders import CACHE_ENV as CACHE_ENV  # where callers have long found them
+from stallhound.model.folders import cache_dir as cache_dir
 from stallhound.model.limits import out_of_resources
 from stallhound.model.schema import MODEL_VERSION
 
@@ -33,7 +35,6 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-CACHE_ENV = "STALLHOUND_CACHE_DIR"
 SPILL_SUFFIX = ".tmp"  # DuckDB spills into a folder named after its database file plus this
 SAMPLE_BLOCK_BYTES = 64 * 1024  # fingerprint reads this much at each sampled offset
 SAMPLE_BLOCKS = 64  # evenly spaced blocks: ~4 MiB read even for a multi-GB export
@@ -81,14 +82,6 @@ def fingerprint(path: Path) -> str:
             fh.seek(offset)
             digest.update(fh.read(SAMPLE_BLOCK_BYTES))
     return digest.hexdigest()
-
-
-def cache_dir() -> Path:
-    """$STALLHOUND_CACHE_DIR, else $XDG_CACHE_HOME/stallhound, else ~/.cache/stallhound."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "stallhound"
 
 
 def unwritable(directory: Path, exc: OSError) -> CacheUnwritable:

@@ -12,7 +12,6 @@ from pathlib import Path
 import duckdb
 
 from stallhound.formats.base import Format
-from stallhound.formats.nsys import build as export_build
 from stallhound.formats.nsys.hardware import OPTIONS
 from stallhound.formats.nsys.raw import (
     ROLLBACK_MODE,
@@ -64,6 +63,8 @@ def _scan_copy(sqlite_path: Path, directory: Path) -> Path:
 def build_export(sqlite_path: Path, out: Path, key: str, progress: Progress | None = None,
                  cancelled: threading.Event | None = None) -> None:
     """Build the model of an nsys export into `out`, through a private copy when the export is in WAL mode."""
+    from stallhound.formats.nsys import build as export_build  # here: opening a cached model needs none of it
+
     raw = RawExport(sqlite_path, cancelled)
     try:
         if is_wal_mode(sqlite_path):
