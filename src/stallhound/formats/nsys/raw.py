@@ -204,7 +204,9 @@ class RawExport:
             if missing:
                 self.notes.append(left_out_note(table, missing, self.count(table)))
                 del self.table_names[table]
-        if any(not declared for t in self.table_names for _, declared in self.declared(t)):
+        # Only the tables the build reads: other tools add their own (Extra-P's EXTRAP_* declare no types); a table
+        # read beyond these that fails to cast still gets the loose retry (recover).
+        if any(not declared for t in self.table_names if t in REQUIRED_COLUMNS for _, declared in self.declared(t)):
             self.read_loosely()
 
     def read_loosely(self) -> None:
