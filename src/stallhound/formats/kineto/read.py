@@ -1,8 +1,9 @@
 """Stream a PyTorch profiler (Kineto) Chrome trace, plain or gzipped, into rows for the profile model.
 
 The file is read twice, never whole: once up to its `traceEvents` key for the header (deviceProperties,
-distributedInfo, schemaVersion, which most Kineto versions write before the events), then event by event with
-ijson's C backend, keeping the last TAIL_BYTES read: the values some versions write after the events
+distributedInfo, schemaVersion, which most Kineto versions write before the events), then the events, their bulk in
+batches of a few MB (formats.kineto.batches) and the rest event by event with ijson's C backend, keeping the last
+TAIL_BYTES read: the values some versions write after the events
 (baseTimeNanoseconds, and deviceProperties or distributedInfo) are parsed from those bytes, not by a third pass.
 Times are converted from Kineto's microseconds (decimal fractions, read exactly as Decimal) to integer
 nanoseconds once, here: ns = round(us * 1000), halves to even; an end is round((ts + dur) * 1000),
@@ -326,6 +327,7 @@ def events(path: Path, sinks: dict[str, Callable[[tuple], None]]) -> tuple[dict,
     return the top-level values written after traceEvents, the events read and the events dropped as unreadable
     (EVENT_ERRORS). A trace none of whose events is readable is refused."""
     read = dropped = 0
+    collecting = gc.isenabled()
     gc.disable()  # the events are millions of acyclic objects: the collector's passes over them free nothing
     try:
         with _open(path) as fh:
@@ -340,7 +342,8 @@ def events(path: Path, sinks: dict[str, Callable[[tuple], None]]) -> tuple[dict,
     except (*READ_ERRORS, json.JSONDecodeError, RecursionError) as exc:
         raise broken(path, exc) from exc
     finally:
-        gc.enable()
+        if collecting:
+            gc.enable()
     if dropped and not read:
         raise NotAProfile(f"{path} is refused: none of its {dropped:,} trace events can be read (each is not an "
                           "object, or its args or times are not what torch.profiler writes); pass a trace written "
