@@ -21,7 +21,7 @@ from stallhound.synth import ranks
 
 # Top-level packages parsing must not import, and the stallhound modules it may.
 HEAVY = {"mcp", "mcp_types", "starlette", "uvicorn", "sse_starlette", "httpx", "anyio", "duckdb", "numpy", "pydantic",
-         "ijson"}
+         "ijson", "msgspec"}
 SERVER_ONLY = {"mcp", "mcp_types", "starlette", "uvicorn", "sse_starlette", "httpx"}  # what only `serve` needs
 PARSING = {"stallhound", "stallhound.cli", "stallhound.model", "stallhound.model.errors", "stallhound.model.allocator"}
 

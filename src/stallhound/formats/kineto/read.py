@@ -1,8 +1,9 @@
 """Stream a PyTorch profiler (Kineto) Chrome trace, plain or gzipped, into rows for the profile model.
 
 The file is read twice, never whole: once up to its `traceEvents` key for the header (deviceProperties,
-distributedInfo, schemaVersion, which most Kineto versions write before the events), then event by event with
-ijson's C backend, keeping the last TAIL_BYTES read: the values some versions write after the events
+distributedInfo, schemaVersion, which most Kineto versions write before the events), then the events, their bulk in
+batches of a few MB (formats.kineto.batches) and the rest event by event with ijson's C backend, keeping the last
+TAIL_BYTES read: the values some versions write after the events
 (baseTimeNanoseconds, and deviceProperties or distributedInfo) are parsed from those bytes, not by a third pass.
 Times are converted from Kineto's microseconds (decimal fractions, read exactly as Decimal) to integer
 nanoseconds once, here: ns = round(us * 1000), halves to even; an end is round((ts + dur) * 1000),
@@ -17,18 +18,20 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import gzip
 import io
 import json
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import ijson
 
 from stallhound.formats.comm_kernels import NCCL_COLLECTIVES
+from stallhound.formats.kineto import batches
 from stallhound.formats.kineto import nccl as kineto_nccl
 from stallhound.formats.kineto.nccl import as_int
 from stallhound.model.errors import NotAProfile
@@ -93,11 +96,16 @@ class _Reader:
     def __init__(self, fh: io.BufferedIOBase, path: Path, packed_bytes: int | None, value_bytes: int):
         self.fh, self.path, self.value_bytes = fh, path, value_bytes
         self.unpacked_limit = None if packed_bytes is None else max(MAX_GZIP_RATIO * packed_bytes, GZIP_FLOOR_BYTES)
-        self.total = self.marked = self.depth = self.kept = 0
+        self.total = self.marked = self.depth = self.kept = self.unread_at = 0
         self.chunks: collections.deque[bytes] = collections.deque()
+        self.unread_bytes = b""
 
     def read(self, size: int = -1) -> bytes:
-        data = self.fh.read(READ_BYTES if size < 0 else min(size, READ_BYTES))  # ijson asks for 0 bytes first
+        size = READ_BYTES if size < 0 else min(size, READ_BYTES)  # ijson asks for 0 bytes first
+        if self.unread_at < len(self.unread_bytes):
+            self.unread_at += size
+            return self.unread_bytes[self.unread_at - size:self.unread_at]
+        data = self.fh.read(size)
         self.total += len(data)
         if self.unpacked_limit is not None and self.total > self.unpacked_limit:
             raise _refusal(self.path, f"it unpacks to over {MAX_GZIP_RATIO} times its packed size (a gzip bomb)",
@@ -111,9 +119,13 @@ class _Reader:
             self.kept -= len(self.chunks.popleft())
         return data
 
-    def mark(self) -> None:
-        """A value was finished: MAX_VALUE_BYTES counts from here."""
-        self.marked = self.total
+    def unread(self, data: bytes) -> None:
+        """Serve `data` (bytes already read and checked, or a few of the reader's own) before the rest of the file."""
+        self.unread_bytes, self.unread_at = data, 0
+
+    def mark(self, ahead: int = 0) -> None:
+        """A value was finished `ahead` bytes before the last byte handed out: MAX_VALUE_BYTES counts from there."""
+        self.marked = self.total - ahead - max(len(self.unread_bytes) - self.unread_at, 0)
 
     def _nest(self, data: bytes) -> None:
         """Follow the depth over the chunk's brackets: pairs that close at once are dropped first (a real trace's
@@ -297,24 +309,41 @@ def _feed(ev: dict, sinks: dict[str, Callable[[tuple], None]]) -> None:
         sinks["name"]((ev["name"], as_int(ev.get("pid")), as_int(ev.get("tid")), str(args["name"])))
 
 
+def _feed_all(evs: Iterable, sinks: dict[str, Callable[[tuple], None]]) -> int:
+    """Feed each event (_feed); return how many were read, the others being dropped as unreadable (EVENT_ERRORS)."""
+    fed = 0
+    for ev in evs:
+        try:
+            _feed(ev, sinks)
+            fed += 1
+        except EVENT_ERRORS:
+            pass
+    return fed
+
+
 def events(path: Path, sinks: dict[str, Callable[[tuple], None]]) -> tuple[dict, int, int]:
     """Feed every complete ('X') event of a known category (sinks 'gpu', 'host', 'python'), every comms op
     (kineto_nccl.COMM_OPS, 'comms') and every process/thread name ('name': kind, pid, tid, name) to `sinks`;
     return the top-level values written after traceEvents, the events read and the events dropped as unreadable
     (EVENT_ERRORS). A trace none of whose events is readable is refused."""
     read = dropped = 0
+    collecting = gc.isenabled()
+    gc.disable()  # the events are millions of acyclic objects: the collector's passes over them free nothing
     try:
         with _open(path) as fh:
-            for ev in ijson.items(fh, f"{TRACE_EVENTS}.item"):
+            for batch in batches.split(fh):
+                fed = _feed_all(batch, sinks)
+                read, dropped = read + fed, dropped + len(batch) - fed
+            for ev in ijson.items(fh, f"{TRACE_EVENTS}.item"):  # what split left: the last events, or all
                 fh.mark()
-                try:
-                    _feed(ev, sinks)
-                    read += 1
-                except EVENT_ERRORS:
-                    dropped += 1
+                fed = _feed_all((ev,), sinks)
+                read, dropped = read + fed, dropped + 1 - fed
             after = trailing(fh.after_events())
     except (*READ_ERRORS, json.JSONDecodeError, RecursionError) as exc:
         raise broken(path, exc) from exc
+    finally:
+        if collecting:
+            gc.enable()
     if dropped and not read:
         raise NotAProfile(f"{path} is refused: none of its {dropped:,} trace events can be read (each is not an "
                           "object, or its args or times are not what torch.profiler writes); pass a trace written "
