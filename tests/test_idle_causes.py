@@ -10,6 +10,7 @@ from modeldb import make_model
 from stallhound import book
 from stallhound.analysis import common, idle_causes, launch_pace, trace_quality
 from stallhound.analysis.attribution import CauseTime, DeviceIdle
+from stallhound.analysis.common import UNSEEN
 from stallhound.analysis.program import FIX_CHAINS, Program
 from stallhound.analysis.step_repeats import SameSteps
 from stallhound.analysis.trace_quality import LostKernels, SampledCalls
@@ -102,14 +103,14 @@ def test_idle_causes_run_time_compiles_by_program(p, root, tags):
 def test_idle_causes_gc_pauses_only_in_python_programs():
     pauses = CauseTime(30 * MS, 10, long_ns=30 * MS, periodic_ns=24 * MS, periodic_gaps=8, period_ns=10 * MS)
     in_python = found(device(host_untraced=pauses), prog("python"))
-    assert in_python == [("gc-pauses", "high", 24 * MS, []), ("gpu-bubbles", "medium", 6 * MS, [])]
-    assert found(device(host_untraced=pauses), prog("cuda")) == [("gpu-bubbles", "high", 30 * MS, [])]
+    assert in_python == [("gc-pauses", "high", 24 * MS, []), ("gpu-bubbles", "medium", 6 * MS, [UNSEEN])]
+    assert found(device(host_untraced=pauses), prog("cuda")) == [("gpu-bubbles", "high", 30 * MS, [UNSEEN])]
 
 
 @pytest.mark.parametrize("busy, long_ns, expected", [
-    (50.0, 20 * MS, [("gpu-bubbles", "high", 20 * MS, [])]),
+    (50.0, 20 * MS, [("gpu-bubbles", "high", 20 * MS, [UNSEEN])]),
     (85.0, 5 * MS, []),  # a busy device with a little unexplained idle: not worth chasing
-    (85.0, 12 * MS, [("gpu-bubbles", "high", 12 * MS, [])]),  # ... unless it passes a tenth of the window
+    (85.0, 12 * MS, [("gpu-bubbles", "high", 12 * MS, [UNSEEN])]),  # ... unless it passes a tenth of the window
 ])
 def test_idle_causes_bubbles_are_what_stays_unexplained(busy, long_ns, expected):
     d = device(busy, host_untraced=CauseTime(long_ns + 3 * MS, 50, long_ns=long_ns),
@@ -186,8 +187,8 @@ def test_idle_causes_a_gap_paid_once_takes_its_untraced_rest_with_it(own_longest
 
 
 @pytest.mark.parametrize("in_loop, expected", [
-    (False, [("gpu-bubbles", "medium", 5 * MS, [])]),  # the 20 ms before the device's first work is start-up
-    (True, [("gpu-bubbles", "high", 25 * MS, [])]),  # in a steady window, the first step's own host time
+    (False, [("gpu-bubbles", "medium", 5 * MS, [UNSEEN])]),  # the 20 ms before the device's first work is start-up
+    (True, [("gpu-bubbles", "high", 25 * MS, [UNSEEN])]),  # in a steady window, the first step's own host time
 ])
 def test_idle_causes_the_window_edges_are_no_bubbles_outside_the_loop(in_loop, expected):
     d = replace(device(host_untraced=CauseTime(25 * MS, 3, long_ns=25 * MS)),

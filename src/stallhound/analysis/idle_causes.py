@@ -1,24 +1,23 @@
-"""Which root causes explain the devices' idle time? Findings built from the idle attribution.
-
-Every idle finding comes from here, whichever tool shows it (gpu_idle_gaps shows them all, sync_analysis and
-kernel_launch_overhead the ones they measure), so the figures always agree. Each root cause claims the idle time of
-its gap causes (analysis/attribution.py) on one device; causes never share nanoseconds, so findings never count the
-same nanoseconds twice. A finding fires only when its claim is worth reporting (rules.MIN_STAKE_PCT of the window)
-and its own precondition holds. cpu-bottleneck's fix is about launching (tag launch) only where the launch calls can
-pace the device (PACING_RATIO of their kernels' time or more); else late launches wait on other host work (host-cpu).
-small-kernel-overhead offers a CUDA graph first (tag same-steps) where every step in the window runs the same kernels
-(step_repeats) and launch gaps hold GRAPH_LAUNCH_SHARE of the window; else the fixes that fuse kernels.
-dataloader-starvation needs evidence of a data loader: its ranges cover the gap (input_wait), or the launching thread
-waits in OS calls (host_wait) in a program whose trace shows a loader (input_pipeline). Outside the loop's steady
-state, the stretches before a device's first work and after its last are start-up and teardown, and an allocation or
-code load paid once or twice is one-time setup (profiler-window-on-warmup), never a bubble.
-gpu-bubbles takes the gaps of 1 ms or more that no cause explains: nothing traced on the host, waits on other work,
-OS waits in a program without a loader. gc-pauses needs a Python program and periodic gaps of 1 ms or more in which
-the host did nothing traced, recurring less often than every step when the step is known. When the window lost a real
-share of its kernel records (trace_quality.lost_kernels), or the trace holds only a sample of its CUDA calls
-(trace_quality.sampled_calls), every idle finding is demoted to info, as part of its idle time ran work the trace does
-not show. Blocking calls that waited for work the device held (held gaps) say so, and reads mostly held get tag held.
-excessive-synchronization needs its calls to recur (_recurring_syncs): the one sync at the loop's end is paid once.
+"""Which root causes explain the devices' idle time? Findings built from the idle attribution. Every idle finding comes
+from here, whichever tool shows it (gpu_idle_gaps shows them all, sync_analysis and kernel_launch_overhead the ones they
+measure), so the figures always agree. Each root cause claims the idle time of its gap causes (analysis/attribution.py)
+on one device; causes never share nanoseconds, so findings never count the same nanoseconds twice. A finding fires only
+when its claim is worth reporting (rules.MIN_STAKE_PCT of the window) and its own precondition holds. cpu-bottleneck's
+fix is about launching (tag launch) only where the launch calls can pace the device (PACING_RATIO of their kernels' time
+or more); else late launches wait on other host work (host-cpu). small-kernel-overhead offers a CUDA graph first (tag
+same-steps) where every step in the window runs the same kernels (step_repeats) and launch gaps hold GRAPH_LAUNCH_SHARE
+of the window; else the fixes that fuse kernels. dataloader-starvation needs evidence of a data loader: its ranges cover
+the gap (input_wait), or the launching thread waits in OS calls (host_wait) in a program whose trace shows a loader
+(input_pipeline). Outside the loop's steady state, the stretches before a device's first work and after its last are
+start-up and teardown, and an allocation or code load paid once or twice is one-time setup (profiler-window-on-warmup),
+never a bubble. gpu-bubbles takes the gaps of 1 ms or more that no cause explains: nothing traced on the host, waits on
+other work, OS waits in a program without a loader; it names what the launching process was inside meanwhile
+(idle_bubbles). gc-pauses needs a Python program and periodic gaps of 1 ms or more in which the host did nothing traced,
+recurring less often than every step when the step is known. When the window lost a real share of its kernel records
+(trace_quality.lost_kernels), or the trace holds only a sample of its CUDA calls (trace_quality.sampled_calls), every
+idle finding is demoted to info, as part of its idle time ran work the trace does not show. Blocking calls that waited
+for work the device held (held gaps) say so, and reads mostly held get tag held. excessive-synchronization needs its
+calls to recur (_recurring_syncs): the one sync at the loop's end is paid once.
 """
 from __future__ import annotations
 
@@ -27,9 +26,20 @@ from dataclasses import dataclass, field, replace
 
 import duckdb
 
-from stallhound.analysis import attribution, input_pipeline, launch_pace, program, rules, step_repeats, trace_quality
+from stallhound.analysis import (
+    attribution,
+    idle_bubbles,
+    input_pipeline,
+    launch_pace,
+    program,
+    rules,
+    step_repeats,
+    trace_quality,
+)
+from stallhound.analysis import idle_blocking as blocking
 from stallhound.analysis.attribution import DeviceIdle
 from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope
+from stallhound.analysis.idle_bubbles import UNEXPLAINED, HostSeen
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
 from stallhound.analysis.step_repeats import SameSteps
@@ -44,7 +54,6 @@ GRAPH_LAUNCH_SHARE = 0.5  # book small-kernel-overhead: launch gaps holding half
 # when every step runs the same kernels (step_repeats) one graph replay per step removes them: offered first
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
 BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy"}  # causes that name a blocking call (they count calls)
-UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy: memory_transfers')
 LOOP_STEPS = 2  # a window of two steps or more: a call seen once in it is not paid per step
 GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-generation pass, which fires on every
 # 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
@@ -61,6 +70,8 @@ class Seen:
     # kernels' ns) over the window (launch_pace); a device absent: its launches were not traced
     same_steps: dict[int, SameSteps] = field(default_factory=dict)  # per device whose steps in the window all run
     # one kernel sequence (step_repeats); computed only where tiny kernels' launch gaps could fire a finding
+    host: dict[tuple[int, bool], HostSeen] = field(default_factory=dict)  # per (device, edges in): the launching
+    # process's activity in the unexplained idle (idle_bubbles.host_seen)
 
 
 @dataclass(frozen=True)
@@ -91,13 +102,6 @@ def _python(program: Program) -> bool:
     return "python" in program.fix_chain
 
 
-def _sync_tags(d: DeviceIdle, _: Context) -> list[str]:
-    if d.ns("sync_copy") > d.ns("sync"):
-        return ["sync-copy"]
-    scope = rules.sync_scope(d.causes["sync"].api) if "sync" in d.causes else "other"
-    return [] if scope == "other" else [f"{scope}-sync"]
-
-
 def _jit_cause(program: Program) -> str:
     torch_compile = program.kind == "pytorch" and "Triton" in program.frameworks
     return "torch-compile-recompilation" if torch_compile else "module-loading-hot-path"
@@ -126,31 +130,12 @@ def _cpu_ns(d: DeviceIdle, causes: tuple[str, ...], gc_claimed: bool) -> int:
     return d.ns(*causes) - (_periodic(d, ("host_cpu",)) if gc_claimed else 0)
 
 
-def _api(d: DeviceIdle, cause: str) -> str:
-    return (d.causes[cause].api if cause in d.causes else None) or "blocking"
-
-
 def _gaps(d: DeviceIdle, *causes: str) -> int:
     return sum(d.causes[c].gaps for c in causes if c in d.causes)
 
 
 def _calls(d: DeviceIdle, *causes: str) -> int:
     return sum(d.causes[c].calls for c in causes if c in d.causes)
-
-
-def _drained(d: DeviceIdle, cause: str) -> str:
-    """How the blocking calls of a cause left the device idle: they drained its queue, or (held gaps, attribution) they
-    waited for work it had queued but did not run, held by a wait the trace does not show."""
-    held = d.causes[cause].held_ns if cause in d.causes else 0
-    if not held:
-        return "that drained its queue"
-    return (f"that drained its queue or waited for work it held ({ms(held)} of it while the device waited on work "
-            "the trace does not show, such as an event of another stream, another process or rank, and the calls "
-            "waited for it)")
-
-
-def _held_tags(d: DeviceIdle, _: Context) -> list[str]:  # book: reads that mostly waited for work held elsewhere
-    return ["held"] if 2 * d.causes["readback"].held_ns >= d.ns("readback") > 0 else []
 
 
 def _recurring_syncs(d: DeviceIdle, c: Context) -> bool:
@@ -231,11 +216,12 @@ def _input_title(d: DeviceIdle, ns: int, c: Context) -> str:
 CLAIMS: tuple[Claim, ...] = (
     Claim("excessive-synchronization", ("sync", "sync_copy"), _recurring_syncs,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and right after {_calls(d, 'sync', 'sync_copy'):,} "
-                           f"{_api(d, 'sync' if 'sync' in d.causes else 'sync_copy')} calls {_drained(d, 'sync_copy')}",
-          _sync_tags),
+                           f"{blocking.api(d, 'sync' if 'sync' in d.causes else 'sync_copy')} calls "
+                           f"{blocking.drained(d, 'sync_copy')}", blocking.sync_tags),
     Claim("blocking-d2h-sync", ("readback",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} in and after {_calls(d, 'readback'):,} small "
-                           f"device-to-host reads ({_api(d, 'readback')}) {_drained(d, 'readback')}", _held_tags),
+                           f"device-to-host reads ({blocking.api(d, 'readback')}) {blocking.drained(d, 'readback')}",
+          blocking.held_tags),
     Claim("small-kernel-overhead", ("launch_tiny",), lambda d, c: _gaps(d, "launch_tiny") >= TINY_MIN_GAPS,
           _tiny_title, lambda d, c: ["same-steps"] if _graph_steps(d, c) else []),
     Claim("alloc-in-loop", ("alloc",), lambda d, c: True,
@@ -356,12 +342,10 @@ def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
     if not (rules.worth_reporting(ns, d.window_ns) and worth_chasing):
         return []
     waits = d.causes["host_wait"].long_ns if "host_wait" in causes and "host_wait" in d.causes else 0
-    seen = (f"{ms(waits)} of it with the launching thread in OS waits (futex, poll, read, ...), on what the trace "
-            "does not show: no data loader is seen" if waits else
-            "no blocking call, launch, load or wait seen on the host")
-    title = (f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} in gaps of 1 ms or more that the trace "
-             f"cannot explain ({seen})")
-    return [_finding(d, "gpu-bubbles", ns, title, [], {"device_idle_ns": d.idle_ns})]
+    seen, evidence, tags = idle_bubbles.words(ns, waits, c.seen.host.get((d.device, c.in_loop), HostSeen()))
+    title = (f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} in gaps of 1 ms or more that the idle "
+             f"attribution cannot explain ({seen})")
+    return [_finding(d, "gpu-bubbles", ns, title, tags, {"device_idle_ns": d.idle_ns, **evidence})]
 
 
 def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], extra: dict) -> Finding:
@@ -391,10 +375,12 @@ class IdleBasis:
 
 def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = None) -> IdleBasis:
     """The idle basis of a window (no device in scope: nothing idles)."""
-    idle = attribution.attribute(con, scope).devices if scope.devices else {}
+    attr = attribution.attribute(con, scope) if scope.devices else None
+    idle = attr.devices if attr else {}
     tiny = any(_gaps(d, "launch_tiny") >= TINY_MIN_GAPS for d in idle.values())
     seen = Seen(input_pipeline.evidence(con), trace_quality.lost_kernels(con, scope.start_ns, scope.end_ns),
                 trace_quality.sampled_calls(con, scope.start_ns, scope.end_ns),
                 launch_pace.launches(con, scope) if scope.devices else {},
-                step_repeats.same_steps(con, scope) if tiny else {})
+                step_repeats.same_steps(con, scope) if tiny else {},
+                idle_bubbles.host_seen(con, scope, attr) if attr else {})
     return IdleBasis(idle, program.detect(con), step_ns, seen)

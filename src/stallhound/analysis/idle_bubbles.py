@@ -1,0 +1,116 @@
+"""What the host was doing in the idle time the attribution leaves unexplained (gpu-bubbles), and the finding's words.
+
+A piece of a long gap whose cause names nothing the host did (UNEXPLAINED: nothing traced on the launching thread, or
+work already queued) may still overlap what the launching process did on any of its threads: CUDA calls of any kind
+(a device-wide synchronize or an allocation on another thread holds every stream), or ranges (NVTX, a framework's
+operators) that launched no GPU work. The bubble names the largest such activity with the time it overlaps, and the
+time the process was seen doing anything in the pieces; only where nothing overlaps does it say nothing was seen, and
+then what to capture to see it, and it is tagged UNSEEN (common.leads_first ranks it after findings with evidence).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+
+from stallhound.analysis.attribution import HOST_PROBE_BUCKET_NS, Attribution
+from stallhound.analysis.common import UNSEEN, Scope, ms
+from stallhound.model.sql_files import sql_beside
+
+UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy: memory_transfers')
+CAPTURE = ("to see what the host did, capture CPU samples with call stacks (nsys `-s cpu --cudabacktrace=all`, or "
+           "torch.profiler with `with_stack=True`)")
+SQL = sql_beside(__package__, "idle_bubbles.sql")
+Interval = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class HostSeen:
+    """What the launching process was inside during a device's unexplained pieces: the union of it all (seen_ns),
+    and the activity (a CUDA call's or a range's name) overlapping them the longest, with that time."""
+    seen_ns: int = 0
+    top: str = ""
+    top_ns: int = 0
+
+
+def _union_ns(spans: list[Interval]) -> int:
+    total, reach = 0, None
+    for s, e in sorted(spans):
+        if reach is None or s >= reach:
+            total, reach = total + e - s, e
+        elif e > reach:
+            total, reach = total + e - reach, e
+    return total
+
+
+def _pieces(attr: Attribution, scope: Scope) -> list[tuple[int, int, int, int, bool]]:
+    """(device, pid, start, end, at_edge) of the UNEXPLAINED pieces of the long gaps whose thread is known."""
+    out = []
+    for g in attr.long_gaps:
+        at = g.start_ns
+        for cause, ns in g.pieces():
+            if cause in UNEXPLAINED and ns > 0 and g.pid is not None:
+                out.append((g.device, g.pid, at, at + ns, g.at_edge(scope)))
+            at += ns
+    return out
+
+
+LAUNCHES_SQL = """SELECT pid, tid, start_ns FROM cuda_api WHERE kind IN ('launch', 'graph', 'memcpy', 'memset')
+  AND pid IN (SELECT unnest($pids)) ORDER BY pid, tid, start_ns"""  # the calls that put work on a device
+
+
+def _launched(con: duckdb.DuckDBPyConnection, pids: set[int]) -> Callable[[int, int, int, int], bool]:
+    """Whether a thread launched GPU work (a launch, copy or memset call began) in [start, end)."""
+    got = con.execute(LAUNCHES_SQL, {"pids": sorted(pids)}).fetchnumpy()
+    starts: dict[tuple[int, int], np.ndarray] = {}
+    for key in {(int(p), int(t)) for p, t in zip(got["pid"], got["tid"], strict=True)}:
+        starts[key] = got["start_ns"][(got["pid"] == key[0]) & (got["tid"] == key[1])]
+    def launched(pid: int, tid: int, start: int, end: int) -> bool:
+        at = starts.get((pid, tid), np.empty(0, np.int64))
+        i = np.searchsorted(at, start)
+        return bool(i < len(at) and at[i] < end)
+    return launched
+
+
+def host_seen(con: duckdb.DuckDBPyConnection, scope: Scope, attr: Attribution) -> dict[tuple[int, bool], HostSeen]:
+    """Per (device, edges included): what its launching process was inside during its unexplained pieces (the
+    pieces at the window's edges counted only with edges included; a device absent: nothing seen)."""
+    pieces = _pieces(attr, scope)
+    if not pieces:
+        return {}
+    devices, pids, starts, ends, edges = (list(c) for c in zip(*pieces, strict=True))
+    rows = con.execute(SQL, {"devices": devices, "pids": pids, "starts": starts, "ends": ends, "edges": edges,
+                             "bucket_ns": HOST_PROBE_BUCKET_NS}).fetchall()
+    launched = _launched(con, set(pids)) if any(r[2] == "range" for r in rows) else None
+    spans = [(d, edge, f"CUDA call {name}" if what == "call" else f"range {name}", s, e)
+             for d, edge, what, pid, tid, name, ev_s, ev_e, s, e in rows
+             if what == "call" or not (launched and launched(pid, tid, ev_s, ev_e))]
+    out = {}
+    for device in set(devices):
+        for with_edges in (False, True):
+            by_name: dict[str, list[Interval]] = defaultdict(list)
+            for _, _, name, s, e in (x for x in spans if x[0] == device and (with_edges or not x[1])):
+                by_name[name].append((s, e))
+            if by_name:
+                top, top_spans = max(by_name.items(), key=lambda kv: (_union_ns(kv[1]), kv[0]))
+                every = [span for named in by_name.values() for span in named]
+                out[device, with_edges] = HostSeen(_union_ns(every), top, _union_ns(top_spans))
+    return out
+
+
+def words(ns: int, waits_ns: int, seen: HostSeen) -> tuple[str, dict, list[str]]:
+    """What the bubble's title says was seen on the host in its `ns` (waits_ns of it in OS waits of the launching
+    thread), its evidence and tags; the seen times clipped to ns (a one-time cost or a collection pause took part)."""
+    seen_ns, top_ns = min(seen.seen_ns, ns - waits_ns), min(seen.top_ns, ns - waits_ns)
+    parts = ([f"{ms(waits_ns)} of it with the launching thread in OS waits (futex, poll, read, ...), on what the trace "
+              "does not show: no data loader is seen"] if waits_ns else [])
+    if seen_ns:
+        parts.append(f"{ms(seen_ns)} of it{' more' if waits_ns else ''} with a thread of the launching process inside "
+                     f"a CUDA call or a range that launched no GPU work; the longest: {seen.top}, {ms(top_ns)}")
+    evidence = {"host_seen_ns": seen_ns, **({"host_top": seen.top, "host_top_ns": top_ns} if seen_ns else {})}
+    if parts:
+        return "; ".join(parts), evidence, []
+    return f"nothing of the launching process seen on the host: {CAPTURE}", evidence, [UNSEEN]
