@@ -29,8 +29,8 @@ Interval = tuple[int, int]
 
 @dataclass(frozen=True)
 class HostSeen:
-    """What the launching process was inside during a device's unexplained pieces: the union of it all (seen_ns),
-    and the activity (a CUDA call's or a range's name) overlapping them the longest, with that time."""
+    """What the launching process was inside during a device's wholly unexplained gaps: the union of it all (seen_ns),
+    and the activity (a CUDA call's or a range's name) whose calls or ranges overlap them the most, with that time."""
     seen_ns: int = 0
     top: str = ""
     top_ns: int = 0
@@ -47,9 +47,13 @@ def _union_ns(spans: list[Interval]) -> int:
 
 
 def _pieces(attr: Attribution, scope: Scope) -> list[tuple[int, int, int, int, bool]]:
-    """(device, pid, start, end, at_edge) of the UNEXPLAINED pieces of the long gaps whose thread is known."""
+    """(device, pid, start, end, at_edge) of the UNEXPLAINED pieces of the long gaps whose thread is known, but for
+    the gaps that are a claimed cause's longest on their device: one-time setup may take such a gap whole
+    (idle_causes._one_time), and the bubble then leaves its rest out, so what the host did there is not its."""
+    setup = {gap_id for d in attr.devices.values() for cause, (gap_id, _) in d.longest_gap.items()
+             if cause not in UNEXPLAINED}
     out = []
-    for g in attr.long_gaps:
+    for g in (g for g in attr.long_gaps if g.gap_id not in setup):
         at = g.start_ns
         for cause, ns in g.pieces():
             if cause in UNEXPLAINED and ns > 0 and g.pid is not None:
@@ -109,7 +113,8 @@ def words(ns: int, waits_ns: int, seen: HostSeen) -> tuple[str, dict, list[str]]
               "does not show: no data loader is seen"] if waits_ns else [])
     if seen_ns:
         parts.append(f"{ms(seen_ns)} of it{' more' if waits_ns else ''} with a thread of the launching process inside "
-                     f"a CUDA call or a range that launched no GPU work; the longest: {seen.top}, {ms(top_ns)}")
+                     "a CUDA call or a range that launched no GPU work; the most, in all its calls or ranges: "
+                     f"{seen.top}, {ms(top_ns)}")
     evidence = {"host_seen_ns": seen_ns, **({"host_top": seen.top, "host_top_ns": top_ns} if seen_ns else {})}
     if parts:
         return "; ".join(parts), evidence, []
