@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 if TYPE_CHECKING:
-    from stallhound.formats.kineto.read import _Reader
+    from stallhound.formats.kineto.read import BoundedReader
 
 # ~20,000 events, ~30 MB of Python objects: parses are few and large, a batch stays far below MAX_VALUE_BYTES.
 BATCH_BYTES = 4 << 20
@@ -62,7 +62,7 @@ def _cut(buf: bytes) -> tuple[list, int] | None:
     return None
 
 
-def split(fh: _Reader) -> Iterator[list]:
+def split(fh: BoundedReader) -> Iterator[list]:
     """Yield the trace's events in parsed batches, in order, while the bulk of the file remains; then leave the rest
     unread in `fh` (fh.unread) as a whole JSON document whose traceEvents.item are the events not yet yielded."""
     head = b""

@@ -9,7 +9,7 @@ Times are converted from Kineto's microseconds (decimal fractions, read exactly 
 nanoseconds once, here: ns = round(us * 1000), halves to even; an end is round((ts + dur) * 1000),
 so it is never rounded twice. Kineto writes at most 3 decimals, so no rounding happens in practice.
 
-Both passes read through _Reader, which refuses a file in one sentence, as its bytes arrive and before the parser
+Both passes read through BoundedReader, which refuses a file in one sentence, as its bytes arrive and before the parser
 builds anything from them, when it nests deeper than any trace, holds one value too large to build, or unpacks like
 a gzip bomb (the limits below). An event whose row cannot be made (EVENT_ERRORS) is dropped and counted.
 """
@@ -89,7 +89,7 @@ def _refusal(path: Path, what: str, advice: str = PASS_A_TRACE) -> NotAProfile:
     return NotAProfile(f"{path} is refused: {what}, which no torch.profiler trace does; {advice}")
 
 
-class _Reader:
+class BoundedReader:
     """A binary reader that refuses, as the bytes arrive, what would exhaust the parser (MAX_DEPTH, MAX_VALUE_BYTES,
     MAX_GZIP_RATIO), and keeps the last TAIL_BYTES it read (and a chunk more at most)."""
 
@@ -150,17 +150,17 @@ class _Reader:
 
 
 @contextmanager
-def _open(path: Path, value_bytes: int = MAX_VALUE_BYTES) -> Iterator[_Reader]:
-    """The file's bytes, unpacked when gzipped, read through _Reader: no more than `value_bytes` with no value
-    finished (_Reader.mark)."""
+def _open(path: Path, value_bytes: int = MAX_VALUE_BYTES) -> Iterator[BoundedReader]:
+    """The file's bytes, unpacked when gzipped, read through BoundedReader: no more than `value_bytes` with no value
+    finished (BoundedReader.mark)."""
     with path.open("rb") as raw:
         gzipped = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
         raw.seek(0)
         if not gzipped:
-            yield _Reader(raw, path, None, value_bytes)
+            yield BoundedReader(raw, path, None, value_bytes)
             return
         with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-            yield _Reader(unzipped, path, path.stat().st_size, value_bytes)
+            yield BoundedReader(unzipped, path, path.stat().st_size, value_bytes)
 
 
 def is_trace(path: Path) -> bool:
@@ -265,7 +265,8 @@ def host_row(kind: str, ev: dict, args: dict) -> tuple:
 def trailing(tail: bytes) -> dict:
     """The top-level values after traceEvents in `tail`, the last bytes of a well-formed trace. Scanned backwards
     from the closing brace: each comma at depth 1 outside strings starts a key; the values after the key
-    traceEvents are parsed as one object. Values that start before the tail (_Reader.after_events) are left out."""
+    traceEvents are parsed as one object. Values that start before the tail (BoundedReader.after_events) are left
+    out."""
     end = tail.rfind(b"}")
     reverse = tail[:end][::-1]
     depth, quoted, start = 1, False, None
