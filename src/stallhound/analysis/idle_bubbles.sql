@@ -1,5 +1,6 @@
 -- What the launching process was inside during the pieces of long gaps the attribution leaves unexplained (pieces:
--- device, pid, start, end, at_edge, bound as lists): its CUDA calls of any kind on any of its threads, and its ranges
+-- device, pid, start, end, at_edge, bound as lists): its CUDA calls on any of its threads but synchronize calls (a
+-- thread waiting on the GPU while it idles is not what keeps it idle), and its ranges
 -- (NVTX, a framework's operators; idle_bubbles keeps those that launched no GPU work), each clipped to the piece.
 -- Events meet pieces in buckets of $bucket_ns (an equality join: a range join hashed every call against every piece), each pair
 -- once, in the bucket where their overlap begins.
@@ -13,7 +14,7 @@ keys AS (SELECT DISTINCT pid, bucket FROM piece_buckets),
 calls AS (
   SELECT * FROM (SELECT a.pid, a.tid, a.name, a.kind, a.start_ns, a.end_ns,
                         unnest(range(a.start_ns // $bucket_ns, (a.end_ns - 1) // $bucket_ns + 1)) AS bucket
-                 FROM cuda_api a WHERE a.pid IN (SELECT pid FROM pieces) AND a.end_ns > a.start_ns
+                 FROM cuda_api a WHERE a.pid IN (SELECT pid FROM pieces) AND a.end_ns > a.start_ns AND a.kind <> 'sync'
                    AND a.end_ns > (SELECT min(start_ns) FROM pieces) AND a.start_ns < (SELECT max(end_ns) FROM pieces))
   WHERE (pid, bucket) IN (SELECT (pid, bucket) FROM keys)),
 ranges AS (
