@@ -104,6 +104,21 @@ def union(spans: list[tuple[int, int]]) -> int:
     return total
 
 
+def _bubble_and_pieces(path, cache_root):
+    """Triage's gpu-bubbles finding on a profile and the unexplained pieces (off the window's edges) it reads."""
+    profile = open_profile(path, cache_dir=cache_root)
+    try:
+        result = triage.run(profile.con, triage.Params(profile=path.stem))
+        w = result.window
+        scope = resolve_scope(profile.con, ScopedParams(profile="p", start_ns=w.start_ns, end_ns=w.end_ns))
+        pieces = [(s, e) for _, _, s, e, edge in idle_bubbles._pieces(attribution.attribute(profile.con, scope), scope)
+                  if not edge]
+    finally:
+        profile.close()
+    [bubble] = [f for f in result.findings if f.root_cause == "gpu-bubbles"]
+    return bubble, pieces
+
+
 def test_torchrec_bubble_names_the_process_activity_the_json_shows(cache_root):
     """hta_torchrec_a100_ws16_rank0: of the 204.069 ms no cause explains, the process (pid 4515, main and autograd
     threads) was inside CUDA calls or quiet ops for 59.731 ms, the most in cudaLaunchKernel (35.158 ms in all): the JSON
@@ -111,16 +126,7 @@ def test_torchrec_bubble_names_the_process_activity_the_json_shows(cache_root):
     the pieces but is not named: a thread waiting on the GPU while it idles is not what keeps it idle."""
     path = corpus_profile("hta_torchrec_a100_ws16_rank0",
                           "b8ce7a1a143b55dd1811d269272b09d1c693ffea85b91858f5fb246e7ad8c5f8")
-    profile = open_profile(path, cache_dir=cache_root)
-    try:
-        result = triage.run(profile.con, triage.Params(profile="torchrec"))
-        w = result.window
-        scope = resolve_scope(profile.con, ScopedParams(profile="t", start_ns=w.start_ns, end_ns=w.end_ns))
-        pieces = [(s, e) for _, _, s, e, edge in idle_bubbles._pieces(attribution.attribute(profile.con, scope), scope)
-                  if not edge]
-    finally:
-        profile.close()
-    [bubble] = [f for f in result.findings if f.root_cause == "gpu-bubbles"]
+    bubble, pieces = _bubble_and_pieces(path, cache_root)
     seen_ns, by_name = _json_seen(path, pieces, 4515)
     assert sum(e - s for s, e in pieces) == bubble.time_at_stake_ns == 204_069_000
     assert bubble.evidence["host_seen_ns"] == seen_ns == 59_731_000
@@ -135,16 +141,7 @@ def test_alexnet_bubble_names_the_stream_creation_not_the_setup_gaps_launch(cach
     2869224) sits 732.657 ms in cudaStreamCreateWithFlags (JSON). The 3,055.6 ms cudaLaunchKernel lies in the 10 s gap
     that one-time setup takes (alloc's longest), which the bubble leaves out, so it must not be named."""
     path = corpus_profile("hta_alexnet_a100_bench", "b9febb1abc8cc729a2890fb6a4171de9867ba72c944437ee046067e7c89912dc")
-    profile = open_profile(path, cache_dir=cache_root)
-    try:
-        result = triage.run(profile.con, triage.Params(profile="alexnet"))
-        w = result.window
-        scope = resolve_scope(profile.con, ScopedParams(profile="a", start_ns=w.start_ns, end_ns=w.end_ns))
-        pieces = [(s, e) for _, _, s, e, edge in idle_bubbles._pieces(attribution.attribute(profile.con, scope), scope)
-                  if not edge]
-    finally:
-        profile.close()
-    [bubble] = [f for f in result.findings if f.root_cause == "gpu-bubbles"]
+    bubble, pieces = _bubble_and_pieces(path, cache_root)
     seen_ns, by_name = _json_seen(path, pieces, 2869224)
     assert bubble.evidence["host_top"] == "CUDA call cudaStreamCreateWithFlags"
     assert bubble.evidence["host_top_ns"] == by_name["cudaStreamCreateWithFlags"] == max(by_name.values())
