@@ -108,3 +108,20 @@ def test_annotated_steps_leaves_out_setup_time_and_the_warmup_step(cache_root):
     assert result.window_note.endswith(
         f"left out {ms(before + warm)} before the first steady iteration: {ms(before)} before the first step began; "
         f"the first step, {ms(warm)} ({ratio}x the steady median: warmup)")
+
+
+def test_sglang_step_keeps_its_stall_no_start_moved_past_work_the_device_idled_behind(cache_root):
+    """JSON: the one step[DECODE bs=32] range starts 0.123 ms after the first GPU op, a 4 us kernel; the work queued
+    before the step then waits 463 ms (idle device) behind an untraced event. The window starts where the step does:
+    the stall is the step's, and what is left out is the time before it, not setup."""
+    path = restored("tl_sglang_qwen3_decode_mi300")
+    doc = read_json(path)
+    gpu = sorted(span(g) for g in xs(doc, *GPU_CATS))
+    step = next(span(e) for e in xs(doc, "user_annotation") if e["name"].startswith("step[DECODE"))
+    before = step[0] - gpu[0][0]
+    assert before == 123_196 and sum(1 for s, _ in gpu if s < step[0]) == 1
+    assert gpu[1][0] - step[0] > 460_000_000  # the device idles behind the wait
+    result = run_skill(open_profile(path, cache_dir=cache_root).con, triage, triage.Params(profile="t"))
+    assert result.window.start_ns == step[0]
+    assert result.window_note.endswith(f"left out {ms(before)} before the first steady iteration: {ms(before)} "
+                                       "before the first step began")
