@@ -3,8 +3,9 @@ the fix that fits the program.
 
 Window: with window='auto', the steady state when iterations are found (the iterations tool's steps, of
 `range_name` when given; step_method says how they were found; from the first steady iteration to the end of
-the last; the warmup iteration and the setup before it are left out and said so; irregular steps only when
-named like steps and more GPU-active time precedes them than they span), else the GPU-active
+the last; what it leaves out before it is said part by part, by its evidence (analysis/lead_in.py: work still
+running whose launches the trace lacks, the time before the first iteration, a warmup first iteration); irregular
+steps only when named like steps and more GPU-active time precedes them than they span), else the GPU-active
 window; start_ns/end_ns override it. Every detector runs on that window and devices. time at stake is device
 time in the window that the fix could recover, per device; causes never share nanoseconds, so a device's
 findings add up to at most the window (the warmup findings count time outside it: the first iteration's
