@@ -44,6 +44,7 @@ from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
 from stallhound.analysis.step_repeats import SameSteps
 from stallhound.analysis.trace_quality import LostKernels, SampledCalls
+from stallhound.formats.remedy import remedy
 
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
@@ -72,6 +73,7 @@ class Seen:
     # one kernel sequence (step_repeats); computed only where tiny kernels' launch gaps could fire a finding
     host: dict[tuple[int, bool], HostSeen] = field(default_factory=dict)  # per (device, edges in): the launching
     # process's activity in the unexplained idle (idle_bubbles.host_seen)
+    unsampled: str | None = None  # no CPU samples (CPU work seen by the scheduler only): the capture that records them
 
 
 @dataclass(frozen=True)
@@ -179,9 +181,18 @@ def _tiny_title(d: DeviceIdle, ns: int, c: Context) -> str:
             f"their launches{steps}")
 
 
+def _unseen_cpu(d: DeviceIdle, ns: int, c: Context) -> str:
+    """Where most of the idle is CPU work the scheduler alone shows: its gaps, and that what it ran is unseen."""
+    longest = f", the longest {ms(d.longest['host_cpu'])}" if d.longest.get("host_cpu") else ""
+    return (f" in {counted(_gaps(d, 'host_cpu'), 'gap')}{longest}: the scheduler shows the launching thread on a CPU "
+            "outside CUDA calls, but with no CPU samples the trace cannot say what it ran (capture with "
+            f"{c.seen.unsampled})") if 2 * d.ns("host_cpu") >= ns and c.seen.unsampled else ""
+
+
 def _host_title(d: DeviceIdle, ns: int, c: Context) -> str:
     ops = d.ns("host_op")
-    parts = [_launching(d, c), *([f"CPU work {ms(d.ns('host_cpu'))}"] if d.ns("host_cpu") or not ops else []),
+    parts = [_launching(d, c), *([f"CPU work {ms(d.ns('host_cpu'))}{_unseen_cpu(d, ns, c)}"]
+                                 if d.ns("host_cpu") or not ops else []),
              *([f"inside framework operators that launched no GPU work {ms(ops)}"] if ops else [])]
     return f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: {', '.join(parts)}"
 
@@ -378,9 +389,12 @@ def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = No
     attr = attribution.attribute(con, scope) if scope.devices else None
     idle = attr.devices if attr else {}
     tiny = any(_gaps(d, "launch_tiny") >= TINY_MIN_GAPS for d in idle.values())
+    found = program.detect(con)
+    unsampled = (remedy(con, ("python_samples",) if _python(found) else ("cpu_samples",))
+                 if rules.missing(con, ("cpu_samples",)) else None)
     seen = Seen(input_pipeline.evidence(con), trace_quality.lost_kernels(con, scope.start_ns, scope.end_ns),
                 trace_quality.sampled_calls(con, scope.start_ns, scope.end_ns),
                 launch_pace.launches(con, scope) if scope.devices else {},
                 step_repeats.same_steps(con, scope) if tiny else {},
-                idle_bubbles.host_seen(con, scope, attr) if attr else {})
-    return IdleBasis(idle, program.detect(con), step_ns, seen)
+                idle_bubbles.host_seen(con, scope, attr) if attr else {}, unsampled)
+    return IdleBasis(idle, found, step_ns, seen)

@@ -52,10 +52,11 @@ DATA_TABLES: dict[str, str] = {
     "gpu_info": "gpus",
 }
 # What a remedy may ask a capture for besides the capabilities' data: each kernel inside a CUDA graph on its own,
-# and a capture kept to the program's GPU phase.
+# a capture kept to the program's GPU phase, and CPU samples with the Python frames they ran.
 KERNELS_IN_GRAPHS = "kernels_in_graphs"
 GPU_PHASE = "gpu_phase"
-NEEDS = (*(d for d in DATA_TABLES if d != "gpu_info"), KERNELS_IN_GRAPHS, GPU_PHASE)
+PYTHON_SAMPLES = "python_samples"
+NEEDS = (*(d for d in DATA_TABLES if d != "gpu_info"), KERNELS_IN_GRAPHS, GPU_PHASE, PYTHON_SAMPLES)
 GPU_INFO_SQL = "SELECT count(*), count(name) FROM gpus"
 
 

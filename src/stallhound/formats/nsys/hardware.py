@@ -7,7 +7,7 @@ from typing import Any
 
 import duckdb
 
-from stallhound.formats.derive import DATA_TABLES, GPU_PHASE, KERNELS_IN_GRAPHS
+from stallhound.formats.derive import DATA_TABLES, GPU_PHASE, KERNELS_IN_GRAPHS, PYTHON_SAMPLES
 from stallhound.formats.derive import capability_rows as derive_capabilities
 from stallhound.formats.nsys.raw import RawExport
 from stallhound.model.duck import one_row
@@ -29,6 +29,7 @@ OPTIONS: dict[str, str] = {
     "stacks": "--cudabacktrace=all --python-backtrace=cuda --sample=process-tree",
     KERNELS_IN_GRAPHS: "--cuda-graph-trace=node",
     GPU_PHASE: "--capture-range=cudaProfilerApi",
+    PYTHON_SAMPLES: "--sample=process-tree --python-sampling=true",
 }
 # What the capabilities table adds to an option, for data the option alone does not guarantee.
 FLAG_NOTES = {"nvtx": " (and mark each step of the program with an NVTX range)",
