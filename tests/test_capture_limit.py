@@ -74,3 +74,22 @@ def test_capture_limit_only_a_session_past_its_recorded_length(tmp_path, limit_m
     if note is not None:
         lasted = (session_ns or 1_871_570_402) / 1e6
         assert note.startswith(f"{LIMIT_NOTE} ({limit_ms:,} ms, --duration; the session lasted {lasted:,.3f} ms)")
+
+
+def test_capture_limit_data_the_traced_option_did_not_record_is_not_asked_for(cache_root):
+    """ltgemm traced CUDA (3 CUDA calls, SQL) and holds no kernel or copy: triage's 'Not in this profile' asks for no
+    --trace=cuda (it was on; the trace notes say why the work is missing) and still names what was off (NVTX events
+    were requested but none came: 'No NVTX events collected' in its diagnostics, so nvtx stays)."""
+    path = corpus_profile("ltgemm_llm_duration_cut", LTGEMM_SHA256)
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as raw:
+        assert raw.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone() == (3,)
+        assert not raw.execute("SELECT name FROM sqlite_master WHERE name IN "
+                               "('CUPTI_ACTIVITY_KIND_KERNEL', 'CUPTI_ACTIVITY_KIND_MEMCPY')").fetchall()
+    raw.close()
+    profile = open_profile(path, cache_dir=cache_root)
+    try:
+        missing = triage.run(profile.con, triage.Params(profile="ltgemm")).missing
+    finally:
+        profile.close()
+    assert [m.data for m in missing] == ["cpu_samples", "gpu_info", "nvtx", "os_runtime", "sched"]
+    assert not any("--trace=cuda" == m.capture_flag for m in missing)
