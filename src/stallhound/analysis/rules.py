@@ -83,11 +83,14 @@ class Missing(BaseModel):
     capture_flag: str
 
 
-MISSING_SQL = ("SELECT data, capture_flag FROM capabilities WHERE NOT present "
+MISSING_SQL = ("SELECT data, capture_flag FROM capabilities c WHERE NOT present "
+               "AND NOT EXISTS (SELECT 1 FROM capabilities o WHERE o.present AND o.capture_flag = c.capture_flag) "
                "AND ($data IS NULL OR list_contains($data, data)) ORDER BY data")
 
 
 def missing(con: duckdb.DuckDBPyConnection, among: tuple[str, ...] | None = None) -> list[Missing]:
-    """The data the capture lacks (only those in `among`, when given), each with the capture option that records it."""
+    """The data the capture lacks (only those in `among`, when given), each with the capture option that records it.
+    Data whose option recorded other data here is not lacking: the option was on and the program made none of it
+    (a capture with CUDA calls but no copy has no copy to record), so asking for the option again would mislead."""
     rows = con.execute(MISSING_SQL, {"data": None if among is None else list(among)}).fetchall()
     return [Missing(data=d, capture_flag=f) for d, f in rows]

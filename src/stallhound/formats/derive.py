@@ -11,6 +11,8 @@ from stallhound.formats.comm_kernels import IS_COMM_SQL
 from stallhound.model.duck import one_row
 
 LOAD_SOURCE = "stallhound"  # diagnostics.source of the notes a build writes about what it left out
+TIME_LIMIT_NOTE = "nsys stopped this capture at its time limit"  # how a build's note on a capture the profiler's
+#                                                                  timer ended (not the program) begins
 # Kernel categories, decided once per distinct name: 'nccl' for communication kernels of every family of
 # formats/comm_kernels.py (NCCL and the libraries beside it), copy-like by the memcpy/memset/copy/fill wording
 # PyTorch and CUDA use for data-movement kernels.

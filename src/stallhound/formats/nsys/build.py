@@ -23,7 +23,14 @@ from stallhound.formats.nsys import checks, libraries, stacks
 from stallhound.formats.nsys import nvtx as nvtx_build
 from stallhound.formats.nsys.activity_join import PID_SQL, TID_SQL, ActivityJoins
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range
-from stallhound.formats.nsys.hardware import capability_rows, cuda_not_started, gpu_rows, meta_row, not_started_note
+from stallhound.formats.nsys.hardware import (
+    capability_rows,
+    cuda_not_started,
+    gpu_rows,
+    meta_row,
+    not_started_note,
+    time_limit_note,
+)
 from stallhound.formats.nsys.raw import RawExport
 from stallhound.model.duck import SCANNER_SETTINGS, Settings, load_sqlite_scanner, one_row
 from stallhound.model.limits import build_memory_mb
@@ -309,6 +316,8 @@ class Builder(ActivityJoins):
     def capabilities(self) -> None:
         if (diagnostic := cuda_not_started(self.con)) is not None:
             checks.record(self.con, [not_started_note(diagnostic)])
+        if (cut := time_limit_note(self.raw)) is not None:
+            checks.record(self.con, [cut])
         self.load_list("capabilities", capability_rows(self.con))
 
     # --- the two sides the build writes at once, each on its own cursor --------------------------
