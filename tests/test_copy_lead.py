@@ -48,7 +48,7 @@ def _gap(api: str, src: str, nbytes: int, call_start: int = 3_000_000, device: i
 @pytest.mark.parametrize("api, src, nbytes, lead", [
     ("cudaMemcpy", "pageable", MIB, "pageable_copy"),  # staged through the driver's buffer
     ("cudaMemcpyAsync", "pageable", rules.PAGEABLE_STAGED_BYTES, "pageable_copy"),  # blocks: pageable, Async or not
-    ("cudaMemcpy", "pageable", rules.PAGEABLE_STAGED_BYTES - 1, "sync_copy"),  # too small to pay for staging
+    ("cudaMemcpy", "pageable", rules.PAGEABLE_STAGED_BYTES - 1, "small_copy"),  # too small to pay for staging
     ("cudaMemcpy", "pinned", MIB, "sync_copy"),  # a synchronous copy's latency
     ("cudaMemcpyAsync", "pinned", MIB, None),  # does not block: the host's own time
 ])
@@ -103,7 +103,7 @@ def _raw_leads(path, start: int, end: int) -> dict[tuple[int, int], tuple[int, s
     """From the export alone: device 0's idle gaps of 1 ms or more in [start, end), and for each that ends inside a
     copy call (cudaMemcpy2D, cudaMemcpyToArray: all synchronous, from pageable memory) begun in it, whose transfer
     starts at the gap's end or later, the time from the call's start to the gap's end, and the copy's cause:
-    pageable_copy from 64 KiB, else a synchronous copy's."""
+    pageable_copy from 64 KiB, else small_copy."""
     raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     gaps, reach = [], start
     for s, e in raw.execute(WORK_SQL, (start, end, start, end)):
@@ -117,14 +117,14 @@ def _raw_leads(path, start: int, end: int) -> dict[tuple[int, int], tuple[int, s
         i = bisect.bisect_left(begins, ge) - 1
         if i >= 0 and gs < calls[i][0] and calls[i][1] >= ge and calls[i][2] >= ge:
             staged = calls[i][3] >= rules.PAGEABLE_STAGED_BYTES
-            out[gs, ge] = (ge - calls[i][0], "pageable_copy" if staged else "sync_copy")
+            out[gs, ge] = (ge - calls[i][0], "pageable_copy" if staged else "small_copy")
     return out
 
 
 def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
     """knn (C++ kNN, 1,136 blocking cudaMemcpy2D from pageable memory): in 207 of the window's 310 gaps of 1 ms or
     more the host sits in a cudaMemcpy2D, begun in the gap, until its transfer starts at the gap's end: 76.113 ms
-    (sqlite3). Each is the copy's (pageable_copy from 64 KiB, else a synchronous copy's), but for one 1.054 ms gap
+    (sqlite3). Each is the copy's (pageable_copy from 64 KiB, else small_copy), but for one 1.054 ms gap
     that the small copy it began in holds whole already; the 75.084 ms left the bubble (320.659 ms before)."""
     path = corpus_profile(*KNN)
     profile = open_profile(path, cache_dir=cache_root)
@@ -141,7 +141,7 @@ def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
     ours = {(g.start_ns, g.end_ns): g for g in gaps}
     led = {key: (g.lead_ns, g.lead_cause) for key, g in ours.items() if g.lead_ns}
     [(whole, lead)] = [(key, lead) for key, lead in raw.items() if key not in led]
-    assert (lead, ours[whole].pieces()[0]) == ((1_028_413, "sync_copy"), ("sync_copy", whole[1] - whole[0]))
+    assert (lead, ours[whole].pieces()[0]) == ((1_028_413, "small_copy"), ("small_copy", whole[1] - whole[0]))
     assert led == {key: lead for key, lead in raw.items() if key != whole}
     by_root = {f.root_cause: f for f in result.findings}
     assert by_root["gpu-bubbles"].time_at_stake_ns == 320_658_794 - (76_112_814 - 1_028_413)

@@ -9,11 +9,12 @@ nanoseconds and their sum is the device's idle time:
 - queued: the operation after the gap had been launched before the gap began (its launch call returned
   first), or is a unified-memory migration the driver issued (rules.DRIVER_MIGRATION_SQL): the device waited on
   something other than the host (an event, another stream or device, the driver).
-- sync / readback / pageable_copy / sync_copy: the host was inside a blocking call when the device ran dry,
-  so nothing more was queued: a synchronize call; a device-to-host copy, or a synchronize right after one
+- sync / readback / pageable_copy / small_copy / sync_copy: the host was inside a blocking call when the device ran
+  dry, so nothing more was queued: a synchronize call; a device-to-host copy, or a synchronize right after one
   (the .item() pattern); a copy from pageable host memory large enough to pay for its staging
-  (rules.PAGEABLE_STAGED_BYTES), or a synchronize right after one; another synchronous copy, or a smaller pageable one
-  (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call is why the
+  (rules.PAGEABLE_STAGED_BYTES), or a synchronize right after one; a smaller one (it costs its latency, which pinning
+  does not shorten: no idle finding claims it, memory_transfers' small uploads may), or a synchronize right after
+  one; another synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call is why the
   device ran dry however late the host resumes: it keeps the gap up to SYNC_RESUME_MAX_NS after it returned
   (the host's turnaround, which work queued ahead would have hidden), or until the thread is seen doing its own work:
   an OS call (printing, I/O) or an activity claimed for its own time (below); what lies past that is the late resume

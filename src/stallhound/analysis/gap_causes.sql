@@ -39,7 +39,7 @@ lead AS (  -- each long gap's thread's latest blocking call begun before its end
   FROM (SELECT gap_id, device_id, pid, tid, start_ns, end_ns FROM at_start WHERE duration_ns >= $held_min) g
   ASOF JOIN gap_blocking_calls b ON b.pid = g.pid AND b.tid = g.tid AND b.start_ns < g.end_ns
   WHERE b.start_ns > g.start_ns AND b.end_ns >= g.end_ns AND b.copy_device = g.device_id AND b.moved_ns >= g.end_ns
-    AND b.cause IN ('pageable_copy', 'sync_copy', 'readback')),
+    AND b.cause IN ('pageable_copy', 'small_copy', 'sync_copy', 'readback')),
 short_allocs AS (  -- a short gap begun in a blocking call that allocates nothing: the thread's allocation calls that
   -- begin in it after that call, each for its own time (until the thread's next blocking call), as ShortGaps finds them
   SELECT g.gap_id, min(a.start_ns) AS alloc_at, sum(least(a.until_ns, g.end_ns) - a.start_ns) AS s_alloc_ns

@@ -7,7 +7,8 @@
 apis AS (  -- by the time of the blocking calls' own pieces
   SELECT device_id, cause, first(blocked_in ORDER BY ns DESC, blocked_in) AS api FROM (
     SELECT device_id, cause, blocked_in, sum(ns) AS ns FROM pieces
-    WHERE cause IN ('sync', 'readback', 'pageable_copy', 'sync_copy') AND blocked_in IS NOT NULL GROUP BY ALL)
+    WHERE cause IN ('sync', 'readback', 'pageable_copy', 'small_copy', 'sync_copy') AND blocked_in IS NOT NULL
+    GROUP BY ALL)
   GROUP BY ALL),
 totals AS (
   SELECT l.device_id, l.cause, sum(l.gaps)::BIGINT AS gaps, sum(l.ns)::BIGINT AS ns,
