@@ -115,4 +115,5 @@ def test_gap_split_the_autograd_threads_frees_explain_the_gaps_the_launching_thr
     assert [round((g.end_ns - g.start_ns) / 1e6, 1) for g in found] == [54.4, 46.6, 46.7]
     for g in found:
         inside = sum(max(0, min(e, g.end_ns) - max(s, g.start_ns)) for s, e in frees)
-        assert g.pieces() == (("alloc", inside), (None, 0), ("host_untraced", g.end_ns - g.start_ns - inside))
+        assert g.pieces() == (("alloc", inside), (None, 0), ("host_untraced", g.end_ns - g.start_ns - inside),
+                              (None, 0))

@@ -9,10 +9,12 @@ nanoseconds and their sum is the device's idle time:
 - queued: the operation after the gap had been launched before the gap began (its launch call returned
   first), or is a unified-memory migration the driver issued (rules.DRIVER_MIGRATION_SQL): the device waited on
   something other than the host (an event, another stream or device, the driver).
-- sync / readback / pageable_copy / sync_copy: the host was inside a blocking call when the device ran dry,
-  so nothing more was queued: a synchronize call; a device-to-host copy, or a synchronize right after one
-  (the .item() pattern); a copy from pageable host memory, or a synchronize right after one; another
-  synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call is why the
+- sync / readback / pageable_copy / small_copy / sync_copy: the host was inside a blocking call when the device ran
+  dry, so nothing more was queued: a synchronize call; a device-to-host copy, or a synchronize right after one
+  (the .item() pattern); a copy from pageable host memory large enough to pay for its staging
+  (rules.PAGEABLE_STAGED_BYTES), or a synchronize right after one; a smaller one (it costs its latency, which pinning
+  does not shorten: no idle finding claims it, memory_transfers' small uploads may), or a synchronize right after
+  one; another synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call is why the
   device ran dry however late the host resumes: it keeps the gap up to SYNC_RESUME_MAX_NS after it returned
   (the host's turnaround, which work queued ahead would have hidden), or until the thread is seen doing its own work:
   an OS call (printing, I/O) or an activity claimed for its own time (below); what lies past that is the late resume
@@ -25,6 +27,11 @@ nanoseconds and their sum is the device's idle time:
   on work the trace does not show (an event of another stream, another process or rank) while the host waited in
   the copy for it (held_ns, Gap.held). A synchronize call names no device and moves nothing: a queued gap inside
   one stays queued.
+  A gap of HELD_MIN_NS or more that ends inside a blocking copy call its thread began in it, whose transfer starts
+  the device's work after the gap, gives the time from the call's start to the gap's end to that copy's cause
+  (lead_ns, Gap.lead_cause), out of the rest of the gap (its late resume, or a gap judged by what the host did): the
+  device idled while the host staged a pageable copy or waited out a synchronous copy's latency, not while it did its
+  own work.
   A short gap that starts in a blocking call's wake (after it returned, until the thread's first kernel launch
   after it has returned) is the call's too: the call left the queue empty, so that launch's latency is exposed
   however fast the host launches (attribution_sql.CALLS_SQL). A short gap held by a call that allocates nothing, in
@@ -218,12 +225,14 @@ class Gap:
     late_ns: int = 0  # the rest, with its own cause (late_cause): a blocking call's late resume past its share, or
     # the time of a gap in which its SHARE_CAUSES activity did not run
     late_cause: str | None = None
+    lead_ns: int = 0  # at its end, the time in the blocking copy call it ends in, with the call's cause (lead_cause)
+    lead_cause: str | None = None
     held: bool = False  # a blocking copy held it (cause): the device waited on work the trace does not show
 
     def pieces(self) -> tuple[tuple[str | None, int], ...]:
         """(cause, ns) of the gap's pieces in time order; a piece of 0 ns has no cause."""
-        return ((self.cause, self.end_ns - self.start_ns - self.then_ns - self.late_ns),
-                (self.then_cause, self.then_ns), (self.late_cause, self.late_ns))
+        return ((self.cause, self.end_ns - self.start_ns - self.then_ns - self.late_ns - self.lead_ns),
+                (self.then_cause, self.then_ns), (self.late_cause, self.late_ns), (self.lead_cause, self.lead_ns))
 
     def at_edge(self, scope: Scope) -> bool:
         """The stretch before the device's first work in the window or after its last: only such a gap starts at

@@ -33,9 +33,11 @@ gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with it
 # stream-ordered (no Async: cudaFree waits for the device, and the host launches nothing while it allocates).
 BLOCKING = """
 copies AS (  -- the copies a call's cause depends on: a small device-to-host read ($small_read bytes or less), or
-  -- pageable (any other copy is a plain copy)
+  -- pageable (any other copy is a plain copy); staged: pageable and large enough that staging it costs more than its
+  -- latency (rules.PAGEABLE_STAGED_BYTES): a smaller one (small_copy) costs the host its latency, not its staging
   SELECT pid, correlation_id, bool_or(direction = 'D2H' AND bytes <= $small_read) AS small_read,
-         bool_or('pageable' IN (src_kind, dst_kind)) AS pageable
+         bool_or('pageable' IN (src_kind, dst_kind)) AS pageable,
+         bool_or('pageable' IN (src_kind, dst_kind) AND """ + rules.staged_sql("bytes") + """) AS staged
   FROM memcpy WHERE (direction = 'D2H' AND bytes <= $small_read) OR 'pageable' IN (src_kind, dst_kind) GROUP BY ALL),
 thread_calls AS (
   SELECT a.* FROM cuda_api a JOIN threads_in t ON t.pid = a.pid AND t.tid = a.tid
@@ -47,20 +49,22 @@ calls0 AS (  -- the syncs, and the copy calls that can block (below) or that a s
   -- the copy calls, so the others are never numbered or joined
   SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.name, a.kind, a.correlation_id,
          coalesce(m.small_read, false) AS small_read,
-         coalesce(m.pageable, false) AS pageable
+         coalesce(m.pageable, false) AS pageable, coalesce(m.staged, false) AS staged
   FROM thread_calls a LEFT JOIN copies m ON m.pid = a.pid AND m.correlation_id = a.correlation_id
   WHERE a.kind = 'sync' OR m.pid IS NOT NULL OR a.name NOT LIKE '%Async%'
      OR (a.pid, a.tid, a.end_ns // $follow) IN (SELECT (pid, tid, bucket) FROM reach)),
 bcopies AS (
   SELECT pid, tid, start_ns, end_ns, name, correlation_id, CASE
     WHEN small_read AND """ + rules.blocking_copy_sql("name", "pageable") + """ THEN 'readback'
-    WHEN pageable THEN 'pageable_copy'
+    WHEN staged THEN 'pageable_copy'
+    WHEN pageable THEN 'small_copy'
     WHEN name NOT LIKE '%Async%' THEN 'sync_copy' END AS cause
   FROM calls0 WHERE kind = 'memcpy'),
 syncs AS (SELECT row_number() OVER () AS sync_id, pid, tid, start_ns, end_ns, name FROM calls0 WHERE kind = 'sync'),
 returns AS (  -- the calls' returns in buckets of $follow: one a sync follows is in its start's bucket or the one before
   SELECT pid, tid, start_ns, end_ns, end_ns // $follow AS bucket, CASE WHEN kind = 'sync' THEN 'sync'
-    WHEN small_read THEN 'D2H' WHEN pageable THEN 'pageable' ELSE 'copy' END AS what FROM calls0
+    WHEN small_read THEN 'D2H' WHEN staged THEN 'pageable' WHEN pageable THEN 'small' ELSE 'copy' END AS what
+  FROM calls0
   WHERE kind <> 'alloc'),
 followed AS (  -- what the call that returned last, up to $follow before a sync began, was
   SELECT s.pid, s.tid, s.start_ns, s.end_ns, s.name, arg_max(r.what, [r.end_ns, r.start_ns]) AS what
@@ -74,7 +78,7 @@ bcalls AS (
   SELECT pid, tid, start_ns, end_ns, name, NULL, 'alloc' FROM calls0 WHERE kind = 'alloc'
   UNION ALL
   SELECT pid, tid, start_ns, end_ns, name, NULL, CASE WHEN what = 'D2H' THEN 'readback'
-    WHEN what = 'pageable' THEN 'pageable_copy' ELSE 'sync' END FROM followed),
+    WHEN what = 'pageable' THEN 'pageable_copy' WHEN what = 'small' THEN 'small_copy' ELSE 'sync' END FROM followed),
 """
 # The blocking calls as the gap starts they stand for: the thread's latest call begun by then, while it lasts (a call
 # nested in another ends the outer one's span: until_ns), and for a short gap also in its wake (reach_ns): after it

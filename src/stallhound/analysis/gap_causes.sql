@@ -19,6 +19,11 @@
 -- stream's event, another process or rank) and the host waited in the copy for it; the gap is the copy's cause, held.
 -- A synchronize call names no device and moves nothing, so a queued gap inside one stays queued (the device may wait
 -- on another device the host waits for too).
+-- Last, a gap of $held_min or more (judged one by one) that ends inside a blocking copy call its thread began in it,
+-- the call's transfer on the gap's device starting only at its end (lead): the device idled while the host sat in that
+-- call, before it moved anything (a pageable copy's staging through the driver's buffer, a synchronous copy's
+-- latency): that time, up to the rest of the gap (the late piece, or the whole gap judged by what the host did), is
+-- the copy's cause (lead_ns, lead_cause), not the host's.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
 -- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max, $bucket_ns.
 held AS (
@@ -28,6 +33,13 @@ held AS (
   WHERE g.duration_ns >= $held_min AND NOT g.driver AND coalesce(g.launch_end_ns <= b.start_ns, true)
     AND g.end_ns - greatest(g.start_ns, b.start_ns) >= $dominant * g.duration_ns
   QUALIFY row_number() OVER (PARTITION BY g.gap_id ORDER BY b.start_ns, b.pid, b.tid) = 1),
+lead AS (  -- each long gap's thread's latest blocking call begun before its end: a copy begun in the gap and
+  -- spanning its end, whose transfer on the gap's device starts only then
+  SELECT g.gap_id, b.cause AS l_cause, b.name AS l_name, b.start_ns AS l_start
+  FROM (SELECT gap_id, device_id, pid, tid, start_ns, end_ns FROM at_start WHERE duration_ns >= $held_min) g
+  ASOF JOIN gap_blocking_calls b ON b.pid = g.pid AND b.tid = g.tid AND b.start_ns < g.end_ns
+  WHERE b.start_ns > g.start_ns AND b.end_ns >= g.end_ns AND b.copy_device = g.device_id AND b.moved_ns >= g.end_ns
+    AND b.cause IN ('pageable_copy', 'small_copy', 'sync_copy', 'readback')),
 short_allocs AS (  -- a short gap begun in a blocking call that allocates nothing: the thread's allocation calls that
   -- begin in it after that call, each for its own time (until the thread's next blocking call), as ShortGaps finds them
   SELECT g.gap_id, min(a.start_ns) AS alloc_at, sum(least(a.until_ns, g.end_ns) - a.start_ns) AS s_alloc_ns
@@ -39,7 +51,7 @@ short_allocs AS (  -- a short gap begun in a blocking call that allocates nothin
   GROUP BY g.gap_id),
 judged AS (
   SELECT g.*, sa.alloc_at, sa.s_alloc_ns, h.jit_ns, h.profiler_ns, hd.h_cause IS NOT NULL AS held, hd.h_name,
-         hd.h_pid, hd.h_tid, hd.h_start,
+         hd.h_pid, hd.h_tid, hd.h_start, l.l_cause, l.l_name, l.l_start,
   CASE
     WHEN hd.h_cause IS NOT NULL THEN hd.h_cause
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
@@ -71,7 +83,7 @@ judged AS (
       -- was its allocation: allocating is the most the host is seen doing in it
     h.alloc_ns, h.comm_ns, h.loader_ns, h.wait_ns, h.cut_ns, h.own_ns
   FROM at_start g LEFT JOIN gap_host h USING (gap_id) LEFT JOIN held hd USING (gap_id)
-  LEFT JOIN short_allocs sa USING (gap_id)),
+  LEFT JOIN short_allocs sa USING (gap_id) LEFT JOIN lead l USING (gap_id)),
 activity AS (  -- a longer gap's host activity (one claimed for its own time), that time, and the blocking call's piece
   -- before it: the call's in-call idle and up to $resume_max of turnaround, when the call is not the activity's kind
   SELECT *, CASE WHEN act IS NULL OR held OR blocked_cause IS NULL THEN 0
@@ -100,11 +112,18 @@ split AS (
     ELSE 0 END AS late_ns
   FROM (SELECT *, duration_ns <= $launch_gap_max AND early_cause = blocked_cause AND alloc_at IS NOT NULL
                   AS short_split FROM activity)),  -- a short gap's call piece ends where an allocation call begins
+led AS (  -- the lead copy call's piece: from its start to the gap's end, taken from the rest of the gap (the late
+  -- piece, or a gap judged whole by what the host did), never more than that rest
+  SELECT *, CASE WHEN l_cause IS NULL THEN 0 ELSE least(end_ns - l_start, CASE WHEN late_ns > 0 THEN late_ns
+    WHEN then_ns = 0 AND early_cause IS NULL AND act IS NULL THEN duration_ns ELSE 0 END) END AS lead_ns
+  FROM split),
 labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls; a held
-  -- gap is the copy's thread's
+  -- gap is the copy's thread's; lead_call: the lead copy call's
   SELECT gap_id, device_id, start_ns, end_ns, duration_ns, CASE WHEN held THEN h_pid ELSE pid END AS pid,
          CASE WHEN held THEN h_tid ELSE tid END AS tid, CASE WHEN held THEN h_name ELSE blocked_in END AS blocked_in,
-         cause, then_ns, CASE WHEN then_ns > 0 THEN then_cause END AS then_cause, late_ns,
-         CASE WHEN late_ns > 0 THEN host_cause END AS late_cause, CASE
-           WHEN held THEN [h_pid, h_tid, h_start] WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call,
-         held FROM split)
+         cause, then_ns, CASE WHEN then_ns > 0 THEN then_cause END AS then_cause,
+         late_ns - least(lead_ns, late_ns) AS late_ns, CASE WHEN late_ns > lead_ns THEN host_cause END AS late_cause,
+         CASE WHEN held THEN [h_pid, h_tid, h_start] WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call,
+         held, lead_ns, CASE WHEN lead_ns > 0 THEN l_cause END AS lead_cause,
+         CASE WHEN lead_ns > 0 THEN l_name END AS lead_in, CASE WHEN lead_ns > 0 THEN [pid, tid, l_start] END AS lead_call
+  FROM led)

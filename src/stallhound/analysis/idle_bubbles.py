@@ -20,7 +20,8 @@ from stallhound.analysis.attribution import HOST_PROBE_BUCKET_NS, Attribution
 from stallhound.analysis.common import UNSEEN, Scope, ms
 from stallhound.model.sql_files import sql_beside
 
-UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy: memory_transfers')
+UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy, small_copy:
+# memory_transfers')
 CAPTURE = ("to see what the host did, capture CPU samples with call stacks (nsys `-s cpu --cudabacktrace=all`, or "
            "torch.profiler with `with_stack=True`)")
 SQL = sql_beside(__package__, "idle_bubbles.sql")
