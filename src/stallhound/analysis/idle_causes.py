@@ -54,8 +54,7 @@ TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launc
 GRAPH_LAUNCH_SHARE = 0.5  # book small-kernel-overhead: launch gaps holding half the window or more pace the step, and
 # when every step runs the same kernels (step_repeats) one graph replay per step removes them: offered first
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
-BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy", "small_copy"}  # causes that name a blocking call (they
-# count calls)
+BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy", "small_copy"}  # name a blocking call (count calls)
 LOOP_STEPS = 2  # a window of two steps or more: a call seen once in it is not paid per step
 GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-generation pass, which fires on every
 # 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
