@@ -19,18 +19,10 @@ import duckdb
 from stallhound.formats.build_steps import NO_PROGRESS_BAR, Progress, insert_rows
 from stallhound.formats.comm_kernels import COLLECTIVE_SQL, FAMILY_SQL
 from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL, WINDOW_SQL
-from stallhound.formats.nsys import checks, libraries, stacks
+from stallhound.formats.nsys import checks, hardware, libraries, stacks
 from stallhound.formats.nsys import nvtx as nvtx_build
 from stallhound.formats.nsys.activity_join import PID_SQL, TID_SQL, ActivityJoins
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range
-from stallhound.formats.nsys.hardware import (
-    capability_rows,
-    cuda_not_started,
-    gpu_rows,
-    meta_row,
-    not_started_note,
-    time_limit_note,
-)
 from stallhound.formats.nsys.raw import RawExport
 from stallhound.model.duck import SCANNER_SETTINGS, Settings, load_sqlite_scanner, one_row
 from stallhound.model.limits import build_memory_mb
@@ -306,19 +298,20 @@ class Builder(ActivityJoins):
             """SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL SELECT device_id FROM memcpy
                UNION ALL SELECT device_id FROM memset UNION ALL SELECT device_id FROM graph_exec)
                WHERE device_id IS NOT NULL ORDER BY 1""").fetchall()]
-        self.load_list("gpus", gpu_rows(self.raw, devices))
+        self.load_list("gpus", hardware.gpu_rows(self.raw, devices))
 
     def meta(self, source_path: Path, source_bytes: int, fingerprint: str) -> None:
         windows = one_row(self.con.execute(WINDOW_SQL))
-        row = meta_row(self.raw, source_path, source_bytes, fingerprint, MODEL_VERSION, self.enum_source, windows)
+        row = hardware.meta_row(self.raw, source_path, source_bytes, fingerprint, MODEL_VERSION, self.enum_source,
+                                windows)
         self.load_list("meta", [row])
 
     def capabilities(self) -> None:
-        if (diagnostic := cuda_not_started(self.con)) is not None:
-            checks.record(self.con, [not_started_note(diagnostic)])
-        if (cut := time_limit_note(self.raw)) is not None:
+        if (diagnostic := hardware.cuda_not_started(self.con)) is not None:
+            checks.record(self.con, [hardware.not_started_note(diagnostic)])
+        if (cut := hardware.time_limit_note(self.raw)) is not None:
             checks.record(self.con, [cut])
-        self.load_list("capabilities", capability_rows(self.con))
+        self.load_list("capabilities", hardware.capability_rows(self.con))
 
     # --- the two sides the build writes at once, each on its own cursor --------------------------
     def host_side(self, cur: duckdb.DuckDBPyConnection) -> None:
