@@ -9,10 +9,12 @@ same-steps) where every step in the window runs the same kernels (step_repeats) 
 of the window; else the fixes that fuse kernels. dataloader-starvation needs evidence of a data loader: its ranges cover
 the gap (input_wait), or the launching thread waits in OS calls (host_wait) in a program whose trace shows a loader
 (input_pipeline). Outside the loop's steady state, the stretches before a device's first work and after its last are
-start-up and teardown, and an allocation or code load paid once or twice is one-time setup (profiler-window-on-warmup),
-never a bubble. gpu-bubbles takes the gaps of 1 ms or more that no cause explains: nothing traced on the host, waits on
-other work, OS waits in a program without a loader; it names what the launching process was inside meanwhile
-(idle_bubbles). gc-pauses needs a Python program and periodic gaps of 1 ms or more in which the host did nothing traced,
+start-up and teardown, and an allocation, code load or initialisation (streams, events or contexts created: a
+library's first use) paid once or twice is one-time setup (profiler-window-on-warmup), never a bubble (initialisation
+that recurs has no finding of its own: it stays a bubble). gpu-bubbles takes the gaps of 1 ms or more that no cause
+explains: nothing traced on the host, waits on other work, OS waits in a program without a loader; it names what
+the launching process was inside meanwhile (idle_bubbles).
+gc-pauses needs a Python program and periodic gaps of 1 ms or more in which the host did nothing traced,
 recurring less often than every step when the step is known. When the window lost a real share of its kernel records
 (trace_quality.lost_kernels), or the trace holds only a sample of its CUDA calls (trace_quality.sampled_calls), every
 idle finding is demoted to info, as part of its idle time ran work the trace does not show. Blocking calls that waited
@@ -59,6 +61,8 @@ GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-gene
 # 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
 PACING_RATIO = 0.1  # book cpu-bottleneck: launch calls taking under a tenth of their kernels' time issue the work ten
 # times faster than the device runs it, so they cannot pace it: what keeps launches late is other host work
+
+INIT_DOING = "creating streams, events or contexts (a library's first use)"  # what the init cause is (attribution)
 
 @dataclass(frozen=True)
 class Seen:
@@ -273,25 +277,25 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
     return out
 
 
-SetupCost = tuple[Claim, int, int]  # a recurring claim's one-time part: (claim, ns, gaps)
+SetupCost = tuple[str, str, int, int]  # a one-time cost: (cause, what the host was doing, ns, gaps)
+ONE_TIME = (*((c.causes[0], c.doing) for c in CLAIMS if c.recurs), ("init", INIT_DOING))  # (cause, doing)
 
 
 def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost], int]:
-    """Outside the loop, the one-time part of each recurring claim's cause taken out of d: all of it when seen in
+    """Outside the loop, the one-time part of each ONE_TIME cause taken out of d: all of it when seen in
     fewer than RECURRING_MIN_GAPS gaps, else its longest gap when that one holds ONCE_SHARE of its time (a cost paid
     once, and the rest recurring); and, returned apart, the rest of each such longest gap (attribution.rest_of_gaps)."""
     if in_loop:
         return d, [], 0
     causes, setup, took = dict(d.causes), [], {}  # took: cause -> the longest gap its setup took
-    for claim in (claim for claim in CLAIMS if claim.recurs):
-        [cause] = claim.causes
+    for cause, doing in ONE_TIME:
         if cause not in causes:
             continue
         t, longest = causes[cause], d.longest.get(cause, 0)
         ns, gaps = ((t.ns, t.gaps) if t.gaps < RECURRING_MIN_GAPS else
                     (longest, 1) if longest >= ONCE_SHARE * t.ns else (0, 0))
         if ns:
-            setup.append((claim, ns, gaps))
+            setup.append((cause, doing, ns, gaps))
             causes[cause] = replace(t, ns=t.ns - ns, gaps=t.gaps - gaps, long_ns=max(0, t.long_ns - ns))
             took.update({cause: d.longest_gap[cause][0]} if cause in d.longest_gap else {})
     causes, rest = attribution.rest_of_gaps(d, causes, took)
@@ -319,22 +323,24 @@ def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
 def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int) -> list[Finding]:
     """One-time costs the attribution names (allocation, loading or compiling code, paid once in a window that is
     not the loop's steady state), with the rest of a gap paid once (rest_ns): the window holds setup."""
-    ns = sum(n for _, n, _ in setup) + (rest_ns if setup else 0)
+    ns = sum(n for _, _, n, _ in setup) + (rest_ns if setup else 0)
     if not rules.worth_reporting(ns, d.window_ns):
         return []
-    parts = ", ".join(f"{claim.doing} {ms(n)} in {counted(gaps, 'gap')}" for claim, n, gaps in setup)
-    parts += f", and {ms(rest_ns)} more in the same setup gap" if rest_ns else ""
+    parts = ", ".join(f"{doing} {ms(n)} in {counted(gaps, 'gap')}" for _, doing, n, gaps in setup)
+    where = "those setup gaps" if len(setup) > 1 else "the same setup gap"
+    parts += f", and {ms(rest_ns)} more in {where}" if rest_ns else ""
     title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts}), not in a "
              "loop: a window over the steady state leaves it out")
-    loading = sum(n for claim, n, _ in setup if claim.causes == ("jit",))
+    loading = sum(n for cause, _, n, _ in setup if cause == "jit")
     return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup"],
-                     {"gaps": sum(g for _, _, g in setup), "loading_ns": loading})]
+                     {"gaps": sum(g for _, _, _, g in setup), "loading_ns": loading})]
 
 
 def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
     """The long gaps no cause explains: nothing traced on the host, or waits on other work (queued), or OS waits of
-    the launching thread in a program with no data loader (on what, the trace does not say)."""
-    causes = UNEXPLAINED if c.seen.loader else (*UNEXPLAINED, "host_wait")
+    the launching thread in a program with no data loader (on what, the trace does not say), or initialisation that
+    recurs (no finding claims it)."""
+    causes = (*UNEXPLAINED, "init") if c.seen.loader else (*UNEXPLAINED, "init", "host_wait")
     ns = sum(d.causes[cause].long_ns for cause in causes if cause in d.causes)
     if "gc-pauses" in fired:
         ns -= _periodic(d, ("host_untraced",))
