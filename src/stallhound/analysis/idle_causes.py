@@ -348,7 +348,8 @@ def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
     if not (rules.worth_reporting(ns, d.window_ns) and worth_chasing):
         return []
     waits = d.causes["host_wait"].long_ns if "host_wait" in causes and "host_wait" in d.causes else 0
-    seen, evidence, tags = idle_bubbles.words(ns, waits, c.seen.host.get((d.device, c.in_loop), HostSeen()))
+    queued = d.causes["queued"].long_ns if "queued" in d.causes else 0
+    seen, evidence, tags = idle_bubbles.words(ns, waits, queued, c.seen.host.get((d.device, c.in_loop), HostSeen()))
     title = (f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} in gaps of 1 ms or more that the idle "
              f"attribution cannot explain ({seen})")
     return [_finding(d, "gpu-bubbles", ns, title, tags, {"device_idle_ns": d.idle_ns, **evidence})]
