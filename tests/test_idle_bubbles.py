@@ -86,11 +86,12 @@ def test_seen_times_stay_within_the_bubble_and_waits_come_first():
 def test_a_bubble_mostly_queued_with_the_host_mostly_unseen_ranks_after_evidence(queued_ms, seen_ms, waits_ms, unseen):
     """A 20 ms bubble: where most of it (half or more) lies before work already queued (the device waited on
     something the trace does not show) and the host is seen in less than half of it, it is tagged UNSEEN; its title
-    says how much was queued whenever that is most of it."""
+    says how much was queued whenever that is most of it, and the tag QUEUED picks the fix for it."""
     host = idle_bubbles.HostSeen(seen_ms * MS, "CUDA call x", seen_ms * MS) if seen_ms else idle_bubbles.HostSeen()
     text, evidence, tags = idle_bubbles.words(20 * MS, waits_ms * MS, queued_ms * MS, host)
-    assert (tags == [common.UNSEEN]) == unseen
+    assert (common.UNSEEN in tags) == unseen
     assert ("before work already queued" in text) == (queued_ms >= 10) == ("queued_ns" in evidence)
+    assert (idle_bubbles.QUEUED in tags) == (queued_ms >= 10)  # picks the fix that looks for what it waited on
     assert evidence.get("queued_ns", queued_ms * MS) == queued_ms * MS
 
 
@@ -177,7 +178,8 @@ def test_torchrec_bubble_names_the_process_activity_the_json_shows(cache_root):
     linked, every = _json_queued(path, result.window.start_ns / 1000, result.window.end_ns / 1000)
     assert (linked, every) == (122_462_000, 256_159_000)
     assert bubble.time_at_stake_ns / 2 <= linked <= bubble.evidence["queued_ns"] <= every
-    assert seen_ns < bubble.time_at_stake_ns / 2 and bubble.tags == [common.UNSEEN]
+    assert seen_ns < bubble.time_at_stake_ns / 2 and bubble.tags == [common.UNSEEN, idle_bubbles.QUEUED]
+    assert bubble.fix.startswith("Most of this idle came with the next work already queued")
     order = [f.root_cause for f in result.findings]
     assert order.index("gpu-bubbles") > max(order.index("nccl-serialization"), order.index("cpu-bottleneck"))
 

@@ -27,6 +27,7 @@ UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host d
 CAPTURE = ("to see what the host did, capture CPU samples with call stacks (nsys `-s cpu --cudabacktrace=all`, or "
            "torch.profiler with `with_stack=True`)")
 MOSTLY = 0.5  # a share of the bubble above half is most of it
+QUEUED = "queued"  # the tag of a bubble mostly queued: the fix looks for what the device waited on (book gpu-bubbles)
 SQL = sql_beside(__package__, "idle_bubbles.sql")
 Interval = tuple[int, int]
 
@@ -130,4 +131,4 @@ def words(ns: int, waits_ns: int, queued_ns: int, seen: HostSeen) -> tuple[str, 
     evidence = {"host_seen_ns": seen_ns, **({"host_top": seen.top, "host_top_ns": top_ns} if seen_ns else {}),
                 **({"queued_ns": queued_ns} if queued else {})}
     unseen = not (waits_ns or seen_ns) or (queued and waits_ns + seen_ns < MOSTLY * ns)
-    return "; ".join(parts), evidence, [UNSEEN] if unseen else []
+    return "; ".join(parts), evidence, [*([UNSEEN] if unseen else []), *([QUEUED] if queued else [])]
