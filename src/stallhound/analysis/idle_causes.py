@@ -269,9 +269,9 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
     context = Context(program, in_loop, seen, step_ns)
     out: list[Finding] = []
     for d in (_off_step(d if in_loop else d.without_edges(), step_ns) for d in idle.values()):
-        d, setup, rest_ns = _one_time(d, in_loop)
+        d, setup, rest = _one_time(d, in_loop)
         found, fired = _claimed(d, context)
-        found += _setup(d, setup, rest_ns) + _bubbles(d, fired, context)
+        found += _setup(d, setup, *rest) + _bubbles(d, fired, context)
         missing = trace_quality.missing_work(seen.lost, seen.sampled)
         out += [trace_quality.not_ranked(f, seen.lost, seen.sampled) for f in found] if missing else found
     return out
@@ -281,12 +281,13 @@ SetupCost = tuple[str, str, int, int]  # a one-time cost: (cause, what the host 
 ONE_TIME = (*((c.causes[0], c.doing) for c in CLAIMS if c.recurs), ("init", INIT_DOING))  # (cause, doing)
 
 
-def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost], int]:
+def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost], tuple[int, int]]:
     """Outside the loop, the one-time part of each ONE_TIME cause taken out of d: all of it when seen in
     fewer than RECURRING_MIN_GAPS gaps, else its longest gap when that one holds ONCE_SHARE of its time (a cost paid
-    once, and the rest recurring); and, returned apart, the rest of each such longest gap (attribution.rest_of_gaps)."""
+    once, and the rest recurring); and, returned apart, the rest of each such longest gap (attribution.rest_of_gaps)
+    and how many gaps it lies in."""
     if in_loop:
-        return d, [], 0
+        return d, [], (0, 0)
     causes, setup, took = dict(d.causes), [], {}  # took: cause -> the longest gap its setup took
     for cause, doing in ONE_TIME:
         if cause not in causes:
@@ -298,8 +299,11 @@ def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost]
             setup.append((cause, doing, ns, gaps))
             causes[cause] = replace(t, ns=t.ns - ns, gaps=t.gaps - gaps, long_ns=max(0, t.long_ns - ns))
             took.update({cause: d.longest_gap[cause][0]} if cause in d.longest_gap else {})
-    causes, rest = attribution.rest_of_gaps(d, causes, took)
-    return replace(d, causes={c: t for c, t in causes.items() if t.ns > 0}), setup, rest
+    rests = []
+    for gap_id in sorted(set(took.values())):  # gap by gap, to say in how many the rest lies
+        causes, rest = attribution.rest_of_gaps(d, causes, {c: g for c, g in took.items() if g == gap_id})
+        rests += [rest] if rest else []
+    return replace(d, causes={c: t for c, t in causes.items() if t.ns > 0}), setup, (sum(rests), len(rests))
 
 
 def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
@@ -320,14 +324,14 @@ def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
     return out, fired
 
 
-def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int) -> list[Finding]:
+def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int, rest_gaps: int) -> list[Finding]:
     """One-time costs the attribution names (allocation, loading or compiling code, paid once in a window that is
     not the loop's steady state), with the rest of a gap paid once (rest_ns): the window holds setup."""
     ns = sum(n for _, _, n, _ in setup) + (rest_ns if setup else 0)
     if not rules.worth_reporting(ns, d.window_ns):
         return []
     parts = ", ".join(f"{doing} {ms(n)} in {counted(gaps, 'gap')}" for _, doing, n, gaps in setup)
-    where = "those setup gaps" if len(setup) > 1 else "the same setup gap"
+    where = "those setup gaps" if rest_gaps > 1 else "the same setup gap"
     parts += f", and {ms(rest_ns)} more in {where}" if rest_ns else ""
     title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts}), not in a "
              "loop: a window over the steady state leaves it out")
