@@ -234,6 +234,32 @@ def test_attribution_a_long_launch_is_a_lazy_load_only_for_the_first_launch_of_i
     assert {c: t.ns for c, t in idle.causes.items()} == cause
 
 
+@pytest.mark.parametrize("calls, causes", [
+    # cuDNN's first use: streams created for 3 ms of the 4.99 ms gap: init for their time, the rest untraced
+    ([("cudaStreamCreateWithFlags", 1_000_000, 3_000_000), ("cudaStreamCreateWithFlags", 2_500_000, 4_000_000)],
+     {"init": 3_000_000, "host_untraced": 1_990_000}),
+    ([("cudaEventCreate_v3020", 1_000_000, 3_500_000)], {"init": 2_500_000, "host_untraced": 2_490_000}),  # nsys
+    ([("cudaStreamCreate", 1_000_000, 3_490_000)], {"host_untraced": 4_990_000}),  # under half of the gap
+    ([("cudaStreamGetPriority", 1_000_000, 4_000_000)], {"host_untraced": 4_990_000}),  # a query creates nothing
+])
+def test_attribution_initialisation_covering_most_of_a_long_gap_is_init(calls, causes):
+    """Calls that create a stream, event or context (attribution.INIT_CALLS) covering half of a gap of 1 ms or more
+    claim their own time in it (init); the rest is judged as if they were not there."""
+    idle, [gap] = loading(*(call(name, "other", s, e) for name, s, e in calls))
+    assert {c: t.ns for c, t in idle.causes.items()} == causes
+    assert gap.cause == next(iter(causes))
+
+
+def test_attribution_initialisation_in_a_gap_under_a_millisecond_is_not_init():
+    """A 0.6 ms gap that stream creation covers: too short to be a bubble, it stays the host's (late launch)."""
+    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 610_000, 620_000, (600_000, 605_000))],
+                     cuda_api=[call("cudaLaunchKernel", "launch", -5_000, -1_000, 1),
+                               call("cudaStreamCreateWithFlags", "other", 50_000, 550_000),
+                               call("cudaLaunchKernel", "launch", 600_000, 605_000, 2)])
+    [idle] = attribution.attribute(con, scope(con, device=0)).devices.values()
+    assert "init" not in idle.causes and sum(t.ns for t in idle.causes.values()) == 600_000
+
+
 def test_attribution_a_profiler_flush_in_the_launching_process_is_its_own_cause():
     """A 3 ms CUPTI buffer flush on the profiler's thread of the launching process (pid 1) inside the gap: the
     gap is the profiler's while it runs; another process's flush is nothing to this device."""

@@ -54,6 +54,10 @@ nanoseconds and their sum is the device's idle time:
   when that call is long: lazy loading) inside the gap, unless allocation, communication, a loader or waits (below)
   cover most of it; charged for the time they run (their union within the gap), the rest of the gap judged like a
   gap without them (late_ns, late_cause). A long launch of a kernel launched before loads nothing.
+- init: calls that create a stream, event or context, or initialise the driver or the device (INIT_CALLS: the first
+  use of a library such as cuDNN creates its streams and handles) cover most of a gap of BUBBLE_MIN_NS or more;
+  charged for their own time, the rest judged like a gap without them. Paid once, it is one-time setup, never a bubble
+  (idle_causes).
 - profiler: the profiler's own work in the launching process (profiler_overhead: CUPTI buffer flushes, which stall the
   process's CUDA calls) inside the gap, under the same proviso, for the time it runs; the rest of the gap likewise.
 - host_comm: the launching threads were inside communication NVTX ranges (MPI_*, SHMEM) for most of the gap.
@@ -107,12 +111,16 @@ HELD_MIN_NS = FOLD_BELOW_NS  # a held gap (gap_causes.sql) is judged one by one:
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 DEVICE_PASS_SLICES = DEFAULT_SLICES  # the device pass the gap pass fills
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
-SHARE_CAUSES = ("alloc", "host_comm", "input_wait", "host_wait", "jit", "profiler")  # in a longer gap, charged only
-# while their activity runs inside it (gap_causes.sql)
+SHARE_CAUSES = ("alloc", "host_comm", "input_wait", "host_wait", "jit", "profiler", "init")  # in a longer gap,
+# charged only while their activity runs inside it (gap_causes.sql)
 FAULT_CYCLE_MAX_NS = 5_000_000  # 5 ms: a host fault on managed memory takes tens of us to ~2 ms of driver work
 # (unmapping on the device, the migration, the speculative pages around it); a longer stretch between two touched
 # pages is the host's own work
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
+INIT_CALLS = ("^(cuda|cu|hip)(StreamCreate|EventCreate|CtxCreate|DevicePrimaryCtxRetain|Init|SetDevice"
+              "|GetDeviceProperties|DeviceGetStreamPriorityRange)")  # create a stream, event or context, or set up
+# the driver and device state (PyTorch asks the streams' priority range and the properties when it sets up a device):
+# paid on a library's or the program's first use
 
 
 def range_kinds(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
@@ -130,7 +138,8 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
             "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS, "held_min": HELD_MIN_NS,
-            "op_domain": nvtx_texts.OP_DOMAIN, "fault_max": FAULT_CYCLE_MAX_NS}
+            "op_domain": nvtx_texts.OP_DOMAIN, "fault_max": FAULT_CYCLE_MAX_NS, "init_calls": INIT_CALLS,
+            "init_min": BUBBLE_MIN_NS}
 
 
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}

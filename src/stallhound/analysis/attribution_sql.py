@@ -132,7 +132,8 @@ at_start AS (  -- each gap with the blocking call that holds it (blocked_cause, 
 
 # What the launching threads did during the gaps that are neither queued nor short; for the activities a gap is
 # charged to only while they run (allocation, loading or compiling GPU code, communication, a loader's ranges, OS
-# waits, the profiler's overhead) and the framework's operators, the union of their time inside it.
+# waits, the profiler's overhead), one-time initialisation calls (init: charged only where they cover most of a gap,
+# gap_causes.sql, so they cut no blocking call's piece) and the framework's operators, the union of their time in it.
 ACTIVITIES = "('jit', 'module', 'lazy', 'profiler', 'loader', 'alloc', 'wait', 'comm')"  # claimed for their own time
 HOST = sql_beside(__package__, "gap_host_events.sql") + overlaps(
     "touch", "long_gaps", "host_events", "pid, tid", "what") + ",\n" + overlaps(
@@ -151,7 +152,8 @@ nested AS (  -- per gap, the union of each activity's time in it: nested compile
   SELECT probe_id, sum(ns) FILTER (WHERE part = 'jit') AS jit_ns,
          sum(ns) FILTER (WHERE part = 'profiler') AS profiler_ns, sum(ns) FILTER (WHERE part = 'op') AS op_ns,
          sum(ns) FILTER (WHERE part = 'loader') AS loader_ns, sum(ns) FILTER (WHERE part = 'alloc') AS alloc_ns,
-         sum(ns) FILTER (WHERE part = 'wait') AS wait_ns, sum(ns) FILTER (WHERE part = 'comm') AS comm_ns
+         sum(ns) FILTER (WHERE part = 'wait') AS wait_ns, sum(ns) FILTER (WHERE part = 'comm') AS comm_ns,
+         sum(ns) FILTER (WHERE part = 'init') AS init_ns
   FROM (SELECT probe_id, part, greatest(0, end_ns - greatest(start_ns, coalesce(max(end_ns) OVER (
           PARTITION BY probe_id, part ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
           start_ns))) AS ns
@@ -159,16 +161,17 @@ nested AS (  -- per gap, the union of each activity's time in it: nested compile
                      CASE WHEN t.what = 'op' THEN t.start_ns
                           ELSE greatest(t.start_ns, coalesce(c.cut_ns, t.start_ns)) END AS start_ns, t.end_ns
               FROM touch t LEFT JOIN cuts c USING (probe_id)
-              WHERE t.what IN """ + ACTIVITIES[:-1] + """, 'op')))
+              WHERE t.what IN """ + ACTIVITIES[:-1] + """, 'op', 'init')))
   GROUP BY probe_id),
 host AS (
   SELECT g.probe_id AS gap_id, h.* EXCLUDE (probe_id), n.jit_ns, n.profiler_ns, n.op_ns, n.loader_ns,
          CASE WHEN g.b_end IS NULL THEN coalesce(pa.ns, n.alloc_ns) ELSE n.alloc_ns END AS alloc_ns, n.wait_ns,
-         n.comm_ns, c.cut_ns, c.own_ns FROM long_gaps g LEFT JOIN (
+         n.comm_ns, n.init_ns, c.cut_ns, c.own_ns FROM long_gaps g LEFT JOIN (
   SELECT probe_id, sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'launch') AS launch_ns,
          sum(end_ns - start_ns) FILTER (WHERE what = 'cpu') AS cpu_ns,
-         sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api', 'os'))
+         sum(end_ns - start_ns) FILTER (WHERE what IN ('alloc', 'jit', 'module', 'lazy', 'launch', 'sync', 'api', 'os',
+                                                       'init'))
            AS api_ns
   FROM touch GROUP BY probe_id) h USING (probe_id) LEFT JOIN nested n USING (probe_id) LEFT JOIN cuts c USING (probe_id)
   LEFT JOIN process_alloc pa USING (probe_id)),"""

@@ -2,7 +2,8 @@
 -- between two migrations a host thread's touch caused, up to $fault_max; for a short gap its blocking call (or the one
 -- in whose wake it began), else its launch; for a longer one alloc, host communication, a data loader's ranges or OS
 -- waits covering most of it (a load of 0.5 ms does not explain a second of allocation), else jit or profiler when a
--- load, compile or profiler flush ran in it, else host communication run in it at all (its own time), else the
+-- load, compile or profiler flush ran in it, else init when calls creating a stream, event or context cover most of
+-- a gap of $init_min or more, else host communication run in it at all (its own time), else the
 -- blocking call it began in; else what the host did meanwhile
 -- (host_cause; before a late launch, one op's overhead: alloc when allocating is the most of it seen). A host
 -- activity claims only its own time in the gap (the union of its events there, gap_host): a finding never claims more
@@ -25,7 +26,7 @@
 -- latency): that time, up to the rest of the gap (the late piece, or the whole gap judged by what the host did), is
 -- the copy's cause (lead_ns, lead_cause), not the host's.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
--- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max, $bucket_ns.
+-- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max, $bucket_ns, $init_min.
 held AS (
   SELECT g.gap_id, b.cause AS h_cause, b.name AS h_name, b.pid AS h_pid, b.tid AS h_tid, b.start_ns AS h_start
   FROM idle_gaps g JOIN gap_blocking_calls b ON b.copy_device = g.device_id AND b.start_ns < g.end_ns
@@ -68,6 +69,8 @@ judged AS (
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
     WHEN h.jit_ns > 0 THEN 'jit'
     WHEN h.profiler_ns > 0 THEN 'profiler'
+    WHEN g.duration_ns >= $init_min AND h.init_ns >= $dominant * g.duration_ns THEN 'init'  -- a stream, event or
+    -- context created: one-time setup where it does not recur (idle_causes), only where it is most of a long gap
     WHEN h.comm_ns > 0 THEN 'host_comm'  -- under half the gap too: the host communicated, for that time, not computed
     WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
@@ -81,7 +84,7 @@ judged AS (
       AND h.alloc_ns >= greatest(coalesce(h.launch_ns, 0), coalesce(h.sync_ns, 0),
                                  coalesce(h.cpu_ns, 0) - coalesce(h.api_ns, 0)) AS op_alloc,  -- the op's overhead
       -- was its allocation: allocating is the most the host is seen doing in it
-    h.alloc_ns, h.comm_ns, h.loader_ns, h.wait_ns, h.cut_ns, h.own_ns
+    h.alloc_ns, h.comm_ns, h.loader_ns, h.wait_ns, h.init_ns, h.cut_ns, h.own_ns
   FROM at_start g LEFT JOIN gap_host h USING (gap_id) LEFT JOIN held hd USING (gap_id)
   LEFT JOIN short_allocs sa USING (gap_id) LEFT JOIN lead l USING (gap_id)),
 activity AS (  -- a longer gap's host activity (one claimed for its own time), that time, and the blocking call's piece
@@ -89,13 +92,15 @@ activity AS (  -- a longer gap's host activity (one claimed for its own time), t
   SELECT *, CASE WHEN act IS NULL OR held OR blocked_cause IS NULL THEN 0
                  ELSE least(end_ns, coalesce(cut_ns, b_end + $resume_max), own_ns) - start_ns END AS call_ns
   FROM (SELECT *, CASE WHEN held OR duration_ns <= $launch_gap_max THEN NULL
-                       WHEN early_cause IN ('host_comm', 'input_wait', 'host_wait', 'jit', 'profiler') THEN early_cause
+                       WHEN early_cause IN ('host_comm', 'input_wait', 'host_wait', 'jit', 'profiler', 'init')
+                         THEN early_cause
                        WHEN early_cause = 'alloc' AND alloc_ns + CASE WHEN blocked_cause = 'alloc' THEN greatest(0,
                          least(b_end, end_ns) - start_ns) ELSE 0 END >= $dominant * duration_ns THEN 'alloc'  -- covering
                        -- most of it (alloc_ns: after the call's piece), not only the blocking alloc call it began in
                        WHEN early_cause IS NULL AND op_alloc THEN 'alloc' END AS act,
                   CASE early_cause WHEN 'host_comm' THEN comm_ns WHEN 'input_wait' THEN loader_ns
                     WHEN 'host_wait' THEN wait_ns WHEN 'jit' THEN jit_ns WHEN 'profiler' THEN profiler_ns
+                    WHEN 'init' THEN init_ns
                     ELSE coalesce(alloc_ns, 0) END AS act_ns FROM judged)),
 split AS (
   SELECT *, CASE WHEN call_ns > 0 THEN blocked_cause ELSE coalesce(act, early_cause, host_cause) END AS cause,
