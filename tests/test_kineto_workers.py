@@ -5,6 +5,7 @@ small traces, one-core machines and processes that are themselves workers start 
 
 from __future__ import annotations
 
+import gzip
 import json
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -79,7 +80,10 @@ def test_workers_start_only_where_they_pay(tmp_path, monkeypatch):
     big.write_bytes(b" " * workers.WORKERS_FROM_BYTES)
     monkeypatch.setattr(workers.os, "cpu_count", lambda: 16)
     assert workers.workers_for(big) == workers.MAX_WORKERS
-    assert workers.workers_for(NCCL) == 0  # under WORKERS_FROM_BYTES
+    assert workers.workers_for(NCCL) == 0  # 0.75 MB gzipped, about 8.6 MB of JSON: under WORKERS_FROM_BYTES
+    packed = tmp_path / "packed.json.gz"
+    packed.write_bytes(gzip.compress(b" " * 64) + b" " * (workers.WORKERS_FROM_BYTES // workers.GZIP_LOW_RATIO))
+    assert workers.workers_for(packed) == workers.MAX_WORKERS  # its JSON is over WORKERS_FROM_BYTES
     monkeypatch.setattr(workers.os, "cpu_count", lambda: 1)
     assert workers.workers_for(big) == 0
     monkeypatch.setattr(workers.os, "cpu_count", lambda: 2)

@@ -28,9 +28,10 @@ import msgspec
 from stallhound.formats.kineto import batches
 from stallhound.formats.kineto import read as kineto_read
 
-# On-disk size from which a trace is parsed by workers: starting one (a Python with msgspec and ijson) costs about
+# JSON size from which a trace is parsed by workers: starting one (a Python with msgspec and ijson) costs about
 # 0.3 s of CPU, which ~8 MB of trace parsed in this process costs; past this size the workers repay it many times.
 WORKERS_FROM_BYTES = 32 << 20
+GZIP_LOW_RATIO = 8  # Kineto's JSON gzips 8 to 15 times smaller (read.MAX_GZIP_RATIO): a gzipped trace's JSON is larger
 MAX_WORKERS = 8  # a 4 MB batch's rows take this process about as long to insert as a worker takes to parse it
 IN_FLIGHT = 2  # batches per worker sent ahead: one parsing, one waiting, so that no worker idles
 ROW_SINKS = ("gpu", "host", "comms", "python")  # read.events' sinks of staged rows; 'name' comes back as rows
@@ -70,7 +71,9 @@ def parse(body: bytes) -> Parsed:
 def workers_for(path: Path) -> int:
     """Worker processes for the trace at `path`: 0 (parse in this process) unless it is worth them."""
     cores = min(os.cpu_count() or 1, MAX_WORKERS)
-    if cores < 2 or multiprocessing.parent_process() is not None or path.stat().st_size < WORKERS_FROM_BYTES:
+    with path.open("rb") as fh:
+        ratio = GZIP_LOW_RATIO if fh.read(len(kineto_read.GZIP_MAGIC)) == kineto_read.GZIP_MAGIC else 1
+    if cores < 2 or multiprocessing.parent_process() is not None or path.stat().st_size * ratio < WORKERS_FROM_BYTES:
         return 0
     return cores
 
