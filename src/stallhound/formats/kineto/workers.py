@@ -28,9 +28,10 @@ import msgspec
 from stallhound.formats.kineto import batches
 from stallhound.formats.kineto import read as kineto_read
 
-# JSON size from which a trace is parsed by workers: starting one (a Python with msgspec and ijson) costs about
-# 0.3 s of CPU, which ~8 MB of trace parsed in this process costs; past this size the workers repay it many times.
-WORKERS_FROM_BYTES = 32 << 20
+# JSON size from which a trace is parsed by workers. They add 10-30% to the work in all (starting each Python,
+# sending batches and columns between processes) and pay only with a free core: a 146 MB trace loaded 1-2 s slower
+# with them on a busy 2-core machine, a 1 GB one 34% faster (BENCHMARKS.md).
+WORKERS_FROM_BYTES = 256 << 20
 GZIP_LOW_RATIO = 8  # Kineto's JSON gzips 8 to 15 times smaller (read.MAX_GZIP_RATIO): a gzipped trace's JSON is larger
 MAX_WORKERS = 8  # a 4 MB batch's rows take this process about as long to insert as a worker takes to parse it
 IN_FLIGHT = 2  # batches per worker sent ahead: one parsing, one waiting, so that no worker idles
