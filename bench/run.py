@@ -56,8 +56,10 @@ def cpu():
 t, c = time.perf_counter(), cpu()
 p = open_profile(sys.argv[1], cache_dir=Path(sys.argv[2]))
 elapsed = time.perf_counter() - t
+workers = resource.getrusage(resource.RUSAGE_CHILDREN)  # a Kineto load's parse workers (formats/kineto/workers.py)
 out = {"seconds": elapsed, "cpu_seconds": cpu() - c,
-       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+       "workers_cpu_seconds": workers.ru_utime + workers.ru_stime, "workers_peak_rss_mb": workers.ru_maxrss / 1024}
 if sys.argv[3] == "tools":
     import statistics
     from stallhound.tools import skills

@@ -30,6 +30,7 @@ BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|["{}\[\]]')  # a whole string, a quote that opens an unfinished one, a bracket
 ARRAY_OPEN = re.compile(rb"\s*:\s*\[")
 DECODE = msgspec.json.Decoder(float_hook=Decimal)
+CHECK = msgspec.json.Decoder(list[msgspec.Raw])  # checks that a stretch is complete JSON values, builds none of them
 # What a stretch that is no complete JSON values raises while it is parsed: it is tried elsewhere, or streamed.
 DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
@@ -50,13 +51,13 @@ def _array_start(head: bytes) -> int | None:
     return None
 
 
-def _cut(buf: bytes) -> tuple[list, int] | None:
+def _cut(buf: bytes, decoder: msgspec.json.Decoder = DECODE) -> tuple[list, int] | None:
     """The events before the last cut of `buf` at which they parse, and the offset of the next event's '{'."""
     cuts = list(BOUNDARY.finditer(buf, max(len(buf) - CUT_SEARCH_BYTES, 0))) or list(BOUNDARY.finditer(buf))
     cuts = [cut for cut in cuts if b"\n" in cut.group()] or cuts  # a string holds no line break: those cuts first
     for cut in reversed(cuts[-CUT_TRIES:]):
         try:
-            return DECODE.decode(b"[" + buf[:cut.start() + 1] + b"]"), cut.end() - 1
+            return decoder.decode(b"[" + buf[:cut.start() + 1] + b"]"), cut.end() - 1
         except DECODE_ERRORS:
             continue
     return None
@@ -65,6 +66,19 @@ def _cut(buf: bytes) -> tuple[list, int] | None:
 def split(fh: BoundedReader) -> Iterator[list]:
     """Yield the trace's events in parsed batches, in order, while the bulk of the file remains; then leave the rest
     unread in `fh` (fh.unread) as a whole JSON document whose traceEvents.item are the events not yet yielded."""
+    for batch, _ in _batches(fh, DECODE):
+        yield batch
+
+
+def split_raw(fh: BoundedReader) -> Iterator[bytes]:
+    """As split, but each batch unparsed, as the JSON array of its events (for a worker process to parse: its cuts
+    are checked to parse and to be UTF-8, as split's parse checks them)."""
+    for _, body in _batches(fh, CHECK):
+        yield body
+
+
+def _batches(fh: BoundedReader, decoder: msgspec.json.Decoder) -> Iterator[tuple[list, bytes]]:
+    """(what `decoder` made of a batch, the batch as a JSON array) for each batch, as split says."""
     head = b""
     while (start := _array_start(head)) is None:
         data = fh.read()
@@ -79,11 +93,20 @@ def split(fh: BoundedReader) -> Iterator[list]:
             size += len(data)
             continue
         buf = b"".join(pending)
-        cut = _cut(buf)
-        if cut is None:
+        cut = _cut(buf, decoder)
+        if cut is None or (decoder is CHECK and not _utf8(buf, cut[1])):
             break
         batch, rest = cut
         fh.mark(len(buf) - rest)
-        yield batch
+        yield batch, (b"[" + buf[:rest].rstrip().removesuffix(b",") + b"]" if decoder is CHECK else b"")
         pending, size = [buf[rest:]], len(buf) - rest
     fh.unread(EVENTS_START + b"".join(pending))
+
+
+def _utf8(buf: bytes, end: int) -> bool:
+    """Whether buf[:end] is UTF-8, as the full parse requires of every string (CHECK skips their bytes)."""
+    try:
+        buf[:end].decode()
+    except UnicodeDecodeError:
+        return False
+    return True

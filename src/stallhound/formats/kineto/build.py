@@ -28,6 +28,7 @@ from stallhound.formats.kineto.meta import (
 )
 from stallhound.formats.kineto.sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
 from stallhound.formats.kineto.stage import Stage, Writer
+from stallhound.formats.kineto.workers import Pool, workers_for
 from stallhound.model.duck import one_row
 from stallhound.model.schema import ddl
 
@@ -60,17 +61,24 @@ class KinetoBuilder(BuildSteps):
         self.names[(kind, pid, tid if kind == "thread_name" else None)] = name  # the last name given wins
 
     def stage(self) -> dict:
-        """Stream the events into _k_gpu, _k_host, _k_comms and _k_py; return the top-level values after the
-        events, and a load note (in `notes`) when events were dropped as unreadable."""
-        writer, failed = Writer(self), True
+        """Stream the events into _k_gpu, _k_host, _k_comms and _k_py, the bulk parsed by worker processes where
+        that pays (kineto.workers); return the top-level values after the events, and a load note (in `notes`) when
+        events were dropped as unreadable."""
+        writer, failed, pool = Writer(self), True, None
         try:
             stages = {sink: Stage(writer, table, columns) for sink, table, columns in STAGES}
+            if workers := workers_for(self.path):
+                pool = Pool(workers, lambda sink, columns: writer.put_columns(stages[sink].insert, columns),
+                            self.on_name)
             after, read, dropped = kineto_read.events(
-                self.path, {**{k: s.add for k, s in stages.items()}, "name": self.on_name})
+                self.path, {**{k: s.add for k, s in stages.items()}, "name": self.on_name},
+                pool.parse_all if pool is not None else None)
             for s in stages.values():
                 s.flush()
             failed = False
         finally:
+            if pool is not None:
+                pool.close()
             writer.close(failed)
         if dropped:
             self.notes.append(dropped_note(read, dropped))

@@ -310,7 +310,7 @@ def _feed(ev: dict, sinks: dict[str, Callable[[tuple], None]]) -> None:
         sinks["name"]((ev["name"], as_int(ev.get("pid")), as_int(ev.get("tid")), str(args["name"])))
 
 
-def _feed_all(evs: Iterable, sinks: dict[str, Callable[[tuple], None]]) -> int:
+def feed_all(evs: Iterable, sinks: dict[str, Callable[[tuple], None]]) -> int:
     """Feed each event (_feed); return how many were read, the others being dropped as unreadable (EVENT_ERRORS)."""
     fed = 0
     for ev in evs:
@@ -322,22 +322,27 @@ def _feed_all(evs: Iterable, sinks: dict[str, Callable[[tuple], None]]) -> int:
     return fed
 
 
-def events(path: Path, sinks: dict[str, Callable[[tuple], None]]) -> tuple[dict, int, int]:
+def events(path: Path, sinks: dict[str, Callable[[tuple], None]],
+           parse_batches: Callable[[Iterator[bytes]], tuple[int, int]] | None = None) -> tuple[dict, int, int]:
     """Feed every complete ('X') event of a known category (sinks 'gpu', 'host', 'python'), every comms op
     (kineto_nccl.COMM_OPS, 'comms') and every process/thread name ('name': kind, pid, tid, name) to `sinks`;
     return the top-level values written after traceEvents, the events read and the events dropped as unreadable
-    (EVENT_ERRORS). A trace none of whose events is readable is refused."""
+    (EVENT_ERRORS). A trace none of whose events is readable is refused. With `parse_batches` (kineto.workers), the
+    bulk's batches are handed to it unparsed, to be parsed elsewhere and their rows handed on in order before the
+    rest of the events are fed; it returns their events read and dropped."""
     read = dropped = 0
     collecting = gc.isenabled()
     gc.disable()  # the events are millions of acyclic objects: the collector's passes over them free nothing
     try:
         with _open(path) as fh:
-            for batch in batches.split(fh):
-                fed = _feed_all(batch, sinks)
+            if parse_batches is not None:
+                read, dropped = parse_batches(batches.split_raw(fh))
+            for batch in batches.split(fh) if parse_batches is None else ():
+                fed = feed_all(batch, sinks)
                 read, dropped = read + fed, dropped + len(batch) - fed
             for ev in ijson.items(fh, f"{TRACE_EVENTS}.item"):  # what split left: the last events, or all
                 fh.mark()
-                fed = _feed_all((ev,), sinks)
+                fed = feed_all((ev,), sinks)
                 read, dropped = read + fed, dropped + 1 - fed
             after = trailing(fh.after_events())
     except (*READ_ERRORS, json.JSONDecodeError, RecursionError) as exc:
