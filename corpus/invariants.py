@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from corpus.triaged import Triaged
-from stallhound.analysis.common import SEVERITY_RANK, UNSEEN
+from stallhound.analysis.common import SEVERITY_RANK, UNSEEN, rank_ns
 
 # A negative duration in text: "-6.092 ms", "-1,234 us"; not the second number of a range ("1-2 ms",
 # "155330248986-156330248986 ns") nor a word with a dash.
@@ -78,8 +78,9 @@ def fix_fits_program(t: Triaged) -> list[str]:
 
 def _cost(f: Any) -> tuple[bool, bool, int, int]:
     """Triage's order (common.leads_first): findings of severity info after all others, whatever their time; findings
-    tagged UNSEEN (the trace shows no evidence of most of their cause) after all others with evidence."""
-    return f.severity == "info", UNSEEN in f.tags, -f.time_at_stake_ns, SEVERITY_RANK[f.severity]
+    tagged UNSEEN (the trace shows no evidence of most of their cause) after all others with evidence; the rest by
+    rank_ns (time at stake, or more for a kernel that holds most of the window)."""
+    return f.severity == "info", UNSEEN in f.tags, -rank_ns(f), SEVERITY_RANK[f.severity]
 
 
 def ranked(t: Triaged) -> list[str]:

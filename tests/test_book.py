@@ -174,6 +174,7 @@ DETECTOR_TAGS = {
     "small-kernel-overhead": {"same-steps"},  # idle_causes: every step runs the same kernels, paced by launches
     "blocking-d2h-sync": {"held"},  # idle_causes: most of the reads' idle waited on work held by an untraced wait
     "gpu-bubbles": {"queued"},  # idle_bubbles: most of the bubble came with the next work already queued
+    "profiler-window-on-warmup": {"one-shot"},  # idle_causes: one-time setup in a program that repeats nothing
     # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
     "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
     "unified-memory-migration": {"memset", "host-touch", "both-ways", "prefetching"},

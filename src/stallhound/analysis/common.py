@@ -227,16 +227,22 @@ FINDINGS_SHOWN = 10  # findings a single tool lists: per-device repeats on an 8-
 
 
 UNSEEN = "unseen"  # the tag of a finding whose cause the trace shows no evidence of (a bubble with nothing seen)
+RANK_KEY = "rank_ns"  # evidence: the time a finding ranks by where more than its time at stake (hotspots.ranked)
+
+
+def rank_ns(f: Finding) -> int:
+    """The time a finding ranks by: its time at stake, or its evidence's RANK_KEY where larger."""
+    return max(f.time_at_stake_ns, int(f.evidence.get(RANK_KEY, 0)))
 
 
 def leads_first(items: list[T], finding: Callable[[T], Finding], limit: int) -> list[T]:
     """The `limit` costliest items in cost order, each root cause's costliest kept before any per-device repeat,
     so eight devices with one problem cannot push a different cause off the list. Findings of severity info come
     after all others, whatever their time: they are for information (a figure the trace cannot vouch for); findings
-    tagged UNSEEN (no evidence of their cause in the trace) after all others with evidence."""
+    tagged UNSEEN (no evidence of their cause in the trace) after all others with evidence; the rest by rank_ns."""
     def cost(item: T) -> tuple:
         f = finding(item)
-        return (f.severity == "info", UNSEEN in f.tags, -f.time_at_stake_ns, SEVERITY_RANK[f.severity], f.root_cause,
+        return (f.severity == "info", UNSEEN in f.tags, -rank_ns(f), SEVERITY_RANK[f.severity], f.root_cause,
                 -1 if f.device is None else f.device)
     ordered = sorted(items, key=cost)
     leads: list[T] = []

@@ -36,7 +36,7 @@ import shlex
 from dataclasses import dataclass
 
 from stallhound.analysis import rules
-from stallhound.analysis.common import Finding, Severity, counted, ms, pct
+from stallhound.analysis.common import RANK_KEY, Finding, Severity, counted, ms, pct
 from stallhound.analysis.kernel_kinds import NAME_CHARS, library_of
 from stallhound.analysis.launch_fill import WARP, KernelFill, LaunchFill
 from stallhound.analysis.vendor import AMD, NVIDIA, Vendor
@@ -276,6 +276,13 @@ def at_stake(hot: Hot, kernel: KernelFill, window_ns: int) -> tuple[int, str]:
                    f"{'; '.join(loss.why)}; less where memory bandwidth limits it)")
 
 
+def ranked(window_pct: float, window_ns: int) -> dict[str, int]:
+    """{RANK_KEY: ns} for kernels holding DOMINANT_WINDOW_PCT of the window or more: they are the program's time, so
+    their finding ranks as one with a tenth of the window at stake (rules.HIGH_STAKE_PCT) would, whatever the trace
+    can bound (common.leads_first): after costs the trace shows that large, before smaller ones."""
+    return {RANK_KEY: round(window_ns * rules.HIGH_STAKE_PCT / 100)} if window_pct >= DOMINANT_WINDOW_PCT else {}
+
+
 def fit_tags(kind: str, training: bool, vendor: Vendor, library: str | None) -> list[str]:
     """Tags that fit the book's fix to the program: a GEMM that no vendor library's names claim (a Triton or
     hand-written kernel: library tuning and precision flags do not reach it), element-wise kernels in a program the
@@ -314,7 +321,8 @@ def statement(hot: Hot, kernels: list[KernelFill], window_ns: int, command: str 
              f"{', and what a higher occupancy would gain,' if low else ''} cannot be told without {vendor.profiler}: "
              f"`{ncu}`")
     return Finding(root_cause="kernel-hotspot", severity=_severity(hot, kernel, stake, window_ns), title=title,
-                   evidence={**evidence, "ncu": ncu, **({"launch_loss_ns": stake} if stake else {})},
+                   evidence={**evidence, "ncu": ncu, **({"launch_loss_ns": stake} if stake else {}),
+                             **ranked(hot.window_pct, window_ns)},
                    time_at_stake_ns=stake, device=hot.device,
                    tags=[hot.kind, *fit_tags(hot.kind, training, vendor, library_of(hot.name, hot.short_name)),
                          *(["launch-shape"] if waste else [])])
@@ -345,7 +353,8 @@ def _merged(group: list[Finding], window_ns: int) -> Finding:
         "title": title, "tags": tags, "severity": max((f.severity for f in group), key=SEVERITY_ORDER.index),
         "time_at_stake_ns": stake,
         "evidence": {**group[0].evidence, "hot_kernels": len(group), "hot_kernel_time_pct": kernel_pct,
-                     "hot_window_pct": window_pct, **({"launch_loss_ns": stake} if stake else {})}})
+                     "hot_window_pct": window_pct, **({"launch_loss_ns": stake} if stake else {}),
+                     **ranked(window_pct, window_ns)}})
 
 
 def read(kernels: list[KernelFill], hot_names: set[str], window_ns: int) -> list[KernelFill]:

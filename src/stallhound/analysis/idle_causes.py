@@ -1,16 +1,16 @@
-"""Which root causes explain the devices' idle time? Every idle finding comes from here, so tools agree: each root cause
-claims its gap causes' idle time (analysis/attribution.py) on one device, and causes never share nanoseconds. A finding
-fires when its claim is worth reporting (rules.MIN_STAKE_PCT) and its precondition holds: cpu-bottleneck's fix is about
-launching only where launch calls can pace the device (PACING_RATIO); small-kernel-overhead offers a CUDA graph first
-where every step runs the same kernels and launch gaps hold GRAPH_LAUNCH_SHARE of the window; dataloader-starvation
-needs evidence of a loader (its ranges cover the gap, or OS waits in a program that shows one);
-excessive-synchronization needs recurring calls; gc-pauses needs a Python program and periodic untraced gaps rarer than
-every step. Outside the loop's steady state, the stretches before a device's first work and after its last are start-up
-and teardown, and an allocation, code load or initialisation (a library's first use) paid once or twice is one-time
-setup (profiler-window-on-warmup), never a bubble. gpu-bubbles takes the gaps of 1 ms or more no cause explains and
-names what the launching process was inside meanwhile (idle_bubbles). Idle findings are info where the window lost
-kernel records or sampled its calls (trace_quality). Blocking calls that waited for work the device held say so (tag
-held)."""
+"""Which root causes explain the devices' idle time? Every idle finding comes from here (tools agree): each root cause
+claims its gap causes' idle time (attribution) on one device, and causes never share nanoseconds. A finding fires when
+its claim is worth reporting (rules.MIN_STAKE_PCT) and its precondition holds: cpu-bottleneck's fix is about launching
+only where launch calls can pace the device (PACING_RATIO); small-kernel-overhead offers a CUDA graph first where every
+step runs the same kernels and launch gaps hold GRAPH_LAUNCH_SHARE of the window; dataloader-starvation needs evidence
+of a loader (its ranges cover the gap, or OS waits in a program that shows one); excessive-synchronization needs
+recurring calls; gc-pauses needs a Python program and periodic untraced gaps rarer than every step. Outside the loop's
+steady state, the stretches before a device's first work and after its last are start-up and teardown, and an
+allocation, code load or initialisation (a library's first use) paid once or twice is one-time setup
+(profiler-window-on-warmup; the start-up of a program that repeats nothing: one_shot), never a bubble. gpu-bubbles takes
+the gaps of 1 ms or more no cause explains and names what the launching process was inside meanwhile (idle_bubbles).
+Idle findings are info where the window lost kernel records or sampled its calls (trace_quality). Blocking calls that
+waited for work the device held say so (tag held)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -32,6 +32,7 @@ from stallhound.analysis import idle_blocking as blocking
 from stallhound.analysis.attribution import DeviceIdle
 from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope
 from stallhound.analysis.idle_bubbles import UNEXPLAINED, HostSeen
+from stallhound.analysis.one_shot import ONE_SHOT, OneShot, on_devices
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
 from stallhound.analysis.step_repeats import SameSteps
@@ -67,6 +68,7 @@ class Seen:
     host: dict[tuple[int, bool], HostSeen] = field(default_factory=dict)  # per (device, edges in): the launching
     # process's activity in the unexplained idle (idle_bubbles.host_seen)
     unsampled: str | None = None  # no CPU samples (CPU work seen by the scheduler only): the capture that records them
+    one_shot: dict[int, OneShot] = field(default_factory=dict)  # per device where the program repeats nothing
 
 
 @dataclass(frozen=True)
@@ -191,16 +193,14 @@ def _host_title(d: DeviceIdle, ns: int, c: Context) -> str:
 
 
 def _host_tag(d: DeviceIdle, c: Context) -> str:
-    """What holds most of the host's time: launching (where the launch calls can pace the device, else the host's
-    other work between launches), its own CPU work, or the framework's operators (host_op)."""
+    """What holds most of the host's time: launching (where its calls pace the device), CPU work, or operators."""
     if d.ns("launch") >= d.ns("host_cpu", "host_op"):
         return "launch" if _paced(d, c) else "host-cpu"
     return "host-ops" if d.ns("host_op") > d.ns("host_cpu") else "host-cpu"
 
 
 def _host_tags(d: DeviceIdle, c: Context) -> list[str]:
-    """_host_tag, and input-pipeline where the trace shows a data loader (input_pipeline.evidence): only a program
-    with one is told to move its CPU work into the loader's workers (book cpu-bottleneck)."""
+    """_host_tag, and input-pipeline where the trace shows a data loader: only then is CPU work moved to its workers."""
     return [_host_tag(d, c), *(["input-pipeline"] if c.seen.loader else [])]
 
 
@@ -271,7 +271,7 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
     for d in (_off_step(d if in_loop else d.without_edges(), step_ns) for d in idle.values()):
         d, setup, rest = _one_time(d, in_loop)
         found, fired = _claimed(d, context)
-        found += _setup(d, setup, *rest) + _bubbles(d, fired, context)
+        found += _setup(d, setup, *rest, seen.one_shot.get(d.device)) + _bubbles(d, fired, context)
         missing = trace_quality.missing_work(seen.lost, seen.sampled)
         out += [trace_quality.not_ranked(f, seen.lost, seen.sampled) for f in found] if missing else found
     return out
@@ -324,19 +324,19 @@ def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
     return out, fired
 
 
-def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int, rest_gaps: int) -> list[Finding]:
-    """One-time costs the attribution names (allocation, loading or compiling code, paid once in a window that is
-    not the loop's steady state), with the rest of a gap paid once (rest_ns): the window holds setup."""
+def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int, rest_gaps: int, once: OneShot | None) -> list[Finding]:
+    """One-time costs the attribution names (allocation, loading or compiling code, paid once outside the loop), with
+    the rest of a gap paid once (rest_ns): the window holds setup, or where nothing repeats (once) start-up."""
     ns = sum(n for _, _, n, _ in setup) + (rest_ns if setup else 0)
     if not rules.worth_reporting(ns, d.window_ns):
         return []
     parts = ", ".join(f"{doing} {ms(n)} in {counted(gaps, 'gap')}" for _, doing, n, gaps in setup)
     where = "those setup gaps" if rest_gaps > 1 else "the same setup gap"
     parts += f", and {ms(rest_ns)} more in {where}" if rest_ns else ""
-    title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts}), not in a "
-             "loop: a window over the steady state leaves it out")
+    title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts})" +
+             (f"; {once.words()}" if once else ", not in a loop: a window over the steady state leaves it out"))
     loading = sum(n for cause, _, n, _ in setup if cause == "jit")
-    return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup"],
+    return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup", *([ONE_SHOT] if once else [])],
                      {"gaps": sum(g for _, _, _, g in setup), "loading_ns": loading})]
 
 
@@ -396,5 +396,5 @@ def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = No
                 trace_quality.sampled_calls(con, scope.start_ns, scope.end_ns),
                 launch_pace.launches(con, scope) if scope.devices else {},
                 step_repeats.same_steps(con, scope) if tiny else {},
-                idle_bubbles.host_seen(con, scope, attr) if attr else {}, unsampled)
+                idle_bubbles.host_seen(con, scope, attr) if attr else {}, unsampled, on_devices(con, scope))
     return IdleBasis(idle, found, step_ns, seen)
