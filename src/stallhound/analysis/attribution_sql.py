@@ -99,14 +99,16 @@ wakes AS (  -- each call's first launch begun within $resume_max after it return
   FROM (SELECT DISTINCT pid, tid, start_ns, end_ns FROM bcalls) b
   ASOF JOIN wake_launches l ON l.pid = b.pid AND l.tid = b.tid AND b.end_ns <= l.start_ns
   WHERE l.start_ns < b.end_ns + $resume_max),
-moved AS (  -- a blocking copy call's transfer: the device it ran on and when it began to move (copy_device, moved_ns)
-  SELECT pid, correlation_id, min(device_id) AS copy_device, min(start_ns) AS moved_ns FROM memcpy
+moved AS (  -- a blocking copy call's transfer: the device it ran on, when it began to move (copy_device, moved_ns) and
+  -- for how long it moved (transfer_ns)
+  SELECT pid, correlation_id, min(device_id) AS copy_device, min(start_ns) AS moved_ns,
+         sum(end_ns - start_ns) AS transfer_ns FROM memcpy
   WHERE (pid, correlation_id) IN (SELECT (pid, correlation_id) FROM bcalls WHERE correlation_id IS NOT NULL)
   GROUP BY ALL)
 SELECT * FROM (
   SELECT c.pid, c.tid, c.cause, c.name, c.start_ns, c.end_ns, least(c.end_ns, next_ns) AS until_ns,
          least(greatest(c.end_ns, w.wake_ns), next_ns) AS reach_ns,  -- least and greatest skip a NULL
-         m.copy_device, m.moved_ns
+         m.copy_device, m.moved_ns, m.transfer_ns
   FROM (SELECT *, lead(start_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns, end_ns) AS next_ns FROM bcalls) c
   LEFT JOIN wakes w USING (pid, tid, start_ns, end_ns)
   LEFT JOIN moved m ON m.pid = c.pid AND m.correlation_id = c.correlation_id)

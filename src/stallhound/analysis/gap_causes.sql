@@ -23,8 +23,12 @@
 -- Last, a gap of $held_min or more (judged one by one) that ends inside a blocking copy call its thread began in it,
 -- the call's transfer on the gap's device starting only at its end (lead): the device idled while the host sat in that
 -- call, before it moved anything (a pageable copy's staging through the driver's buffer, a synchronous copy's
--- latency): that time, up to the rest of the gap (the late piece, or the whole gap judged by what the host did), is
--- the copy's cause (lead_ns, lead_cause), not the host's.
+-- latency): that time, up to the rest of the gap (the late piece, or the whole gap judged by what the host did) and
+-- up to the copy's own transfer time, is the copy's cause (lead_ns, lead_cause), not the host's. Staging paces a
+-- pageable transfer (the DMA moves what the driver has staged), so staging all its bytes takes about its transfer's
+-- time: a longer wait before the first byte moves is not the copy's size (a first use's one-off setup, page faults
+-- of memory never touched), and what exceeds it stays the host's as the rest of the gap. The same bounds a synchronous
+-- copy's latency: the few microseconds it may exceed a small transfer's time are left to the host.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
 -- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max, $bucket_ns, $init_min.
 held AS (
@@ -36,7 +40,7 @@ held AS (
   QUALIFY row_number() OVER (PARTITION BY g.gap_id ORDER BY b.start_ns, b.pid, b.tid) = 1),
 lead AS (  -- each long gap's thread's latest blocking call begun before its end: a copy begun in the gap and
   -- spanning its end, whose transfer on the gap's device starts only then
-  SELECT g.gap_id, b.cause AS l_cause, b.name AS l_name, b.start_ns AS l_start
+  SELECT g.gap_id, b.cause AS l_cause, b.name AS l_name, b.start_ns AS l_start, b.transfer_ns AS l_transfer
   FROM (SELECT gap_id, device_id, pid, tid, start_ns, end_ns FROM at_start WHERE duration_ns >= $held_min) g
   ASOF JOIN gap_blocking_calls b ON b.pid = g.pid AND b.tid = g.tid AND b.start_ns < g.end_ns
   WHERE b.start_ns > g.start_ns AND b.end_ns >= g.end_ns AND b.copy_device = g.device_id AND b.moved_ns >= g.end_ns
@@ -52,7 +56,7 @@ short_allocs AS (  -- a short gap begun in a blocking call that allocates nothin
   GROUP BY g.gap_id),
 judged AS (
   SELECT g.*, sa.alloc_at, sa.s_alloc_ns, h.jit_ns, h.profiler_ns, hd.h_cause IS NOT NULL AS held, hd.h_name,
-         hd.h_pid, hd.h_tid, hd.h_start, l.l_cause, l.l_name, l.l_start,
+         hd.h_pid, hd.h_tid, hd.h_start, l.l_cause, l.l_name, l.l_start, l.l_transfer,
   CASE
     WHEN hd.h_cause IS NOT NULL THEN hd.h_cause
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
@@ -118,8 +122,8 @@ split AS (
   FROM (SELECT *, duration_ns <= $launch_gap_max AND early_cause = blocked_cause AND alloc_at IS NOT NULL
                   AS short_split FROM activity)),  -- a short gap's call piece ends where an allocation call begins
 led AS (  -- the lead copy call's piece: from its start to the gap's end, taken from the rest of the gap (the late
-  -- piece, or a gap judged whole by what the host did), never more than that rest
-  SELECT *, CASE WHEN l_cause IS NULL THEN 0 ELSE least(end_ns - l_start, CASE WHEN late_ns > 0 THEN late_ns
+  -- piece, or a gap judged whole by what the host did), never more than that rest nor than the copy's transfer time
+  SELECT *, CASE WHEN l_cause IS NULL THEN 0 ELSE least(end_ns - l_start, l_transfer, CASE WHEN late_ns > 0 THEN late_ns
     WHEN then_ns = 0 AND early_cause IS NULL AND act IS NULL THEN duration_ns ELSE 0 END) END AS lead_ns
   FROM split),
 labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls; a held

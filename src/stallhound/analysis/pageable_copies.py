@@ -55,6 +55,7 @@ def finding(device: int, host: dict[str, Staged], times: tuple[int, int, int], s
     the copies and their calls take; small: the smaller pageable copies left out."""
     stake, idle, span = times
     count, nbytes = sum(x.count for x in host.values()), sum(x.bytes for x in host.values())
+    moving = sum(x.time_ns for x in host.values())
     left = (f"; {small} smaller pageable copies left out: a copy that small costs its latency, which pinning does not "
             "shorten" if small else "")
     return Finding(
@@ -62,10 +63,11 @@ def finding(device: int, host: dict[str, Staged], times: tuple[int, int, int], s
         title=f"device {device}: {count} copies of {rules.PAGEABLE_STAGED_BYTES >> 10} KiB or more "
               f"({nbytes / 2**20:,.1f} MiB) from pageable memory at "
               f"{', '.join(f'{dr} {x.bandwidth_gb_per_s} GB/s' for dr, x in host.items())}; pinned memory "
-              f"would save ~{ms(stake)} of the {ms(span)} these copies and their calls take{left}",
+              f"would save ~{ms(stake)} ({ms(idle)} of it the GPU idles in their calls); the copies take "
+              f"{ms(moving)} on the device{left}",
         evidence={"pageable_count": count, "pageable_bytes": nbytes,
                   "largest_copy_ns": max(x.largest_ns for x in host.values()), "idle_in_pageable_copies_ns": idle,
-                  "pageable_time_ns": sum(x.time_ns for x in host.values()), "pageable_span_ns": span,
+                  "pageable_time_ns": moving, "pageable_span_ns": span,
                   "small_pageable_count": small,
                   "pinned_bandwidth_gb_per_s": max(bandwidth(x.pinned_bytes, x.pinned_time_ns) or 0
                                                    for x in host.values())},
