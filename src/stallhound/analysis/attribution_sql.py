@@ -24,6 +24,7 @@ WORK = THREADS + """
 gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with its thread; recomputed for each reader,
   -- which costs less than writing every gap (that spills on the largest exports)
   SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny, g.driver, g.touched,
+         g.busy_from_ns,
          CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
          CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
   FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),"""
@@ -79,21 +80,29 @@ bcalls AS (
 # The blocking calls as the gap starts they stand for: the thread's latest call begun by then, while it lasts (a call
 # nested in another ends the outer one's span: until_ns), and for a short gap also in its wake (reach_ns): after it
 # returned, until the thread's first kernel launch after it has returned (a launch begun within $resume_max), when
-# the work after the gap was launched by then: the queue the call left is empty, so the device idles until that
-# launch lands whatever the host does. A thread's spans are disjoint; written once, read by the gap pass (ShortGaps)
-# and by the labelling.
+# the work after the gap was launched by then and the gap began before the thread's next call (resume_ns): the queue
+# the call left is empty, so the device idles until that launch lands whatever the host does. resume_ns: where the
+# thread's first call that issues, moves, allocates or waits on work begins within $resume_max after the return
+# (NULL: none), the end of the call's turnaround (gap_causes.sql: the next call's own time is that call's cause; a
+# query such as cudaGetDevice is part of the turnaround). A thread's spans are disjoint; written once, read by the gap
+# pass (ShortGaps) and by the labelling.
 CALLS_SQL = "CREATE TEMP TABLE gap_blocking_calls AS WITH " + THREADS + BLOCKING + """
 woken AS (  -- the (thread, bucket) pairs in which a launch can begin within $resume_max after a call returned
   SELECT DISTINCT pid, tid, unnest(range(end_ns // $bucket_ns, (end_ns + $resume_max) // $bucket_ns + 1)) AS bucket
   FROM bcalls),
-wake_launches AS (
-  SELECT a.pid, a.tid, a.start_ns, a.end_ns FROM cuda_api a
-  WHERE a.kind IN ('launch', 'graph')
+wake_calls AS (
+  SELECT a.pid, a.tid, a.start_ns, a.end_ns, a.kind IN ('launch', 'graph') AS launch FROM cuda_api a
+  WHERE a.kind <> 'other'
     AND (a.pid, a.tid, a.start_ns // $bucket_ns) IN (SELECT (pid, tid, bucket) FROM woken)),
+returned AS (SELECT DISTINCT pid, tid, start_ns, end_ns FROM bcalls),
 wakes AS (  -- each call's first launch begun within $resume_max after it returned: the end of its wake
   SELECT b.pid, b.tid, b.start_ns, b.end_ns, l.end_ns AS wake_ns
-  FROM (SELECT DISTINCT pid, tid, start_ns, end_ns FROM bcalls) b
-  ASOF JOIN wake_launches l ON l.pid = b.pid AND l.tid = b.tid AND b.end_ns <= l.start_ns
+  FROM returned b
+  ASOF JOIN (FROM wake_calls WHERE launch) l ON l.pid = b.pid AND l.tid = b.tid AND b.end_ns <= l.start_ns
+  WHERE l.start_ns < b.end_ns + $resume_max),
+resumes AS (  -- ... and its first call of any such kind: where its turnaround ends
+  SELECT b.pid, b.tid, b.start_ns, b.end_ns, l.start_ns AS resume_ns
+  FROM returned b ASOF JOIN wake_calls l ON l.pid = b.pid AND l.tid = b.tid AND b.end_ns <= l.start_ns
   WHERE l.start_ns < b.end_ns + $resume_max),
 moved AS (  -- a blocking copy call's transfer: the device it ran on and when it began to move (copy_device, moved_ns)
   SELECT pid, correlation_id, min(device_id) AS copy_device, min(start_ns) AS moved_ns FROM memcpy
@@ -102,9 +111,9 @@ moved AS (  -- a blocking copy call's transfer: the device it ran on and when it
 SELECT * FROM (
   SELECT c.pid, c.tid, c.cause, c.name, c.start_ns, c.end_ns, least(c.end_ns, next_ns) AS until_ns,
          least(greatest(c.end_ns, w.wake_ns), next_ns) AS reach_ns,  -- least and greatest skip a NULL
-         m.copy_device, m.moved_ns
+         r.resume_ns, m.copy_device, m.moved_ns
   FROM (SELECT *, lead(start_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns, end_ns) AS next_ns FROM bcalls) c
-  LEFT JOIN wakes w USING (pid, tid, start_ns, end_ns)
+  LEFT JOIN wakes w USING (pid, tid, start_ns, end_ns) LEFT JOIN resumes r USING (pid, tid, start_ns, end_ns)
   LEFT JOIN moved m ON m.pid = c.pid AND m.correlation_id = c.correlation_id)
 WHERE until_ns > start_ns"""
 SPANS = """
@@ -114,16 +123,17 @@ bspans AS (  -- cut in buckets for an equality join of the few calls with the ma
 spanned AS (  -- each gap with the span its start falls in (a queued gap's shows only in listed gaps), and whether it
   -- holds the gap: it starts inside the call, or for a short gap in its wake, before the work launched by then
   SELECT g.*, b.cause AS b_cause, b.name AS b_name, b.start_ns AS b_start, b.end_ns AS b_end,
-         g.start_ns < b.until_ns OR g.duration_ns <= $launch_gap_max AND g.launch_end_ns <= b.reach_ns AS held
+         b.resume_ns AS b_resume, g.start_ns < b.until_ns OR g.duration_ns <= $launch_gap_max
+           AND g.launch_end_ns <= b.reach_ns AND g.start_ns < b.resume_ns AND g.busy_from_ns < b.end_ns AS held
   FROM gap_thread g
   LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
       WHEN g.duration_ns >= $min_gap OR NOT coalesce(g.launch_end_ns <= g.start_ns, false)
       THEN g.start_ns // $bucket_ns END  -- a NULL bucket joins nothing
     AND g.start_ns >= b.start_ns AND g.start_ns < b.reach_ns),  -- held apart: an OR here made the labelling 6x slower
 at_start AS (  -- each gap with the blocking call that holds it (blocked_cause, blocked_in, b_start, b_end)
-  SELECT * EXCLUDE (b_cause, b_name, b_start, b_end, held), CASE WHEN held THEN b_cause END AS blocked_cause,
+  SELECT * EXCLUDE (b_cause, b_name, b_start, b_end, b_resume, held), CASE WHEN held THEN b_cause END AS blocked_cause,
          CASE WHEN held THEN b_name END AS blocked_in, CASE WHEN held THEN b_start END AS b_start,
-         CASE WHEN held THEN b_end END AS b_end
+         CASE WHEN held THEN b_end END AS b_end, CASE WHEN held THEN b_resume END AS b_resume
   FROM spanned),"""
 
 # What the launching threads did during the gaps that are neither queued nor short; for the activities a gap is
@@ -206,5 +216,6 @@ TOTALS_SQL = (LABELLED + "," + sql_beside(__package__, "idle_pieces.sql")
 
 MAIN_THREAD_SQL = "WITH " + THREADS.rstrip().rstrip(",") + """
 SELECT device_id, pid, tid FROM main_thread WHERE pid IS NOT NULL AND tid IS NOT NULL"""
-SPANS_SQL = """SELECT pid, tid, cause, name, start_ns, until_ns, reach_ns, end_ns FROM gap_blocking_calls
+SPANS_SQL = """SELECT pid, tid, cause, name, start_ns, until_ns, reach_ns, end_ns,
+  coalesce(resume_ns, $no_time) AS resume_ns FROM gap_blocking_calls
 WHERE pid IS NOT NULL AND tid IS NOT NULL ORDER BY pid, tid, start_ns"""
