@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from corpus.triaged import Triaged
-from stallhound.analysis.common import SEVERITY_RANK
+from stallhound.analysis.common import SEVERITY_RANK, UNSEEN
 
 # A negative duration in text: "-6.092 ms", "-1,234 us"; not the second number of a range ("1-2 ms",
 # "155330248986-156330248986 ns") nor a word with a dash.
@@ -76,9 +76,10 @@ def fix_fits_program(t: Triaged) -> list[str]:
             for f in t.result.findings if f.fix_for not in chain]
 
 
-def _cost(f: Any) -> tuple[bool, int, int]:
-    """Triage's order (common.leads_first): findings of severity info after all others, whatever their time."""
-    return f.severity == "info", -f.time_at_stake_ns, SEVERITY_RANK[f.severity]
+def _cost(f: Any) -> tuple[bool, bool, int, int]:
+    """Triage's order (common.leads_first): findings of severity info after all others, whatever their time; findings
+    tagged UNSEEN (the trace shows no evidence of most of their cause) after all others with evidence."""
+    return f.severity == "info", UNSEEN in f.tags, -f.time_at_stake_ns, SEVERITY_RANK[f.severity]
 
 
 def ranked(t: Triaged) -> list[str]:

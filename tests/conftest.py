@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import bisect
 import json
-import re
 import statistics
 from pathlib import Path
 
@@ -148,9 +146,8 @@ RAW_WORK = """SELECT o.start, o."end", r."end" FROM (
   UNION ALL SELECT start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = :d
   UNION ALL SELECT start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = :d) o
 LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = o.correlationId"""
-RAW_CALLS = """SELECT r.start, r."end", s.value LIKE :name FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s
-ON s.id = r.nameId WHERE r.globalTid = :tid AND (s.value LIKE :name OR regexp(s.value))"""
-ISSUING = re.compile(r"(?i)launch|synchronize|memcpy|memset|malloc|free|alloc|module|prefetch")  # not a query
+RAW_CALLS = """SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+WHERE s.value LIKE :name AND r.globalTid = :tid"""
 
 
 def _runs(work: list[tuple[int, int, int | None]], lo: int, hi: int) -> list[tuple[int, int, int]]:
@@ -170,24 +167,20 @@ def blocked_share(path: Path, device: int, global_tid: int, name_like: str, lo: 
                   since: int | None = None) -> tuple[int, int]:
     """(gaps, ns), read from a raw export with sqlite3: the device's idle gaps in [lo, hi) (edges included) that
     begin inside a CUDA runtime call named like `name_like` on thread `global_tid`, each counted from its start to
-    the call's return and then on, while the thread's next call that is no query has not begun, for at most
-    attribution.SYNC_RESUME_MAX_NS and the device's run of work inside the call before the gap: the blocking call's
-    share. since: where the window the runs of work are read in begins (lo when None)."""
+    the call's return and then on for at most attribution.SYNC_RESUME_MAX_NS and the device's run of work inside the
+    call before the gap: the blocking call's share. since: where the window the runs of work are read in begins (lo
+    when None)."""
     since = lo if since is None else since
     import sqlite3
 
     from stallhound.analysis.attribution import SYNC_RESUME_MAX_NS
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as raw:
-        raw.create_function("regexp", 1, lambda name: bool(ISSUING.search(name)))
         work = sorted((max(a, since), min(b, hi), le) for a, b, le in raw.execute(RAW_WORK, {"d": device})
                       if b > since and a < hi)
         calls = sorted(raw.execute(RAW_CALLS, {"name": name_like, "tid": global_tid}).fetchall())
-    issuing = [start for start, _, _ in calls]
     shares = []
     for g0, g1, run_start in (g for g in _runs(work, since, hi) if g[0] >= lo):
-        for start, end, _ in (c for c in calls if c[2] and c[0] <= g0 < c[1]):
-            i = bisect.bisect_left(issuing, end)
-            after = issuing[i] if i < len(issuing) else g1
-            turn = min(max(0, min(g1, after, end + SYNC_RESUME_MAX_NS) - end), g0 - max(start, run_start))
+        for start, end in (c for c in calls if c[0] <= g0 < c[1]):
+            turn = min(max(0, min(g1, end + SYNC_RESUME_MAX_NS) - end), g0 - max(start, run_start))
             shares.append(min(g1, end) - g0 + turn)
     return len(shares), sum(shares)

@@ -173,9 +173,10 @@ DETECTOR_TAGS = {
     "cpu-bottleneck": {"launch", "host-cpu", "host-ops", "input-pipeline"},
     "small-kernel-overhead": {"same-steps"},  # idle_causes: every step runs the same kernels, paced by launches
     "blocking-d2h-sync": {"held"},  # idle_causes: most of the reads' idle waited on work held by an untraced wait
+    "gpu-bubbles": {"queued"},  # idle_bubbles: most of the bubble came with the next work already queued
     # sync-copy: the idle attribution's waits that are synchronous copies rather than synchronize calls
     "excessive-synchronization": {"device-sync", "stream-sync", "event-sync", "sync-copy"},
-    "unified-memory-migration": {"memset", "host-touch", "prefetching"},
+    "unified-memory-migration": {"memset", "host-touch", "both-ways", "prefetching"},
     # nccl_breakdown: the variant of the device's communication (analysis/comm_context.py)
     **{root: set(comm_context.VARIANTS) for root in ("nccl-serialization", "nccl-on-compute-stream",
                                                      "compute-communication-imbalance")},

@@ -18,7 +18,7 @@ from corpus import expect, invariants, manifest, restore, sources
 from corpus.expect import Expectation
 from corpus.triaged import Triaged, triage_file
 from stallhound import book
-from stallhound.analysis import idle_causes
+from stallhound.analysis import common, idle_causes
 from stallhound.tools import triage
 
 PROFILES = sources.load()
@@ -132,8 +132,8 @@ def test_corpus_commits_no_profile_but_small_own_captures():
 
 def _finding(root_cause: str, ms: float, *, rank: int = 1, device: int | None = 0, severity: str = "medium",
              fix_for: str = "pytorch", source_tool: str = "gpu_idle_gaps", title: str = "t",
-             fix: str = "f") -> triage.RankedFinding:
-    return triage.RankedFinding(root_cause=root_cause, severity=severity, title=title, evidence={},
+             fix: str = "f", tags: tuple[str, ...] = ()) -> triage.RankedFinding:
+    return triage.RankedFinding(root_cause=root_cause, severity=severity, title=title, evidence={}, tags=list(tags),
                                 time_at_stake_ns=int(ms * 1e6), device=device, source_tool=source_tool, book_uri="u",
                                 book_title="b", fix=fix, fix_for=fix_for, verify="v", rank=rank)
 
@@ -169,6 +169,10 @@ def test_corpus_invariants_break_on_planted_defects(window_ms):
     assert invariants.ranked(_planted(real, [_finding("gpu-bubbles", 1, rank=1),
                                              _finding("cpu-bottleneck", 2, rank=2)]))
     assert invariants.ranked(_planted(real, [_finding("kernel-hotspot", 0, severity="high")]))
+    unseen = _finding("gpu-bubbles", 2, rank=2, tags=(common.UNSEEN,))  # no evidence: after the finding with some
+    assert not invariants.ranked(_planted(real, [_finding("cpu-bottleneck", 1, rank=1), unseen]))
+    first = unseen.model_copy(update={"rank": 1})
+    assert invariants.ranked(_planted(real, [first, _finding("cpu-bottleneck", 1, rank=2)]))
     negative = _planted(real, [], window_note="left out -6.092 ms before the first steady iteration")
     assert len(invariants.no_negative(negative)) == 1
     assert invariants.no_negative(_planted(real, [_finding("cpu-bottleneck", -1)]))  # time_at_stake_ns < 0

@@ -105,22 +105,26 @@ def test_undersized_grid_capped_at_the_window():
     assert (grid.root_cause, grid.time_at_stake_ns) == ("undersized-grid", 50 * MS)
 
 
-@pytest.mark.parametrize("name, threads, registers, share, severity", [
-    ("mine", 16, 32, 90, "medium"),  # most of the window
-    ("mine", 16, 32, 20, "medium"),  # a fifth, with half-empty warps: under-use the launch shows
-    ("mine", 256, 32, 20, "info"),  # a fifth, full warps and occupancy: nothing in the trace says it is slow
-    ("mine", 256, 255, 20, "medium"),  # a fifth at 12.5% occupancy in the program's own kernel
-    ("ampere_fp16_s16816gemm_fp16_128x256_ldg8_f2f_stages_64x3_nn", 256, 234, 20, "info"),  # a tiled library GEMM:
+HALF_LANES_TWO_WAVES = 1 - 0.5 * 4096 / (2 * 114 * 32)  # 4,096 16-thread blocks on an H100: half of each warp's
+# lanes empty, and 32 blocks per SM x 114 SMs make 2 waves of 3,648 slots, 3,200 of the 7,296 slots empty
+
+
+@pytest.mark.parametrize("name, threads, registers, share, severity, loss", [
+    ("mine", 16, 32, 90, "high", HALF_LANES_TWO_WAVES),  # most of the window, its launch bounding 65 ms of it
+    ("mine", 16, 32, 20, "high", HALF_LANES_TWO_WAVES),  # a fifth, its launch bounding 14 ms (over 10%) of it
+    ("mine", 256, 32, 20, "info", 0),  # a fifth, full warps and occupancy: nothing in the trace says it is slow
+    ("mine", 256, 255, 20, "medium", 0),  # a fifth at 12.5% occupancy in the program's own kernel: no bound
+    ("ampere_fp16_s16816gemm_fp16_128x256_ldg8_f2f_stages_64x3_nn", 256, 234, 20, "info", 0),  # a tiled library GEMM:
     # few register-heavy warps by design
 ])
-def test_hotspot_severity_from_the_window_and_the_evidence(name, threads, registers, share, severity):
-    """No time at stake, so never high; medium when the kernel runs most of the window or a tenth of it with under-use
-    its launch shows; each says the timeline cannot tell and gives the ncu command."""
+def test_hotspot_severity_from_the_window_and_the_evidence(name, threads, registers, share, severity, loss):
+    """By the time at stake its launch shape bounds where it has one; else medium when the kernel runs most of the
+    window or a tenth of it with under-use its launch shows, and never high; each gives the ncu command."""
     kernels = [launch(name, 0, share * MS, 4096, threads, registers=registers),  # over 30% of kernel time
                launch("x", 90 * MS, 95 * MS, 4096, 256), launch("y", 95 * MS, 100 * MS, 4096, 256)]
     findings = run(make_model(kernels=kernels, gpus=[H100])).findings
     [hot] = [f for f in findings if f.evidence["kernel"] == name]
-    assert (hot.severity, hot.time_at_stake_ns) == (severity, 0)
+    assert (hot.severity, hot.time_at_stake_ns) == (severity, pytest.approx(share * MS * loss, abs=1))
     assert "cannot be told without Nsight Compute" in hot.title and f"ncu --kernel-name {name} " in hot.title
     assert ("of each warp's lanes used" in hot.title) == (threads == 16)
 
@@ -140,7 +144,7 @@ def test_two_instantiations_of_one_kernel_are_one_undersized_grid_finding():
 
 def test_hot_kernels_of_a_device_are_one_kernel_hotspot_finding():
     """a (60 ms) and b (35 ms) each above 30% of 100 ms of kernel time on one device: one finding naming both, most
-    time first, their shares summed; still no time at stake."""
+    time first, their shares summed; no waste in their launches, so no time at stake."""
     kernels = [launch("a", 0, 60 * MS, 4096, 256), launch("b", 60 * MS, 95 * MS, 4096, 256),
                launch("c", 95 * MS, 100 * MS, 4096, 256)]
     [hot] = run(make_model(kernels=kernels, gpus=[H100])).findings
@@ -150,18 +154,44 @@ def test_hot_kernels_of_a_device_are_one_kernel_hotspot_finding():
     assert hot.title.index("1) a (") < hot.title.index("2) b (")
 
 
-@pytest.mark.parametrize("blocks, threads, registers, gpu, shape", [
+@pytest.mark.parametrize("blocks, threads, registers, gpu, shape, loss", [
     (4096, 16, 16, RTX3060, ["16 threads per block fill 50% of each warp's lanes",
-                             "limit of 16 resident blocks: 33% occupancy"]),  # rodinia's Fan2: 4x4 blocks
+                             "limit of 16 resident blocks: 33% occupancy",
+                             "(an upper bound: 50% of each warp's lanes hold no thread;"], 0.5),  # rodinia's Fan2: 4x4
+    # blocks; 16 x 28 = 448 slots a wave make 10 waves with 384 of 4,480 slots empty (9%): no tail to count
     (40, 256, 192, RTX3060, ["192 registers per thread allow 1 block per SM: 17% occupancy",
-                             "40 blocks make 2 waves of 28 resident blocks, the last 43% full"]),  # threebody
-    (28 * 6 * 5 + 1, 256, 32, RTX3060, []),  # 6 resident blocks per SM: 6 waves, the last one's tail costs little
-    (4096, 256, 32, RTX3060, []),  # full warps, full occupancy, many waves: nothing in the launch is wasted
+                             "40 blocks make 2 waves of 28 resident blocks, the last 43% full",
+                             "(an upper bound: the last of 2 waves uses 12 of 28 SMs, leaving 29% of the waves' "
+                             "block slots empty;"], 16 / 56),  # threebody
+    (449, 16, 16, RTX3060, ["the last of 2 waves fills 1 of its 448 block slots (16 per SM on 28 SMs), leaving 50%"],
+     1 - 0.5 * 449 / 896),  # empty lanes and an empty tail: what is left is half the lanes of 449 of 896 slots
+    (4096, 32, 16, RTX3060, ["limit of 16 resident blocks: 33% occupancy", "how much fixing it would save cannot be "
+                             "told from the timeline"], 0),  # occupancy alone bounds nothing
+    (28 * 6 * 5 + 1, 256, 32, RTX3060, [], 0),  # 6 resident blocks per SM: 6 waves, the last one's tail costs little
+    (4096, 256, 32, RTX3060, [], 0),  # full warps, full occupancy, many waves: nothing in the launch is wasted
 ])
-def test_a_dominant_kernel_whose_launch_shape_wastes_the_gpu_is_told_so(blocks, threads, registers, gpu, shape):
+def test_a_dominant_kernel_whose_launch_shape_wastes_the_gpu_is_told_so(blocks, threads, registers, gpu, shape, loss):
+    """The launch shape of the program's own kernel and what it bounds: time x (1 - used lanes x used block slots of
+    its waves), the tail counted where it leaves TAIL_WASTE_PCT of the slots empty; a low occupancy alone, nothing."""
     [hot] = run(make_model(kernels=[launch("k", 0, 90 * MS, blocks, threads, registers)], gpus=[gpu])).findings
-    assert all(part in hot.title for part in shape) and ("launch-shape" in hot.tags) == bool(shape)
+    assert all(part in hot.title for part in shape) and ("launch-shape" in hot.tags) == bool(shape), hot.title
     assert ("fix the launch first" in hot.title) == bool(shape) and "cannot be told without Nsight Compute" in hot.title
+    assert hot.time_at_stake_ns == pytest.approx(90 * MS * loss, abs=1)
+    assert (hot.severity, hot.evidence.get("launch_loss_ns", 0)) == ("high" if loss else "medium", hot.time_at_stake_ns)
+    assert (f"costs at most {hot.time_at_stake_ns / 1e6:,.3f} ms of its 90.000 ms" in hot.title) == bool(loss)
+
+
+def test_launch_bound_never_exceeds_the_window_and_sums_over_hot_kernels():
+    """Half-empty warps in full waves (4,480 blocks = 10 waves of 448 slots): a (60 ms) and b (35 ms) bound half their
+    time, 47.5 ms together on one finding; a 100 ms kernel counted in full in a 40 ms window bounds at most 40 ms."""
+    kernels = [launch("a", 0, 60 * MS, 4480, 16), launch("b", 60 * MS, 95 * MS, 4480, 16),
+               launch("c", 95 * MS, 100 * MS, 4480, 256)]
+    [hot] = run(make_model(kernels=kernels, gpus=[RTX3060])).findings
+    assert (hot.evidence["hot_kernels"], hot.time_at_stake_ns, hot.severity) == (2, 30 * MS + 17_500_000, "high")
+    cut = make_model(kernels=[launch("a", 0, 100 * MS, 4480, 16), launch("c", 100 * MS, 101 * MS, 4480, 256)],
+                     gpus=[RTX3060])
+    [hot] = run(cut, start_ns=0, end_ns=40 * MS).findings
+    assert (hot.evidence["total_ns"], hot.time_at_stake_ns) == (100 * MS, 40 * MS)
 
 
 @pytest.mark.parametrize("name, blocks, shape", [
@@ -293,15 +323,53 @@ def test_corpus_long_kernel_on_a_few_sms_is_found(tmp_path, name, kernel, blocks
         "too little GPU activity")
 
 
-def test_corpus_single_dominant_kernel_gets_a_statement(tmp_path):
-    """threebody: one 50 s kernel of 40 blocks x 256 threads with 192 registers on a 28-SM RTX 3060: every SM has a
-    block, but one 8-warp block of 48 warp slots (16.7%); nothing measured says how much faster it could run."""
-    name = "threebody_divergence_kernel.sqlite"
-    result = opened(corpus(name), tmp_path, lambda con: triage.run(con, triage.Params(profile=name)))
-    [hot] = result.findings
-    assert (hot.root_cause, hot.severity, hot.time_at_stake_ns, hot.evidence["occupancy_pct"]) == (
-        "kernel-hotspot", "medium", 0, 16.67)
-    assert hot.evidence["ncu"].startswith("ncu --kernel-name divergence --launch-skip 0 --launch-count 1")
+def raw_launch_loss(path: Path, kernel: str, start_ns: int, end_ns: int) -> tuple[int, int, float, float]:
+    """Independent reading of a kernel's launches starting in [start_ns, end_ns) (one configuration, checked): their
+    time, count, the share of each warp's lanes its threads fill, and the share of its waves' block slots its blocks
+    fill, resident blocks per SM by the occupancy calculator from TARGET_INFO_GPU (warps, block slots, registers in
+    units of 256 a warp; these kernels use no shared memory)."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    rows = con.execute("""
+        WITH k AS (
+          SELECT k."end" - k.start AS ns, k.gridX * k.gridY * k.gridZ AS blocks, k.blockX * k.blockY * k.blockZ AS t,
+                 (k.blockX * k.blockY * k.blockZ + 31) / 32 AS warps, k.registersPerThread AS regs,
+                 k.staticSharedMemory + k.dynamicSharedMemory AS shared, g.*
+          FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+          JOIN TARGET_INFO_GPU g ON g.cuDevice = k.deviceId
+          WHERE s.value = ? AND k.start >= ? AND k.start < ?),
+        per_sm AS (
+          SELECT *, min(maxWarpsPerSm / warps, maxBlocksPerSm,
+                        maxRegistersPerSm / ((regs * 32 + 255) / 256 * 256) / warps) AS bps FROM k)
+        SELECT sum(ns), count(*), count(DISTINCT blocks || ' ' || t || ' ' || regs || ' ' || shared),
+               max(shared), max(t * 1.0 / (warps * 32)),
+               max(blocks * 1.0 / (((blocks + smCount * bps - 1) / (smCount * bps)) * smCount * bps))
+        FROM per_sm""", (kernel, start_ns, end_ns)).fetchone()
+    spent, launches, configs, shared, lanes, slots = rows
+    assert (configs, shared) == (1, 0)
+    return spent, launches, lanes, slots
+
+
+@pytest.mark.parametrize("name, kernel, lanes, slots, counted", [
+    ("threebody_divergence_kernel", "divergence", 1.0, 40 / 56, True),  # 40 blocks at 1 per SM on 28 SMs: 2 waves
+    ("rodinia_gaussian_fan", "Fan2", 0.5, None, False),  # 4x4 blocks; 800 waves leave 0.1% empty: no tail counted
+])
+def test_corpus_dominant_kernel_bounds_what_its_launch_wastes(tmp_path, name, kernel, lanes, slots, counted):
+    """threebody: one 50 s kernel of 40 blocks x 256 threads with 192 registers on a 28-SM RTX 3060 (one block per
+    SM); rodinia: Fan2, 4,094 launches of 1,048,576 4x4 blocks on an RTX 3090. Each bounds time x (1 - used lanes x
+    used slots), against the raw export, and ranks first (rodinia's sync finding: 63 ms)."""
+    path = corpus(f"{name}.sqlite")
+    result = opened(path, tmp_path, lambda con: triage.run(con, triage.Params(profile=name)))
+    window = result.window
+    assert window is not None
+    spent, launches, raw_lanes, raw_slots = raw_launch_loss(path, kernel, window.start_ns, window.end_ns)
+    assert raw_lanes == lanes and (slots is None or raw_slots == pytest.approx(slots))
+    stake = round(spent * (1 - raw_lanes * (raw_slots if counted else 1.0)))
+    hot = result.findings[0]
+    assert (hot.root_cause, hot.severity, hot.evidence["kernel"], hot.evidence["count"]) == (
+        "kernel-hotspot", "high", kernel, launches)
+    assert (hot.evidence["total_ns"], hot.time_at_stake_ns) == (spent, pytest.approx(stake, abs=1))
+    assert all(hot.time_at_stake_ns > f.time_at_stake_ns for f in result.findings[1:])
+    assert hot.evidence["ncu"].startswith(f"ncu --kernel-name {kernel} --launch-skip ")
 
 
 def test_corpus_runtime_fill_kernels_are_not_the_programs_compute(tmp_path):

@@ -170,6 +170,46 @@ def test_idle_causes_a_recurring_cost_with_one_dominant_gap_is_setup_once(longes
     assert found(d, in_loop=True) == [("alloc-in-loop", "high", 40 * MS, [])]  # in the loop every gap is the loop's
 
 
+@pytest.mark.parametrize("gaps, longest, in_loop, expected", [
+    (2, 30, False, [("profiler-window-on-warmup", "high", 40 * MS, ["setup"])]),  # paid twice: setup
+    (5, 30, False, [("profiler-window-on-warmup", "high", 30 * MS, ["setup"]),  # one dominant gap: setup once,
+                    ("gpu-bubbles", "high", 10 * MS, [UNSEEN])]),  # the rest recurs and no finding claims it
+    (5, 19, False, [("gpu-bubbles", "high", 40 * MS, [UNSEEN])]),  # recurs: no gap holds half of it
+    (2, 30, True, [("gpu-bubbles", "high", 40 * MS, [UNSEEN])]),  # in the loop nothing is setup
+])
+def test_idle_causes_initialisation_is_setup_only_when_paid_once(gaps, longest, in_loop, expected):
+    """Streams, events or contexts created (init) outside the loop, once or with one gap holding half of it, are
+    one-time setup under their own words; recurring, or in the loop, they stay a bubble: no finding claims them."""
+    d = replace(device(init=CauseTime(40 * MS, gaps, long_ns=40 * MS)), longest={"init": longest * MS})
+    got = idle_causes.findings({0: d}, prog(), in_loop)
+    assert [(f.root_cause, f.severity, f.time_at_stake_ns, f.tags) for f in got] == expected
+    setup = [f for f in got if f.root_cause == "profiler-window-on-warmup"]
+    assert all("creating streams, events or contexts (a library's first use)" in f.title for f in setup)
+
+
+UNTRACED_2MS = {"host_untraced": 2 * MS}
+
+
+@pytest.mark.parametrize("init_gap, untraced_gaps, where", [
+    ((7, {"alloc": 30 * MS, "init": 10 * MS, **UNTRACED_2MS}), 1, "the same setup gap"),  # both in gap 7
+    ((9, {"init": 10 * MS, **UNTRACED_2MS}), 2, "those setup gaps"),  # gap 9 has an untraced rest too
+    ((9, {"init": 10 * MS}), 1, "the same setup gap"),  # two setup gaps, the rest in one of them
+])
+def test_idle_causes_setup_says_how_many_gaps_its_rest_lies_in(init_gap, untraced_gaps, where):
+    """Allocation paid once in gap 7 (2 ms untraced beside it), stream creation once in gap 7 too or in gap 9: the
+    rest is said to lie in the same setup gap, or in those setup gaps, as many as hold some of it."""
+    alloc_gap = init_gap if init_gap[0] == 7 else (7, {"alloc": 30 * MS, **UNTRACED_2MS})
+    untraced = 2 * untraced_gaps * MS
+    d = replace(device(busy_pct=20.0, alloc=CauseTime(30 * MS, 1, long_ns=30 * MS),
+                       init=CauseTime(10 * MS, 1, long_ns=10 * MS),
+                       host_untraced=CauseTime(untraced, untraced_gaps, long_ns=untraced)),
+                longest={"alloc": 30 * MS, "init": 10 * MS, "host_untraced": 2 * MS},
+                longest_gap={"alloc": alloc_gap, "init": init_gap, "host_untraced": (7, UNTRACED_2MS)})
+    [setup] = idle_causes.findings({0: d}, prog())
+    assert setup.time_at_stake_ns == 40 * MS + untraced
+    assert setup.title.endswith(f"ms more in {where}), not in a loop: a window over the steady state leaves it out")
+
+
 @pytest.mark.parametrize("own_longest", [7, 8])  # the untraced rest's own longest gap: the setup gap or another
 def test_idle_causes_a_gap_paid_once_takes_its_untraced_rest_with_it(own_longest):
     # the 42 ms setup gap 7: 30 ms allocating, then 12 ms with nothing traced; 8 ms more untraced in other gaps

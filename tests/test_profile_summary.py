@@ -104,10 +104,10 @@ def test_profile_summary_whole_result_on_tiny_model():
             ("cpu_samples", "--sample=process-tree"), ("gpu_info", gpu_info),
             ("graph_exec", "--trace=cuda --cuda-graph-trace=graph (the default), when the program launches CUDA "
                            "graphs"),
-            ("memory_usage", "--cuda-memory-usage=true"), ("memset", "--trace=cuda"),
+            ("memory_usage", "--cuda-memory-usage=true"),  # memset and sync: --trace=cuda was on (kernels)
             ("nvtx", "--trace=nvtx (and mark each step of the program with an NVTX range)"),
             ("os_runtime", "--trace=osrt"), ("sched", "--cpuctxsw=process-tree"),
-            ("stacks", "--cudabacktrace=all --python-backtrace=cuda --sample=process-tree"), ("sync", "--trace=cuda"),
+            ("stacks", "--cudabacktrace=all --python-backtrace=cuda --sample=process-tree"),
             ("uvm_faults", "--cuda-um-cpu-page-faults=true --cuda-um-gpu-page-faults=true")]],
         "libraries": [], "diagnostics": {"counts": {}, "messages": [], "truncated": False},
         "trace_quality": [gpu_info],

@@ -104,7 +104,11 @@ def test_rules_stake_cutoffs_by_share_of_the_window(stake, worth, severity):
 def test_rules_missing_lists_absent_data_with_its_flag():
     con = make_model(kernels=[{"device_id": 0, "stream_id": 7, "pid": 1, "start_ns": 0, "end_ns": 10}])
     every = rules.missing(con)
-    expected = con.execute("SELECT data, capture_flag FROM capabilities WHERE NOT present ORDER BY data").fetchall()
+    caps = con.execute("SELECT data, present, capture_flag FROM capabilities ORDER BY data").fetchall()
+    on = {flag for _, present, flag in caps if present}  # options that recorded something: they were on
+    expected = [(data, flag) for data, present, flag in caps if not present and flag not in on]
     assert [(m.data, m.capture_flag) for m in every] == expected and "nvtx" in [m.data for m in every]
+    # kernels recorded, so the option that records copies was on: no copy is no missing data
+    assert "memcpy" not in [m.data for m in every] and "memcpy" in [m.data for m in rules.missing(make_model())]
     assert [m.data for m in rules.missing(con, ("nvtx", "kernels", "sched"))] == ["nvtx", "sched"]
     assert rules.missing(con, ()) == []

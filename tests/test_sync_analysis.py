@@ -75,12 +75,12 @@ def test_sync_analysis_whole_result_on_tiny_model():
                      device_sync_ns=100, gpu_idle_ns=0),
         sa.ThreadRow(pid=2, tid=5, thread_name=None, devices=[], count=1, blocked_ns=50, blocked_window_pct=7.14,
                      device_syncs=1, steady_device_syncs=0, device_sync_ns=50, gpu_idle_ns=0)]
-    # idle attribution: device 0 drains inside the event sync (100-300), the synchronous copy (400-420: the thread's
-    # next call begins as it returns) and the stream sync (520-650, and 20 ns of its 50 ns turnaround: the copy it
-    # waited for); device 1 inside the device sync (250-350) and its turnaround to the stream sync (350-450: of the
-    # 100 ns of device 1's work it waited for)
+    # idle attribution: device 0 drains inside the event sync (100-300), the synchronous copy (400-420, and 20 ns of
+    # its 80 ns turnaround: the 380-400 of the kernel it waited for) and the stream sync (520-650, and 20 ns of its
+    # 50 ns turnaround: the copy it waited for); device 1 inside the device sync (250-350) and its turnaround to the
+    # stream sync (350-450: of the 100 ns of device 1's work it waited for)
     assert [(f.root_cause, f.severity, f.device, f.time_at_stake_ns, f.tags) for f in result.findings] == [
-        ("excessive-synchronization", "high", 0, 370, ["event-sync"]),  # 200 ns of it in the event sync
+        ("excessive-synchronization", "high", 0, 390, ["event-sync"]),  # 200 ns of it in the event sync
         ("excessive-synchronization", "high", 1, 200, ["device-sync"])]  # 100 in it, 100 of its 100 ns turnaround
     assert not result.truncated and "cudaEventSynchronize" in sa.render(result)
 

@@ -7,8 +7,10 @@ import sqlite3
 import pytest
 from conftest import FIXTURES
 from modeldb import make_model, union_ns
+from test_idle_evidence import corpus_profile
 
 from stallhound.analysis.contracts import run_skill
+from stallhound.formats import open_profile
 from stallhound.tools import unified_memory as um
 
 ON_DEMAND_CAUSES = ("COHERENCE", "PREFETCH", "EVICTION", "ACCESS_COUNTERS")  # CUPTI's names of the on-demand causes
@@ -204,3 +206,41 @@ def test_unified_memory_the_idle_between_pages_the_host_faults_in_is_its_cost_no
     [f] = got.findings
     assert f.time_at_stake_ns == 4 * 3_000 + 3 * 397_000 and "host-touch" in f.tags
     assert f.time_at_stake_ns <= migrations[-1]["end_ns"] - migrations[0]["start_ns"]  # the reading phase
+
+
+@pytest.mark.parametrize("to_device, both", [(2, False), (3, True)])
+def test_unified_memory_faults_both_ways_get_the_prefetch_each_way(to_device, both):
+    """The host reads a result page by page (host-touch) after a kernel that faulted its inputs in: MIN_ON_DEMAND
+    (3) on-demand migrations to the device or more make it both-ways, whose fix prefetches in each direction; two
+    are a first touch of a buffer or two, and the host-touch fix alone stands."""
+    migrations = [mig(100 + 10 * i, 105 + 10 * i, "page_fault", "UVM_H2D") for i in range(to_device)]
+    t = 2_000
+    for _ in range(4):
+        migrations.append(mig(t, t + 1_000, "page_fault", "UVM_D2H"))
+        t += 400_000
+    [f] = run(make_model(kernels=[kernel(0, 1_000)], memcpy=migrations)).findings
+    assert "host-touch" in f.tags and ("both-ways" in f.tags) == both
+
+
+def test_unified_memory_csc746_vecadd_faults_both_ways(cache_root):
+    """csc746_uvm_add_1thread (add<<<1, 1>>> on managed memory, A100): SQL: copyKind 11 (unified H2D) 12,288
+    migrations 104.029 ms, all page_fault/speculative (migrationCause 2/3) while the kernel runs; copyKind 12
+    (unified D2H) 6,144 migrations 50.987 ms from 30,613.731 to 32,471.775 ms after it (1,858.043 ms: 1,807.057 ms of
+    device idle between them); no prefetch call. At stake: 104.029 + 1,858.043 = 1,962.073 ms; the fix prefetches
+    both ways (to the device before the kernel, to the host before the check)."""
+    path = corpus_profile("csc746_uvm_add_1thread",
+                          "6a8676167e8f2af43bd05e1532773a7ed49030be17fac8611097957e529d3c61")
+    raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    assert raw.execute("""SELECT copyKind, count(*), sum("end" - start), max("end") - min(start)
+                          FROM CUPTI_ACTIVITY_KIND_MEMCPY GROUP BY 1 ORDER BY 1""").fetchall() == [
+        (11, 12_288, 104_029_168, 25_761_248_326), (12, 6_144, 50_986_862, 1_858_043_405)]
+    raw.close()
+    profile = open_profile(path, cache_dir=cache_root)
+    try:
+        got = run(profile.con)
+    finally:
+        profile.close()
+    [f] = got.findings
+    assert f.time_at_stake_ns == 104_029_168 + 1_858_043_405
+    assert f.evidence["host_stall_ns"] == 1_858_043_405 - 50_986_862
+    assert {"host-touch", "both-ways"} <= set(f.tags)

@@ -9,32 +9,38 @@ nanoseconds and their sum is the device's idle time:
 - queued: the operation after the gap had been launched before the gap began (its launch call returned
   first), or is a unified-memory migration the driver issued (rules.DRIVER_MIGRATION_SQL): the device waited on
   something other than the host (an event, another stream or device, the driver).
-- sync / readback / pageable_copy / sync_copy: the host was inside a blocking call when the device ran dry,
-  so nothing more was queued: a synchronize call; a device-to-host copy, or a synchronize right after one
-  (the .item() pattern); a copy from pageable host memory, or a synchronize right after one; another
-  synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call keeps the idle inside
-  it, and of the host's turnaround after it returned only what the call made idle: with the call gone, the host's
-  work after it would have run while the device ran the work the call waited for (the device's run of work from the
-  call's start, or the last gap before it that was not queued, to the gap: gap_pass's busy_from_ns), and no longer,
-  past that the device would idle anyway with the host late. So the turnaround runs up to SYNC_RESUME_MAX_NS after
-  the return, until the thread's next call that issues, moves, allocates or waits on work begins (that call's own
-  time and its latency are its own cause: a launch's is launch overhead), or until the thread is seen doing its own
-  work: an OS call (printing, I/O) or an activity claimed for its own time (below), and never longer than that run.
-  A call thus claims at most its own time. What lies past that is the late resume (late_ns), judged by what the host
-  did in the gap like a gap without a blocking call (sync, launch, host_cpu, host_untraced). A synchronize call
-  covering most of a longer gap also counts as sync (the host waited on other work meanwhile). Each blocking cause
-  counts the distinct calls whose gaps it holds (calls).
+- sync / readback / pageable_copy / small_copy / sync_copy: the host was inside a blocking call when the device ran
+  dry, so nothing more was queued: a synchronize call; a device-to-host copy, or a synchronize right after one
+  (the .item() pattern); a copy from pageable host memory large enough to pay for its staging
+  (rules.PAGEABLE_STAGED_BYTES), or a synchronize right after one; a smaller one (it costs its latency, which pinning
+  does not shorten: no idle finding claims it, memory_transfers' small uploads may), or a synchronize right after
+  one; another synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call keeps the
+  idle inside it, and of the host's turnaround after it returned only what the call made idle: with the call gone,
+  the host's work after it would have run while the device ran the work the call waited for (the device's run of
+  work from the call's start, or the last gap before it that was not queued, to the gap: gap_pass's busy_from_ns),
+  and no longer, past that the device would idle anyway with the host late. So the turnaround runs up to
+  SYNC_RESUME_MAX_NS after the return, or until the thread is seen doing its own work: an OS call (printing, I/O) or
+  an activity claimed for its own time (below), and never longer than that run; a call thus claims at most its own
+  time. What lies past that is the late resume (late_ns), judged by what the host did in the gap like a gap without
+  a blocking call (sync, launch, host_cpu, host_untraced). A synchronize call covering most of a longer gap also
+  counts as sync (the host waited on other work meanwhile). Each blocking cause counts the distinct calls whose gaps
+  it holds (calls).
   A gap of HELD_MIN_NS or more that a blocking copy call (on any thread) spans to its end, for most of it, is held
   by the copy, before every rule here, queued included: the copy's transfer ran on the gap's device only after the
   gap, and the work after the gap was launched before the call began (or by no traced call), so the device waited
   on work the trace does not show (an event of another stream, another process or rank) while the host waited in
   the copy for it (held_ns, Gap.held). A synchronize call names no device and moves nothing: a queued gap inside
   one stays queued.
-  A short gap that starts in a blocking call's wake (after it returned, before the thread's next call, while the
-  work after it is launched by the thread's first kernel launch after the return) is the call's too, for its
-  turnaround as above (attribution_sql.CALLS_SQL). A short gap held by a call that allocates nothing, in which the
-  thread then calls an allocation call, is cut: the call's piece ends where the allocation begins, the allocation
-  calls claim their own time, and the rest is the late launch (short_gaps.ShortGaps).
+  A gap of HELD_MIN_NS or more that ends inside a blocking copy call its thread began in it, whose transfer starts
+  the device's work after the gap, gives the time from the call's start to the gap's end to that copy's cause
+  (lead_ns, Gap.lead_cause), out of the rest of the gap (its late resume, or a gap judged by what the host did): the
+  device idled while the host staged a pageable copy or waited out a synchronous copy's latency, not while it did its
+  own work.
+  A short gap that starts in a blocking call's wake (after it returned, until the thread's first kernel launch
+  after it has returned) is the call's too, for its turnaround as above: the call left the queue empty, so that
+  launch's latency is exposed however fast the host launches (attribution_sql.CALLS_SQL). A short gap held by a call
+  that allocates nothing, in which the thread then calls an allocation call, is cut: the call's piece ends where the
+  allocation begins, the allocation calls claim their own time, and the rest is the late launch (short_gaps.ShortGaps).
 - host_fault: the device's work on both sides of the gap is unified-memory migrations that a host thread's touch
   caused (rules.HOST_TOUCH_SQL: the host reads managed memory that lives on the device, page by page), and the gap
   lasts at most FAULT_CYCLE_MAX_NS: the host is stalled in page faults between them, not launching or computing.
@@ -52,6 +58,10 @@ nanoseconds and their sum is the device's idle time:
   when that call is long: lazy loading) inside the gap, unless allocation, communication, a loader or waits (below)
   cover most of it; charged for the time they run (their union within the gap), the rest of the gap judged like a
   gap without them (late_ns, late_cause). A long launch of a kernel launched before loads nothing.
+- init: calls that create a stream, event or context, or initialise the driver or the device (INIT_CALLS: the first
+  use of a library such as cuDNN creates its streams and handles) cover most of a gap of BUBBLE_MIN_NS or more;
+  charged for their own time, the rest judged like a gap without them. Paid once, it is one-time setup, never a bubble
+  (idle_causes).
 - profiler: the profiler's own work in the launching process (profiler_overhead: CUPTI buffer flushes, which stall the
   process's CUDA calls) inside the gap, under the same proviso, for the time it runs; the rest of the gap likewise.
 - host_comm: the launching threads were inside communication NVTX ranges (MPI_*, SHMEM) for most of the gap.
@@ -105,12 +115,16 @@ HELD_MIN_NS = FOLD_BELOW_NS  # a held gap (gap_causes.sql) is judged one by one:
 HOST_PROBE_BUCKET_NS = 1_000_000  # equality-join buckets: long gaps x host events, gap starts x blocking calls
 DEVICE_PASS_SLICES = DEFAULT_SLICES  # the device pass the gap pass fills
 # in passing (same chunks): the one shares reads on every window attributed, and gpu_utilization by default
-SHARE_CAUSES = ("alloc", "host_comm", "input_wait", "host_wait", "jit", "profiler")  # in a longer gap, charged only
-# while their activity runs inside it (gap_causes.sql)
+SHARE_CAUSES = ("alloc", "host_comm", "input_wait", "host_wait", "jit", "profiler", "init")  # in a longer gap,
+# charged only while their activity runs inside it (gap_causes.sql)
 FAULT_CYCLE_MAX_NS = 5_000_000  # 5 ms: a host fault on managed memory takes tens of us to ~2 ms of driver work
 # (unmapping on the device, the migration, the speculative pages around it); a longer stretch between two touched
 # pages is the host's own work
 JIT_MODULE_CALLS = "^(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkComplete)"
+INIT_CALLS = ("^(cuda|cu|hip)(StreamCreate|EventCreate|CtxCreate|DevicePrimaryCtxRetain|Init|SetDevice"
+              "|GetDeviceProperties|DeviceGetStreamPriorityRange)")  # create a stream, event or context, or set up
+# the driver and device state (PyTorch asks the streams' priority range and the properties when it sets up a device):
+# paid on a library's or the program's first use
 
 
 def range_kinds(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
@@ -128,7 +142,8 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
             "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS, "held_min": HELD_MIN_NS,
-            "op_domain": nvtx_texts.OP_DOMAIN, "fault_max": FAULT_CYCLE_MAX_NS}
+            "op_domain": nvtx_texts.OP_DOMAIN, "fault_max": FAULT_CYCLE_MAX_NS, "init_calls": INIT_CALLS,
+            "init_min": BUBBLE_MIN_NS}
 
 
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}
@@ -152,7 +167,7 @@ def labelled_inputs(con: duckdb.DuckDBPyConnection, scope: Scope, fold_below_ns:
     try:
         for sql in (THREADS_SQL, CALLS_SQL):
             con.execute(sql, bound(sql, params))
-        spans = con.execute(SPANS_SQL, {"no_time": gap_pass.NO_TIME}).fetchnumpy()
+        spans = con.execute(SPANS_SQL).fetchnumpy()
         main_threads = {d: (p, t) for d, p, t in con.execute(MAIN_THREAD_SQL).fetchall()}
         short = ShortGaps(spans, main_threads, min(fold_below_ns, LAUNCH_GAP_MAX_NS + 1), SYNC_RESUME_MAX_NS)
         with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, fold_below_ns, slices, short) as folded:
@@ -223,12 +238,14 @@ class Gap:
     late_ns: int = 0  # the rest, with its own cause (late_cause): a blocking call's late resume past its share, or
     # the time of a gap in which its SHARE_CAUSES activity did not run
     late_cause: str | None = None
+    lead_ns: int = 0  # at its end, the time in the blocking copy call it ends in, with the call's cause (lead_cause)
+    lead_cause: str | None = None
     held: bool = False  # a blocking copy held it (cause): the device waited on work the trace does not show
 
     def pieces(self) -> tuple[tuple[str | None, int], ...]:
         """(cause, ns) of the gap's pieces in time order; a piece of 0 ns has no cause."""
-        return ((self.cause, self.end_ns - self.start_ns - self.then_ns - self.late_ns),
-                (self.then_cause, self.then_ns), (self.late_cause, self.late_ns))
+        return ((self.cause, self.end_ns - self.start_ns - self.then_ns - self.late_ns - self.lead_ns),
+                (self.then_cause, self.then_ns), (self.late_cause, self.late_ns), (self.lead_cause, self.lead_ns))
 
     def at_edge(self, scope: Scope) -> bool:
         """The stretch before the device's first work in the window or after its last: only such a gap starts at

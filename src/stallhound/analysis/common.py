@@ -262,8 +262,8 @@ def resolve_scope(con: duckdb.DuckDBPyConnection, params: ScopedParams,
     if params.device is not None and params.device not in devices:
         listed = ", ".join(map(str, devices)) or "none: the profile has no GPU activity"
         raise InvalidRequest(f"device {params.device} is not in this profile (devices: {listed})")
-    cap_start, cap_end, gpu_start, gpu_end = one_row(con.execute(
-        "SELECT capture_start_ns, capture_end_ns, gpu_start_ns, gpu_end_ns FROM meta"))
+    cap_start, cap_end, gpu_start, gpu_end = per_model(con, ("windows",), lambda: one_row(con.execute(
+        "SELECT capture_start_ns, capture_end_ns, gpu_start_ns, gpu_end_ns FROM meta")))  # asked once: as devices_of
     if cap_start is None:
         raise InvalidRequest("this profile has no timed events at all, so there is no window to analyse; "
                              f"re-capture with {remedy(con, ('kernels', 'nvtx'))}")

@@ -1,7 +1,8 @@
 """How long each copy runs with no kernel on its device: its length less the union of that device's kernels inside it.
 
 Per (direction, device), over the copies whose start lies in the window ($start, $end, $devices): the exposed time of
-all of them and of the pageable ones (pageable when either side is). One device and one time chunk of copies at a
+all of them, of the pageable ones (pageable when either side is) and of the pageable ones that pay for their staging
+(rules.PAGEABLE_STAGED_BYTES or more). One device and one time chunk of copies at a
 time (the copies between a first and last start, and the kernels starting among them, at most ROWS_PER_CHUNK rows),
 with analysis/cover.py for each copy's covered time: memory stays flat on the largest exports.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 
-from stallhound.analysis import cover, device_pass
+from stallhound.analysis import cover, device_pass, rules
 from stallhound.model.duck import one_row
 
 CHUNKS_SQL = """
@@ -20,8 +21,9 @@ WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns
 """
 KERNELS_AMONG_SQL = "SELECT count(*) FROM kernels WHERE device_id = $device AND start_ns BETWEEN $lo AND $hi"
 CHUNK_COPIES_SQL = """
-SELECT start_ns AS s, end_ns AS e, (list_position($directions, direction) - 1) * 2
-       + coalesce('pageable' IN (src_kind, dst_kind), false)::INTEGER AS g
+SELECT start_ns AS s, end_ns AS e, (list_position($directions, direction) - 1) * 3
+       + CASE WHEN NOT coalesce('pageable' IN (src_kind, dst_kind), false) THEN 0
+              WHEN """ + rules.staged_sql("bytes") + """ THEN 2 ELSE 1 END AS g
 FROM memcpy WHERE device_id = $device AND start_ns >= $start AND start_ns < $end AND start_ns BETWEEN $lo AND $hi
 """
 CHUNK_KERNELS_SQL = """
@@ -32,23 +34,23 @@ ROWS_PER_CHUNK = 1_000_000  # copies and kernels read at a time: memory stays fl
 
 
 def exposed(con: duckdb.DuckDBPyConnection, args: dict, directions: list[str]
-            ) -> dict[tuple[str, int], tuple[int, int]]:
-    """(exposed ns, pageable exposed ns) per (direction, device), for each device with copies in the window and each
-    of `directions` (the directions of those copies; 0 where a device has none)."""
-    out: dict[tuple[str, int], tuple[int, int]] = {}
+            ) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """(exposed ns, pageable exposed ns, staged pageable exposed ns) per (direction, device), for each device with
+    copies in the window and each of `directions` (the directions of those copies; 0 where a device has none)."""
+    out: dict[tuple[str, int], tuple[int, int, int]] = {}
     for device, n, first, last in con.execute(CHUNKS_SQL, args).fetchall():
         among = one_row(con.execute(KERNELS_AMONG_SQL, {"device": device, "lo": first, "hi": last}))
         total = _device(con, {"start": args["start"], "end": args["end"], "device": device,
                               "directions": directions}, n + among[0], first, last)
         for i, direction in enumerate(directions):
-            pair = total[2 * i:2 * i + 2]
-            out[direction, device] = (int(pair.sum()), int(pair[1]))
+            kinds = total[3 * i:3 * i + 3]  # not pageable, pageable below the staged size, staged
+            out[direction, device] = (int(kinds.sum()), int(kinds[1:].sum()), int(kinds[2]))
     return out
 
 
 def _device(con: duckdb.DuckDBPyConnection, args: dict, rows: int, first: int, last: int) -> np.ndarray:
-    """One device's exposed copy time per group (direction index x 2 + pageable), over chunks of copies."""
-    total = np.zeros(2 * len(args["directions"]), dtype=np.int64)
+    """One device's exposed copy time per group (direction index x 3 + host memory kind), over chunks of copies."""
+    total = np.zeros(3 * len(args["directions"]), dtype=np.int64)
     for lo, hi in device_pass.chunk_edges(rows, first, last, ROWS_PER_CHUNK):
         c = con.execute(CHUNK_COPIES_SQL, {**args, "lo": lo, "hi": hi}).fetchnumpy()
         if not len(c["s"]):

@@ -2,17 +2,18 @@
 -- between two migrations a host thread's touch caused, up to $fault_max; for a short gap its blocking call (or the one
 -- in whose wake it began), else its launch; for a longer one alloc, host communication, a data loader's ranges or OS
 -- waits covering most of it (a load of 0.5 ms does not explain a second of allocation), else jit or profiler when a
--- load, compile or profiler flush ran in it, else host communication run in it at all (its own time), else the
+-- load, compile or profiler flush ran in it, else init when calls creating a stream, event or context cover most of
+-- a gap of $init_min or more, else host communication run in it at all (its own time), else the
 -- blocking call it began in; else what the host did meanwhile
 -- (host_cause; before a late launch, one op's overhead: alloc when allocating is the most of it seen). A host
 -- activity claims only its own time in the gap (the union of its events there, gap_host): a finding never claims more
 -- than the time of the events it is about. So a gap is cut in up to three pieces that never share nanoseconds
 -- (split): the blocking call it began in (piece_ns: its in-call idle and up to $resume_max of turnaround, while the
--- host does nothing but drive the device: until the thread's next call begins (b_resume; that call's own time is its
--- cause's), own_ns at an OS call, gap_host's cut_ns at the activity claimed after it; and no longer than the
--- device's run of work inside the call before the gap (busy_from_ns): with the call gone, the host's turnaround
--- would overlap only the work the call waited for, past it the device idles anyway; so a call claims at most its
--- own time); the activity's own time after that (one piece with the call's when it is of the call's kind)
+-- host does nothing but drive the device: own_ns at an OS call, gap_host's cut_ns at the activity claimed after it;
+-- and no longer than the device's run of work inside the call before the gap (busy_from_ns): with the call gone, the
+-- host's turnaround, the next launch's latency included, would overlap only the work the call waited for, past it
+-- the device idles anyway; so a call claims at most its own time); the activity's own time after that (one piece
+-- with the call's when it is of the call's kind)
 -- (then_ns, then_cause); the rest (late_ns, late_cause: host_cause). A blocking call's late resume with no
 -- activity, likewise the rest. A short gap is cut at its call's piece too, and where an allocation call of its
 -- thread begins in it when the call allocates nothing (short_allocs): the allocation calls' own time (then), the
@@ -23,8 +24,13 @@
 -- stream's event, another process or rank) and the host waited in the copy for it; the gap is the copy's cause, held.
 -- A synchronize call names no device and moves nothing, so a queued gap inside one stays queued (the device may wait
 -- on another device the host waits for too).
+-- Last, a gap of $held_min or more (judged one by one) that ends inside a blocking copy call its thread began in it,
+-- the call's transfer on the gap's device starting only at its end (lead): the device idled while the host sat in that
+-- call, before it moved anything (a pageable copy's staging through the driver's buffer, a synchronous copy's
+-- latency): that time, up to the rest of the gap (the late piece, or the whole gap judged by what the host did), is
+-- the copy's cause (lead_ns, lead_cause), not the host's.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
--- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max, $bucket_ns.
+-- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max, $bucket_ns, $init_min.
 held AS (
   SELECT g.gap_id, b.cause AS h_cause, b.name AS h_name, b.pid AS h_pid, b.tid AS h_tid, b.start_ns AS h_start
   FROM idle_gaps g JOIN gap_blocking_calls b ON b.copy_device = g.device_id AND b.start_ns < g.end_ns
@@ -32,6 +38,13 @@ held AS (
   WHERE g.duration_ns >= $held_min AND NOT g.driver AND coalesce(g.launch_end_ns <= b.start_ns, true)
     AND g.end_ns - greatest(g.start_ns, b.start_ns) >= $dominant * g.duration_ns
   QUALIFY row_number() OVER (PARTITION BY g.gap_id ORDER BY b.start_ns, b.pid, b.tid) = 1),
+lead AS (  -- each long gap's thread's latest blocking call begun before its end: a copy begun in the gap and
+  -- spanning its end, whose transfer on the gap's device starts only then
+  SELECT g.gap_id, b.cause AS l_cause, b.name AS l_name, b.start_ns AS l_start
+  FROM (SELECT gap_id, device_id, pid, tid, start_ns, end_ns FROM at_start WHERE duration_ns >= $held_min) g
+  ASOF JOIN gap_blocking_calls b ON b.pid = g.pid AND b.tid = g.tid AND b.start_ns < g.end_ns
+  WHERE b.start_ns > g.start_ns AND b.end_ns >= g.end_ns AND b.copy_device = g.device_id AND b.moved_ns >= g.end_ns
+    AND b.cause IN ('pageable_copy', 'small_copy', 'sync_copy', 'readback')),
 short_allocs AS (  -- a short gap begun in a blocking call that allocates nothing: the thread's allocation calls that
   -- begin in it after that call, each for its own time (until the thread's next blocking call), as ShortGaps finds them
   SELECT g.gap_id, min(a.start_ns) AS alloc_at, sum(least(a.until_ns, g.end_ns) - a.start_ns) AS s_alloc_ns
@@ -43,8 +56,8 @@ short_allocs AS (  -- a short gap begun in a blocking call that allocates nothin
   GROUP BY g.gap_id),
 judged AS (
   SELECT g.*, sa.alloc_at, sa.s_alloc_ns, h.jit_ns, h.profiler_ns, hd.h_cause IS NOT NULL AS held, hd.h_name,
-         hd.h_pid, hd.h_tid, hd.h_start, least(g.end_ns, greatest(g.start_ns, g.b_end) + least(greatest(0, least(
-           g.end_ns, g.b_end + $resume_max, g.b_resume, h.own_ns) - greatest(g.start_ns, g.b_end)),
+         hd.h_pid, hd.h_tid, hd.h_start, l.l_cause, l.l_name, l.l_start, least(g.end_ns, greatest(g.start_ns, g.b_end)
+           + least(greatest(0, least(g.end_ns, g.b_end + $resume_max, h.own_ns) - greatest(g.start_ns, g.b_end)),
            greatest(0, least(g.start_ns, g.b_end) - greatest(g.b_start, g.busy_from_ns))), sa.alloc_at) - g.start_ns
            AS piece_ns,  -- the blocking call's piece (above; least skips a NULL)
   CASE
@@ -63,6 +76,8 @@ judged AS (
     WHEN h.wait_ns >= $dominant * g.duration_ns THEN 'host_wait'
     WHEN h.jit_ns > 0 THEN 'jit'
     WHEN h.profiler_ns > 0 THEN 'profiler'
+    WHEN g.duration_ns >= $init_min AND h.init_ns >= $dominant * g.duration_ns THEN 'init'  -- a stream, event or
+    -- context created: one-time setup where it does not recur (idle_causes), only where it is most of a long gap
     WHEN h.comm_ns > 0 THEN 'host_comm'  -- under half the gap too: the host communicated, for that time, not computed
     WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
     WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
@@ -76,21 +91,23 @@ judged AS (
       AND h.alloc_ns >= greatest(coalesce(h.launch_ns, 0), coalesce(h.sync_ns, 0),
                                  coalesce(h.cpu_ns, 0) - coalesce(h.api_ns, 0)) AS op_alloc,  -- the op's overhead
       -- was its allocation: allocating is the most the host is seen doing in it
-    h.alloc_ns, h.comm_ns, h.loader_ns, h.wait_ns, h.cut_ns, h.own_ns
+    h.alloc_ns, h.comm_ns, h.loader_ns, h.wait_ns, h.init_ns, h.cut_ns, h.own_ns
   FROM at_start g LEFT JOIN gap_host h USING (gap_id) LEFT JOIN held hd USING (gap_id)
-  LEFT JOIN short_allocs sa USING (gap_id)),
+  LEFT JOIN short_allocs sa USING (gap_id) LEFT JOIN lead l USING (gap_id)),
 activity AS (  -- a longer gap's host activity (one claimed for its own time), that time, and the blocking call's piece
   -- before it: the call's in-call idle and up to $resume_max of turnaround, when the call is not the activity's kind
   SELECT *, CASE WHEN act IS NULL OR held OR blocked_cause IS NULL THEN 0
                  ELSE least(piece_ns, cut_ns - start_ns) END AS call_ns  -- cut at the claimed activity
   FROM (SELECT *, CASE WHEN held OR duration_ns <= $launch_gap_max THEN NULL
-                       WHEN early_cause IN ('host_comm', 'input_wait', 'host_wait', 'jit', 'profiler') THEN early_cause
+                       WHEN early_cause IN ('host_comm', 'input_wait', 'host_wait', 'jit', 'profiler', 'init')
+                         THEN early_cause
                        WHEN early_cause = 'alloc' AND alloc_ns + CASE WHEN blocked_cause = 'alloc' THEN greatest(0,
                          least(b_end, end_ns) - start_ns) ELSE 0 END >= $dominant * duration_ns THEN 'alloc'  -- covering
                        -- most of it (alloc_ns: after the call's piece), not only the blocking alloc call it began in
                        WHEN early_cause IS NULL AND op_alloc THEN 'alloc' END AS act,
                   CASE early_cause WHEN 'host_comm' THEN comm_ns WHEN 'input_wait' THEN loader_ns
                     WHEN 'host_wait' THEN wait_ns WHEN 'jit' THEN jit_ns WHEN 'profiler' THEN profiler_ns
+                    WHEN 'init' THEN init_ns
                     ELSE coalesce(alloc_ns, 0) END AS act_ns FROM judged)),
 split AS (
   SELECT *, CASE WHEN call_ns > 0 THEN blocked_cause ELSE coalesce(act, early_cause, host_cause) END AS cause,
@@ -107,11 +124,18 @@ split AS (
     ELSE 0 END AS late_ns
   FROM (SELECT *, duration_ns <= $launch_gap_max AND early_cause = blocked_cause AND piece_ns < duration_ns
                   AS short_split FROM activity)),  -- a short gap past its call's piece: allocation, late launch
+led AS (  -- the lead copy call's piece: from its start to the gap's end, taken from the rest of the gap (the late
+  -- piece, or a gap judged whole by what the host did), never more than that rest
+  SELECT *, CASE WHEN l_cause IS NULL THEN 0 ELSE least(end_ns - l_start, CASE WHEN late_ns > 0 THEN late_ns
+    WHEN then_ns = 0 AND early_cause IS NULL AND act IS NULL THEN duration_ns ELSE 0 END) END AS lead_ns
+  FROM split),
 labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls; a held
-  -- gap is the copy's thread's
+  -- gap is the copy's thread's; lead_call: the lead copy call's
   SELECT gap_id, device_id, start_ns, end_ns, duration_ns, CASE WHEN held THEN h_pid ELSE pid END AS pid,
          CASE WHEN held THEN h_tid ELSE tid END AS tid, CASE WHEN held THEN h_name ELSE blocked_in END AS blocked_in,
-         cause, then_ns, CASE WHEN then_ns > 0 THEN then_cause END AS then_cause, late_ns,
-         CASE WHEN late_ns > 0 THEN host_cause END AS late_cause, CASE
-           WHEN held THEN [h_pid, h_tid, h_start] WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call,
-         held FROM split)
+         cause, then_ns, CASE WHEN then_ns > 0 THEN then_cause END AS then_cause,
+         late_ns - least(lead_ns, late_ns) AS late_ns, CASE WHEN late_ns > lead_ns THEN host_cause END AS late_cause,
+         CASE WHEN held THEN [h_pid, h_tid, h_start] WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call,
+         held, lead_ns, CASE WHEN lead_ns > 0 THEN l_cause END AS lead_cause,
+         CASE WHEN lead_ns > 0 THEN l_name END AS lead_in, CASE WHEN lead_ns > 0 THEN [pid, tid, l_start] END AS lead_call
+  FROM led)

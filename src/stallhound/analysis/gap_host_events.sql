@@ -1,12 +1,14 @@
 -- What the launching threads did around the long gaps (neither queued nor at most $launch_gap_max): their CUDA
--- calls near those gaps (each with its kind: jit, module, alloc, lazy load, sync, launch or other API), OS-runtime
+-- calls near those gaps (each with its kind: jit, module, alloc, lazy load, sync, launch, one-time initialisation
+-- (init: creating a stream, event or context) or other API), OS-runtime
 -- calls (waits, and others: 'os'), NVTX ranges of a known kind (jit, comm, loader), framework operators (ranges of domain $op_domain) when the
 -- trace has no CPU data, time on a CPU (scheduler data, else CPU samples), and the profiler's own overhead in their
 -- process (profiler_overhead: CUPTI buffer flushes stall the process's CUDA calls), as host_events.
 -- A lazy load is a launch call of at least $lazy that launched the first kernel of its name in its process: a
 -- long launch of a kernel launched before loads nothing (the driver waited on something else).
 -- CTEs of attribution_sql.HOST, after gap_thread (WORK) and before `touch` (intervals.overlaps); they read
--- gap_blocking_calls (CALLS_SQL). Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds, $op_domain.
+-- gap_blocking_calls (CALLS_SQL). Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds, $op_domain,
+-- $init_calls.
 long_gaps AS MATERIALIZED (  -- with the end of the blocking call each began in (CALLS_SQL), if any
   SELECT g.probe_id, g.pid, g.tid, g.start_ns, g.end_ns, CASE WHEN g.start_ns < b.until_ns THEN b.end_ns END AS b_end
   FROM (SELECT gap_id AS probe_id, pid, tid, start_ns, end_ns FROM gap_thread
@@ -47,6 +49,7 @@ host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed,
                            WHEN a.kind = 'launch' AND (a.pid, a.correlation_id) IN (SELECT pid, correlation_id
                                                                                   FROM lazy_loads) THEN 'lazy'
                            WHEN a.kind = 'sync' THEN 'sync'
+                           WHEN a.kind = 'other' AND regexp_matches(a.name, $init_calls) THEN 'init'
                            WHEN a.kind IN ('launch', 'graph', 'memcpy', 'memset') THEN 'launch'
                            ELSE 'api' END AS what, a.start_ns, a.end_ns
   FROM cuda_api a WHERE a.end_ns > $start AND a.start_ns < $end AND (a.end_ns - a.start_ns > $bucket_ns

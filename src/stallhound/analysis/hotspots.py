@@ -11,18 +11,22 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
   timeline holds no FLOP or byte counts, so whether the kernel runs near the GPU's limits cannot be told without a
   kernel profiler (Nsight Compute; on AMD the ROCm Compute Profiler: analysis/vendor.py), whose command for this
   kernel the finding gives; its tags are its kind and those that fit the book's fix to the program (fit_tags: the
-  optimizer's fix only where the trace shows training, NVIDIA's hardware advice never on AMD). No time at stake
-  (nothing measured says how much could be saved), so never high; severity by its share of the window and the evidence
-  of under-use: medium when it takes most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT)
-  with launches that leave most of the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer
-  blocks than SMs), else info. A kernel with an undersized-grid finding gets no second finding. Where the launch shape
-  of the program's own kernel (not a library's: kernel_kinds.library_of) alone leaves much of the GPU unused whatever
-  the code does (launch_shape: warps partly empty, blocks so small the SM's block slots cap its occupancy, or a grid
-  whose waves leave TAIL_WASTE_PCT of their block slots idle, with registers capping occupancy at LOW_OCCUPANCY_PCT or
-  less named as its cause), the statement says so and its fix is the launch's (tag launch-shape).
+  optimizer's fix only where the trace shows training, NVIDIA's hardware advice never on AMD). A kernel with an
+  undersized-grid finding gets no second finding. Where the launch shape of the program's own kernel (not a library's:
+  kernel_kinds.library_of) alone leaves much of the GPU unused whatever the code does (launch_shape: warps partly
+  empty, blocks so small the SM's block slots cap its occupancy, or a grid whose waves leave TAIL_WASTE_PCT of their
+  block slots idle, with registers capping occupancy at LOW_OCCUPANCY_PCT or less named as its cause), the statement
+  says so and its fix is the launch's (tag launch-shape). Time at stake = what that launch shape can be shown to lose
+  (launch_loss): its main configuration's time x (1 - used lanes x used block slots of its waves), the empty lanes
+  and the empty tail it names, derived in the text as an upper bound (a kernel memory bandwidth limits loses less),
+  never more than the hot row's time or the window; a low occupancy alone bounds nothing (it slows only a kernel
+  latency limits): 0, and the text says the timeline cannot tell. Severity by that time where it is worth reporting
+  (rules.severity); else by its share of the window and the evidence of under-use, never high: medium when it takes
+  most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT) with launches that leave most of
+  the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer blocks than SMs), else info.
 - One finding per thing: the kernels of one short name on a device (template instantiations) are one undersized-grid
-  finding, their figures summed; a device's hot kernels are one kernel-hotspot finding, most time first (a runtime's
-  helper kernels apart).
+  finding, their figures summed; a device's hot kernels are one kernel-hotspot finding, most time first, their times
+  at stake summed (at most the window; a runtime's helper kernels apart).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 from stallhound.analysis import rules
 from stallhound.analysis.common import Finding, Severity, counted, ms, pct
 from stallhound.analysis.kernel_kinds import NAME_CHARS, library_of
-from stallhound.analysis.launch_fill import KernelFill, LaunchFill
+from stallhound.analysis.launch_fill import WARP, KernelFill, LaunchFill
 from stallhound.analysis.vendor import AMD, NVIDIA, Vendor
 
 DOMINANT_WINDOW_PCT = 50.0  # a kernel running over half the window is the step: its efficiency is the question
@@ -132,11 +136,63 @@ def launch_shape(k: KernelFill) -> list[str]:
     if f.limited_by == "registers" and _low(k) and idle >= TAIL_WASTE_PCT:
         parts.append(f"{f.registers_per_thread} registers per thread allow {counted(f.blocks_per_sm or 0, 'block')} "
                      f"per SM: {f.occupancy_pct:.0f}% occupancy")
-    if f.sm_count and f.blocks_per_sm and f.blocks >= f.sm_count and idle >= TAIL_WASTE_PCT:
-        wave = f.sm_count * f.blocks_per_sm
-        parts.append(f"{f.blocks:,} blocks make {counted(-(-f.blocks // wave), 'wave')} of {wave:,} resident blocks, "
-                     f"the last {pct(f.blocks % wave, wave):.0f}% full")
+    if (waves := _waves(f)) and idle >= TAIL_WASTE_PCT:
+        parts.append(f"{f.blocks:,} blocks make {counted(waves.count, 'wave')} of {waves.slots:,} resident blocks, "
+                     f"the last {pct(waves.last, waves.slots):.0f}% full")
     return parts
+
+
+@dataclass(frozen=True)
+class Waves:
+    """A grid as waves of resident blocks: how many, the block slots of one (SMs x resident blocks per SM), and the
+    blocks of the last."""
+    count: int
+    slots: int
+    last: int
+
+
+def _waves(f: LaunchFill) -> Waves | None:
+    """The grid's waves, where it has a block for every SM and the export records the limits (fewer blocks than SMs
+    are undersized-grid's)."""
+    if not (f.sm_count and f.blocks_per_sm and f.blocks >= f.sm_count):
+        return None
+    slots = f.sm_count * f.blocks_per_sm
+    count = -(-f.blocks // slots)
+    return Waves(count=count, slots=slots, last=f.blocks - (count - 1) * slots)
+
+
+def _last_wave(f: LaunchFill, waves: Waves) -> str:
+    """'the last of 2 waves uses 12 of 28 SMs' (one resident block per SM), else its block slots."""
+    used = (f"uses {waves.last:,} of {f.sm_count:,} SMs" if f.blocks_per_sm == 1 else
+            f"fills {waves.last:,} of its {waves.slots:,} block slots ({f.blocks_per_sm} per SM on {f.sm_count} SMs)")
+    return f"the last of {waves.count:,} waves {used}"
+
+
+@dataclass(frozen=True)
+class Loss:
+    """The share of a launch configuration's time its launch shape can be shown to lose, and how (empty: none)."""
+    share: float
+    why: tuple[str, ...]
+
+
+def launch_loss(k: KernelFill) -> Loss:
+    """What the launch shape of the program's own kernel (launch_shape) bounds, from two wastes the trace shows:
+    empty lanes (threads fill a share of each warp's lanes: the same threads in full warps issue that share of the
+    warp instructions) and a tail wave (the grid's waves leave TAIL_WASTE_PCT or more of their block slots empty:
+    blocks of equal work spread evenly over the slots end that much sooner), combined as 1 - used lanes x used slots.
+    An upper bound on their cost: a kernel that memory bandwidth limits loses less. A low occupancy alone bounds
+    nothing (it slows only a kernel that latency limits): no share."""
+    f, why = k.main, []
+    if not launch_shape(k):
+        return Loss(0.0, ())
+    lanes = f.threads_per_block / (-(-f.threads_per_block // WARP) * WARP)
+    if lanes < 1:
+        why.append(f"{100 - f.lanes_pct:.0f}% of each warp's lanes hold no thread")
+    slots_used = 1.0
+    if (waves := _waves(f)) and _idle_slots_pct(f) >= TAIL_WASTE_PCT:
+        slots_used = f.blocks / (waves.count * waves.slots)
+        why.append(f"{_last_wave(f, waves)}, leaving {_idle_slots_pct(f):.0f}% of the waves' block slots empty")
+    return Loss(1 - lanes * slots_used, tuple(why))
 
 
 def _idle_slots_pct(f: LaunchFill) -> float:
@@ -197,12 +253,27 @@ def undersized(kernels: list[KernelFill], window_ns: int, command: str | None, v
     return out
 
 
-def _severity(hot: Hot, kernel: KernelFill | None) -> Severity:
-    """medium when it runs most of the window, or a tenth of it with its launch showing under-use; else info. Never
-    high: nothing measured is at stake."""
+def _severity(hot: Hot, kernel: KernelFill | None, stake_ns: int, window_ns: int) -> Severity:
+    """By the time at stake where its bound is worth reporting (rules.severity); else medium when it runs most of the
+    window, or a tenth of it with its launch showing under-use, and info otherwise: never high with nothing bounded."""
+    if rules.worth_reporting(stake_ns, window_ns):
+        return rules.severity(stake_ns, window_ns)
     evidence = kernel is not None and _under_used(kernel)
     worth = hot.window_pct >= DOMINANT_WINDOW_PCT or (evidence and hot.window_pct >= rules.HIGH_STAKE_PCT)
     return "medium" if worth else "info"
+
+
+def at_stake(hot: Hot, kernel: KernelFill, window_ns: int) -> tuple[int, str]:
+    """The time at stake of a kernel whose launch shape wastes the GPU (launch_loss of its main configuration's time,
+    never more than the hot row's time or the window) and the sentence that derives it, or says it cannot."""
+    loss, f = launch_loss(kernel), kernel.main
+    stake = min(round(f.total_ns * loss.share), hot.total_ns, window_ns)
+    if not stake:
+        return 0, ("; how much fixing it would save cannot be told from the timeline: a low occupancy slows a kernel "
+                   "only where latency, not memory bandwidth, limits it")
+    of = f"its {ms(f.total_ns)}" if f.total_ns == hot.total_ns else f"the {ms(f.total_ns)} of its launches so shaped"
+    return stake, (f"; the waste the trace shows costs at most {ms(stake)} of {of} (an upper bound: "
+                   f"{'; '.join(loss.why)}; less where memory bandwidth limits it)")
 
 
 def fit_tags(kind: str, training: bool, vendor: Vendor, library: str | None) -> list[str]:
@@ -215,9 +286,10 @@ def fit_tags(kind: str, training: bool, vendor: Vendor, library: str | None) -> 
             + [f"{kind}-amd"] * (vendor == AMD))
 
 
-def statement(hot: Hot, kernels: list[KernelFill], command: str | None, vendor: Vendor = NVIDIA,
+def statement(hot: Hot, kernels: list[KernelFill], window_ns: int, command: str | None, vendor: Vendor = NVIDIA,
               training: bool = False) -> Finding:
-    """kernel-hotspot for a hot row: a runtime kernel named, any other kernel's launch figures and what measures it."""
+    """kernel-hotspot for a hot row: a runtime kernel named, any other kernel's launch figures, what its launch shape
+    bounds (at_stake) and what measures it."""
     where = f" on device {hot.device}" if hot.device is not None else ""
     share = f"takes {hot.kernel_time_pct:.1f}% of kernel time and {hot.window_pct:.1f}% of the window{where}"
     mine = [k for k in kernels if hot.holds(k)]
@@ -233,13 +305,17 @@ def statement(hot: Hot, kernels: list[KernelFill], command: str | None, vendor: 
     if main is not None and main.occupancy_pct is not None:
         evidence.update(occupancy_pct=main.occupancy_pct, limited_by=main.limited_by)
     waste = launch_shape(kernel) if kernel else []
+    stake, bound = at_stake(hot, kernel, window_ns) if kernel and waste else (0, "")
     shape = (f"; its launch shape leaves much of the GPU unused whatever its code does ({'; '.join(waste)}): fix the "
-             "launch first" if waste else "")
+             f"launch first{bound}" if waste else "")
+    low = stake and main and (main.occupancy_pct or 100) < 100
     title = (f"{hot.display_name} ({hot.kind}) {share}{f' ({_shape(main)})' if main else ''}{shape}; the timeline "
-             f"holds no FLOP or byte counts, so whether it runs near the GPU's limits cannot be told without "
-             f"{vendor.profiler}: `{ncu}`")
-    return Finding(root_cause="kernel-hotspot", severity=_severity(hot, kernel), title=title,
-                   evidence={**evidence, "ncu": ncu}, time_at_stake_ns=0, device=hot.device,
+             f"holds no FLOP or byte counts, so whether it runs near the GPU's limits"
+             f"{', and what a higher occupancy would gain,' if low else ''} cannot be told without {vendor.profiler}: "
+             f"`{ncu}`")
+    return Finding(root_cause="kernel-hotspot", severity=_severity(hot, kernel, stake, window_ns), title=title,
+                   evidence={**evidence, "ncu": ncu, **({"launch_loss_ns": stake} if stake else {})},
+                   time_at_stake_ns=stake, device=hot.device,
                    tags=[hot.kind, *fit_tags(hot.kind, training, vendor, library_of(hot.name, hot.short_name)),
                          *(["launch-shape"] if waste else [])])
 
@@ -247,26 +323,29 @@ def statement(hot: Hot, kernels: list[KernelFill], command: str | None, vendor: 
 SEVERITY_ORDER: tuple[Severity, ...] = ("info", "medium", "high")
 
 
-def one_per_device(statements: list[Finding]) -> list[Finding]:
+def one_per_device(statements: list[Finding], window_ns: int) -> list[Finding]:
     """A device's kernel-hotspot statements as one finding, most time first (the order of the hot rows), their
-    shares summed; a runtime's helper kernels apart (they are not the program's compute)."""
+    shares and times at stake summed (at most the window); a runtime's helper kernels apart (they are not the
+    program's compute)."""
     groups: dict[tuple[int | None, bool], list[Finding]] = {}
     for f in statements:
         groups.setdefault((f.device, "runtime" in f.tags), []).append(f)
-    return [group[0] if len(group) == 1 else _merged(group) for group in groups.values()]
+    return [group[0] if len(group) == 1 else _merged(group, window_ns) for group in groups.values()]
 
 
-def _merged(group: list[Finding]) -> Finding:
+def _merged(group: list[Finding], window_ns: int) -> Finding:
     kernel_pct = round(sum(float(f.evidence["kernel_time_pct"]) for f in group), 1)
     window_pct = round(sum(float(f.evidence["window_pct"]) for f in group), 1)
     where = f" on device {group[0].device}" if group[0].device is not None else ""
     title = (f"{len(group)} kernels take {kernel_pct:.1f}% of kernel time and {window_pct:.1f}% of the window{where}: "
              + " | ".join(f"{i}) {f.title}" for i, f in enumerate(group, start=1)))
     tags = list(dict.fromkeys(t for f in group for t in f.tags))
+    stake = min(sum(f.time_at_stake_ns for f in group), window_ns)
     return group[0].model_copy(update={
         "title": title, "tags": tags, "severity": max((f.severity for f in group), key=SEVERITY_ORDER.index),
+        "time_at_stake_ns": stake,
         "evidence": {**group[0].evidence, "hot_kernels": len(group), "hot_kernel_time_pct": kernel_pct,
-                     "hot_window_pct": window_pct}})
+                     "hot_window_pct": window_pct, **({"launch_loss_ns": stake} if stake else {})}})
 
 
 def read(kernels: list[KernelFill], hot_names: set[str], window_ns: int) -> list[KernelFill]:
@@ -282,5 +361,5 @@ def findings(hot: list[Hot], kernels: list[KernelFill], window_ns: int, command:
     device."""
     grids = undersized(kernels, window_ns, command, vendor)
     named = {f.evidence["kernel"] for f in grids}
-    return grids + one_per_device([statement(h, kernels, command, vendor, training) for h in hot
-                                   if h.short_name not in named])
+    return grids + one_per_device([statement(h, kernels, window_ns, command, vendor, training) for h in hot
+                                   if h.short_name not in named], window_ns)

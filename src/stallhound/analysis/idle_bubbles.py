@@ -6,6 +6,9 @@ work already queued) may still overlap what the launching process did on any of 
 operators) that launched no GPU work. The bubble names the largest such activity with the time it overlaps, and the
 time the process was seen doing anything in the pieces; only where nothing overlaps does it say nothing was seen, and
 then what to capture to see it, and it is tagged UNSEEN (common.leads_first ranks it after findings with evidence).
+A bubble mostly queued (its gaps' next work launched before the device ran dry: the device waited on something the
+trace does not show, not on the host) with the host seen in less than MOSTLY of it is tagged UNSEEN too: the trace
+holds no evidence of most of its cause.
 """
 from __future__ import annotations
 
@@ -20,9 +23,12 @@ from stallhound.analysis.attribution import HOST_PROBE_BUCKET_NS, Attribution
 from stallhound.analysis.common import UNSEEN, Scope, ms
 from stallhound.model.sql_files import sql_beside
 
-UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy: memory_transfers')
+UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host did (pageable_copy, small_copy:
+# memory_transfers')
 CAPTURE = ("to see what the host did, capture CPU samples with call stacks (nsys `-s cpu --cudabacktrace=all`, or "
            "torch.profiler with `with_stack=True`)")
+MOSTLY = 0.5  # a share of the bubble above half is most of it
+QUEUED = "queued"  # the tag of a bubble mostly queued: the fix looks for what the device waited on (book gpu-bubbles)
 SQL = sql_beside(__package__, "idle_bubbles.sql")
 Interval = tuple[int, int]
 
@@ -105,9 +111,10 @@ def host_seen(con: duckdb.DuckDBPyConnection, scope: Scope, attr: Attribution) -
     return out
 
 
-def words(ns: int, waits_ns: int, seen: HostSeen) -> tuple[str, dict, list[str]]:
+def words(ns: int, waits_ns: int, queued_ns: int, seen: HostSeen) -> tuple[str, dict, list[str]]:
     """What the bubble's title says was seen on the host in its `ns` (waits_ns of it in OS waits of the launching
-    thread), its evidence and tags; the seen times clipped to ns (a one-time cost or a collection pause took part)."""
+    thread, queued_ns in gaps whose next work was queued), its evidence and tags; the seen times clipped to ns (a
+    one-time cost or a collection pause took part)."""
     seen_ns, top_ns = min(seen.seen_ns, ns - waits_ns), min(seen.top_ns, ns - waits_ns)
     parts = ([f"{ms(waits_ns)} of it with the launching thread in OS waits (futex, poll, read, ...), on what the trace "
               "does not show: no data loader is seen"] if waits_ns else [])
@@ -115,7 +122,14 @@ def words(ns: int, waits_ns: int, seen: HostSeen) -> tuple[str, dict, list[str]]
         parts.append(f"{ms(seen_ns)} of it{' more' if waits_ns else ''} with a thread of the launching process inside "
                      "a CUDA call or a range that launched no GPU work; the most, in all its calls or ranges: "
                      f"{seen.top}, {ms(top_ns)}")
-    evidence = {"host_seen_ns": seen_ns, **({"host_top": seen.top, "host_top_ns": top_ns} if seen_ns else {})}
-    if parts:
-        return "; ".join(parts), evidence, []
-    return f"nothing of the launching process seen on the host: {CAPTURE}", evidence, [UNSEEN]
+    elif not waits_ns:
+        parts.append(f"nothing of the launching process seen on the host: {CAPTURE}")
+    queued_ns = min(queued_ns, ns)
+    queued = queued_ns >= MOSTLY * ns
+    if queued:
+        parts.append(f"{ms(queued_ns)} of it before work already queued: the device waited on something the trace "
+                     "does not show (an event of another stream, another process or rank), not on the host")
+    evidence = {"host_seen_ns": seen_ns, **({"host_top": seen.top, "host_top_ns": top_ns} if seen_ns else {}),
+                **({"queued_ns": queued_ns} if queued else {})}
+    unseen = not (waits_ns or seen_ns) or (queued and waits_ns + seen_ns < MOSTLY * ns)
+    return "; ".join(parts), evidence, [*([UNSEEN] if unseen else []), *([QUEUED] if queued else [])]

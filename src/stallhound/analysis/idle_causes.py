@@ -1,24 +1,16 @@
-"""Which root causes explain the devices' idle time? Findings built from the idle attribution. Every idle finding comes
-from here, whichever tool shows it (gpu_idle_gaps shows them all, sync_analysis and kernel_launch_overhead the ones they
-measure), so the figures always agree. Each root cause claims the idle time of its gap causes (analysis/attribution.py)
-on one device; causes never share nanoseconds, so findings never count the same nanoseconds twice. A finding fires only
-when its claim is worth reporting (rules.MIN_STAKE_PCT of the window) and its own precondition holds. cpu-bottleneck's
-fix is about launching (tag launch) only where the launch calls can pace the device (PACING_RATIO of their kernels' time
-or more); else late launches wait on other host work (host-cpu). small-kernel-overhead offers a CUDA graph first (tag
-same-steps) where every step in the window runs the same kernels (step_repeats) and launch gaps hold GRAPH_LAUNCH_SHARE
-of the window; else the fixes that fuse kernels. dataloader-starvation needs evidence of a data loader: its ranges cover
-the gap (input_wait), or the launching thread waits in OS calls (host_wait) in a program whose trace shows a loader
-(input_pipeline). Outside the loop's steady state, the stretches before a device's first work and after its last are
-start-up and teardown, and an allocation or code load paid once or twice is one-time setup (profiler-window-on-warmup),
-never a bubble. gpu-bubbles takes the gaps of 1 ms or more that no cause explains: nothing traced on the host, waits on
-other work, OS waits in a program without a loader; it names what the launching process was inside meanwhile
-(idle_bubbles). gc-pauses needs a Python program and periodic gaps of 1 ms or more in which the host did nothing traced,
-recurring less often than every step when the step is known. When the window lost a real share of its kernel records
-(trace_quality.lost_kernels), or the trace holds only a sample of its CUDA calls (trace_quality.sampled_calls), every
-idle finding is demoted to info, as part of its idle time ran work the trace does not show. Blocking calls that waited
-for work the device held (held gaps) say so, and reads mostly held get tag held. excessive-synchronization needs its
-calls to recur (_recurring_syncs): the one sync at the loop's end is paid once.
-"""
+"""Which root causes explain the devices' idle time? Every idle finding comes from here, so tools agree: each root cause
+claims its gap causes' idle time (analysis/attribution.py) on one device, and causes never share nanoseconds. A finding
+fires when its claim is worth reporting (rules.MIN_STAKE_PCT) and its precondition holds: cpu-bottleneck's fix is about
+launching only where launch calls can pace the device (PACING_RATIO); small-kernel-overhead offers a CUDA graph first
+where every step runs the same kernels and launch gaps hold GRAPH_LAUNCH_SHARE of the window; dataloader-starvation
+needs evidence of a loader (its ranges cover the gap, or OS waits in a program that shows one);
+excessive-synchronization needs recurring calls; gc-pauses needs a Python program and periodic untraced gaps rarer than
+every step. Outside the loop's steady state, the stretches before a device's first work and after its last are start-up
+and teardown, and an allocation, code load or initialisation (a library's first use) paid once or twice is one-time
+setup (profiler-window-on-warmup), never a bubble. gpu-bubbles takes the gaps of 1 ms or more no cause explains and
+names what the launching process was inside meanwhile (idle_bubbles). Idle findings are info where the window lost
+kernel records or sampled its calls (trace_quality). Blocking calls that waited for work the device held say so (tag
+held)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -44,6 +36,7 @@ from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
 from stallhound.analysis.step_repeats import SameSteps
 from stallhound.analysis.trace_quality import LostKernels, SampledCalls
+from stallhound.formats.remedy import remedy
 
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
 BUBBLES_PCT = 10.0  # book gpu-bubbles: unexplained idle above a tenth of the window is worth chasing
@@ -53,12 +46,13 @@ TINY_MIN_GAPS = 100  # launch gaps between tiny kernels: a pattern of many launc
 GRAPH_LAUNCH_SHARE = 0.5  # book small-kernel-overhead: launch gaps holding half the window or more pace the step, and
 # when every step runs the same kernels (step_repeats) one graph replay per step removes them: offered first
 JIT_FRAMEWORKS = {"Triton", "nvFuser", "XLA (JAX/TensorFlow)", "CuPy", "Numba"}  # compile kernels at run time
-BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy"}  # causes that name a blocking call (they count calls)
+BLOCKING = {"sync", "sync_copy", "readback", "pageable_copy", "small_copy"}  # name a blocking call (count calls)
 LOOP_STEPS = 2  # a window of two steps or more: a call seen once in it is not paid per step
 GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-generation pass, which fires on every
 # 10th younger one at most (CPython's thresholds 700/10/10): every other step or rarer, never in every step
 PACING_RATIO = 0.1  # book cpu-bottleneck: launch calls taking under a tenth of their kernels' time issue the work ten
 # times faster than the device runs it, so they cannot pace it: what keeps launches late is other host work
+INIT_DOING = "creating streams, events or contexts (a library's first use)"  # what the init cause is (attribution)
 
 @dataclass(frozen=True)
 class Seen:
@@ -72,6 +66,7 @@ class Seen:
     # one kernel sequence (step_repeats); computed only where tiny kernels' launch gaps could fire a finding
     host: dict[tuple[int, bool], HostSeen] = field(default_factory=dict)  # per (device, edges in): the launching
     # process's activity in the unexplained idle (idle_bubbles.host_seen)
+    unsampled: str | None = None  # no CPU samples (CPU work seen by the scheduler only): the capture that records them
 
 
 @dataclass(frozen=True)
@@ -179,9 +174,18 @@ def _tiny_title(d: DeviceIdle, ns: int, c: Context) -> str:
             f"their launches{steps}")
 
 
+def _unseen_cpu(d: DeviceIdle, ns: int, c: Context) -> str:
+    """Where most of the idle is CPU work the scheduler alone shows: its gaps, and that what it ran is unseen."""
+    longest = f", the longest {ms(d.longest['host_cpu'])}" if d.longest.get("host_cpu") else ""
+    return (f" in {counted(_gaps(d, 'host_cpu'), 'gap')}{longest}: the scheduler shows the launching thread on a CPU "
+            "outside CUDA calls, but with no CPU samples the trace cannot say what it ran (capture with "
+            f"{c.seen.unsampled})") if 2 * d.ns("host_cpu") >= ns and c.seen.unsampled else ""
+
+
 def _host_title(d: DeviceIdle, ns: int, c: Context) -> str:
     ops = d.ns("host_op")
-    parts = [_launching(d, c), *([f"CPU work {ms(d.ns('host_cpu'))}"] if d.ns("host_cpu") or not ops else []),
+    parts = [_launching(d, c), *([f"CPU work {ms(d.ns('host_cpu'))}{_unseen_cpu(d, ns, c)}"]
+                                 if d.ns("host_cpu") or not ops else []),
              *([f"inside framework operators that launched no GPU work {ms(ops)}"] if ops else [])]
     return f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: {', '.join(parts)}"
 
@@ -265,37 +269,41 @@ def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = Fals
     context = Context(program, in_loop, seen, step_ns)
     out: list[Finding] = []
     for d in (_off_step(d if in_loop else d.without_edges(), step_ns) for d in idle.values()):
-        d, setup, rest_ns = _one_time(d, in_loop)
+        d, setup, rest = _one_time(d, in_loop)
         found, fired = _claimed(d, context)
-        found += _setup(d, setup, rest_ns) + _bubbles(d, fired, context)
+        found += _setup(d, setup, *rest) + _bubbles(d, fired, context)
         missing = trace_quality.missing_work(seen.lost, seen.sampled)
         out += [trace_quality.not_ranked(f, seen.lost, seen.sampled) for f in found] if missing else found
     return out
 
 
-SetupCost = tuple[Claim, int, int]  # a recurring claim's one-time part: (claim, ns, gaps)
+SetupCost = tuple[str, str, int, int]  # a one-time cost: (cause, what the host was doing, ns, gaps)
+ONE_TIME = (*((c.causes[0], c.doing) for c in CLAIMS if c.recurs), ("init", INIT_DOING))  # (cause, doing)
 
 
-def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost], int]:
-    """Outside the loop, the one-time part of each recurring claim's cause taken out of d: all of it when seen in
+def _one_time(d: DeviceIdle, in_loop: bool) -> tuple[DeviceIdle, list[SetupCost], tuple[int, int]]:
+    """Outside the loop, the one-time part of each ONE_TIME cause taken out of d: all of it when seen in
     fewer than RECURRING_MIN_GAPS gaps, else its longest gap when that one holds ONCE_SHARE of its time (a cost paid
-    once, and the rest recurring); and, returned apart, the rest of each such longest gap (attribution.rest_of_gaps)."""
+    once, and the rest recurring); and, returned apart, the rest of each such longest gap (attribution.rest_of_gaps)
+    and how many gaps it lies in."""
     if in_loop:
-        return d, [], 0
+        return d, [], (0, 0)
     causes, setup, took = dict(d.causes), [], {}  # took: cause -> the longest gap its setup took
-    for claim in (claim for claim in CLAIMS if claim.recurs):
-        [cause] = claim.causes
+    for cause, doing in ONE_TIME:
         if cause not in causes:
             continue
         t, longest = causes[cause], d.longest.get(cause, 0)
         ns, gaps = ((t.ns, t.gaps) if t.gaps < RECURRING_MIN_GAPS else
                     (longest, 1) if longest >= ONCE_SHARE * t.ns else (0, 0))
         if ns:
-            setup.append((claim, ns, gaps))
+            setup.append((cause, doing, ns, gaps))
             causes[cause] = replace(t, ns=t.ns - ns, gaps=t.gaps - gaps, long_ns=max(0, t.long_ns - ns))
             took.update({cause: d.longest_gap[cause][0]} if cause in d.longest_gap else {})
-    causes, rest = attribution.rest_of_gaps(d, causes, took)
-    return replace(d, causes={c: t for c, t in causes.items() if t.ns > 0}), setup, rest
+    rests = []
+    for gap_id in sorted(set(took.values())):  # gap by gap, to say in how many the rest lies
+        causes, rest = attribution.rest_of_gaps(d, causes, {c: g for c, g in took.items() if g == gap_id})
+        rests += [rest] if rest else []
+    return replace(d, causes={c: t for c, t in causes.items() if t.ns > 0}), setup, (sum(rests), len(rests))
 
 
 def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
@@ -316,25 +324,27 @@ def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
     return out, fired
 
 
-def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int) -> list[Finding]:
+def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int, rest_gaps: int) -> list[Finding]:
     """One-time costs the attribution names (allocation, loading or compiling code, paid once in a window that is
     not the loop's steady state), with the rest of a gap paid once (rest_ns): the window holds setup."""
-    ns = sum(n for _, n, _ in setup) + (rest_ns if setup else 0)
+    ns = sum(n for _, _, n, _ in setup) + (rest_ns if setup else 0)
     if not rules.worth_reporting(ns, d.window_ns):
         return []
-    parts = ", ".join(f"{claim.doing} {ms(n)} in {counted(gaps, 'gap')}" for claim, n, gaps in setup)
-    parts += f", and {ms(rest_ns)} more in the same setup gap" if rest_ns else ""
+    parts = ", ".join(f"{doing} {ms(n)} in {counted(gaps, 'gap')}" for _, doing, n, gaps in setup)
+    where = "those setup gaps" if rest_gaps > 1 else "the same setup gap"
+    parts += f", and {ms(rest_ns)} more in {where}" if rest_ns else ""
     title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts}), not in a "
              "loop: a window over the steady state leaves it out")
-    loading = sum(n for claim, n, _ in setup if claim.causes == ("jit",))
+    loading = sum(n for cause, _, n, _ in setup if cause == "jit")
     return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup"],
-                     {"gaps": sum(g for _, _, g in setup), "loading_ns": loading})]
+                     {"gaps": sum(g for _, _, _, g in setup), "loading_ns": loading})]
 
 
 def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
     """The long gaps no cause explains: nothing traced on the host, or waits on other work (queued), or OS waits of
-    the launching thread in a program with no data loader (on what, the trace does not say)."""
-    causes = UNEXPLAINED if c.seen.loader else (*UNEXPLAINED, "host_wait")
+    the launching thread in a program with no data loader (on what, the trace does not say), or initialisation that
+    recurs (no finding claims it)."""
+    causes = (*UNEXPLAINED, "init") if c.seen.loader else (*UNEXPLAINED, "init", "host_wait")
     ns = sum(d.causes[cause].long_ns for cause in causes if cause in d.causes)
     if "gc-pauses" in fired:
         ns -= _periodic(d, ("host_untraced",))
@@ -342,7 +352,8 @@ def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
     if not (rules.worth_reporting(ns, d.window_ns) and worth_chasing):
         return []
     waits = d.causes["host_wait"].long_ns if "host_wait" in causes and "host_wait" in d.causes else 0
-    seen, evidence, tags = idle_bubbles.words(ns, waits, c.seen.host.get((d.device, c.in_loop), HostSeen()))
+    queued = d.causes["queued"].long_ns if "queued" in d.causes else 0
+    seen, evidence, tags = idle_bubbles.words(ns, waits, queued, c.seen.host.get((d.device, c.in_loop), HostSeen()))
     title = (f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} in gaps of 1 ms or more that the idle "
              f"attribution cannot explain ({seen})")
     return [_finding(d, "gpu-bubbles", ns, title, tags, {"device_idle_ns": d.idle_ns, **evidence})]
@@ -378,9 +389,12 @@ def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = No
     attr = attribution.attribute(con, scope) if scope.devices else None
     idle = attr.devices if attr else {}
     tiny = any(_gaps(d, "launch_tiny") >= TINY_MIN_GAPS for d in idle.values())
+    found = program.detect(con)
+    unsampled = (remedy(con, ("python_samples",) if _python(found) else ("cpu_samples",))
+                 if rules.missing(con, ("cpu_samples",)) else None)
     seen = Seen(input_pipeline.evidence(con), trace_quality.lost_kernels(con, scope.start_ns, scope.end_ns),
                 trace_quality.sampled_calls(con, scope.start_ns, scope.end_ns),
                 launch_pace.launches(con, scope) if scope.devices else {},
                 step_repeats.same_steps(con, scope) if tiny else {},
-                idle_bubbles.host_seen(con, scope, attr) if attr else {})
-    return IdleBasis(idle, program.detect(con), step_ns, seen)
+                idle_bubbles.host_seen(con, scope, attr) if attr else {}, unsampled)
+    return IdleBasis(idle, found, step_ns, seen)

@@ -3,7 +3,8 @@
 Kernels: what is tiny (TINY_KERNEL_NS) and what is a hotspot (HOTSPOT_PCT). Host calls: which synchronize
 calls reach the whole device, a stream or an event (sync_scope, SYNC_SCOPE_SQL); which copy calls block the
 host (BLOCKING_COPY_SQL), which synchronize belongs to the device-to-host copy before it (READBACK_FOLLOW_NS) and
-how small such a read is (SMALL_READ_BYTES); which OS-runtime calls are waits (WAIT_CALLS). Unified memory: which
+how small such a read is (SMALL_READ_BYTES); from what size a copy from pageable memory pays for its staging
+(PAGEABLE_STAGED_BYTES, staged_sql); which OS-runtime calls are waits (WAIT_CALLS). Unified memory: which
 migrations the driver issued rather than the host (DRIVER_MIGRATION_SQL), and those a host thread's touch caused
 (HOST_TOUCH_SQL). Findings: the least time at stake worth
 reporting (MIN_STAKE_PCT) and the severity cutoff by share of the window (severity). Capture: what the profile lacks
@@ -40,6 +41,11 @@ BLOCKING_COPY_SQL = "({name} NOT LIKE '%Async%' OR {pageable})"
 READBACK_FOLLOW_NS = 100_000  # 100 us: a synchronize this soon after a device-to-host copy waits for its result
 SMALL_READ_BYTES = 1024  # a device-to-host copy this small reads back a scalar or a handful of values (.item(), a
 # metric): the host wants a value, not data; larger blocking copies are plain synchronous copies
+PAGEABLE_STAGED_BYTES = 64 << 10  # 64 KiB: below this a copy from pageable memory costs its fixed latency, as a pinned
+# one does (on the corpus's and fixtures' exports copies up to 32 KiB take 1-3 us pageable and 1-5 us pinned), and
+# staging it through the driver's pinned buffer at 5-15 GB/s adds under ~5 us; from 64 KiB up the staging bandwidth
+# sets the time (pageable copies of MiBs run at 2-13 GB/s, pinned ones at 14-53 GB/s), so only there does pinning save
+# time. The driver draws the same line: a pageable host-to-device copy of 64 KiB or less is staged and returned at once.
 # A unified-memory migration the host did not start at that moment: a prefetch it asked for earlier, the driver's answer
 # to a fault of GPU work, an eviction. Only pages a host thread itself touched (to the host, by a fault or the driver's
 # speculation around it; an unknown cause may be one) are the host's doing. Before the others the device waits on the
@@ -69,6 +75,12 @@ def blocking_copy_sql(name: str, pageable: str) -> str:
     return BLOCKING_COPY_SQL.format(name=name, pageable=pageable)
 
 
+def staged_sql(nbytes: str) -> str:
+    """SQL, true when a pageable copy of `nbytes` (a column) pays for its staging: PAGEABLE_STAGED_BYTES or more, or
+    of unknown size (ROCm traces record copies without it), which the trace cannot show to be small."""
+    return f"coalesce(nullif({nbytes}, 0) >= {PAGEABLE_STAGED_BYTES}, true)"
+
+
 def worth_reporting(stake_ns: int, window_ns: int) -> bool:
     return pct(stake_ns, window_ns) >= MIN_STAKE_PCT
 
@@ -83,11 +95,14 @@ class Missing(BaseModel):
     capture_flag: str
 
 
-MISSING_SQL = ("SELECT data, capture_flag FROM capabilities WHERE NOT present "
+MISSING_SQL = ("SELECT data, capture_flag FROM capabilities c WHERE NOT present "
+               "AND NOT EXISTS (SELECT 1 FROM capabilities o WHERE o.present AND o.capture_flag = c.capture_flag) "
                "AND ($data IS NULL OR list_contains($data, data)) ORDER BY data")
 
 
 def missing(con: duckdb.DuckDBPyConnection, among: tuple[str, ...] | None = None) -> list[Missing]:
-    """The data the capture lacks (only those in `among`, when given), each with the capture option that records it."""
+    """The data the capture lacks (only those in `among`, when given), each with the capture option that records it.
+    Data whose option recorded other data here is not lacking: the option was on and the program made none of it
+    (a capture with CUDA calls but no copy has no copy to record), so asking for the option again would mislead."""
     rows = con.execute(MISSING_SQL, {"data": None if among is None else list(among)}).fetchall()
     return [Missing(data=d, capture_flag=f) for d, f in rows]

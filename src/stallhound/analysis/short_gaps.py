@@ -35,7 +35,7 @@ class ShortGaps:
             if hi > lo:
                 self.spans[int(thread[lo, 0]), int(thread[lo, 1])] = (
                     spans["start_ns"][lo:hi], spans["until_ns"][lo:hi], spans["reach_ns"][lo:hi],
-                    spans["end_ns"][lo:hi], cause[lo:hi], name[lo:hi], spans["resume_ns"][lo:hi])
+                    spans["end_ns"][lo:hi], cause[lo:hi], name[lo:hi])
         self.counted: dict[tuple[int, str, str | None], list[int]] = {}
         self.calls: dict[tuple[int, str], set[tuple[int, int, int]]] = {}  # (device, cause) -> (pid, tid, call start)
 
@@ -56,13 +56,13 @@ class ShortGaps:
         cut, alloc_ns = ends.copy(), np.zeros(len(at), dtype=np.int64)  # where the call's piece ends; then allocation
         driver = launched == gap_pass.DRIVER_TIME
         busy_from = gaps["busy_from_ns"][at]
-        for key, (starts, untils, reaches, call_ends, causes, names, resumes) in self.spans.items():
+        for key, (starts, untils, reaches, call_ends, causes, names) in self.spans.items():
             mine = np.flatnonzero((pid == key[0]) & (tid == key[1]) & ~touched)
             if not len(mine):
                 continue
             span = np.searchsorted(starts, begins[mine], side="right") - 1
             pos = np.maximum(span, 0)
-            woken = ((begins[mine] < reaches[pos]) & (launched[mine] <= reaches[pos]) & (begins[mine] < resumes[pos])
+            woken = ((begins[mine] < reaches[pos]) & (launched[mine] <= reaches[pos])
                      & (busy_from[mine] < call_ends[pos]))  # in its wake (CALLS_SQL's spanned)
             inside = (span >= 0) & ((begins[mine] < untils[pos]) | woken)
             cause[mine[inside]], call[mine[inside]] = causes[span[inside]], names[span[inside]]
@@ -74,7 +74,7 @@ class ShortGaps:
             split, b = mine[blocked], span[blocked]
             cut[split], alloc_ns[split] = self._allocs((starts, untils, causes), b, ends[split])
             cut[split] = np.minimum(cut[split], self._piece_end(
-                begins[split], ends[split], (starts[b], call_ends[b], resumes[b]), busy_from[split]))
+                begins[split], ends[split], (starts[b], call_ends[b]), busy_from[split]))
         split = cut < ends
         rest = ends - cut - alloc_ns  # after the call's piece and the allocation calls' own time: the late launch
         self._count(device, cause, call, np.where(split, cut - begins, duration[at]))
@@ -88,11 +88,11 @@ class ShortGaps:
     def _piece_end(self, begins: np.ndarray, ends: np.ndarray, calls: tuple[np.ndarray, ...],
                    busy_from: np.ndarray) -> np.ndarray:
         """Where the blocking call's piece of each gap ends (gap_causes.sql's piece_ns): its in-call idle, then its
-        turnaround until the thread's next call begins ($resume_max at most), no longer than the device's busy stretch
-        inside the call before the gap (the work the call waited for, which that host time would have overlapped)."""
-        call_starts, call_ends, resumes = calls
+        turnaround ($resume_max at most), no longer than the device's run of work inside the call before the gap (the
+        work the call waited for, which that host time, the next launch's latency included, would have overlapped)."""
+        call_starts, call_ends = calls
         after = np.maximum(begins, call_ends)
-        stop = np.minimum(np.minimum(ends, call_ends + self.resume_max_ns), resumes)
+        stop = np.minimum(ends, call_ends + self.resume_max_ns)
         waited = np.maximum(0, np.minimum(begins, call_ends) - np.maximum(call_starts, busy_from))
         return np.minimum(ends, after + np.minimum(np.maximum(0, stop - after), waited))
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import duckdb
 
 from stallhound.analysis.common import Finding, Window, ms, pct
-from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS, LOAD_SOURCE
+from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS, LOAD_SOURCE, TIME_LIMIT_NOTE
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row
 
@@ -77,7 +77,8 @@ SELECT count(*) FILTER (WHERE step >= $skip), count(step) FROM steps
 """
 LOAD_NOTES_SQL = f"SELECT text FROM diagnostics WHERE source = '{LOAD_SOURCE}' ORDER BY rowid"
 CUDA_EVENTS_LOST = "Not all CUDA events might have been collected"  # nsys's own word that its CUDA trace has holes
-LOST_EVENTS_SQL = "SELECT min(text) FROM diagnostics WHERE contains(text, $words)"
+LOST_EVENTS_SQL = """SELECT min(text) FILTER (WHERE contains(text, $words)),
+  count(*) FILTER (WHERE source = $load AND starts_with(text, $cut)) > 0 FROM diagnostics"""
 LAST_API_SQL = "SELECT name, end_ns FROM cuda_api ORDER BY end_ns DESC LIMIT 1"
 GPU_INFO_SQL = "SELECT capture_flag FROM capabilities WHERE data = 'gpu_info' AND NOT present"
 
@@ -174,14 +175,18 @@ def _launches(con: duckdb.DuckDBPyConnection, t: _Trace) -> int:
 
 def _lost_cuda_events(con: duckdb.DuckDBPyConnection, t: _Trace) -> list[str]:
     """A capture without kernels whose nsys says it lost CUDA events: the absence of GPU work is the trace's."""
-    said = one_row(con.execute(LOST_EVENTS_SQL, {"words": CUDA_EVENTS_LOST}))[0]
+    said, cut = one_row(con.execute(LOST_EVENTS_SQL, {"words": CUDA_EVENTS_LOST, "load": LOAD_SOURCE,
+                                                       "cut": TIME_LIMIT_NOTE}))
     if said is None:
         return []
+    why = ("nsys's timer stopped the capture while the program ran (the note on its time limit), so the records its "
+           "process still held were lost: re-capture as that note says" if cut else
+           "re-capture with an nsys release that matches the CUDA driver and runtime, with no other profiler "
+           "attached to the process, and read nsys's diagnostics for the cause")
     return [f"nsys reports that its CUDA trace of this capture is incomplete (its diagnostics: {said!r}): the export "
             f"holds {t.api_calls:,} CUDA calls, {t.memcpy:,} copies and {t.memset:,} memsets but no kernel, so the "
             "missing GPU work is the trace's, not the program's, and nothing about the GPU can be concluded from it; "
-            "re-capture with an nsys release that matches the CUDA driver and runtime, with no other profiler "
-            "attached to the process, and read nsys's diagnostics for the cause"]
+            f"{why}"]
 
 
 def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture: Window, derived: str | None) -> list[str]:

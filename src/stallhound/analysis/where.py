@@ -9,7 +9,8 @@ threads that launched the device's work in the window, as the idle attribution j
 - alloc-in-loop, module-loading-hot-path, torch-compile-recompilation: its threads' allocation or free calls, module
   loads; share of their host time;
 - small-kernel-overhead: the launch calls of the device's kernels; share of their host time;
-- pageable-host-memory, excessive-h2d-transfers: the device's copies from pageable memory, host-to-device (many-small:
+- pageable-host-memory, excessive-h2d-transfers: the device's copies from pageable memory (those that pay for their
+  staging: rules.staged_sql), host-to-device (many-small:
   of SMALL_UPLOAD_BYTES or less), each placed by its copy call; share of the calls' host time;
 - dataloader-starvation: its threads' OS-runtime waits (rules.WAIT_CALLS); share of their time;
 - cpu-bottleneck (CPU work in the gaps): its threads' CPU samples taken while the device idled between two pieces of
@@ -65,7 +66,7 @@ COPIES = """chosen AS (
                            WHERE kind = 'memcpy' GROUP BY ALL) a USING (pid, correlation_id)
   WHERE m.device_id IN (SELECT unnest($devices)) AND m.start_ns >= $start AND m.start_ns < $end
     AND ($direction IS NULL OR m.direction = $direction) AND (NOT $pageable OR 'pageable' IN (m.src_kind, m.dst_kind))
-    AND ($max_bytes IS NULL OR m.bytes <= $max_bytes)
+    AND ($max_bytes IS NULL OR m.bytes <= $max_bytes) AND (NOT $staged OR """ + rules.staged_sql("m.bytes") + """)
   GROUP BY m.pid, m.correlation_id, CASE WHEN m.correlation_id IS NULL THEN m.start_ns END)"""
 OS_WAITS = THREADS_IN + """chosen AS (
   SELECT o.stack_id, o.duration_ns AS time_ns FROM os_runtime o JOIN threads_in USING (pid, tid)
@@ -90,7 +91,7 @@ class EventSet:
 
 
 BLOCKED_BASIS = "blocked time"
-COPY_ARGS = {"direction": None, "pageable": False, "max_bytes": None}
+COPY_ARGS = {"direction": None, "pageable": False, "max_bytes": None, "staged": False}
 LAUNCHES = EventSet(LAUNCH_CALLS, "launch calls of the device's kernels", "host time")
 SAMPLES = EventSet(IDLE_SAMPLES, "CPU samples of the launching threads while the device idled", "samples",
                    counted=True)
@@ -103,8 +104,9 @@ SETS = {
     "module-loading-hot-path": EventSet(API_KIND, "module loads", "host time", {"kind": "module"}),
     "torch-compile-recompilation": EventSet(API_KIND, "module loads", "host time", {"kind": "module"}),
     "small-kernel-overhead": LAUNCHES,
-    "pageable-host-memory": EventSet(COPIES, "copies from pageable memory", "copy calls' host time",
-                                     {**COPY_ARGS, "pageable": True}),
+    "pageable-host-memory": EventSet(COPIES, f"copies of {rules.PAGEABLE_STAGED_BYTES >> 10} KiB or more from "
+                                     "pageable memory", "copy calls' host time",
+                                     {**COPY_ARGS, "pageable": True, "staged": True}),
     "excessive-h2d-transfers": EventSet(COPIES, "host-to-device copies", "copy calls' host time",
                                         {**COPY_ARGS, "direction": "H2D"}),
     "dataloader-starvation": EventSet(OS_WAITS, "OS waits of the launching threads", "wait time",

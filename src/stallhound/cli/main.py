@@ -57,10 +57,18 @@ def without_pandas() -> None:
     sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]  # None in sys.modules: "not importable"
 
 
+def single_threaded_blas() -> None:
+    """One OpenBLAS thread unless the environment says otherwise. numpy's OpenBLAS starts a thread per core when numpy
+    is imported (CPU time every command pays, more with more cores), and nothing stallhound runs calls BLAS (no
+    matrix products: numpy is used for element-wise passes over arrays)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     allocator.tune()
     without_pandas()
+    single_threaded_blas()
     try:
         return args.run(args)
     except StallhoundError as exc:

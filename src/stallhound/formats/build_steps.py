@@ -4,9 +4,10 @@ declared progress steps, and cancellation by an event."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar
 
 import duckdb
 
@@ -38,14 +39,35 @@ class BuildSteps:
     it stops the build at the next query or step."""
 
     steps: tuple[str, ...]
+    settings: ClassVar[Settings] = {}  # a format's own connection settings, beside BUILD_SETTINGS
 
     def __init__(self, source: Path, out: Path, progress: Progress | None, memory_limit: str,
                  cancelled: threading.Event | None = None):
         self.source, self.progress = source, progress
-        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, "memory_limit": memory_limit})
+        self.con = duckdb.connect(str(out), config={**OFFLINE, **BUILD_SETTINGS, **self.settings,
+                                                   "memory_limit": memory_limit})
         self.con.execute(NO_PROGRESS_BAR)
         self.cancelled = cancelled or threading.Event()
         self.done = 0
+        self.batched = False  # whether batch() makes its block one transaction
+
+    @contextmanager
+    def batch(self, cur: duckdb.DuckDBPyConnection | None = None) -> Iterator[None]:
+        """The block's statements on `cur` (else the build's connection) as one transaction when the build is
+        `batched`: DuckDB syncs its write-ahead log to disk at each commit, and a statement outside a transaction is
+        its own commit (tens of syncs: on a busy disk, a small build's largest wait). A failed block leaves its
+        transaction open: closing the connection (running) throws it away with the unfinished model."""
+        if not self.batched:
+            yield
+            return
+        (cur or self.con).execute("BEGIN TRANSACTION")
+        yield
+        (cur or self.con).execute("COMMIT")
+
+    def in_batch(self, work: Callable[[duckdb.DuckDBPyConnection], None], cur: duckdb.DuckDBPyConnection) -> None:
+        """`work(cur)` as one batch (a build's side, on its own cursor and thread)."""
+        with self.batch(cur):
+            work(cur)
 
     @contextmanager
     def running(self) -> Iterator[None]:

@@ -11,6 +11,8 @@ from stallhound.formats.comm_kernels import IS_COMM_SQL
 from stallhound.model.duck import one_row
 
 LOAD_SOURCE = "stallhound"  # diagnostics.source of the notes a build writes about what it left out
+TIME_LIMIT_NOTE = "nsys stopped this capture at its time limit"  # how a build's note on a capture the profiler's
+#                                                                  timer ended (not the program) begins
 # Kernel categories, decided once per distinct name: 'nccl' for communication kernels of every family of
 # formats/comm_kernels.py (NCCL and the libraries beside it), copy-like by the memcpy/memset/copy/fill wording
 # PyTorch and CUDA use for data-movement kernels.
@@ -52,10 +54,11 @@ DATA_TABLES: dict[str, str] = {
     "gpu_info": "gpus",
 }
 # What a remedy may ask a capture for besides the capabilities' data: each kernel inside a CUDA graph on its own,
-# and a capture kept to the program's GPU phase.
+# a capture kept to the program's GPU phase, and CPU samples with the Python frames they ran.
 KERNELS_IN_GRAPHS = "kernels_in_graphs"
 GPU_PHASE = "gpu_phase"
-NEEDS = (*(d for d in DATA_TABLES if d != "gpu_info"), KERNELS_IN_GRAPHS, GPU_PHASE)
+PYTHON_SAMPLES = "python_samples"
+NEEDS = (*(d for d in DATA_TABLES if d != "gpu_info"), KERNELS_IN_GRAPHS, GPU_PHASE, PYTHON_SAMPLES)
 GPU_INFO_SQL = "SELECT count(*), count(name) FROM gpus"
 
 

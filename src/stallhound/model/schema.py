@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 17  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 18  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)

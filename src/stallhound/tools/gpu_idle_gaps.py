@@ -4,7 +4,8 @@ Over the window (default: GPU-active), a device is idle where none of its kernel
 (the union of their intervals); every idle stretch (a gap, including the stretches before the device's first
 and after its last operation) gets one cause from analysis/attribution.py, which says how each is decided (a gap
 begun inside a blocking call whose host resumed late gives that late part, late_ns, a second cause; so does the
-part of a jit or profiler gap in which no load, compile or profiler flush ran).
+part of a jit or profiler gap in which no load, compile or profiler flush ran; the end of a gap spent inside the
+blocking copy call whose transfer ends it, lead_ns, is that copy's).
 devices: per device busy_pct = 1 - idle / window, idle by cause over all gaps (ns, gap count, the blocking
 API for the blocking causes), and the gaps of at least min_gap_ns (count, time, largest).
 gaps: the longest gaps of at least min_gap_ns, with the kernels before and after (within 1 s), the blocking
@@ -59,9 +60,9 @@ class Params(ScopedParams):
 
 
 class CauseRow(BaseModel):
-    cause: str = Field(description="see analysis/attribution.py: queued, sync, readback, pageable_copy, sync_copy, "
-                                   "host_fault, launch_tiny, launch, jit, alloc, host_comm, input_wait, host_wait, "
-                                   "host_cpu, host_op, host_untraced")
+    cause: str = Field(description="see analysis/attribution.py: queued, sync, readback, pageable_copy, small_copy, "
+                                   "sync_copy, host_fault, launch_tiny, launch, jit, alloc, init, host_comm, "
+                                   "input_wait, host_wait, host_cpu, host_op, host_untraced")
     idle_ns: int
     gaps: int
     api: str | None = Field(description="blocking API most often seen, for the blocking causes")
@@ -94,6 +95,10 @@ class Gap(BaseModel):
                                         "host activity (allocation, communication, loader, waits, jit, profiler) "
                                         "after the call's share; charged to then_cause")
     then_cause: str | None = Field(None, description="the cause of then_ns, else null")
+    lead_ns: int = Field(0, description="at the gap's end: the time the host sat in the blocking copy call whose "
+                                        "transfer ends the gap, begun in it (a pageable copy's staging, a "
+                                        "synchronous copy's latency); charged to lead_cause")
+    lead_cause: str | None = Field(None, description="the cause of lead_ns (the copy call's), else null")
     kernel_before: str | None
     kernel_after: str | None
     nvtx: list[str] = Field(description="innermost NVTX ranges of the launching threads covering half the gap")
@@ -178,7 +183,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     around = gap_stages.enrich(con, top)
     gaps = [Gap(device=g.device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
                 cause=g.cause, blocked_in=g.blocked_in, late_ns=g.late_ns, late_cause=g.late_cause,
-                then_ns=g.then_ns, then_cause=g.then_cause,
+                then_ns=g.then_ns, then_cause=g.then_cause, lead_ns=g.lead_ns, lead_cause=g.lead_cause,
                 **around[g.gap_id], periodic=g.gap_id in periodic,
                 edge=g.at_edge(scope)) for g in top]
     by_id = {g.gap_id: g for g in found}
@@ -235,6 +240,8 @@ def render(result: Result) -> str:
             blocked += f"{'' if g.then_ns else ' for ' + ms(g.duration_ns - g.late_ns)}, {ms(g.late_ns)} {g.late_cause}"
         elif g.late_ns:
             blocked += f", then {ms(g.late_ns)} late resume ({g.late_cause})"
+        if g.lead_ns:
+            blocked += f", then {ms(g.lead_ns)} in a copy call ({g.lead_cause})"
         lines.append(f"{ms(g.duration_ns):>14} dev {g.device} at {g.start_ns}: {g.cause}{blocked}"
                      f"{' (periodic)' if g.periodic else ''}; {g.kernel_before or '-'} -> {g.kernel_after or '-'}"[:200]
                      + (f"; nvtx {' < '.join(g.nvtx)}" if g.nvtx else ""))

@@ -16,12 +16,13 @@ Memsets (memset rows starting in the window): count, bytes, time, and those on m
 says whether page faults stall them); they count in triage's transfer share.
 Findings, per device and disjoint: many small uploads (analysis/small_uploads.py) claim their host time in their
 calls and the syncs after them while no kernel runs (excessive-h2d-transfers, tag many-small: one copy per step
-removes those calls, pinned or not); pageable-host-memory claims the exposed pageable copy time that pinned
-memory would save (at the pinned bandwidth measured for that direction on the device, or half of it when
-none is measured) plus the idle time of gaps the host spent in pageable copies (analysis/attribution.py),
-never more than those copies take: the union of their transfers and their calls (pageable_span_ns), outside the
-small uploads' host time when that finding fires; excessive-h2d-transfers claims the rest of the exposed H2D time
-(less what the small uploads claim), and says which part pinning would save.
+removes those calls, pinned or not); pageable-host-memory (analysis/pageable_copies.py) is about the pageable copies
+large enough to pay for their staging (rules.PAGEABLE_STAGED_BYTES or more: a smaller copy costs its latency, pinned or
+not): it claims their exposed time that pinned memory would save (at the bandwidth measured for pinned copies of that
+size, direction and device, else half of it) plus the idle time of gaps the host spent in them
+(analysis/attribution.py), never more than those copies take: the union of their transfers and their calls
+(pageable_span_ns), outside the small uploads' host time when that finding fires; excessive-h2d-transfers claims the
+rest of the exposed H2D time (less what the small uploads claim), and says which part pinning would save.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import duckdb
 import numpy as np
 from pydantic import BaseModel, Field, PrivateAttr
 
-from stallhound.analysis import attribution, copy_exposure, cover, rules, small_uploads
+from stallhound.analysis import attribution, copy_exposure, cover, pageable_copies, rules, small_uploads
 from stallhound.analysis.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -48,16 +49,15 @@ from stallhound.analysis.common import (
     scope_args,
 )
 from stallhound.analysis.contracts import TriageRole
+from stallhound.analysis.pageable_copies import Staged, bandwidth
 from stallhound.analysis.small_uploads import SmallUploads
 from stallhound.model.duck import one_row
 
 PAGEABLE_MIN_COUNT = 3  # recurring pageable copies, not a one-time upload
 PAGEABLE_MIN_BYTES = 1 << 20  # ... moving enough data for staging to matter
 LARGE_COPY_PCT = 5.0  # one pageable copy this long (share of the window) matters however few there are
-PINNED_SPEEDUP = 2.0  # without a pinned copy to compare: pinned copies run at least 2x pageable (no staging)
 H2D_WINDOW_PCT = 5.0  # book excessive-h2d-transfers: H2D time above ~5% of the time
 EXPOSED_SHARE = 0.5  # most of the H2D time with no kernel running: the copy is on the critical path
-IDLE_HIGH_SHARE = 0.5  # pageable-host-memory is high when the devices sat idle in the copies for half the saving
 HOST_SIDE = ("H2D", "D2H", "H2H", "H2A", "A2H", "UVM_H2D", "UVM_D2H")
 TRIAGE = TriageRole("window", order=3)
 
@@ -110,12 +110,6 @@ class Result(Output):
     _basis: _Basis | None = PrivateAttr(None)  # what findings() reads beyond the rows shown
 
 
-class _Pageable(BaseModel):
-    """Per (device, direction) figures the findings need beyond a DirectionRow."""
-    largest_ns: int
-    async_count: int = Field(description="pageable copies issued with an *Async call: they block the host anyway")
-
-
 @dataclass(frozen=True)
 class _Basis:
     """The figures the findings are decided on: every (direction, device) row, the pageable copies' figures beyond
@@ -123,7 +117,7 @@ class _Basis:
     copies take (the union of their transfers and calls: no saving exceeds it) in all and outside the host time of
     its small uploads, and its small uploads with the steps in the window (where there are enough to count)."""
     rows: list[DirectionRow]
-    pageable: dict[tuple[int, str], _Pageable]
+    pageable: dict[tuple[int, str], Staged]
     idle_ns: dict[int, int]
     device_idle_ns: dict[int, int]
     span_ns: dict[int, tuple[int, int]]
@@ -135,7 +129,8 @@ WITH c AS (
   SELECT device_id, pid, correlation_id, direction, bytes, start_ns, end_ns, duration_ns, api_name, launch_start_ns,
          launch_end_ns,
          CASE WHEN 'pageable' IN (src_kind, dst_kind) THEN 'pageable'
-              WHEN 'pinned' IN (src_kind, dst_kind) THEN 'pinned' END AS host_kind
+              WHEN 'pinned' IN (src_kind, dst_kind) THEN 'pinned' END AS host_kind,
+         """ + rules.staged_sql("bytes") + """ AS sized
   FROM memcpy WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end)"""
 
 # Per (direction, device), for the copies starting in [$start, $end); exposed time comes from _exposed.
@@ -147,16 +142,22 @@ SELECT direction, device_id, count(*), coalesce(sum(bytes), 0), sum(duration_ns)
        coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pinned'), 0)
 FROM c GROUP BY ALL
 """
-PAGEABLE_SQL = COPIES + """
-SELECT device_id, direction, max(duration_ns), count(*) FILTER (WHERE api_name LIKE '%Async%') FROM c
-WHERE host_kind = 'pageable' GROUP BY ALL
+PAGEABLE_SQL = COPIES + """,
+s AS (SELECT *, host_kind = 'pageable' AND sized AS staged FROM c)
+SELECT device_id, direction, count(*) FILTER (WHERE staged), coalesce(sum(bytes) FILTER (WHERE staged), 0),
+       coalesce(sum(duration_ns) FILTER (WHERE staged), 0), coalesce(max(duration_ns) FILTER (WHERE staged), 0),
+       count(*) FILTER (WHERE staged AND api_name LIKE '%Async%'),
+       coalesce(sum(bytes) FILTER (WHERE host_kind = 'pinned' AND sized), 0),
+       coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pinned' AND sized), 0),
+       count(*) FILTER (WHERE host_kind = 'pageable' AND NOT sized)
+FROM s WHERE host_kind IS NOT NULL GROUP BY ALL
 """
 
-# Each pageable copy from its call's start (or its own) to its end (or the call's), clipped to the window.
+# Each staged pageable copy from its call's start (or its own) to its end (or the call's), clipped to the window.
 PAGEABLE_SPANS_SQL = COPIES + """
 SELECT device_id, greatest(least(start_ns, coalesce(launch_start_ns, start_ns)), $start) AS s,
        least(greatest(end_ns, coalesce(launch_end_ns, end_ns)), $end) AS e
-FROM c WHERE host_kind = 'pageable' ORDER BY 1
+FROM c WHERE host_kind = 'pageable' AND sized ORDER BY 1
 """
 MEMSETS_SQL = """
 SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(least(end_ns, $end) - start_ns), 0),
@@ -192,21 +193,16 @@ FROM (SELECT *, name LIKE '%Async%' AS is_async,
 """
 
 
-def _bandwidth(nbytes: int, ns: int) -> float | None:
-    """GB/s, None when unknown: no time, or no byte count (ROCm traces record copies without their size)."""
-    return round(nbytes / ns, 3) if ns and nbytes else None
-
-
 def _row(direction: str, device: int | None, sums: tuple, capacity: int) -> DirectionRow:
     """A row from DIRECTIONS_SQL's sums (count, bytes, ns, pageable count/bytes/ns, pinned count/bytes/ns) and
     _exposed's (exposed, pageable exposed)."""
     n, nbytes, ns, pg_n, pg_b, pg_ns, pin_n, pin_b, pin_ns, exposed, pg_exposed = (int(v) for v in sums)
     return DirectionRow(
         direction=direction, device=device, count=n, bytes=nbytes, time_ns=ns,
-        bandwidth_gb_per_s=_bandwidth(nbytes, ns), window_pct=pct(ns, capacity), pageable_count=pg_n,
-        pageable_bytes=pg_b, pageable_time_ns=pg_ns, pageable_bandwidth_gb_per_s=_bandwidth(pg_b, pg_ns),
+        bandwidth_gb_per_s=bandwidth(nbytes, ns), window_pct=pct(ns, capacity), pageable_count=pg_n,
+        pageable_bytes=pg_b, pageable_time_ns=pg_ns, pageable_bandwidth_gb_per_s=bandwidth(pg_b, pg_ns),
         pinned_count=pin_n, pinned_bytes=pin_b, pinned_time_ns=pin_ns,
-        pinned_bandwidth_gb_per_s=_bandwidth(pin_b, pin_ns), exposed_time_ns=exposed,
+        pinned_bandwidth_gb_per_s=bandwidth(pin_b, pin_ns), exposed_time_ns=exposed,
         exposed_pct=pct(exposed, ns), pageable_exposed_ns=pg_exposed)
 
 
@@ -228,12 +224,14 @@ def _by_direction(sums: dict[tuple[str, int], tuple], capacity: int) -> list[Dir
     return [_row(direction, None, figures, capacity) for direction, figures in merged.items()]
 
 
-def _directions(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[str, int], tuple[int, ...]]:
-    """DIRECTIONS_SQL's figures per (direction, device), then the exposed time and its pageable part."""
+def _directions(con: duckdb.DuckDBPyConnection, args: dict
+                ) -> tuple[dict[tuple[str, int], tuple[int, ...]], dict[tuple[str, int], int]]:
+    """DIRECTIONS_SQL's figures per (direction, device), then the exposed time and its pageable part; and apart, the
+    exposed time of the staged pageable copies (copy_exposure)."""
     sums = {(direction, device): tuple(int(v) for v in figures)
             for direction, device, *figures in con.execute(DIRECTIONS_SQL, args).fetchall()}
     exposed = copy_exposure.exposed(con, args, sorted({direction for direction, _ in sums}))
-    return {key: figures + exposed[key] for key, figures in sums.items()}
+    return {key: figures + exposed[key][:2] for key, figures in sums.items()}, {k: e[2] for k, e in exposed.items()}
 
 
 def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, int]:
@@ -247,7 +245,7 @@ def small_d2h(con: duckdb.DuckDBPyConnection, scope: Scope) -> tuple[int, int, i
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     scope = resolve_scope(con, params)
     args = scope_args(scope)
-    sums = _directions(con, args)
+    sums, staged_exposed = _directions(con, args)
     per_device = sorted((_row(direction, device, figures, scope.duration_ns)
                          for (direction, device), figures in sums.items()), key=_costliest_first)
     shown = per_device if params.per_device else sorted(
@@ -263,8 +261,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         sync_copy_api_ns=int(sync_ns), small_d2h_count=small, small_d2h_blocking=blocking,
         small_d2h_blocked_ns=blocked, memset_count=sets, memset_bytes=set_bytes, memset_time_ns=set_ns,
         managed_memset_count=managed, managed_memset_time_ns=managed_ns)
-    pageable = {(d, dr): _Pageable(largest_ns=n, async_count=a)
-                for d, dr, n, a in con.execute(PAGEABLE_SQL, args).fetchall()}
+    pageable = {(d, dr): Staged(**dict(zip(Staged.model_fields, figures, strict=False)),
+                                   exposed_ns=staged_exposed.get((dr, d), 0))
+                for d, dr, *figures in con.execute(PAGEABLE_SQL, args).fetchall()}
     idle = attribution.attribute(con, scope).devices if count else {}
     uploads = small_uploads.figures(con, scope, resolve_scope(con, ScopedParams(profile=params.profile,
                                                                                  device=params.device)))
@@ -296,32 +295,25 @@ def findings(result: Result) -> list[Finding]:
     return _findings(b, result.scope.duration_ns) if b else []
 
 
-def _pageable_saving(row: DirectionRow) -> int:
-    """Exposed pageable copy time that pinned copies would not take (PINNED_SPEEDUP when none to compare)."""
-    exposed = row.pageable_exposed_ns
-    pinned, pageable = row.pinned_bandwidth_gb_per_s, row.pageable_bandwidth_gb_per_s
-    speedup = pinned / pageable if pinned and pageable and pinned > pageable else PINNED_SPEEDUP
-    return int(exposed * (1 - 1 / speedup))
-
-
 def _findings(b: _Basis, window_ns: int) -> list[Finding]:
     out = []
     idle_ns = b.idle_ns
     for device, mine in _by_device(b.rows):
         batched = small_uploads.finding(device, b.small.get(device), b.device_idle_ns.get(device, 0), window_ns)
         span = b.span_ns.get(device, (0, 0))[1 if batched else 0]  # the small uploads' host time is batched's
-        host = [r for r in mine if r.direction in HOST_SIDE and r.pageable_count]
-        saving = {r.direction: _pageable_saving(r) for r in host}
+        sized = {dr: x for (d, dr), x in sorted(b.pageable.items()) if d == device and dr in HOST_SIDE}
+        host = {dr: x for dr, x in sized.items() if x.count}
+        saving = {dr: pageable_copies.saving(x) for dr, x in host.items()}
         stake = min(sum(saving.values()) + idle_ns.get(device, 0), span)
-        extra = [b.pageable.get((device, r.direction)) for r in host]
-        largest = max((x.largest_ns for x in extra if x), default=0)
-        recurring = any(r.pageable_count >= PAGEABLE_MIN_COUNT and r.pageable_bytes >= PAGEABLE_MIN_BYTES for r in host)
+        largest = max((x.largest_ns for x in host.values()), default=0)
+        recurring = any(x.count >= PAGEABLE_MIN_COUNT and x.bytes >= PAGEABLE_MIN_BYTES for x in host.values())
         large = pct(largest, window_ns) >= LARGE_COPY_PCT
         pinned = (recurring or large or idle_ns.get(device, 0)) and rules.worth_reporting(stake, window_ns)
         if pinned:
             tags = (["large-single"] if large and not recurring else []) + (
-                ["async-blocking"] if any(x and x.async_count for x in extra) else [])
-            out.append(_pageable_finding(device, host, stake, idle_ns.get(device, 0), largest, tags, span))
+                ["async-blocking"] if any(x.async_count for x in host.values()) else [])
+            small = sum(x.small_count for x in sized.values())
+            out.append(pageable_copies.finding(device, host, (stake, idle_ns.get(device, 0), span), small, tags))
         owned = saving.get("H2D", 0) if pinned else 0  # pageable-host-memory owns what pinning saves of these copies
         taken = owned + (batched.time_at_stake_ns if batched else 0)
         out += [batched] if batched else []
@@ -338,21 +330,6 @@ def _by_device(rows: list[DirectionRow]) -> list[tuple[int, list[DirectionRow]]]
         assert r.device is not None  # findings are decided on the per-device rows
         mine.setdefault(r.device, []).append(r)
     return sorted(mine.items())
-
-
-def _pageable_finding(device: int, host: list[DirectionRow], stake: int, idle: int, largest: int,
-                      tags: list[str], span: int) -> Finding:
-    count, nbytes = sum(r.pageable_count for r in host), sum(r.pageable_bytes for r in host)
-    return Finding(
-        root_cause="pageable-host-memory", severity="high" if stake and idle >= IDLE_HIGH_SHARE * stake else "medium",
-        title=f"device {device}: {count} copies ({nbytes / 2**20:,.1f} MiB) from pageable memory at "
-              f"{', '.join(f'{r.direction} {r.pageable_bandwidth_gb_per_s} GB/s' for r in host)}; pinned memory "
-              f"would save ~{ms(stake)} of the {ms(span)} these copies and their calls take",
-        evidence={"pageable_count": count, "pageable_bytes": nbytes, "largest_copy_ns": largest,
-                  "idle_in_pageable_copies_ns": idle, "pageable_time_ns": sum(r.pageable_time_ns for r in host),
-                  "pageable_span_ns": span,
-                  "pinned_bandwidth_gb_per_s": max((r.pinned_bandwidth_gb_per_s or 0 for r in host), default=0)},
-        time_at_stake_ns=stake, device=device, tags=tags)
 
 
 def _h2d_finding(device: int, r: DirectionRow, pinned_ns: int, taken_ns: int, window_ns: int) -> Finding:

@@ -3,8 +3,9 @@ the fix that fits the program.
 
 Window: with window='auto', the steady state when iterations are found (the iterations tool's steps, of
 `range_name` when given; step_method says how they were found; from the first steady iteration to the end of
-the last; the warmup iteration and the setup before it are left out and said so; irregular steps only when
-named like steps and more GPU-active time precedes them than they span), else the GPU-active
+the last; what it leaves out before it is said part by part, by its evidence (analysis/lead_in.py: work still
+running whose launches the trace lacks, the time before the first iteration, a warmup first iteration); irregular
+steps only when named like steps and more GPU-active time precedes them than they span), else the GPU-active
 window; start_ns/end_ns override it. Every detector runs on that window and devices. time at stake is device
 time in the window that the fix could recover, per device; causes never share nanoseconds, so a device's
 findings add up to at most the window (the warmup findings count time outside it: the first iteration's
@@ -24,7 +25,7 @@ import duckdb
 from pydantic import Field
 
 from stallhound import book
-from stallhound.analysis import attribution, program, rules, shares, where
+from stallhound.analysis import attribution, lead_in, program, rules, shares, where
 from stallhound.analysis.common import (
     Finding,
     Output,
@@ -122,19 +123,13 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
         return gpu, f"GPU-active window ({why})", [], found.method
     scope = gpu.model_copy(update={"start_ns": steady[0], "end_ns": steady[1], "duration_ns": steady[1] - steady[0],
                                    "window_basis": "steady_state"})
-    counted = f"{found.iteration_count} {'step' if warmup.marked_steps(found) else 'iteration'}" + (
-        "s" if found.iteration_count != 1 else "")
-    note = f"{how}: {counted} by {found.method}; {_left_out(steady[0], gpu.start_ns)}"
+    unit = "step" if warmup.marked_steps(found) else "iteration"
+    counted = f"{found.iteration_count} {unit}" + ("s" if found.iteration_count != 1 else "")
+    assert found.span_start_ns is not None  # set whenever there is a steady window
+    left = lead_in.left_out(con, gpu.devices, gpu.start_ns, found.span_start_ns, steady[0], unit,
+                            found.first_vs_steady)
+    note = f"{how}: {counted} by {found.method}; {left}"
     return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns), found.method
-
-
-def _left_out(steady_start_ns: int, gpu_start_ns: int) -> str:
-    """What the steady window leaves out of the GPU-active time before it. A first steady iteration may begin before
-    the first GPU work (its host part comes first, as torch.profiler's step ranges do): then nothing is left out."""
-    if steady_start_ns <= gpu_start_ns:
-        return (f"nothing left out before the first steady iteration (it begins {ms(gpu_start_ns - steady_start_ns)} "
-                "before the first GPU work)")
-    return f"left out {ms(steady_start_ns - gpu_start_ns)} before the first steady iteration (setup and warmup)"
 
 
 def _setup_compile(con: duckdb.DuckDBPyConnection, gpu: Scope, scope: Scope, loop_start_ns: int) -> list[Finding]:

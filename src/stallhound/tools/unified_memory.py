@@ -224,10 +224,17 @@ def _stake(d: DeviceRow) -> int:
 
 
 def _tags(d: DeviceRow, result: Result) -> list[str]:
-    to_host = sum(r.time_ns for r in result.rows if r.device == d.device and r.on_demand and r.direction == "UVM_D2H")
+    """host-touch: the host's faults (with the idle between them) are most of it; both-ways: the kernels fault
+    pages onto the device as well, MIN_ON_DEMAND times or more (a program that faults its inputs in and its
+    results out needs the prefetch each way)."""
+    mine = [r for r in result.rows if r.device == d.device and r.on_demand]
+    to_host = sum(r.time_ns for r in mine if r.direction == "UVM_D2H")
+    host_touch = 2 * (to_host + d.host_stall_ns) > d.on_demand_ns + d.host_stall_ns
+    to_device = sum(r.count for r in mine if r.direction == "UVM_H2D")
     return ((["prefetching"] if result.prefetch_calls else [])
             + (["memset"] if d.stalled_memset_ns >= d.on_demand_ns else [])
-            + (["host-touch"] if 2 * (to_host + d.host_stall_ns) > d.on_demand_ns + d.host_stall_ns else []))
+            + (["host-touch"] if host_touch else [])
+            + (["both-ways"] if host_touch and to_device >= MIN_ON_DEMAND else []))
 
 
 def _finding(d: DeviceRow, result: Result) -> Finding:

@@ -12,23 +12,26 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import ClassVar
 
 import duckdb
 
 from stallhound.formats.build_steps import NO_PROGRESS_BAR, Progress, insert_rows
 from stallhound.formats.comm_kernels import COLLECTIVE_SQL, FAMILY_SQL
 from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL, WINDOW_SQL
-from stallhound.formats.nsys import checks, libraries, stacks
+from stallhound.formats.nsys import checks, hardware, libraries, stacks
 from stallhound.formats.nsys import nvtx as nvtx_build
 from stallhound.formats.nsys.activity_join import PID_SQL, TID_SQL, ActivityJoins
 from stallhound.formats.nsys.chunks import correlation_ranges, rows_per_range
-from stallhound.formats.nsys.hardware import capability_rows, cuda_not_started, gpu_rows, meta_row, not_started_note
 from stallhound.formats.nsys.raw import RawExport
-from stallhound.model.duck import load_sqlite_scanner, one_row
+from stallhound.model.duck import SCANNER_SETTINGS, Settings, load_sqlite_scanner, one_row
 from stallhound.model.limits import build_memory_mb
 from stallhound.model.schema import MODEL_VERSION
 
 NO_ID = 4294967295  # (uint32)-1: nsys' "no device/stream" in sync records
+# A build's fixed cost (DuckDB's log synced at each of ~60 commits) dominates small exports only: up to this size an
+# export is written in a few transactions; a larger one as before, statement by statement (BuildSteps.batch).
+BATCHED_MAX_BYTES = 64 * 2**20
 
 
 def _label(name: str, prefix: str) -> str:
@@ -66,6 +69,7 @@ class Builder(ActivityJoins):
     """One build of one export."""
 
     steps = STEPS
+    settings: ClassVar[Settings] = SCANNER_SETTINGS  # load_sqlite_scanner then refuses unsigned extensions
 
     def __init__(self, raw: RawExport, out: Path, progress: Progress | None = None,
                  cancelled: threading.Event | None = None):
@@ -294,17 +298,20 @@ class Builder(ActivityJoins):
             """SELECT DISTINCT device_id FROM (SELECT device_id FROM kernels UNION ALL SELECT device_id FROM memcpy
                UNION ALL SELECT device_id FROM memset UNION ALL SELECT device_id FROM graph_exec)
                WHERE device_id IS NOT NULL ORDER BY 1""").fetchall()]
-        self.load_list("gpus", gpu_rows(self.raw, devices))
+        self.load_list("gpus", hardware.gpu_rows(self.raw, devices))
 
     def meta(self, source_path: Path, source_bytes: int, fingerprint: str) -> None:
         windows = one_row(self.con.execute(WINDOW_SQL))
-        row = meta_row(self.raw, source_path, source_bytes, fingerprint, MODEL_VERSION, self.enum_source, windows)
+        row = hardware.meta_row(self.raw, source_path, source_bytes, fingerprint, MODEL_VERSION, self.enum_source,
+                                windows)
         self.load_list("meta", [row])
 
     def capabilities(self) -> None:
-        if (diagnostic := cuda_not_started(self.con)) is not None:
-            checks.record(self.con, [not_started_note(diagnostic)])
-        self.load_list("capabilities", capability_rows(self.con))
+        if (diagnostic := hardware.cuda_not_started(self.con)) is not None:
+            checks.record(self.con, [hardware.not_started_note(diagnostic)])
+        if (cut := hardware.time_limit_note(self.raw)) is not None:
+            checks.record(self.con, [cut])
+        self.load_list("capabilities", hardware.capability_rows(self.con))
 
     # --- the two sides the build writes at once, each on its own cursor --------------------------
     def host_side(self, cur: duckdb.DuckDBPyConnection) -> None:
@@ -336,13 +343,15 @@ class Builder(ActivityJoins):
 
 
 def both_sides(b: Builder) -> None:
-    """The host side and the GPU side of the model, written at once on two cursors of the build's connection."""
+    """The host side and the GPU side of the model, written at once on two cursors of the build's connection, each
+    side one batch (BuildSteps.batch)."""
     cursors = [b.con.cursor(), b.con.cursor()]
     for cur in cursors:
         cur.execute(NO_PROGRESS_BAR)
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            for future in [pool.submit(fn, cur) for fn, cur in zip((b.host_side, b.gpu_side), cursors, strict=True)]:
+            for future in [pool.submit(b.in_batch, fn, cur)
+                           for fn, cur in zip((b.host_side, b.gpu_side), cursors, strict=True)]:
                 future.result()
     finally:
         for cur in cursors:
@@ -352,30 +361,38 @@ def both_sides(b: Builder) -> None:
 def build(raw: RawExport, out: Path, fingerprint: str, progress: Progress | None = None,
           cancelled: threading.Event | None = None) -> None:
     """Write the model of `raw` into the DuckDB file `out` (which must not exist); setting `cancelled` stops it
-    with LoadCancelled."""
+    with LoadCancelled. An export of up to BATCHED_MAX_BYTES is written in a few transactions (BuildSteps.batch)."""
     b = Builder(raw, out, progress, cancelled)
+    b.batched = raw.path.stat().st_size <= BATCHED_MAX_BYTES
     with b.running():
         load_sqlite_scanner(b.con)
         if raw.loose:  # cells as text, cast as their columns declare (RawExport.scan)
             b.sql("SET GLOBAL sqlite_all_varchar = true")
         b.sql(f"ATTACH '{_quote(raw.scan_path)}' AS raw (TYPE sqlite, READ_ONLY)")
         b.step("strings and enums")
-        b.strings()
-        b.enums()
-        b.processes_threads()
-        b.diagnostics()
-        stacks.build(b)
+        with b.batch():  # committed before the sides start: they read these tables
+            b.strings()
+            b.enums()
+            b.processes_threads()
+            b.diagnostics()
+            stacks.build(b)
         both_sides(b)
-        checks.clean(b.con, raw.notes)
-        b.step("devices, metadata, capabilities")
-        b.gpus()
-        b.meta(raw.path, raw.path.stat().st_size, fingerprint)
-        b.capabilities()
-        for helper in ("_strings", "_api_names", "_kernel_names", *nvtx_build.HELPERS, *stacks.HELPERS, "enums"):
-            b.sql(f"DROP TABLE IF EXISTS {helper}")
+        with b.batch():
+            _finish(b, raw, fingerprint)
         b.sql("DETACH raw")
         b.step("writing the model")
         b.sql("CHECKPOINT")
+
+
+def _finish(b: Builder, raw: RawExport, fingerprint: str) -> None:
+    """What is read from both sides: the damaged rows' checks, devices, metadata, capabilities; the helpers dropped."""
+    checks.clean(b.con, raw.notes)
+    b.step("devices, metadata, capabilities")
+    b.gpus()
+    b.meta(raw.path, raw.path.stat().st_size, fingerprint)
+    b.capabilities()
+    for helper in ("_strings", "_api_names", "_kernel_names", *nvtx_build.HELPERS, *stacks.HELPERS, "enums"):
+        b.sql(f"DROP TABLE IF EXISTS {helper}")
 
 
 def _quote(path: Path) -> str:

@@ -7,7 +7,13 @@ from typing import Any
 
 import duckdb
 
-from stallhound.formats.derive import DATA_TABLES, GPU_PHASE, KERNELS_IN_GRAPHS
+from stallhound.formats.derive import (
+    DATA_TABLES,
+    GPU_PHASE,
+    KERNELS_IN_GRAPHS,
+    PYTHON_SAMPLES,
+    TIME_LIMIT_NOTE,
+)
 from stallhound.formats.derive import capability_rows as derive_capabilities
 from stallhound.formats.nsys.raw import RawExport
 from stallhound.model.duck import one_row
@@ -29,6 +35,7 @@ OPTIONS: dict[str, str] = {
     "stacks": "--cudabacktrace=all --python-backtrace=cuda --sample=process-tree",
     KERNELS_IN_GRAPHS: "--cuda-graph-trace=node",
     GPU_PHASE: "--capture-range=cudaProfilerApi",
+    PYTHON_SAMPLES: "--sample=process-tree --python-sampling=true",
 }
 # What the capabilities table adds to an option, for data the option alone does not guarantee.
 FLAG_NOTES = {"nvtx": " (and mark each step of the program with an NVTX range)",
@@ -47,6 +54,7 @@ NOT_STARTED_SQL = """SELECT min(text) FROM diagnostics WHERE contains(text, $wor
 # TARGET_INFO_GPU replaced TARGET_INFO_CUDA_GPU in nsys 2021.2: an older export without either can be
 # re-captured with a newer nsys; a newer one lacks it for a reason no capture option fixes.
 GPU_TABLE_SINCE = (2021, 2)
+NS_PER_MS = 1_000_000
 
 GPU_FIELDS = ("name", "chipName", "smCount", "totalMemory", "memoryBandwidth", "clockRate", "computeMajor",
               "computeMinor", "busLocation", "maxWarpsPerSm", "maxBlocksPerSm", "maxRegistersPerSm", "maxShmemPerSm")
@@ -185,6 +193,27 @@ def not_started_note(diagnostic: str) -> str:
             "so the export holds no CUDA call and no GPU work: re-capturing with --trace=cuda alone will not help; "
             "check in the program's output that it ran its GPU code in this run, and that nothing kept nsys's "
             "injection out of the process (a launcher that resets LD_PRELOAD, a sandboxed runtime)")
+
+
+def time_limit_note(raw: RawExport) -> str | None:
+    """The load note for a capture nsys's timer stopped while the program still ran, else None. nsys writes the run
+    length in META_DATA_CAPTURE's RUN_DURATION_MS: when the program's exit ends the capture, the session's length
+    rounded up to a millisecond (ANALYSIS_DETAILS.duration is below it in every export at hand); when --duration
+    ends it, the limit itself, and the session runs past it while nsys stops."""
+    limit_ms = next((v for k, v in raw.capture_metadata if k == "RUN_DURATION_MS"), None)
+    if not (raw.has("ANALYSIS_DETAILS") and "duration" in raw.columns("ANALYSIS_DETAILS")):
+        return None
+    session = raw.rows("ANALYSIS_DETAILS", "duration")
+    if not (limit_ms and str(limit_ms).isdigit() and int(limit_ms) > 0 and session and session[0][0]):
+        return None
+    limit_ns, session_ns = int(limit_ms) * NS_PER_MS, int(session[0][0])
+    if session_ns <= limit_ns:
+        return None
+    return (f"{TIME_LIMIT_NOTE} ({int(limit_ms):,} ms, --duration; the session lasted "
+            f"{session_ns / NS_PER_MS:,.3f} ms) while the program was still running: what it did after that is not "
+            "in this export, and the CUDA records its process still held when it was stopped can be lost; let the "
+            "program end the capture (`--capture-range=cudaProfilerApi` with cudaProfilerStop(), or a --duration "
+            "longer than the run), or add `--cuda-flush-interval=1000` so nsys saves CUDA records as the program runs")
 
 
 def capability_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:

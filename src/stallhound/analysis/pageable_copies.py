@@ -1,0 +1,72 @@
+"""memory_transfers' pageable-host-memory finding: the copies from pageable memory that pinning would speed up, and
+what it would save.
+
+The driver stages a copy from pageable memory through a pinned buffer; only a copy of rules.PAGEABLE_STAGED_BYTES or
+more (or of unknown size) pays for that staging (staged), a smaller one costs its latency, pinned or not, and is left
+out. Per (device, direction), Staged holds the staged copies' figures and those of the pinned copies of that size they
+are compared with. A direction's saving is the staged copies' exposed time (no kernel running) that pinned copies would
+not take: at the bandwidth measured for those pinned copies, else PINNED_SPEEDUP.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from stallhound.analysis import rules
+from stallhound.analysis.common import Finding, ms
+
+PINNED_SPEEDUP = 2.0  # without a pinned copy to compare: pinned copies run at least 2x pageable (no staging)
+IDLE_HIGH_SHARE = 0.5  # pageable-host-memory is high when the devices sat idle in the copies for half the saving
+
+
+def bandwidth(nbytes: int, ns: int) -> float | None:
+    """GB/s, None when unknown: no time, or no byte count (ROCm traces record copies without their size)."""
+    return round(nbytes / ns, 3) if ns and nbytes else None
+
+
+class Staged(BaseModel):
+    """Per (device, direction), the pageable copies that pay for their staging (rules.staged_sql) and the pinned
+    copies of that size they are compared with, and how many smaller pageable copies were left out."""
+    count: int
+    bytes: int
+    time_ns: int
+    largest_ns: int
+    async_count: int = Field(description="pageable copies issued with an *Async call: they block the host anyway")
+    pinned_bytes: int
+    pinned_time_ns: int
+    small_count: int
+    exposed_ns: int = 0
+
+    @property
+    def bandwidth_gb_per_s(self) -> float | None:
+        return bandwidth(self.bytes, self.time_ns)
+
+
+def saving(x: Staged) -> int:
+    """Exposed staged pageable copy time that pinned copies would not take (PINNED_SPEEDUP when none to compare)."""
+    pinned, pageable = bandwidth(x.pinned_bytes, x.pinned_time_ns), x.bandwidth_gb_per_s
+    speedup = pinned / pageable if pinned and pageable and pinned > pageable else PINNED_SPEEDUP
+    return int(x.exposed_ns * (1 - 1 / speedup))
+
+
+def finding(device: int, host: dict[str, Staged], times: tuple[int, int, int], small: int,
+            tags: list[str]) -> Finding:
+    """host: the staged copies per direction; times: the time at stake, the idle time in the copies' gaps, the time
+    the copies and their calls take; small: the smaller pageable copies left out."""
+    stake, idle, span = times
+    count, nbytes = sum(x.count for x in host.values()), sum(x.bytes for x in host.values())
+    left = (f"; {small} smaller pageable copies left out: a copy that small costs its latency, which pinning does not "
+            "shorten" if small else "")
+    return Finding(
+        root_cause="pageable-host-memory", severity="high" if stake and idle >= IDLE_HIGH_SHARE * stake else "medium",
+        title=f"device {device}: {count} copies of {rules.PAGEABLE_STAGED_BYTES >> 10} KiB or more "
+              f"({nbytes / 2**20:,.1f} MiB) from pageable memory at "
+              f"{', '.join(f'{dr} {x.bandwidth_gb_per_s} GB/s' for dr, x in host.items())}; pinned memory "
+              f"would save ~{ms(stake)} of the {ms(span)} these copies and their calls take{left}",
+        evidence={"pageable_count": count, "pageable_bytes": nbytes,
+                  "largest_copy_ns": max(x.largest_ns for x in host.values()), "idle_in_pageable_copies_ns": idle,
+                  "pageable_time_ns": sum(x.time_ns for x in host.values()), "pageable_span_ns": span,
+                  "small_pageable_count": small,
+                  "pinned_bandwidth_gb_per_s": max(bandwidth(x.pinned_bytes, x.pinned_time_ns) or 0
+                                                   for x in host.values())},
+        time_at_stake_ns=stake, device=device, tags=tags)
