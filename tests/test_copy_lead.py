@@ -121,7 +121,7 @@ def _raw_leads(path, start: int, end: int) -> dict[tuple[int, int], tuple[int, s
     return out
 
 
-HELD_SQL = """SELECT r."end", m.start, (SELECT min(o.start) FROM OSRT_API o JOIN StringIds n ON n.id = o.nameId
+HELD_SQL = """SELECT r."end", (SELECT min(o.start) FROM OSRT_API o JOIN StringIds n ON n.id = o.nameId
   WHERE o.globalTid = r.globalTid AND o.start >= r."end" AND n.value NOT LIKE 'ioctl%'),
   (SELECT min(a.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME a JOIN StringIds n ON n.id = a.nameId
    WHERE a.globalTid = r.globalTid AND a.start >= r."end" AND (n.value LIKE 'cudaFree%' OR n.value LIKE 'cudaMalloc%')),
@@ -134,19 +134,18 @@ WHERE s.value LIKE 'cudaMemcpy%' AND m.deviceId = 0 AND m.bytes < :small AND r.s
 AND r."end" > :gs"""
 
 
-def _raw_capped(path, gaps) -> dict[tuple[int, int], int]:
+def _raw_pieces(path, gaps) -> dict[tuple[int, int], int]:
     """For the gaps (start, end) that begin as a small copy's transfer ends inside its call: the call's piece, its
     in-call idle and its turnaround (until the thread's first OS call, ioctl the driver's own, or allocation call: the
-    allocations that cover most of the gap, claimed for their own time) no longer than that
-    transfer (the device's only work in the call before the gap: the copy's call launched it, so the gap before it
-    was not queued)."""
+    allocations that cover most of the gap, claimed for their own time), not capped at the copy's own transfer: the
+    copy is the work, not a wait on earlier work (short_gaps.UNCAPPED)."""
     raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     out = {}
     for gs, ge in gaps:
         query = raw.execute(HELD_SQL, {"small": rules.PAGEABLE_STAGED_BYTES, "gs": gs, "ge": ge})
-        for call_end, moved, first_os, first_alloc, alloc_ns in query:
+        for call_end, first_os, first_alloc, alloc_ns in query:
             cut = first_alloc if (alloc_ns or 0) >= attribution.DOMINANT_SHARE * (ge - gs) else ge
-            turn = min(max(0, min(ge, first_os or ge, cut) - call_end), attribution.SYNC_RESUME_MAX_NS, gs - moved)
+            turn = min(max(0, min(ge, first_os or ge, cut) - call_end), attribution.SYNC_RESUME_MAX_NS)
             out[gs, ge] = min(ge, call_end) - gs + turn
     return out
 
@@ -156,9 +155,9 @@ def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
     more the host sits in a cudaMemcpy2D, begun in the gap, until its transfer starts at the gap's end: 76.113 ms
     (sqlite3). Each is the copy's (pageable_copy from 64 KiB, else small_copy), but for one 1.054 ms gap
     that the small copy it began in holds whole already; the 75.084 ms left the bubble (320.659 ms before). Two small
-    copies (12.8 and 64 KB) began gaps of 8.7 and 169.8 ms: each claims its in-call idle and of its turnaround only its
-    own transfer, the device's work it waited for (sqlite3: 3,992 + 1,440 and 9,820 + 3,936 ns); the host's untraced
-    time after that, 265,629 ns more than when they kept their turnaround to the first OS call, is the bubble's."""
+    copies (12.8 and 64 KB) began gaps of 8.7 and 169.8 ms: each claims its in-call idle and its turnaround
+    (_raw_pieces; sqlite3: 60,690 and 224,127 ns), not capped at its own transfer (1,440 and 3,936 ns): a
+    copy from host memory is the work, it waits on no earlier work; the rest of those gaps is the bubble's."""
     path = corpus_profile(*KNN)
     profile = open_profile(path, cache_dir=cache_root)
     try:
@@ -177,10 +176,10 @@ def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
     assert (lead, ours[whole].pieces()[0]) == ((1_028_413, "small_copy"), ("small_copy", whole[1] - whole[0]))
     assert led == {key: lead for key, lead in raw.items() if key != whole}
     by_root = {f.root_cause: f for f in result.findings}
-    capped = _raw_capped(path, [key for key, g in ours.items() if g.cause == "small_copy" and g.late_ns])
-    assert capped == {key: ours[key].pieces()[0][1] for key in capped}
-    assert sorted(capped.values()) == [5_432, 9_701, 9_766, 13_756]
-    assert by_root["gpu-bubbles"].time_at_stake_ns == 320_658_794 - (76_112_814 - 1_028_413) + 265_629
+    pieces = _raw_pieces(path, [key for key, g in ours.items() if g.cause == "small_copy" and g.late_ns])
+    assert pieces == {key: ours[key].pieces()[0][1] for key in pieces}
+    assert sorted(pieces.values()) == [9_701, 9_766, 60_690, 224_127]
+    assert by_root["gpu-bubbles"].time_at_stake_ns == 320_658_794 - (76_112_814 - 1_028_413)
     assert "cudaMemcpy2D" not in by_root["gpu-bubbles"].title
     assert by_root["pageable-host-memory"].time_at_stake_ns <= 394_300_000  # all pageable copies' transfer time
 

@@ -21,8 +21,10 @@ nanoseconds and their sum is the device's idle time:
   and no longer, past that the device would idle anyway with the host late. So the turnaround runs up to
   SYNC_RESUME_MAX_NS after the return, or until the thread is seen doing its own work: an OS call (printing, I/O) or
   an activity claimed for its own time (below), and never longer than that run; a call thus claims at most its own
-  time. What lies past that is the late resume (late_ns), judged by what the host did in the gap like a gap without
-  a blocking call (sync, launch, host_cpu, host_untraced). A synchronize call covering most of a longer gap also
+  time. Not so a copy from host memory (pageable_copy, small_copy): it waits on no earlier work, it is the work, and
+  its turnaround, the cost of issuing such copies one by one, stays its own (short_gaps.UNCAPPED). What lies past
+  that is the late resume (late_ns), judged by what the host did in the gap like a gap without a blocking call
+  (sync, launch, host_cpu, host_untraced). A synchronize call covering most of a longer gap also
   counts as sync (the host waited on other work meanwhile). Each blocking cause counts the distinct calls whose gaps
   it holds (calls).
   A gap of HELD_MIN_NS or more that a blocking copy call (on any thread) spans to its end, for most of it, is held

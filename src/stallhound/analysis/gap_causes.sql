@@ -12,8 +12,10 @@
 -- host does nothing but drive the device: own_ns at an OS call, gap_host's cut_ns at the activity claimed after it;
 -- and no longer than the device's run of work inside the call before the gap (busy_from_ns): with the call gone, the
 -- host's turnaround, the next launch's latency included, would overlap only the work the call waited for, past it
--- the device idles anyway; so a call claims at most its own time); the activity's own time after that (one piece
--- with the call's when it is of the call's kind)
+-- the device idles anyway; so a call claims at most its own time. Not a copy from host memory (pageable_copy,
+-- small_copy): the copy is itself the work, not a wait on earlier work, and its turnaround is the cost of issuing
+-- such copies one by one); the activity's own time after that (one piece with the call's when it is of the call's
+-- kind)
 -- (then_ns, then_cause); the rest (late_ns, late_cause: host_cause). A blocking call's late resume with no
 -- activity, likewise the rest. A short gap is cut at its call's piece too, and where an allocation call of its
 -- thread begins in it when the call allocates nothing (short_allocs): the allocation calls' own time (then), the
@@ -58,8 +60,9 @@ judged AS (
   SELECT g.*, sa.alloc_at, sa.s_alloc_ns, h.jit_ns, h.profiler_ns, hd.h_cause IS NOT NULL AS held, hd.h_name,
          hd.h_pid, hd.h_tid, hd.h_start, l.l_cause, l.l_name, l.l_start, least(g.end_ns, greatest(g.start_ns, g.b_end)
            + least(greatest(0, least(g.end_ns, g.b_end + $resume_max, h.own_ns) - greatest(g.start_ns, g.b_end)),
-           greatest(0, least(g.start_ns, g.b_end) - greatest(g.b_start, g.busy_from_ns))), sa.alloc_at) - g.start_ns
-           AS piece_ns,  -- the blocking call's piece (above; least skips a NULL)
+           CASE WHEN g.blocked_cause NOT IN ('pageable_copy', 'small_copy') THEN greatest(0, least(g.start_ns, g.b_end)
+             - greatest(g.b_start, g.busy_from_ns)) END), sa.alloc_at) - g.start_ns
+           AS piece_ns,  -- the blocking call's piece (above; least skips a NULL: a host copy's turnaround, uncapped)
   CASE
     WHEN hd.h_cause IS NOT NULL THEN hd.h_cause
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
