@@ -141,27 +141,46 @@ def synth_pair(tmp_path_factory, cache_root):
             profile.close()
 
 
-RAW_WORK = """SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = :d
-UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = :d
-UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = :d"""
+RAW_WORK = """SELECT o.start, o."end", r."end" FROM (
+  SELECT start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = :d
+  UNION ALL SELECT start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = :d
+  UNION ALL SELECT start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = :d) o
+LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = o.correlationId"""
 RAW_CALLS = """SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
 WHERE s.value LIKE :name AND r.globalTid = :tid"""
 
 
-def blocked_share(path: Path, device: int, global_tid: int, name_like: str, lo: int, hi: int) -> tuple[int, int]:
+def _runs(work: list[tuple[int, int, int | None]], lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(start, end, run_start) of the idle stretches of `work` (start, end, its launch call's return) in [lo, hi)
+    (edges included): run_start, where the device's run of work before the stretch began (the end of the last
+    stretch before it that the work after it did not wait out queued: launched only after it began)."""
+    gaps, reach, run_start = [], lo, lo
+    for a, b, launched in [*work, (hi, hi, None)]:
+        if a > reach:
+            gaps.append((reach, a, run_start))
+            run_start = run_start if launched is not None and launched <= reach else a
+        reach = max(reach, b)
+    return gaps
+
+
+def blocked_share(path: Path, device: int, global_tid: int, name_like: str, lo: int, hi: int,
+                  since: int | None = None) -> tuple[int, int]:
     """(gaps, ns), read from a raw export with sqlite3: the device's idle gaps in [lo, hi) (edges included) that
-    begin inside a CUDA runtime call named like `name_like` on thread `global_tid`, each counted from its start
-    to the call's return plus attribution.SYNC_RESUME_MAX_NS, or to its end: the blocking call's share."""
+    begin inside a CUDA runtime call named like `name_like` on thread `global_tid`, each counted from its start to
+    the call's return and then on for at most attribution.SYNC_RESUME_MAX_NS and the device's run of work inside the
+    call before the gap: the blocking call's share. since: where the window the runs of work are read in begins (lo
+    when None)."""
+    since = lo if since is None else since
     import sqlite3
 
     from stallhound.analysis.attribution import SYNC_RESUME_MAX_NS
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as raw:
-        work = sorted((max(a, lo), min(b, hi)) for a, b in raw.execute(RAW_WORK, {"d": device}) if b > lo and a < hi)
-        calls = raw.execute(RAW_CALLS, {"name": name_like, "tid": global_tid}).fetchall()
-    gaps, reach = [], lo
-    for a, b in [*work, (hi, hi)]:
-        if a > reach:
-            gaps.append((reach, a))
-        reach = max(reach, b)
-    shares = [min(g1, end + SYNC_RESUME_MAX_NS) - g0 for g0, g1 in gaps for start, end in calls if start <= g0 < end]
+        work = sorted((max(a, since), min(b, hi), le) for a, b, le in raw.execute(RAW_WORK, {"d": device})
+                      if b > since and a < hi)
+        calls = sorted(raw.execute(RAW_CALLS, {"name": name_like, "tid": global_tid}).fetchall())
+    shares = []
+    for g0, g1, run_start in (g for g in _runs(work, since, hi) if g[0] >= lo):
+        for start, end in (c for c in calls if c[0] <= g0 < c[1]):
+            turn = min(max(0, min(g1, end + SYNC_RESUME_MAX_NS) - end), g0 - max(start, run_start))
+            shares.append(min(g1, end) - g0 + turn)
     return len(shares), sum(shares)

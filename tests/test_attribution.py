@@ -82,7 +82,12 @@ EXPECTED = {"queued": 10_000, "sync": 10_000, "readback": 9_000, "launch_tiny": 
 # A host activity claims only its own time in a gap: MPI_Send and poll() 90 us of their 100 us gaps; the rest of each,
 # under one op's overhead before a late launch, is launch (as a gap without them would be). The cudaMalloc began its
 # gap: a blocking call, it keeps its in-call idle and the turnaround after it (nothing else seen before the launch).
+# A blocking call keeps its in-call idle and of its turnaround no more than the device's run of work inside the call
+# before the gap (the rest is the late launch's): the sync 1 us inside (30-31) + 5 us (k2's 25-30 us inside it), 4 us
+# launch_tiny (k3 is tiny); the readback 1 + 3.5 us (k3's 42.5-45 us and the copy inside the sync), 4.5 us
+# launch_tiny; the pageable and pinned copies waited 30 and 25 us: their 10 us turnarounds whole.
 SPLIT = {**{c: (ns, 1) for c, ns in EXPECTED.items()}, "host_comm": (90_000, 1), "host_wait": (90_000, 1),
+         "sync": (6_000, 1), "readback": (4_500, 1), "launch_tiny": (4_000 + 4_000 + 4_500, 3),
          "launch": (20_000 + 10_000 + 10_000, 3)}
 
 
@@ -98,9 +103,10 @@ def test_attribution_window_clips_gaps_and_adds_the_edges():
     con = timeline()
     [idle] = attribution.attribute(con, scope(con, start_ns=T + 5_000, end_ns=T + 60_000)).devices.values()
     # k1 is cut at 5 us; the window ends inside the launch_tiny gap (58-62 us): the launch after it lies
-    # outside the window, so that stretch is judged by host activity alone, and none was traced
-    assert {c: t.ns for c, t in idle.causes.items()} == {"queued": 10_000, "sync": 10_000, "readback": 9_000,
-                                                          "host_untraced": 2_000}
+    # outside the window, so that stretch is judged by host activity alone, and none was traced; the late launches
+    # after the sync and the readback (SPLIT) 4 + 4.5 us
+    assert {c: t.ns for c, t in idle.causes.items()} == {"queued": 10_000, "sync": 6_000, "readback": 4_500,
+                                                          "launch_tiny": 8_500, "host_untraced": 2_000}
 
 
 @pytest.mark.parametrize("returned_before_ns, copy_between, cause, sync_start, nbytes", [
@@ -126,7 +132,10 @@ def test_attribution_a_sync_is_a_readback_when_the_last_call_returned_before_it_
                      k["correlation_id"]) for k in kernels]
     con = make_model(kernels=kernels, memcpy=copies, cuda_api=calls + launches)
     [idle] = attribution.attribute(con, scope(con)).devices.values()
-    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == {cause: (199_000, 1)}
+    # the call's piece: 99 us inside it, then of the 90 us before the launch only the device's work it waited for
+    # (from its start to 201 us: 11 or 1 us); the rest is the late launch's
+    ns = 99_000 + 201_000 - sync_start
+    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == {cause: (ns, 1), "launch": (199_000 - ns, 0)}
 
 
 def test_attribution_a_late_launch_after_a_little_untraced_host_work_is_launch_overhead():
@@ -270,12 +279,16 @@ def test_attribution_a_profiler_flush_in_the_launching_process_is_its_own_cause(
     assert (gap.cause, gap.late_ns, gap.late_cause) == ("profiler", 1_990_000, "host_untraced")
 
 
-def late_resume(**tables) -> tuple[attribution.DeviceIdle, list[attribution.Gap]]:
-    """The device runs dry at 10 us inside a cudaDeviceSynchronize (5-11 us); the host launches again only at
-    5.99 ms, for a kernel at 6 ms: a 5.99 ms gap begun inside the sync, its host resuming 5 ms late."""
-    con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 6_000_000, 6_010_000, (5_990_000,
-                                                                                                       5_995_000))],
-                     cuda_api=[call("cudaDeviceSynchronize", "sync", 5_000, 11_000)], **tables)
+R = 1_990_000  # late_resume's gap begins this much later than the 10 us it began at in a sync waiting 5 us of work
+
+
+def late_resume(k1_ns: int = 10_000 + R, **tables) -> tuple[attribution.DeviceIdle, list[attribution.Gap]]:
+    """The device runs dry at 2 ms inside a cudaDeviceSynchronize (5 us-2.001 ms) that waited for 2 ms of k1; the
+    host launches again only at 7.98 ms, for a kernel at 7.99 ms: a 5.99 ms gap begun inside the sync, its host
+    resuming 5 ms late. k1_ns: where k1, and the sync 1 us later, end (the gap starts then, still ending at 7.99 ms)."""
+    con = make_model(kernels=[kernel(1, 0, k1_ns, (-5_000, -1_000)), kernel(2, 6_000_000 + R, 6_010_000 + R, (
+                                  5_990_000 + R, 5_995_000 + R))],
+                     cuda_api=[call("cudaDeviceSynchronize", "sync", 5_000, k1_ns + 1_000)], **tables)
     found = attribution.attribute(con, scope(con))
     [idle] = found.devices.values()
     return idle, found.long_gaps
@@ -292,10 +305,26 @@ def test_attribution_a_late_resume_after_a_sync_keeps_the_syncs_share():
     assert idle.idle_ns == gap.end_ns - gap.start_ns == 5_990_000
 
 
+@pytest.mark.parametrize("k1_ns, sync_ns", [
+    (10_000, 1_000 + 5_000),  # the sync waited 5 us for k1 (5-10 us): only 5 us of the host's time after it
+    (1_004_000, 1_000 + 999_000),  # ... 999 us: as much of the turnaround (1 ms at most)
+    (1_005_000, 1_000 + 1_000_000),  # ... 1 ms
+])
+def test_attribution_a_syncs_turnaround_is_no_longer_than_the_work_it_waited_for(k1_ns, sync_ns):
+    """With the sync gone, the host's work after it would run while the device ran what the sync waited for (k1
+    from the sync's start to the gap's), and no longer: past that the device would idle anyway, the host being late.
+    So the sync claims its in-call idle and at most that much turnaround: never more than its own time."""
+    idle, [gap] = late_resume(k1_ns)
+    assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == {"sync": (sync_ns, 1),
+                                                                     "host_untraced": (gap.end_ns - gap.start_ns
+                                                                                       - sync_ns, 0)}
+    assert sync_ns <= k1_ns + 1_000 - 5_000  # the sync call's own time
+
+
 def test_attribution_a_late_resume_on_a_cpu_is_host_cpu():
     """The host ran on a CPU, outside CUDA calls, for 4 of the 5.99 ms: the late resume is CPU work."""
-    sched = [{"pid": 1, "tid": 7, "time_ns": T + t, "cpu": 0, "is_sched_in": i} for t, i in ((1_500_000, True),
-                                                                                          (5_500_000, False))]
+    sched = [{"pid": 1, "tid": 7, "time_ns": T + t, "cpu": 0, "is_sched_in": i} for t, i in ((1_500_000 + R, True),
+                                                                                          (5_500_000 + R, False))]
     idle, [gap] = late_resume(sched=sched)
     assert {c: t.ns for c, t in idle.causes.items()} == {"sync": 1_001_000, "host_cpu": 4_989_000}
     assert (gap.cause, gap.late_cause) == ("sync", "host_cpu")
@@ -305,8 +334,8 @@ def test_attribution_a_wait_covering_most_of_a_gap_claims_its_own_time_after_the
     """A 4 ms poll() (1-5 ms) fills most of the gap (10 us-6 ms): it claims its own 4 ms, never more; the sync that
     began the gap keeps its share, its turnaround only until the poll begins (10 us-1 ms: 0.99 ms, not the full
     1 ms after it returned at 11 us); the 1 ms left is untraced: three pieces that never share a nanosecond."""
-    idle, [gap] = late_resume(os_runtime=[{"pid": 1, "tid": 7, "name": "poll", "start_ns": T + 1_000_000,
-                                           "end_ns": T + 5_000_000}])
+    idle, [gap] = late_resume(os_runtime=[{"pid": 1, "tid": 7, "name": "poll", "start_ns": T + 1_000_000 + R,
+                                           "end_ns": T + 5_000_000 + R}])
     assert {c: t.ns for c, t in idle.causes.items()} == {"sync": 990_000, "host_wait": 4_000_000,
                                                          "host_untraced": 1_000_000}
     assert (gap.cause, gap.then_ns, gap.then_cause, gap.late_ns, gap.late_cause) == (
@@ -355,8 +384,9 @@ def drained(first: str) -> dict:
 
 
 @pytest.mark.parametrize("first, causes", [
-    # the malloc's wake runs until the first kernel launch after it has returned (73 us): the 8 us before k2 are its
-    ("memset", {"alloc": (63_000, 2)}),
+    # the 8 us before k2, after the memset ran, are k2's late launch: the device's run of work before them began
+    # after the malloc returned (the memset), so the malloc waited for none of it
+    ("memset", {"alloc": (55_000, 1), "launch": (8_000, 1)}),
     # ... here until the tiny kernel's launch returned (64 us): the gap after it (63-74 us) begins in the wake, but
     # k2 was launched later (73 us): it waits on its own launch, after a tiny kernel
     ("kernel", {"alloc": (52_000, 1), "launch_tiny": (11_000, 1)}),
@@ -367,14 +397,17 @@ def test_attribution_a_free_that_drains_the_queue_keeps_the_idle_until_the_first
     assert {c: (t.ns, t.gaps) for c, t in idle.causes.items()} == causes
 
 
-@pytest.mark.parametrize("name, cause", [("cudaFree", "alloc"),  # waits for the device, which runs dry inside it
-                                         ("cudaFreeAsync", "launch")])  # stream-ordered: never blocks the host
-def test_attribution_a_short_gap_begun_inside_a_free_is_the_frees(name, cause):
+@pytest.mark.parametrize("name, causes", [
+    ("cudaFree", {"alloc": 7_000, "launch": 4_000}),  # waits for the device, which runs dry inside it: 2 us in it, and
+    # of its 9 us turnaround the 5 us of k1 it waited for (5-10 us); the rest is the late launch's
+    ("cudaFreeAsync", {"launch": 11_000})])  # stream-ordered: never blocks the host
+def test_attribution_a_short_gap_begun_inside_a_free_is_the_frees(name, causes):
     """k1 ends at 10 us inside the free (5-12 us); k2 is launched at 13-20 us and runs at 21 us."""
     con = make_model(kernels=[kernel(1, 0, 10_000, (-5_000, -1_000)), kernel(2, 21_000, 40_000, (13_000, 20_000))],
-                     cuda_api=[call(name, "alloc", 5_000, 12_000)])
+                     cuda_api=[call(name, "alloc", 5_000, 12_000),
+                               call("cudaLaunchKernel", "launch", 13_000, 20_000, 2)])
     [idle] = attribution.attribute(con, scope(con)).devices.values()
-    assert {c: t.ns for c, t in idle.causes.items()} == {cause: 11_000}
+    assert {c: t.ns for c, t in idle.causes.items()} == causes
 
 
 @pytest.mark.parametrize("malloc, launch, causes", [
@@ -588,8 +621,10 @@ def test_attribution_host_communication_claims_its_own_time_under_half_a_gap(mpi
     # the sync returns at 14 us, the cudaMalloc runs 17-23 us: the sync keeps its in-call idle and turnaround until
     # the allocation begins (10-17 us), the allocation its own 6 us, the late launch the rest (23-40 us)
     ((17_000, 23_000), {"sync": (7_000, 1, 1), "alloc": (6_000, 1, 0), "launch": (17_000, 1, 0)}),
-    (None, {"sync": (30_000, 1, 1)}),  # no allocation: the gap (30 us) is the sync's, turnaround and launch included
-    ((41_000, 45_000), {"sync": (30_000, 1, 1)}),  # an allocation after the gap claims none of it
+    # no allocation: the sync's in-call idle (4 us) and of its 26 us turnaround the 5 us of k1 it waited for; the
+    # rest is the late launch's
+    (None, {"sync": (9_000, 1, 1), "launch": (21_000, 1, 0)}),
+    ((41_000, 45_000), {"sync": (9_000, 1, 1), "launch": (21_000, 1, 0)}),  # an allocation after the gap: none of it
 ])
 def test_attribution_a_short_gap_is_cut_where_an_allocation_call_begins(malloc, causes):
     """k1 runs dry at 10 us inside a cudaStreamSynchronize (5-14 us); k2, launched at 25-33 us, lands at 40 us: a
@@ -607,10 +642,10 @@ def test_attribution_a_short_gap_is_cut_where_an_allocation_call_begins(malloc, 
 def test_attribution_a_sync_turnaround_ends_at_the_threads_first_os_call():
     """The sync (5-11 us) drained the queue at 10 us; the thread calls fwrite() 2 us after it returned and runs on a
     CPU until k2 lands at 6 ms: the sync keeps its in-call idle and those 2 us, the host's own work the rest."""
-    sched = [{"pid": 1, "tid": 7, "time_ns": T + t, "cpu": 0, "is_sched_in": i} for t, i in ((15_000, True),
-                                                                                          (5_900_000, False))]
-    idle, [gap] = late_resume(os_runtime=[{"pid": 1, "tid": 7, "name": "fwrite", "start_ns": T + 13_000,
-                                           "end_ns": T + 14_000}], sched=sched)
+    sched = [{"pid": 1, "tid": 7, "time_ns": T + t + R, "cpu": 0, "is_sched_in": i} for t, i in ((15_000, True),
+                                                                                              (5_900_000, False))]
+    idle, [gap] = late_resume(os_runtime=[{"pid": 1, "tid": 7, "name": "fwrite", "start_ns": T + 13_000 + R,
+                                           "end_ns": T + 14_000 + R}], sched=sched)
     assert {c: (t.ns, t.calls) for c, t in idle.causes.items()} == {"sync": (3_000, 1), "host_cpu": (5_987_000, 0)}
     assert (gap.cause, gap.late_ns, gap.late_cause) == ("sync", 5_987_000, "host_cpu")
 

@@ -132,13 +132,45 @@ def _raw_leads(path, start: int, end: int) -> dict[tuple[int, int], tuple[int, s
     return out
 
 
+HELD_SQL = """SELECT r."end", (SELECT min(o.start) FROM OSRT_API o JOIN StringIds n ON n.id = o.nameId
+  WHERE o.globalTid = r.globalTid AND o.start >= r."end" AND n.value NOT LIKE 'ioctl%'),
+  (SELECT min(a.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME a JOIN StringIds n ON n.id = a.nameId
+   WHERE a.globalTid = r.globalTid AND a.start >= r."end" AND (n.value LIKE 'cudaFree%' OR n.value LIKE 'cudaMalloc%')),
+  (SELECT sum(min(a."end", :ge) - a.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME a JOIN StringIds n ON n.id = a.nameId
+   WHERE a.globalTid = r.globalTid AND a.start >= r."end" AND a.start < :ge
+     AND (n.value LIKE 'cudaFree%' OR n.value LIKE 'cudaMalloc%'))
+FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+JOIN CUPTI_ACTIVITY_KIND_MEMCPY m ON m.correlationId = r.correlationId
+WHERE s.value LIKE 'cudaMemcpy%' AND m.deviceId = 0 AND m.bytes < :small AND r.start < m.start AND m."end" = :gs
+AND r."end" > :gs"""
+
+
+def _raw_pieces(path, gaps) -> dict[tuple[int, int], int]:
+    """For the gaps (start, end) that begin as a small copy's transfer ends inside its call: the call's piece, its
+    in-call idle and its turnaround (until the thread's first OS call, ioctl the driver's own, or allocation call: the
+    allocations that cover most of the gap, claimed for their own time), not capped at the copy's own transfer: the
+    copy is the work, not a wait on earlier work (short_gaps.UNCAPPED)."""
+    raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    out = {}
+    for gs, ge in gaps:
+        query = raw.execute(HELD_SQL, {"small": rules.PAGEABLE_STAGED_BYTES, "gs": gs, "ge": ge})
+        for call_end, first_os, first_alloc, alloc_ns in query:
+            cut = first_alloc if (alloc_ns or 0) >= attribution.DOMINANT_SHARE * (ge - gs) else ge
+            turn = min(max(0, min(ge, first_os or ge, cut) - call_end), attribution.SYNC_RESUME_MAX_NS)
+            out[gs, ge] = min(ge, call_end) - gs + turn
+    return out
+
+
 def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
     """knn (C++ kNN, 1,136 blocking cudaMemcpy2D from pageable memory): in 207 of the window's 310 gaps of 1 ms or
     more the host sits in a cudaMemcpy2D, begun in the gap, until its transfer starts at the gap's end: 76.113 ms
     (sqlite3), 70.578 ms bounded by each transfer's own time (24 wait longer: 22 8 MiB copies wait 0.89-1.04 ms
     before moving for 0.78-0.98 ms, two small ones ~1 ms before moving for 2-3 us). Each is the copy's
     (pageable_copy from 64 KiB, else small_copy), but for one 1.054 ms gap that the small copy it began in holds
-    whole already; the 70.577 ms left the bubble (320.659 ms before)."""
+    whole already; the 70.577 ms left the bubble (320.659 ms before). Two small copies (12.8 and 64 KB) began gaps
+    of 8.7 and 169.8 ms: each claims its in-call idle and its turnaround (_raw_pieces; sqlite3: 60,690 and 224,127
+    ns), not capped at its own transfer (1,440 and 3,936 ns): a copy from host memory is the work, it waits on no
+    earlier work; the rest of those gaps is the bubble's."""
     path = corpus_profile(*KNN)
     profile = open_profile(path, cache_dir=cache_root)
     try:
@@ -157,6 +189,9 @@ def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
     assert (lead, ours[whole].pieces()[0]) == ((1_633, "small_copy"), ("small_copy", whole[1] - whole[0]))
     assert led == {key: lead for key, lead in raw.items() if key != whole}
     by_root = {f.root_cause: f for f in result.findings}
+    pieces = _raw_pieces(path, [key for key, g in ours.items() if g.cause == "small_copy" and g.late_ns])
+    assert pieces == {key: ours[key].pieces()[0][1] for key in pieces}
+    assert sorted(pieces.values()) == [9_701, 9_766, 60_690, 224_127]
     assert by_root["gpu-bubbles"].time_at_stake_ns == 320_658_794 - (70_578_442 - 1_633)
     assert "cudaMemcpy2D" not in by_root["gpu-bubbles"].title
     assert by_root["pageable-host-memory"].time_at_stake_ns <= 394_300_000  # all pageable copies' transfer time
@@ -164,7 +199,8 @@ def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
 
 def test_copy_lead_balinski_tiny_reads_are_no_pageable_finding(cache_root):
     """balinski (C++ solver): its pageable copies are 2,455 4-byte flag reads and a few of 400 B-40 KB (sqlite3: none
-    of 64 KiB or more): pinning saves nothing there; its finding is the reads' synchronization."""
+    of 64 KiB or more): pinning saves nothing there; its findings are the tiny kernels' launches and the reads'
+    synchronization (test_gap_split: the reads claim 20.28 ms, no more than the work they waited for)."""
     path = corpus_profile("balinski_gomory_tinykernels",
                           "a43530a762f770f679f4a9d69ce3e0583f38c70a2879c5bb02d8eb046179edca")
     raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -177,7 +213,7 @@ def test_copy_lead_balinski_tiny_reads_are_no_pageable_finding(cache_root):
     finally:
         profile.close()
     roots = [f.root_cause for f in result.findings]
-    assert "pageable-host-memory" not in roots and roots[0] == "blocking-d2h-sync"
+    assert "pageable-host-memory" not in roots and roots[:2] == ["small-kernel-overhead", "blocking-d2h-sync"]
 
 
 def _json_leads(path, start_us: float, end_us: float) -> dict[int, int]:

@@ -75,30 +75,92 @@ def test_gap_split_a_syncs_turnaround_ends_where_the_host_prints(cache_root):
     assert (device.causes["sync"].ns, device.causes["sync"].calls) == (expected, 20)
 
 
+RUNS_SQL = """SELECT o.start, o."end", r."end" FROM ({work}) o LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+ON r.correlationId = o.correlationId""".format(work=WORK_SQL.replace('start, "end"', 'start, "end", correlationId'))
+CALLS_SQL = """SELECT r.start, r."end", s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+ORDER BY r.start"""  # the programs below run their CUDA calls on one thread
+
+
+def _runs(raw: sqlite3.Connection) -> list[tuple[int, int, int]]:
+    """(start, end, run_start) of each idle stretch: run_start, where the device's run of work before it began (the
+    end of the last stretch before it whose work after was launched only after it began: not queued)."""
+    out, reach, run_start = [], None, None
+    for s, e, launched in sorted(raw.execute(RUNS_SQL).fetchall()):
+        if reach is not None and s > reach:
+            out.append((reach, s, run_start))
+            run_start = run_start if launched is not None and launched <= reach else s
+        reach, run_start = max(reach or e, e), s if run_start is None else run_start
+    return out
+
+
+def _turnarounds(raw: sqlite3.Connection, blocking, cut=("-",)) -> tuple[int, int, int, int, list[tuple[int, ...]]]:
+    """What the blocking calls (blocking(name, start): is it one) claim: for each idle stretch begun inside one, its
+    in-call idle and the turnaround after it returned (1 ms at most, up to where a call named cut* begins), no longer
+    than the device's run of work inside the call before the stretch. (calls, their own time, in-call idle,
+    turnaround, the rest of those stretches as (start, end, claimed))."""
+    calls = raw.execute(CALLS_SQL).fetchall()
+    cuts = [c[0] for c in calls if c[2].startswith(cut)]
+    mine = [(s, e) for s, e, name in calls if blocking(name, s)]
+    starts, runs = [c[0] for c in mine], _runs(raw)
+    inside = turn = 0
+    rest = []
+    for s, e, run_start in runs:
+        i = bisect.bisect_right(starts, s) - 1
+        if i < 0 or s >= mine[i][1]:
+            continue
+        b_start, b_end = mine[i]
+        j = bisect.bisect_left(cuts, b_end)
+        resume = min(b_end + attribution.SYNC_RESUME_MAX_NS, cuts[j] if j < len(cuts) else e)
+        waited = s - max(b_start, run_start)
+        piece = min(e, b_end) - s + min(max(0, min(e, resume) - b_end), waited)
+        inside, turn = inside + min(e, b_end) - s, turn + piece - (min(e, b_end) - s)
+        rest.append((s, e, piece))
+    return len(mine), sum(e - s for s, e in mine), inside, turn, rest
+
+
 def test_gap_split_a_short_gap_is_cut_where_the_loops_allocation_begins(cache_root):
     """The OpenACC loop: each short gap begins in cuStreamSynchronize; the thread's next call is cuMemAlloc, then the
-    launch. The sync's piece runs to the allocation's start, the allocation claims its own time, the launch the
-    rest; before, the whole gap was the sync's (55.5 ms for syncs that take 10.3 ms)."""
+    launch. The sync's piece is its in-call idle and its turnaround, cut where the allocation begins, no longer than
+    the device's work the sync waited for (the 1 KB copy); the allocation claims its own time, the launch the rest.
+    Before, the sync's piece ran to the allocation whatever it waited for (14.07 ms for syncs that take 10.34 ms), and
+    earlier the whole gap was the sync's (55.5 ms)."""
     path = _corpus("openaccpol_fill_allocloop")
     raw = _raw(path)
-    idle = _idle(raw.execute(WORK_SQL).fetchall())
-    calls = raw.execute("""SELECT r.start, r."end", s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s
-                           ON s.id = r.nameId ORDER BY r.start""").fetchall()  # one thread
+    n, own, inside, turn, rest = _turnarounds(raw, lambda name, _: name == "cuStreamSynchronize", ("cuMemAlloc",))
+    calls = raw.execute(CALLS_SQL).fetchall()
     starts = [c[0] for c in calls]
-    sync_ns = alloc_ns = split = 0
-    for s, e in idle:
-        i = bisect.bisect_right(starts, s) - 1
-        if e - s > attribution.LAUNCH_GAP_MAX_NS or i < 0 or calls[i][2] != "cuStreamSynchronize" or s >= calls[i][1]:
-            continue
-        after = calls[i + 1]
-        cut = after[0] if after[2].startswith("cuMemAlloc") and after[0] < e else e
-        sync_ns, alloc_ns, split = sync_ns + cut - s, alloc_ns + min(e, after[1]) - cut, split + (cut < e)
+    alloc_ns = split = 0
+    for s, e, _ in rest:
+        if e - s <= attribution.LAUNCH_GAP_MAX_NS:
+            after = calls[bisect.bisect_right(starts, s)]  # the call after the sync
+            alloc_ns += min(e, after[1]) - after[0] if after[2].startswith("cuMemAlloc") and after[0] < e else 0
+            split += after[2].startswith("cuMemAlloc") and after[0] < e
     con, scope = _attributed(path, cache_root)
     with attribution.labelled_inputs(con, scope, attribution.FOLD_BELOW_NS) as (_, short):
         counted = {(cause, call): tuple(n) for (_, cause, call), n in short.counted.items()}
-    assert (sync_ns, alloc_ns, split) == (14_073_117, 12_297_870, 1_869)
-    assert counted[("sync", "cuStreamSynchronize")] == (split, sync_ns)
+    [device] = attribution.attribute(con, scope).devices.values()
+    assert (n, own, inside, turn, len(rest)) == (1_943, 10_342_385, 6_048_502, 2_228_748, 1_873)
+    assert (device.causes["sync"].ns, device.causes["sync"].calls) == (inside + turn, 1_873) and inside + turn < own
+    assert (alloc_ns, split) == (12_297_870, 1_869)
     assert counted[("alloc", None)] == (split, alloc_ns)
+
+
+def test_gap_split_a_reads_turnaround_is_capped_at_the_work_it_waited_for(cache_root):
+    """Balinski-Gomory (C++, RTX 3090): 2,455 small blocking reads (cudaMemcpyFromSymbol, 2 cudaMemcpy of 4 bytes)
+    between tiny kernels. Each read claims its in-call idle and its turnaround after it returned, the next launch's
+    latency included, no longer than the device's work it waited for (with the read gone, that is all the host's
+    turnaround would overlap); the rest of the gap is launch overhead (launch_tiny). Before, the read kept the gap
+    through the launch whatever it waited for: 35.04 ms for reads that take 27.99 ms; now 20.28 ms."""
+    path = _corpus("balinski_gomory_tinykernels")
+    raw = _raw(path)
+    reads = {s for (s,) in raw.execute("""SELECT r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN
+        CUPTI_ACTIVITY_KIND_MEMCPY m ON m.correlationId = r.correlationId WHERE m.copyKind = 2 AND m.bytes <= 1024""")}
+    n, own, inside, turn, _ = _turnarounds(raw, lambda _, start: start in reads)
+    con, scope = _attributed(path, cache_root)
+    [device] = attribution.attribute(con, scope).devices.values()
+    assert (n, own, inside, turn) == (2_455, 27_986_644, 17_510_401, 2_770_321)
+    assert (device.causes["readback"].ns, device.causes["readback"].calls) == (inside + turn, 2_455)
+    assert inside + turn < own
 
 
 def test_gap_split_the_autograd_threads_frees_explain_the_gaps_the_launching_thread_waits_through(cache_root):

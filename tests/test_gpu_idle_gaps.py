@@ -211,7 +211,7 @@ def test_gpu_idle_gaps_gc_pauses_are_periodic(demo):
     for pause in pauses:
         found = by_place[(pause["device"], pause["gpu_idle_start_ns"], pause["gpu_idle_end_ns"])]
         _, copy_ns[found.start_ns] = blocked_share(profile.path, found.device, tids[found.device], "cudaMemcpy%",
-                                                   found.start_ns, found.end_ns)
+                                                   found.start_ns, found.end_ns, result.scope.start_ns)
         host = found.late_cause if found.late_ns else found.cause
         assert found.periodic and host == "host_untraced"
         assert found.duration_ns - found.late_ns == copy_ns[found.start_ns] > 0

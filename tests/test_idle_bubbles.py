@@ -157,8 +157,8 @@ def _triaged(path, cache_root):
 
 
 def test_torchrec_bubble_names_the_process_activity_the_json_shows(cache_root):
-    """hta_torchrec_a100_ws16_rank0: of the 204.069 ms no cause explains, the process (pid 4515, main and autograd
-    threads) was inside CUDA calls or quiet ops for 59.731 ms, the most in cudaLaunchKernel (35.158 ms in all): the JSON
+    """hta_torchrec_a100_ws16_rank0: of the 205.068 ms no cause explains, the process (pid 4515, main and autograd
+    threads) was inside CUDA calls or quiet ops for 59.976 ms, the most in cudaLaunchKernel (35.219 ms in all): the JSON
     read alone says the same. The main thread's 158 ms cudaDeviceSynchronize after the last step overlaps 74.564 ms of
     the pieces but is not named: a thread waiting on the GPU while it idles is not what keeps it idle. Most of the
     bubble lies before work already queued (the JSON: the op after the gap was launched, its launch call returned,
@@ -170,10 +170,10 @@ def test_torchrec_bubble_names_the_process_activity_the_json_shows(cache_root):
     result, pieces = _triaged(path, cache_root)
     [bubble] = [f for f in result.findings if f.root_cause == "gpu-bubbles"]
     seen_ns, by_name = _json_seen(path, pieces, 4515)
-    assert sum(e - s for s, e in pieces) == bubble.time_at_stake_ns == 204_069_000
-    assert bubble.evidence["host_seen_ns"] == seen_ns == 59_731_000
+    assert sum(e - s for s, e in pieces) == bubble.time_at_stake_ns == 205_064_000
+    assert bubble.evidence["host_seen_ns"] == seen_ns == 59_976_000
     assert bubble.evidence["host_top"] == "CUDA call cudaLaunchKernel"
-    assert bubble.evidence["host_top_ns"] == by_name["cudaLaunchKernel"] == max(by_name.values()) == 35_158_000
+    assert bubble.evidence["host_top_ns"] == by_name["cudaLaunchKernel"] == max(by_name.values()) == 35_219_000
     assert "cudaDeviceSynchronize" not in bubble.title
     linked, every = _json_queued(path, result.window.start_ns / 1000, result.window.end_ns / 1000)
     assert (linked, every) == (122_462_000, 256_159_000)

@@ -259,9 +259,9 @@ def test_memory_transfers_default_result_is_small(open_fixture, stem):
 # --- savings never exceed the copies they are about; one owner per nanosecond -------------------------------------
 def test_memory_transfers_pinned_saving_never_exceeds_the_pageable_copies_and_their_calls():
     """A synchronous pageable upload: the call runs 10-2,000 ns, the transfer 1,000-1,900. The device idles from 20
-    (inside the call) to 1,000 and from 1,900 to the next kernel at 2,900 (the host's turnaround after the call):
-    half the 900 ns exposed transfer plus 1,980 ns of idle would be 2,430 ns, more than the 1,990 ns the copy and
-    its call take, which is all pinning can save."""
+    (inside the call) to 1,000 and from 1,900 to the next kernel at 2,900 (the host's turnaround after the call, no
+    longer than the 900 ns transfer it waited for): half the 900 ns exposed transfer plus 1,980 ns of idle would be
+    2,430 ns, more than the 1,990 ns the copy and its call take, which is all pinning can save."""
     con = make_model(kernels=[k(0, 20), {**k(2_900, 3_000), "tid": 1, "correlation_id": 9}],
                      memcpy=[copy(1_000, 1_900, "H2D", 10**6, "pageable", "device", 1, "cudaMemcpy")],
                      cuda_api=[call(10, 2_000, "cudaMemcpy", 1),

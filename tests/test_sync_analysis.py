@@ -8,6 +8,7 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES, planted
 from modeldb import make_model
 
+from stallhound.analysis import attribution
 from stallhound.analysis.contracts import run_skill
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import sync_analysis as sa
@@ -74,11 +75,13 @@ def test_sync_analysis_whole_result_on_tiny_model():
                      device_sync_ns=100, gpu_idle_ns=0),
         sa.ThreadRow(pid=2, tid=5, thread_name=None, devices=[], count=1, blocked_ns=50, blocked_window_pct=7.14,
                      device_syncs=1, steady_device_syncs=0, device_sync_ns=50, gpu_idle_ns=0)]
-    # idle attribution: device 0 drains inside the device sync (100-300) and the stream sync (520-700) and
-    # after the synchronous copy (400-500); device 1 inside the device sync (250-600)
+    # idle attribution: device 0 drains inside the event sync (100-300), the synchronous copy (400-420, and 20 ns of
+    # its 80 ns turnaround: the 380-400 of the kernel it waited for) and the stream sync (520-650, and 20 ns of its
+    # 50 ns turnaround: the copy it waited for); device 1 inside the device sync (250-350) and its turnaround to the
+    # stream sync (350-450: of the 100 ns of device 1's work it waited for)
     assert [(f.root_cause, f.severity, f.device, f.time_at_stake_ns, f.tags) for f in result.findings] == [
-        ("excessive-synchronization", "high", 0, 480, ["event-sync"]),  # 200 ns of it in the event sync
-        ("excessive-synchronization", "high", 1, 350, ["device-sync"])]
+        ("excessive-synchronization", "high", 0, 390, ["event-sync"]),  # 200 ns of it in the event sync
+        ("excessive-synchronization", "high", 1, 200, ["device-sync"])]  # 100 in it, 100 of its 100 ns turnaround
     assert not result.truncated and "cudaEventSynchronize" in sa.render(result)
 
 
@@ -114,7 +117,9 @@ def test_sync_analysis_limit_truncates():
 
 @pytest.mark.parametrize("kernels, expected", [
     ([(0, 10_000)], []),  # the device stays busy through every sync: nothing drained, nothing to recover
-    ([(0, 600), (2_000, 10_000)], [("excessive-synchronization", 0, 1_400)]),  # the 550-700 sync drained it
+    # the 550-700 sync drained it: its 100 ns after the device ran dry, and of the 800 ns to the next sync only the
+    # 50 ns of work it waited for (the rest, the host's, is untraced)
+    ([(0, 600), (2_000, 10_000)], [("excessive-synchronization", 0, 150)]),
 ])
 def test_sync_analysis_findings_are_the_idle_the_syncs_cause(kernels, expected):
     calls = [call(s, e, "cudaDeviceSynchronize", 1) for s, e in ((550, 700), (1500, 1510), (2500, 2510))]
@@ -149,8 +154,12 @@ def test_sync_analysis_finds_planted_device_syncs(demo):
         assert (thread.devices, thread.device_syncs, thread.device_sync_ns) == (
             [plant["device"]], plant["count"], plant["blocked_ns"])
         assert thread.steady_device_syncs >= plant["count"] - 1  # the last may close the run
-        assert [(f.device, f.tags) for f in result.findings if f.root_cause == "excessive-synchronization"] == [
-            (plant["device"], ["device-sync"])]
+        # the demo syncs after the optimizer's tiny kernels, launched about as fast as they run: each waits some 25 us
+        # of queued work, and the host's 0.4-0.8 ms after it would idle the device with the sync gone too. So the
+        # syncs claim their own time (the planted blocked_ns) and no more: under 1% of the window, no finding
+        [idle] = attribution.attribute(profile.con, result.scope).devices.values()
+        assert (idle.causes["sync"].ns, idle.causes["sync"].calls) == (plant["blocked_ns"], plant["count"])
+        assert "excessive-synchronization" not in {f.root_cause for f in result.findings}
         assert [f.device for f in result.findings if f.root_cause == "blocking-d2h-sync"] == [plant["device"]]
 
 

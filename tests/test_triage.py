@@ -19,7 +19,6 @@ PLANTED_CAUSES = {
     "tiny_kernels": "small-kernel-overhead",
     "pageable_h2d": "pageable-host-memory",
     "small_d2h": "blocking-d2h-sync",
-    "device_sync": "excessive-synchronization",
     "nccl_straggler": "nccl-straggler",
     "slow_first_iteration": "profiler-window-on-warmup",
 }
@@ -37,6 +36,16 @@ def test_triage_finds_each_planted_problem(demo_triage, kind, cause):
     assert planted(truth, kind), f"the demo sample plants no {kind}"
     causes = {f.root_cause for f in result.findings}
     assert cause in causes, f"planted {kind} not reported as {cause} (found: {sorted(causes)})"
+
+
+def test_triage_does_not_inflate_the_demos_cheap_device_syncs(demo_triage):
+    """The demo's planted device syncs come after the optimizer's tiny kernels, which the host launches about as fast
+    as they run: each waits some 25 us of queued work, and the host's 0.4-0.8 ms after it would idle the device with
+    the sync gone too. They cost their own time, under 1% of the window: no excessive-synchronization finding (the
+    removed_sync pair and test_sync_or_gc plant syncs that wait on a deep queue, and are found)."""
+    result, truth = demo_triage
+    assert planted(truth, "device_sync")
+    assert "excessive-synchronization" not in {f.root_cause for f in result.findings}
 
 
 def test_triage_names_the_straggler_device(demo_triage):

@@ -14,13 +14,19 @@ nanoseconds and their sum is the device's idle time:
   (the .item() pattern); a copy from pageable host memory large enough to pay for its staging
   (rules.PAGEABLE_STAGED_BYTES), or a synchronize right after one; a smaller one (it costs its latency, which pinning
   does not shorten: no idle finding claims it, memory_transfers' small uploads may), or a synchronize right after
-  one; another synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call is why the
-  device ran dry however late the host resumes: it keeps the gap up to SYNC_RESUME_MAX_NS after it returned
-  (the host's turnaround, which work queued ahead would have hidden), or until the thread is seen doing its own work:
-  an OS call (printing, I/O) or an activity claimed for its own time (below); what lies past that is the late resume
-  (late_ns), judged by what the host did in the gap like a gap without a blocking call (sync, launch,
-  host_cpu, host_untraced). A synchronize call covering most of a longer gap also counts as sync (the host
-  waited on other work meanwhile). Each blocking cause counts the distinct calls whose gaps it holds (calls).
+  one; another synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call keeps the
+  idle inside it, and of the host's turnaround after it returned only what the call made idle: with the call gone,
+  the host's work after it would have run while the device ran the work the call waited for (the device's run of
+  work from the call's start, or the last gap before it that was not queued, to the gap: gap_pass's busy_from_ns),
+  and no longer, past that the device would idle anyway with the host late. So the turnaround runs up to
+  SYNC_RESUME_MAX_NS after the return, or until the thread is seen doing its own work: an OS call (printing, I/O) or
+  an activity claimed for its own time (below), and never longer than that run; a call thus claims at most its own
+  time. Not so a copy from host memory (pageable_copy, small_copy): it waits on no earlier work, it is the work, and
+  its turnaround, the cost of issuing such copies one by one, stays its own (short_gaps.UNCAPPED). What lies past
+  that is the late resume (late_ns), judged by what the host did in the gap like a gap without a blocking call
+  (sync, launch, host_cpu, host_untraced). A synchronize call covering most of a longer gap also
+  counts as sync (the host waited on other work meanwhile). Each blocking cause counts the distinct calls whose gaps
+  it holds (calls).
   A gap of HELD_MIN_NS or more that a blocking copy call (on any thread) spans to its end, for most of it, is held
   by the copy, before every rule here, queued included: the copy's transfer ran on the gap's device only after the
   gap, and the work after the gap was launched before the call began (or by no traced call), so the device waited
@@ -33,10 +39,10 @@ nanoseconds and their sum is the device's idle time:
   device idled while the host staged a pageable copy or waited out a synchronous copy's latency, not while it did its
   own work.
   A short gap that starts in a blocking call's wake (after it returned, until the thread's first kernel launch
-  after it has returned) is the call's too: the call left the queue empty, so that launch's latency is exposed
-  however fast the host launches (attribution_sql.CALLS_SQL). A short gap held by a call that allocates nothing, in
-  which the thread then calls an allocation call, is cut: the call's piece ends where the allocation begins, the
-  allocation calls claim their own time, and the rest is the late launch (short_gaps.ShortGaps).
+  after it has returned) is the call's too, for its turnaround as above: the call left the queue empty, so that
+  launch's latency is exposed however fast the host launches (attribution_sql.CALLS_SQL). A short gap held by a call
+  that allocates nothing, in which the thread then calls an allocation call, is cut: the call's piece ends where the
+  allocation begins, the allocation calls claim their own time, and the rest is the late launch (short_gaps.ShortGaps).
 - host_fault: the device's work on both sides of the gap is unified-memory migrations that a host thread's touch
   caused (rules.HOST_TOUCH_SQL: the host reads managed memory that lives on the device, page by page), and the gap
   lasts at most FAULT_CYCLE_MAX_NS: the host is stalled in page faults between them, not launching or computing.
@@ -165,7 +171,7 @@ def labelled_inputs(con: duckdb.DuckDBPyConnection, scope: Scope, fold_below_ns:
             con.execute(sql, bound(sql, params))
         spans = con.execute(SPANS_SQL).fetchnumpy()
         main_threads = {d: (p, t) for d, p, t in con.execute(MAIN_THREAD_SQL).fetchall()}
-        short = ShortGaps(spans, main_threads, min(fold_below_ns, LAUNCH_GAP_MAX_NS + 1))
+        short = ShortGaps(spans, main_threads, min(fold_below_ns, LAUNCH_GAP_MAX_NS + 1), SYNC_RESUME_MAX_NS)
         with gap_pass.idle_gaps(con, scope, rules.TINY_KERNEL_NS, fold_below_ns, slices, short) as folded:
             con.execute(HOST_SQL, bound(HOST_SQL, params))
             yield folded, short

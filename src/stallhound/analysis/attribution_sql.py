@@ -24,6 +24,7 @@ WORK = THREADS + """
 gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with its thread; recomputed for each reader,
   -- which costs less than writing every gap (that spills on the largest exports)
   SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny, g.driver, g.touched,
+         g.busy_from_ns,
          CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
          CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
   FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),"""
@@ -83,9 +84,11 @@ bcalls AS (
 # The blocking calls as the gap starts they stand for: the thread's latest call begun by then, while it lasts (a call
 # nested in another ends the outer one's span: until_ns), and for a short gap also in its wake (reach_ns): after it
 # returned, until the thread's first kernel launch after it has returned (a launch begun within $resume_max), when
-# the work after the gap was launched by then: the queue the call left is empty, so the device idles until that
-# launch lands whatever the host does. A thread's spans are disjoint; written once, read by the gap pass (ShortGaps)
-# and by the labelling.
+# the work after the gap was launched by then and the device ran work inside the call before the gap (busy_from_ns
+# before the call's end: the turnaround that work would have hidden, gap_causes.sql's piece_ns; not asked of a copy
+# from host memory, whose turnaround piece_ns does not cap): the queue the call left is empty, so the device idles
+# until that launch lands whatever the host does. A thread's spans are disjoint; written once, read by the gap pass
+# (ShortGaps) and by the labelling.
 CALLS_SQL = "CREATE TEMP TABLE gap_blocking_calls AS WITH " + THREADS + BLOCKING + """
 woken AS (  -- the (thread, bucket) pairs in which a launch can begin within $resume_max after a call returned
   SELECT DISTINCT pid, tid, unnest(range(end_ns // $bucket_ns, (end_ns + $resume_max) // $bucket_ns + 1)) AS bucket
@@ -120,7 +123,8 @@ bspans AS (  -- cut in buckets for an equality join of the few calls with the ma
 spanned AS (  -- each gap with the span its start falls in (a queued gap's shows only in listed gaps), and whether it
   -- holds the gap: it starts inside the call, or for a short gap in its wake, before the work launched by then
   SELECT g.*, b.cause AS b_cause, b.name AS b_name, b.start_ns AS b_start, b.end_ns AS b_end,
-         g.start_ns < b.until_ns OR g.duration_ns <= $launch_gap_max AND g.launch_end_ns <= b.reach_ns AS held
+         g.start_ns < b.until_ns OR g.duration_ns <= $launch_gap_max AND g.launch_end_ns <= b.reach_ns
+           AND (g.busy_from_ns < b.end_ns OR b.cause IN ('pageable_copy', 'small_copy')) AS held
   FROM gap_thread g
   LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
       WHEN g.duration_ns >= $min_gap OR NOT coalesce(g.launch_end_ns <= g.start_ns, false)

@@ -8,12 +8,18 @@
 -- (host_cause; before a late launch, one op's overhead: alloc when allocating is the most of it seen). A host
 -- activity claims only its own time in the gap (the union of its events there, gap_host): a finding never claims more
 -- than the time of the events it is about. So a gap is cut in up to three pieces that never share nanoseconds
--- (split): the blocking call it began in (its in-call idle and up to $resume_max of turnaround, while the host does
--- nothing but drive the device: gap_host's cut_ns at a claimed activity, own_ns at an OS call); the activity's own
--- time after that (one piece with the call's when it is of the call's kind) (then_ns, then_cause); the rest
--- (late_ns, late_cause: host_cause). A blocking call's late resume with no activity, likewise the rest. A short gap
--- begun in a call that allocates nothing is cut where an allocation call of its thread begins in it
--- (short_allocs): the allocation calls' own time (then), the late launch after them (late). The result as labelled.
+-- (split): the blocking call it began in (piece_ns: its in-call idle and up to $resume_max of turnaround, while the
+-- host does nothing but drive the device: own_ns at an OS call, gap_host's cut_ns at the activity claimed after it;
+-- and no longer than the device's run of work inside the call before the gap (busy_from_ns): with the call gone, the
+-- host's turnaround, the next launch's latency included, would overlap only the work the call waited for, past it
+-- the device idles anyway; so a call claims at most its own time. Not a copy from host memory (pageable_copy,
+-- small_copy): the copy is itself the work, not a wait on earlier work, and its turnaround is the cost of issuing
+-- such copies one by one); the activity's own time after that (one piece with the call's when it is of the call's
+-- kind)
+-- (then_ns, then_cause); the rest (late_ns, late_cause: host_cause). A blocking call's late resume with no
+-- activity, likewise the rest. A short gap is cut at its call's piece too, and where an allocation call of its
+-- thread begins in it when the call allocates nothing (short_allocs): the allocation calls' own time (then), the
+-- late launch after them (late). The result as labelled.
 -- Before all that, a held gap: one of $held_min or more that a blocking copy call on any thread spans to its end, for
 -- most of it, whose transfer runs on the gap's device only after the gap, while the work after the gap had been
 -- launched before the call began (or by no traced call): the device waited on work the trace does not show (another
@@ -57,6 +63,11 @@ short_allocs AS (  -- a short gap begun in a blocking call that allocates nothin
 judged AS (
   SELECT g.*, sa.alloc_at, sa.s_alloc_ns, h.jit_ns, h.profiler_ns, hd.h_cause IS NOT NULL AS held, hd.h_name,
          hd.h_pid, hd.h_tid, hd.h_start, l.l_cause, l.l_name, l.l_start, l.l_transfer,
+         least(g.end_ns, greatest(g.start_ns, g.b_end)
+           + least(greatest(0, least(g.end_ns, g.b_end + $resume_max, h.own_ns) - greatest(g.start_ns, g.b_end)),
+           CASE WHEN g.blocked_cause NOT IN ('pageable_copy', 'small_copy') THEN greatest(0, least(g.start_ns, g.b_end)
+             - greatest(g.b_start, g.busy_from_ns)) END), sa.alloc_at) - g.start_ns
+           AS piece_ns,  -- the blocking call's piece (above; least skips a NULL: a host copy's turnaround, uncapped)
   CASE
     WHEN hd.h_cause IS NOT NULL THEN hd.h_cause
     WHEN g.launch_end_ns <= g.start_ns THEN 'queued'
@@ -94,7 +105,7 @@ judged AS (
 activity AS (  -- a longer gap's host activity (one claimed for its own time), that time, and the blocking call's piece
   -- before it: the call's in-call idle and up to $resume_max of turnaround, when the call is not the activity's kind
   SELECT *, CASE WHEN act IS NULL OR held OR blocked_cause IS NULL THEN 0
-                 ELSE least(end_ns, coalesce(cut_ns, b_end + $resume_max), own_ns) - start_ns END AS call_ns
+                 ELSE least(piece_ns, cut_ns - start_ns) END AS call_ns  -- cut at the claimed activity
   FROM (SELECT *, CASE WHEN held OR duration_ns <= $launch_gap_max THEN NULL
                        WHEN early_cause IN ('host_comm', 'input_wait', 'host_wait', 'jit', 'profiler', 'init')
                          THEN early_cause
@@ -110,17 +121,17 @@ split AS (
   SELECT *, CASE WHEN call_ns > 0 THEN blocked_cause ELSE coalesce(act, early_cause, host_cause) END AS cause,
          CASE WHEN call_ns > 0 AND act <> blocked_cause THEN act WHEN short_split THEN 'alloc' END AS then_cause,
          CASE WHEN call_ns > 0 AND act <> blocked_cause THEN least(act_ns, duration_ns - call_ns)  -- of the call's
-              WHEN short_split THEN s_alloc_ns ELSE 0 END AS then_ns,  -- kind: one piece
+              WHEN short_split THEN coalesce(s_alloc_ns, 0) ELSE 0 END AS then_ns,  -- kind: one piece
          CASE
-    WHEN short_split THEN duration_ns - (alloc_at - start_ns) - s_alloc_ns  -- the rest: the late launch
+    WHEN short_split THEN duration_ns - piece_ns - coalesce(s_alloc_ns, 0)  -- the rest: the late launch
     WHEN act = 'alloc' AND blocked_cause = 'alloc' THEN greatest(0, duration_ns - (least(b_end, end_ns) - start_ns)
       - act_ns - $resume_max)  -- begun in an alloc call: the calls' own time in it and one turnaround after them
     WHEN act IS NOT NULL THEN duration_ns - call_ns - least(act_ns, duration_ns - call_ns)
     WHEN early_cause = blocked_cause AND host_cause <> early_cause AND duration_ns > $launch_gap_max AND NOT held
-      THEN greatest(0, end_ns - least(b_end + $resume_max, own_ns))  -- least skips a NULL
+      THEN duration_ns - piece_ns  -- no claimed activity: the turnaround runs on through unclaimed ones
     ELSE 0 END AS late_ns
-  FROM (SELECT *, duration_ns <= $launch_gap_max AND early_cause = blocked_cause AND alloc_at IS NOT NULL
-                  AS short_split FROM activity)),  -- a short gap's call piece ends where an allocation call begins
+  FROM (SELECT *, duration_ns <= $launch_gap_max AND early_cause = blocked_cause AND piece_ns < duration_ns
+                  AS short_split FROM activity)),  -- a short gap past its call's piece: allocation, late launch
 led AS (  -- the lead copy call's piece: from its start to the gap's end, taken from the rest of the gap (the late
   -- piece, or a gap judged whole by what the host did), never more than that rest nor than the copy's transfer time
   SELECT *, CASE WHEN l_cause IS NULL THEN 0 ELSE least(end_ns - l_start, l_transfer, CASE WHEN late_ns > 0 THEN late_ns

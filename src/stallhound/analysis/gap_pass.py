@@ -12,7 +12,9 @@ of the thread that launched an operation ending where the gap begins (of several
 none traced), and driver (the operation after it is a unified-memory migration the driver issued,
 rules.DRIVER_MIGRATION_SQL, and none starting with it was launched by a traced call), and touched (the operations
 ending where it begins and starting where it ends are migrations a host thread's touch caused, rules.HOST_TOUCH_SQL,
-none launched by a traced call: the host was reading managed memory page by page across it). DuckDB's window
+none launched by a traced call: the host was reading managed memory page by page across it), and busy_from_ns (where
+the device's run of work before the gap began: the end of the last gap before it that was not queued, or the window's
+start; the queued gaps inside the run are stalls between work it already had). DuckDB's window
 operator over millions of operations costs several times the sort it needs, and spills on the largest exports; the
 pass reads at most device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
 """
@@ -61,23 +63,23 @@ SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(tiny, false) AS t
 FROM ops"""
 CREATE_SQL = """CREATE OR REPLACE TEMP TABLE idle_gaps (gap_id BIGINT, device_id INTEGER, start_ns BIGINT,
   end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT, prev_pid BIGINT,
-  prev_tid BIGINT, driver BOOLEAN, touched BOOLEAN)"""
+  prev_tid BIGINT, driver BOOLEAN, touched BOOLEAN, busy_from_ns BIGINT)"""
 INSERT_SQL = """INSERT INTO idle_gaps SELECT gap_id, $device, start_ns, end_ns, end_ns - start_ns,
   CASE WHEN launch_end_ns < $touch_time THEN launch_end_ns END, tiny, nullif(pid, $no_thread),
   nullif(tid, $no_thread), nullif(prev_pid, $no_thread), nullif(prev_tid, $no_thread), launch_end_ns = $driver_time,
-  touched
+  touched, busy_from_ns
 FROM gap_chunk"""
 
 
 class _Device:
     """One device's pass: the running maximum of end x 2 + tiny (the latest end, and whether an operation ending
     then is tiny), of end x 2 + touch (... whether one ending then is a host-touch migration), of end x 2 + traced
-    with the thread of the last operation reaching it (prev), and the rows counted so far, carried from chunk to chunk;
-    the queued gaps shorter than fold_below only counted and summed."""
+    with the thread of the last operation reaching it (prev), the last unqueued gap's end (busy_from) and the rows
+    counted so far, carried from chunk to chunk; the queued gaps shorter than fold_below only counted and summed."""
 
     def __init__(self, device: int, start: int, fold_below: int) -> None:
         self.device, self.reach2, self.rows = device, start * 2, 1  # the window's start is row 1
-        self.touch2 = start * 2
+        self.touch2, self.busy_from = start * 2, start
         self.traced2, self.prev = start * 2, (NO_THREAD, NO_THREAD)
         self.fold_below, self.folded_gaps, self.folded_ns = fold_below, 0, 0
 
@@ -102,11 +104,15 @@ class _Device:
         heads = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))  # runs of operations starting together
         run = np.searchsorted(heads, at, side="right") - 1
         start, end, launch_end = before[at] // 2, s[at], np.minimum.reduceat(le, heads)[run]
+        ends = np.concatenate(([self.busy_from], np.where(launch_end <= start, 0, end)))
+        busy_from = np.maximum.accumulate(ends)  # the latest unqueued gap's end: before each gap, then after the last
+        busy_from, self.busy_from = busy_from[:-1], int(busy_from[-1])
         fold = (launch_end <= start) & (end - start < self.fold_below)  # counted here, not written
         self.folded_gaps += int(fold.sum())
         self.folded_ns += int((end - start)[fold].sum())
         kept = ~fold
         at, run, start, end, launch_end = at[kept], run[kept], start[kept], end[kept], launch_end[kept]
+        busy_from = busy_from[kept]
         touched = (launch_end == TOUCH_TIME) & (touch2[:-1][at] % 2 == 1)  # a touched page on either side
         # a run's thread: of its traced operations, the first whose launch returned (untraced returns last)
         sizes = np.diff(np.append(heads, len(s)))
@@ -120,7 +126,7 @@ class _Device:
                  "launch_end_ns": launch_end,
                  "tiny": np.logical_or.reduceat(tiny, heads)[run] | (before[at] % 2 == 1),
                  "pid": np.where(traced, pid[pick[run]], NO_THREAD), "tid": np.where(traced, tid[pick[run]], NO_THREAD),
-                 "touched": touched}
+                 "touched": touched, "busy_from_ns": busy_from}
         found["prev_pid"], found["prev_tid"] = self._prev(e, pid, tid, at)
         self.reach2, self.touch2, self.rows = int(reach2[-1]), int(touch2[-1]), self.rows + len(s)
         return found
@@ -136,7 +142,8 @@ class _Device:
                 "pid": np.array([NO_THREAD] * one, dtype=np.int64), "tid": np.array([NO_THREAD] * one, dtype=np.int64),
                 "prev_pid": np.array([self.prev[0] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64),
                 "prev_tid": np.array([self.prev[1] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64),
-                "touched": np.array([False] * one, dtype=bool)}
+                "touched": np.array([False] * one, dtype=bool),
+                "busy_from_ns": np.array([self.busy_from] * one, dtype=np.int64)}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ import numpy as np
 from stallhound.analysis import gap_pass
 
 UNBLOCKED = ("host_untraced", "launch_tiny", "launch")  # a short gap's cause with no blocking call, coded -1, -2, -3
+UNCAPPED = ("pageable_copy", "small_copy")  # copies from host memory: the work itself, not a wait on earlier work, so
+# their turnaround is not capped at the work they waited for (gap_causes.sql's piece_ns)
 
 
 class ShortGaps:
@@ -16,12 +18,13 @@ class ShortGaps:
     (the blocking call whose span or wake (CALLS_SQL) holds its start on its thread, else host_untraced when the work
     after it was not launched by a traced call, else launch_tiny or launch) and is counted and summed per (device,
     cause, call) instead of written: most gaps of a large export, which the labelling then no longer reads. A gap
-    held by a call that allocates nothing, in which the thread then calls an allocation call, is cut in three pieces
-    (gap_causes.sql's short_allocs): the call's (until the allocation begins), the allocation calls' own time (alloc),
-    and the rest, the late launch (its unblocked cause)."""
+    held by a call is cut in up to three pieces: the call's (piece_ns in gap_causes.sql: its in-call idle and its
+    turnaround, until the allocation calls the thread then calls begin when the call allocates nothing, short_allocs),
+    the allocation calls' own time (alloc), and the rest, the late launch (its unblocked cause)."""
 
-    def __init__(self, spans: dict[str, np.ndarray], main_threads: dict[int, tuple[int, int]], below_ns: int):
-        self.below_ns, self.main_threads = below_ns, main_threads
+    def __init__(self, spans: dict[str, np.ndarray], main_threads: dict[int, tuple[int, int]], below_ns: int,
+                 resume_max_ns: int):
+        self.below_ns, self.main_threads, self.resume_max_ns = below_ns, main_threads, resume_max_ns
         self.labels = sorted(set(spans["cause"].tolist()) | set(spans["name"].tolist()) - {None}
                              | {"queued", "host_fault"})
         ids = {label: i for i, label in enumerate(self.labels)}  # a call with no name: -1, as no call (NULL)
@@ -54,13 +57,17 @@ class ShortGaps:
         begins, ends, launched = start[at], end[at], launch_end[at]
         cut, alloc_ns = ends.copy(), np.zeros(len(at), dtype=np.int64)  # where the call's piece ends; then allocation
         driver = launched == gap_pass.DRIVER_TIME
+        busy_from = gaps["busy_from_ns"][at]
+        uncapped = [self.labels.index(c) for c in UNCAPPED if c in self.labels]
         for key, (starts, untils, reaches, call_ends, causes, names) in self.spans.items():
             mine = np.flatnonzero((pid == key[0]) & (tid == key[1]) & ~touched)
             if not len(mine):
                 continue
             span = np.searchsorted(starts, begins[mine], side="right") - 1
             pos = np.maximum(span, 0)
-            woken = (begins[mine] < reaches[pos]) & (launched[mine] <= reaches[pos])  # in its wake (CALLS_SQL)
+            own = np.isin(causes[pos], uncapped)
+            woken = ((begins[mine] < reaches[pos]) & (launched[mine] <= reaches[pos])
+                     & ((busy_from[mine] < call_ends[pos]) | own))  # in its wake (CALLS_SQL's spanned)
             inside = (span >= 0) & ((begins[mine] < untils[pos]) | woken)
             cause[mine[inside]], call[mine[inside]] = causes[span[inside]], names[span[inside]]
             waited = inside & driver[mine] & (ends[mine] <= call_ends[pos])  # gap_causes.sql: queued
@@ -68,16 +75,32 @@ class ShortGaps:
             blocked = inside & ~waited
             for c, at_call in set(zip(causes[span[blocked]].tolist(), starts[span[blocked]].tolist(), strict=True)):
                 self.calls.setdefault((device, self.labels[c]), set()).add((*key, at_call))
-            split = mine[blocked]
-            cut[split], alloc_ns[split] = self._allocs((starts, untils, causes), span[blocked], ends[split])
+            split, b = mine[blocked], span[blocked]
+            cut[split], alloc_ns[split] = self._allocs((starts, untils, causes), b, ends[split])
+            cut[split] = np.minimum(cut[split], self._piece_end(
+                begins[split], ends[split], (starts[b], call_ends[b]), busy_from[split], ~own[blocked]))
         split = cut < ends
         rest = ends - cut - alloc_ns  # after the call's piece and the allocation calls' own time: the late launch
         self._count(device, cause, call, np.where(split, cut - begins, duration[at]))
-        self._count(device, np.full(int(split.sum()), self.labels.index("alloc") if split.any() else -1),
-                    np.full(int(split.sum()), -1), alloc_ns[split])
+        allocated = split & (alloc_ns > 0)
+        self._count(device, np.full(int(allocated.sum()), self.labels.index("alloc") if allocated.any() else -1),
+                    np.full(int(allocated.sum()), -1), alloc_ns[allocated])
         late = split & (rest > 0)
         self._count(device, unblocked[late], np.full(int(late.sum()), -1), rest[late])
         return judged
+
+    def _piece_end(self, begins: np.ndarray, ends: np.ndarray, calls: tuple[np.ndarray, ...],
+                   busy_from: np.ndarray, capped: np.ndarray) -> np.ndarray:
+        """Where the blocking call's piece of each gap ends (gap_causes.sql's piece_ns): its in-call idle, then its
+        turnaround ($resume_max at most), no longer than the device's run of work inside the call before the gap (the
+        work the call waited for, which that host time, the next launch's latency included, would have overlapped),
+        where capped (not a copy from host memory, UNCAPPED)."""
+        call_starts, call_ends = calls
+        after = np.maximum(begins, call_ends)
+        stop = np.minimum(ends, call_ends + self.resume_max_ns)
+        waited = np.where(~capped, self.resume_max_ns,
+                          np.maximum(0, np.minimum(begins, call_ends) - np.maximum(call_starts, busy_from)))
+        return np.minimum(ends, after + np.minimum(np.maximum(0, stop - after), waited))
 
     def _allocs(self, spans: tuple[np.ndarray, ...], span: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
         """For gaps held by the thread's blocking calls `span` (ending at `ends`): where the first allocation call
