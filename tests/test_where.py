@@ -149,8 +149,16 @@ def _python_site(events: list[dict], call: dict) -> tuple[str, str | None]:
 
 
 def test_where_kineto_readback_names_the_planted_item_in_step(cache_root):
-    result = _triage(open_profile(SYNC_PAGEABLE, cache_dir=cache_root).con)
-    found = _placed(result, "blocking-d2h-sync")
+    """The planted `.item()` readbacks cost little in this capture (the same work without them idles about as much:
+    sync_pageable_fixed), so triage reports no blocking-d2h-sync; placed as such a finding's events, over triage's
+    window, they are the planted line."""
+    con = open_profile(SYNC_PAGEABLE, cache_dir=cache_root).con
+    result = _triage(con)
+    assert "blocking-d2h-sync" not in {f.root_cause for f in result.findings} and result.window is not None
+    readbacks = Finding(root_cause="blocking-d2h-sync", severity="info", title="readbacks", evidence={},
+                        time_at_stake_ns=0, device=result.window.devices[0])
+    found = readbacks.model_copy(update={"where": where.locate(con, result.window, readbacks)})
+    assert found.where is not None
     with gzip.open(SYNC_PAGEABLE) as fh:
         events = json.load(fh)["traceEvents"]
     syncs = _readback_syncs(events)
