@@ -161,6 +161,19 @@ def _raw_pieces(path, gaps) -> dict[tuple[int, int], int]:
     return out
 
 
+def _triaged_gaps(path, cache_root) -> tuple[triage.Result, list]:
+    """triage's result on the profile, and the attribution's gaps of 1 ms or more over triage's window."""
+    profile = open_profile(path, cache_dir=cache_root)
+    try:
+        result = triage.run(profile.con, triage.Params(profile="p"))
+        w = result.window
+        scope = common.resolve_scope(profile.con, common.ScopedParams(profile="p", start_ns=w.start_ns,
+                                                                      end_ns=w.end_ns))
+        return result, attribution.attribute(profile.con, scope).long_gaps
+    finally:
+        profile.close()
+
+
 def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
     """knn (C++ kNN, 1,136 blocking cudaMemcpy2D from pageable memory): in 207 of the window's 310 gaps of 1 ms or
     more the host sits in a cudaMemcpy2D, begun in the gap, until its transfer starts at the gap's end: 76.113 ms
@@ -172,15 +185,8 @@ def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
     ns), not capped at its own transfer (1,440 and 3,936 ns): a copy from host memory is the work, it waits on no
     earlier work; the rest of those gaps is the bubble's."""
     path = corpus_profile(*KNN)
-    profile = open_profile(path, cache_dir=cache_root)
-    try:
-        result = triage.run(profile.con, triage.Params(profile="knn"))
-        w = result.window
-        scope = common.resolve_scope(profile.con, common.ScopedParams(profile="p", start_ns=w.start_ns,
-                                                                      end_ns=w.end_ns))
-        gaps = attribution.attribute(profile.con, scope).long_gaps
-    finally:
-        profile.close()
+    result, gaps = _triaged_gaps(path, cache_root)
+    w = result.window
     raw = _raw_leads(path, w.start_ns, w.end_ns)
     assert (len(raw), sum(ns for ns, _ in raw.values())) == (207, 70_578_442)
     ours = {(g.start_ns, g.end_ns): g for g in gaps}
@@ -243,15 +249,8 @@ def test_copy_lead_nw4_first_copy_claims_its_transfer_time_not_a_one_off_stall(c
     (JSON). Staging 19 MB takes about its transfer's time: the first lead is 3.605 ms, the rest of the lead-in stays
     the host's, and pageable-host-memory claims no more than the copies' 18.953 ms (47.404 ms before the bound)."""
     path = corpus_profile("kineto_resnet50_nw4", "c290eb249e74824736f81886587614fc5d96660d3e60d0c256dee4b4a0e268f6")
-    profile = open_profile(path, cache_dir=cache_root)
-    try:
-        result = triage.run(profile.con, triage.Params(profile="nw4"))
-        w = result.window
-        scope = common.resolve_scope(profile.con, common.ScopedParams(profile="p", start_ns=w.start_ns,
-                                                                      end_ns=w.end_ns))
-        gaps = attribution.attribute(profile.con, scope).long_gaps
-    finally:
-        profile.close()
+    result, gaps = _triaged_gaps(path, cache_root)
+    w = result.window
     raw = _json_leads(path, w.start_ns / 1e3, w.end_ns / 1e3)
     assert sorted(raw.values()) == [189, 193, 318, 3605]
     assert {g.end_ns: (g.lead_ns, g.lead_cause) for g in gaps if g.lead_ns} == {
