@@ -39,8 +39,9 @@ def on_devices(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[int, OneSho
     """Per device in scope that ran kernels, none of them MIN_REPEATS times, in a capture without steps."""
     if not scope.devices:
         return {}
-    capture = resolve_scope(con, ScopedParams(profile=scope.profile))
-    if boundaries(con, capture, None, "auto")[3]:
-        return {}
     rows = con.execute(ONE_SHOT_SQL, {"devices": scope.devices}).fetchall()
-    return {device: OneShot(kernels, names, most) for device, kernels, names, most in rows if most < MIN_REPEATS}
+    once = {device: OneShot(kernels, names, most) for device, kernels, names, most in rows if most < MIN_REPEATS}
+    if not once:  # kernels repeat: the step search over the capture (the dearer test) is not needed
+        return {}
+    capture = resolve_scope(con, ScopedParams(profile=scope.profile))
+    return {} if boundaries(con, capture, None, "auto")[3] else once
