@@ -105,6 +105,41 @@ def test_undersized_grid_capped_at_the_window():
     assert (grid.root_cause, grid.time_at_stake_ns) == ("undersized-grid", 50 * MS)
 
 
+def migration(s: int, e: int, cause: str | None, device: int = 0, direction: str = "UVM_H2D") -> dict:
+    return {"device_id": device, "stream_id": 1, "pid": 1, "start_ns": s, "end_ns": e, "bytes": 65536,
+            "direction": direction, "src_kind": "unknown", "dst_kind": "unknown", "migration_cause": cause}
+
+
+def test_undersized_grid_leaves_out_the_time_pages_migrate_on_demand():
+    """A 100 ms 1-block kernel on 114 SMs while the driver migrates pages: a fault 10-20 ms and the speculation
+    around it 15-30 ms (once: 20 ms), an eviction back to the host 60-65 ms, one of unknown cause 95-105 ms (5 ms in
+    the kernel); a kernel of another stream 25-35 ms overlaps the first (the union counts once). The program's own
+    prefetch 40-50 ms and a migration of device 1 leave the time in. Alone and not waiting: 100 - 25 - 5 - 5 = 65 ms;
+    migrating 30 ms."""
+    kernels = [launch("mm", 0, 100 * MS, 1, 32), {**launch("other", 25 * MS, 35 * MS, 114, 32), "stream_id": 2}]
+    memcpy = [migration(10 * MS, 20 * MS, "page_fault"), migration(15 * MS, 30 * MS, "speculative_prefetch"),
+              migration(40 * MS, 50 * MS, "user_prefetch"), migration(60 * MS, 65 * MS, "eviction", 0, "UVM_D2H"),
+              migration(95 * MS, 105 * MS, None), migration(70 * MS, 80 * MS, "page_fault", device=1)]
+    [grid] = [f for f in run(make_model(kernels=kernels, memcpy=memcpy, gpus=[H100])).findings
+              if f.root_cause == "undersized-grid"]
+    assert (grid.time_at_stake_ns, grid.evidence["kernel_ns"], grid.evidence["migrating_ns"]) == (
+        round(65 * MS * 113 / 114), 100 * MS, 30 * MS)
+    assert "for 30.000 ms of that time unified-memory pages migrate on demand" in grid.title
+
+
+def test_undersized_grid_and_unified_memory_share_no_nanosecond():
+    """The overlap rule: a 1-block kernel 0-100 ms faults its pages in, 10 migrations of 5 ms each (50 ms). The
+    unified-memory finding claims the 50 ms; the undersized grid only the other 50 ms x 113/114: together they stay
+    within the 100 ms window (before: 50 + 99.1 ms)."""
+    memcpy = [migration(i * 10 * MS, i * 10 * MS + 5 * MS, "page_fault") for i in range(10)]
+    con = make_model(kernels=[launch("mm", 0, 100 * MS, 1, 32)], memcpy=memcpy, gpus=[H100])
+    result = triage.run(con, triage.Params(profile="t", limit=100))
+    stakes = {f.root_cause: f.time_at_stake_ns for f in result.findings}
+    assert result.window is not None and result.window.duration_ns == 100 * MS
+    assert (stakes["unified-memory-migration"], stakes["undersized-grid"]) == (50 * MS, round(50 * MS * 113 / 114))
+    assert sum(stakes.values()) <= result.window.duration_ns
+
+
 HALF_LANES_TWO_WAVES = 1 - 0.5 * 4096 / (2 * 114 * 32)  # 4,096 16-thread blocks on an H100: half of each warp's
 # lanes empty, and 32 blocks per SM x 114 SMs make 2 waves of 3,648 slots, 3,200 of the 7,296 slots empty
 
@@ -370,6 +405,50 @@ def test_corpus_dominant_kernel_bounds_what_its_launch_wastes(tmp_path, name, ke
     assert (hot.evidence["total_ns"], hot.time_at_stake_ns) == (spent, pytest.approx(stake, abs=1))
     assert all(hot.time_at_stake_ns > f.time_at_stake_ns for f in result.findings[1:])
     assert hot.evidence["ncu"].startswith(f"ncu --kernel-name {kernel} --launch-skip ")
+
+
+def raw_um_vecadd(path: Path) -> tuple[int, int, int, int, int, int]:
+    """Independent reading of a one-kernel managed-memory program: the kernel's time, the device's SMs, the union of
+    the unified-memory migrations (copyKind 11/12, none a prefetch: migrationCause 1 is USER) within the kernel, of
+    those to the device (11) and of those to the host (12), the span of the latter (the host's reading phase), and the
+    window from the kernel's start to the last migration's end."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    assert con.execute("SELECT count(*), count(DISTINCT deviceId) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone() == (1, 1)
+    assert not con.execute("SELECT 1 FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE migrationCause = 1").fetchone()
+    union = """WITH m AS (SELECT max(start, $lo) s, min("end", $hi) e FROM CUPTI_ACTIVITY_KIND_MEMCPY
+                          WHERE copyKind IN ($a, $b) AND "end" > $lo AND start < $hi),
+               o AS (SELECT s, e, max(e) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) pe
+                     FROM m)
+               SELECT coalesce(sum(max(0, e - max(s, coalesce(pe, s)))), 0) FROM o"""
+    start, end, sms = con.execute("""SELECT k.start, k."end", g.smCount FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                                     JOIN TARGET_INFO_GPU g ON g.cuDevice = k.deviceId""").fetchone()
+    forever = {"lo": 0, "hi": 2**62}
+    inside = con.execute(union, {"lo": start, "hi": end, "a": 11, "b": 12}).fetchone()[0]
+    to_device = con.execute(union, {**forever, "a": 11, "b": 11}).fetchone()[0]
+    to_host = con.execute(union, {**forever, "a": 12, "b": 12}).fetchone()[0]
+    first, last = con.execute('SELECT min(start), max("end") FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 12'
+                              ).fetchone()
+    return end - start, sms, inside, to_device, to_host, last - first, max(end, last) - start
+
+
+@pytest.mark.parametrize("name", ["csc746_uvm_add_1thread"])
+def test_corpus_one_block_kernel_that_faults_its_pages_in_claims_no_migration_time(tmp_path, name):
+    """csc746 vecadd on managed memory, add<<<1,1>>> and add<<<1,256>>> on 108-SM A100s: SQL (256 threads):
+    1,264.296 ms of kernel with 143.240 ms of unified-memory migrations to the device in it; 79.376 ms of
+    migrations to the host over a 1,915.802 ms reading phase after it; 3,180.178 ms window. The unified-memory finding
+    claims 143.240 + 1,915.802 = 2,059.042 ms; the undersized grid (1,264.296 - 143.240) x 107/108 = 1,110.676 ms, not
+    1,252.590: together 3,169.718 ms, within the window (before: 3,311.631)."""
+    path = corpus(name)
+    kernel_ns, sms, inside, to_device, to_host, reading, window = raw_um_vecadd(path)
+    result = opened(path, tmp_path, lambda con: triage.run(con, triage.Params(profile=name, limit=100)))
+    stakes = {f.root_cause: f for f in result.findings}
+    grid, um = stakes["undersized-grid"], stakes["unified-memory-migration"]
+    assert (grid.evidence["kernel_ns"], grid.evidence["migrating_ns"], grid.time_at_stake_ns) == (
+        kernel_ns, inside, round((kernel_ns - inside) * (sms - 1) / sms))
+    assert inside == to_device and um.time_at_stake_ns == to_device + reading
+    assert um.evidence["host_stall_ns"] == reading - to_host
+    assert result.window is not None and result.window.duration_ns == window
+    assert sum(f.time_at_stake_ns for f in result.findings) <= window
 
 
 def test_corpus_runtime_fill_kernels_are_not_the_programs_compute(tmp_path):

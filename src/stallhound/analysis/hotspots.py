@@ -4,8 +4,10 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
 
 - undersized-grid, per device and kernel: launches with fewer blocks than the device has SMs leave SMs idle for
   their whole run; time at stake = their idle_sm_ns (duration x (1 - SMs used / SMs)), the most spreading the work
-  over every SM could save: an upper bound, worded as such, never more than the kernel's time. Fires when that is
-  worth reporting (rules.MIN_STAKE_PCT of the window); severity by its share of the window.
+  over every SM could save: an upper bound, worded as such, never more than the kernel's time. The time its launches
+  wait on unified-memory pages the driver migrates (migrating_ns) is left out and said: the kernel waits on pages,
+  not SMs, and unified-memory-migration claims that time. Fires when that is worth reporting (rules.MIN_STAKE_PCT
+  of the window); severity by its share of the window.
 - kernel-hotspot, per hot row: a runtime's helper kernel (kind 'runtime') is named as such, not as the program's
   compute. Any other kernel gets its launch configuration, its theoretical occupancy and an honest statement: a
   timeline holds no FLOP or byte counts, so whether the kernel runs near the GPU's limits cannot be told without a
@@ -220,8 +222,14 @@ def by_short_name(kernels: list[KernelFill]) -> list[KernelFill]:
     for group in groups.values():
         first = max(group, key=lambda k: k.undersized_ns)
         out.append(first.model_copy(update={key: sum(getattr(k, key) for k in group) for key in (
-            "count", "total_ns", "idle_sm_ns", "undersized_ns", "undersized_launches")}))
+            "count", "total_ns", "idle_sm_ns", "migrating_ns", "undersized_ns", "undersized_launches")}))
     return out
+
+
+def _waiting(k: KernelFill) -> str:
+    """What of the launches' time is left out as waiting on unified-memory pages (empty: none)."""
+    return (f"; for {ms(k.migrating_ns)} of that time unified-memory pages migrate on demand (the kernel waits on "
+            "them, not on its SMs: the unified-memory finding's time, left out here)" if k.migrating_ns else "")
 
 
 def undersized(kernels: list[KernelFill], window_ns: int, command: str | None, vendor: Vendor = NVIDIA
@@ -242,12 +250,13 @@ def undersized(kernels: list[KernelFill], window_ns: int, command: str | None, v
             root_cause="undersized-grid", severity=rules.severity(stake, window_ns),
             title=f"{k.short_name} runs {ms(k.undersized_ns)} on device {k.device} in {launches}"
                   f"{f' ({resources})' if resources else ''}, on a GPU with {f.sm_count} {vendor.units}: "
-                  f"{f.sms_used} of them {'gets' if f.sms_used == 1 else 'get'} work and the others idle; spreading "
-                  f"the work over all of them could save at most {ms(stake)} (an upper bound); measure it with "
-                  f"{vendor.profiler}: `{ncu}`",
+                  f"{f.sms_used} of them {'gets' if f.sms_used == 1 else 'get'} work and the others idle{_waiting(k)}; "
+                  f"spreading the work over all of them could save at most {ms(stake)} (an upper bound); measure it "
+                  f"with {vendor.profiler}: `{ncu}`",
             evidence={"kernel": k.short_name, "blocks": f.blocks, "sm_count": f.sm_count,
                       "launches": k.undersized_launches, "kernel_ns": k.undersized_ns,
                       "threads_per_block": f.threads_per_block, "ncu": ncu,
+                      **({"migrating_ns": k.migrating_ns} if k.migrating_ns else {}),
                       **({"occupancy_pct": f.occupancy_pct} if f.occupancy_pct is not None else {})},
             time_at_stake_ns=stake, device=k.device, tags=[]))
     return out

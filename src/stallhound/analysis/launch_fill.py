@@ -13,10 +13,13 @@ blocks the SM's warps, block slots, registers (allocated per warp in units of RE
 it; occupancy_pct = blocks_per_sm x warps per block / warps per SM; lanes_pct = threads per block / (warps per block
 x 32), the share of each warp's lanes that hold a thread. idle_sm_ns = for launches that give fewer blocks than the
 device has SMs and run at least rules.TINY_KERNEL_NS, the time they run alone on the device (no kernel of another
-stream beside them, which could use the other SMs) x (1 - sms_used / sm_count): the SM time left idle, and the most
-that spreading the same work over every SM could save (an upper bound: the kernel may be limited by something else).
-Time alone never overlaps between kernels of one device, so their idle SM time never counts the same nanosecond
-twice. A kernel a few microseconds long is bound by its latency, not by its SMs, so it counts none.
+stream beside them, which could use the other SMs) and with no unified-memory migration of the device in flight that
+the driver made (FAULTED_SQL) x (1 - sms_used / sm_count): the SM time left idle, and the most that spreading the same
+work over every SM could save (an upper bound: the kernel may be limited by something else). While pages migrate on
+demand the kernel waits on them, not on its SMs: that time is unified_memory's finding's, so the two never claim the
+same nanosecond; migrating_ns says how much of the launches' time was left out so. Time alone never overlaps between
+kernels of one device, so their idle SM time never counts the same nanosecond twice. A kernel a few microseconds long
+is bound by its latency, not by its SMs, so it counts none.
 launches_before numbers a configuration's first launch among its process's launches of the kernel (short name) in
 the capture, for Nsight Compute's --launch-skip (exact when the capture starts with the program).
 """
@@ -41,10 +44,15 @@ SHARED_RESERVED_BYTES = 1024  # shared memory the runtime reserves per block fro
 SHARED_RESERVED_SINCE = 80
 
 OVERLAP_BUCKETS = 20_000  # time buckets over the window for the launch x concurrent-kernel join
+# A unified-memory migration the driver made (every cause but the program's own prefetch: a fault, the speculation
+# around one, an eviction), or of unknown cause whatever prefetch calls the program made: a superset of the migrations
+# unified_memory counts as on demand, so that none of them is also counted as SM time here.
+FAULTED_SQL = "(direction LIKE 'UVM%' AND coalesce(migration_cause, 'unknown') <> 'user_prefetch')"
 
 # The window's kernels (NCCL left out) with their launch configuration and their device's limits; the launches that
 # give fewer blocks than SMs for at least $tiny (small), each with the time no kernel of another stream of its device
-# ran beside it (alone: the same stream's kernels never overlap it); per configuration, the figures.
+# ran beside it and no migration the driver made was in flight (alone: the same stream's kernels never overlap it),
+# and the time such a migration was; per configuration, the figures.
 CONFIGS_SQL = """WITH
 base AS NOT MATERIALIZED (
   SELECT k.device_id, k.stream_id, k.pid, k.start_ns, k.end_ns, k.duration_ns,
@@ -61,20 +69,25 @@ small AS MATERIALIZED (
   SELECT row_number() OVER () AS probe_id, * FROM base WHERE blocks < sm_count AND duration_ns >= $tiny),
 probes AS (SELECT probe_id, device_id, start_ns, end_ns FROM small),
 others AS (
-  SELECT device_id, stream_id AS other_stream, start_ns, end_ns FROM kernels
-  WHERE device_id IN (SELECT DISTINCT device_id FROM small) AND end_ns > start_ns),
-""" + overlaps("touch", "probes", "others", "device_id", "other_stream") + """,
+  SELECT device_id, stream_id AS other_stream, false AS migration, start_ns, end_ns FROM kernels
+  WHERE device_id IN (SELECT DISTINCT device_id FROM small) AND end_ns > start_ns
+  UNION ALL SELECT device_id, NULL, true, start_ns, end_ns FROM memcpy
+  WHERE device_id IN (SELECT DISTINCT device_id FROM small) AND end_ns > start_ns AND """ + FAULTED_SQL + """),
+""" + overlaps("touch", "probes", "others", "device_id", "other_stream, migration") + """,
 beside AS (
   SELECT t.probe_id, t.start_ns, t.end_ns FROM touch t JOIN small s USING (probe_id)
-  WHERE t.other_stream IS DISTINCT FROM s.stream_id),
+  WHERE t.migration OR t.other_stream IS DISTINCT FROM s.stream_id),
 """ + covered("shared_time", "beside") + """,
+migrating AS (SELECT probe_id, start_ns, end_ns FROM touch WHERE migration),
+""" + covered("migrating_time", "migrating") + """,
 alone AS (
   SELECT s.device_id, s.name, s.short_name, s.blocks, s.threads, s.registers, s.shared_bytes,
-         sum(s.duration_ns - coalesce(c.ns, 0)) AS alone_ns
-  FROM small s LEFT JOIN shared_time c USING (probe_id) GROUP BY ALL)
+         sum(s.duration_ns - coalesce(c.ns, 0)) AS alone_ns, sum(coalesce(m.ns, 0)) AS migrating_ns
+  FROM small s LEFT JOIN shared_time c USING (probe_id) LEFT JOIN migrating_time m USING (probe_id) GROUP BY ALL)
 SELECT b.device_id, b.name, b.short_name, b.blocks, b.threads, b.registers, b.shared_bytes, count(*) AS count,
        sum(b.duration_ns) AS total_ns, coalesce(sum(b.duration_ns) FILTER (WHERE b.duration_ns >= $tiny), 0) AS long_ns,
        count(*) FILTER (WHERE b.duration_ns >= $tiny) AS long_count, coalesce(any_value(a.alone_ns), 0) AS alone_ns,
+       coalesce(any_value(a.migrating_ns), 0) AS migrating_ns,
        min(b.start_ns) AS first_ns, arg_min(b.pid, b.start_ns) AS pid, any_value(b.sm_count) AS sm_count,
        any_value(b.max_warps) AS max_warps, any_value(b.max_blocks) AS max_blocks,
        any_value(b.max_registers) AS max_registers, any_value(b.max_shared) AS max_shared,
@@ -100,7 +113,9 @@ class LaunchFill(BaseModel):
     occupancy_pct: float | None = Field(description="theoretical occupancy: resident warps / warps per SM")
     lanes_pct: float = Field(description="share of each warp's lanes holding a thread")
     idle_sm_ns: int = Field(description="SM time its launches with fewer blocks than SMs (>= 10 us each) leave idle "
-                                        "while they run alone on the device")
+                                        "while they run alone on the device, no migration the driver made in flight")
+    migrating_ns: int = Field(0, description="time of those launches with a migration the driver made in flight "
+                                             "(the kernel waits on pages, not SMs: left out of idle_sm_ns)")
     first_ns: int = Field(description="start of its first launch in the window")
     pid: int | None = Field(description="process of that launch")
     launches_before: int | None = Field(None, description="its process's launches of the kernel before that one")
@@ -115,6 +130,7 @@ class KernelFill(BaseModel):
     count: int
     total_ns: int
     idle_sm_ns: int = Field(description="SM time left idle by its launches with fewer blocks than SMs, summed")
+    migrating_ns: int = Field(0, description="time of those launches with a migration the driver made in flight")
     undersized_ns: int = Field(description="time of those launches (>= 10 us each)")
     undersized_launches: int = Field(description="those launches")
     main: LaunchFill = Field(description="the configuration with the most time")
@@ -160,7 +176,7 @@ def _fill(row: dict) -> LaunchFill:
                       shared_bytes_per_block=int(row["shared_bytes"]), count=row["count"],
                       total_ns=int(row["total_ns"]), sm_count=sms, sms_used=used, blocks_per_sm=per_sm,
                       limited_by=limiter, occupancy_pct=occupancy, lanes_pct=pct(threads, warps * WARP),
-                      idle_sm_ns=idle, first_ns=row["first_ns"], pid=row["pid"])
+                      idle_sm_ns=idle, migrating_ns=int(row["migrating_ns"]), first_ns=row["first_ns"], pid=row["pid"])
 
 
 def _kernel(key: tuple[int, str, str], configs: list[tuple[LaunchFill, int, int]]) -> KernelFill:
@@ -171,7 +187,8 @@ def _kernel(key: tuple[int, str, str], configs: list[tuple[LaunchFill, int, int]
     return KernelFill(
         device=device, name=name, short_name=short, kind=kind_of(name, short),
         count=sum(c[0].count for c in configs), total_ns=sum(c[0].total_ns for c in configs),
-        idle_sm_ns=sum(c[0].idle_sm_ns for c in small), undersized_ns=sum(c[1] for c in small),
+        idle_sm_ns=sum(c[0].idle_sm_ns for c in small), migrating_ns=sum(c[0].migrating_ns for c in small),
+        undersized_ns=sum(c[1] for c in small),
         undersized_launches=sum(c[2] for c in small), main=max(configs, key=lambda c: c[0].total_ns)[0],
         undersized=max(small, key=lambda c: c[1])[0] if small else None)
 
