@@ -431,7 +431,7 @@ def raw_um_vecadd(path: Path) -> tuple[int, int, int, int, int, int]:
     return end - start, sms, inside, to_device, to_host, last - first, max(end, last) - start
 
 
-@pytest.mark.parametrize("name", ["csc746_uvm_add_1thread"])
+@pytest.mark.parametrize("name", ["csc746_uvm_add_1thread", "csc746_uvm_add_256threads"])
 def test_corpus_one_block_kernel_that_faults_its_pages_in_claims_no_migration_time(tmp_path, name):
     """csc746 vecadd on managed memory, add<<<1,1>>> and add<<<1,256>>> on 108-SM A100s: SQL (256 threads):
     1,264.296 ms of kernel with 143.240 ms of unified-memory migrations to the device in it; 79.376 ms of
