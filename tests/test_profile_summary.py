@@ -152,8 +152,9 @@ def launched(i: int, start: int, api_name: str = "cudaLaunchKernel") -> dict:
 
 LAUNCHES = [api("cudaLaunchKernel", "launch", 100 * i, i) for i in range(10)]
 H100 = [{"device_id": 0, "name": "NVIDIA H100 80GB HBM3"}]  # a named device: no hardware note
-NO_KERNEL = ("10 kernel launch calls were traced but the export holds no kernel records: the program most likely "
-             "stopped or crashed before its kernels ran or before nsys flushed its CUDA trace buffers (the last CUDA "
+NO_KERNEL = ("10 kernel launch calls were traced but the export holds no kernel records and no CUDA call waited on "
+             "the GPU: the program most likely stopped or crashed before its kernels ran or before the profiler "
+             "flushed its CUDA trace buffers (the last CUDA "
              "call, cudaLaunchKernel, ended 0.000 ms before the capture did), unless kernels were filtered out of "
              "the trace; check the program's exit status and re-capture with --trace=cuda, letting it exit normally "
              "(or calling cudaProfilerStop() first)")

@@ -229,7 +229,7 @@ def test_profiles_gpu_info_of_a_derived_export_names_no_wrong_remedy(open_fixtur
     ("2020.3.1", None, 1, 0, "a newer nsys (2021.2+)", True),
     (None, None, 1, 0, "does not record its nsys version either", False),
     ("2026.2.1.210", "big.sqlite by cut.py", 1, 0, "derived copy (big.sqlite by cut.py)", False),
-    ("2025.3.2.0", None, 0, 0, "no device ran GPU work", False),
+    ("2025.3.2.0", None, 0, 0, "no GPU work was recorded", False),
     ("2025.3.2.0", None, 1, 1, "recorded", False),
 ])
 def test_profiles_gpu_info_advice_by_nsys_version(version, derived, devices, named, words, remedy):

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import duckdb
 
+from stallhound.analysis import untraced_kernels
 from stallhound.analysis.common import Finding, Window, ms, pct
 from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS, LOAD_SOURCE, TIME_LIMIT_NOTE
 from stallhound.formats.remedy import remedy
@@ -196,12 +197,8 @@ def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture: Window, de
         return incomplete
     if not (t.kernels or t.graph_execs):
         if launches + t.graph_calls:
-            return [f"{launches + t.graph_calls:,} kernel launch calls were traced but the export holds no kernel "
-                    "records: the program most likely stopped or crashed before its kernels ran or before nsys "
-                    f"flushed its CUDA trace buffers{_last_call(con, capture.end_ns)}, unless kernels were filtered "
-                    "out of the trace; check the program's exit status and re-capture with "
-                    f"{remedy(con, ('kernels',), bare=True)}, letting it exit normally (or calling "
-                    "cudaProfilerStop() first)"]
+            return [untraced_kernels.note(con, launches + t.graph_calls, t.memcpy + t.memset,
+                                          _last_call(con, capture.end_ns))]
         if t.memcpy or t.memset:
             return [f"the GPU ran {t.memcpy:,} copies and {t.memset:,} memsets but no kernel was launched in the "
                     f"capture{_last_call(con, capture.end_ns)}: if the program should compute on the GPU it stopped "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 18  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 19  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,12 @@ TABLES: tuple[Table, ...] = (
                                     "NULL when not recorded"),
         ("process_group_sizes", "INTEGER[]", "ranks in each of the job's process groups (distributedInfo.pg_config, "
                                              "in its order); NULL when not recorded"),
+        ("os_release", "VARCHAR", "kernel release of the profiled machine's OS as nsys recorded it "
+                                  "(TARGET_INFO_SYSTEM_ENV SoftwareReleaseVersion), e.g. "
+                                  "6.6.36.3-microsoft-standard-WSL2; NULL when not recorded (torch.profiler traces)"),
+        ("profiler_ranges", "BIGINT", "torch.profiler traces: cuda_profiler_range events, kernels measured by CUPTI's "
+                                      "range profiler (hardware counters in their args), which records them instead "
+                                      "of kernel activity; NULL for nsys exports"),
     )),
     Table("capabilities", "Which data this profile has; for what it lacks, the capture option that records it.", (
         ("data", "VARCHAR", "kernels, memcpy, memset, cuda_api, sync, nvtx, os_runtime, cpu_samples, "

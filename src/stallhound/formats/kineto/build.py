@@ -26,7 +26,7 @@ from stallhound.formats.kineto.meta import (
     gpu_rows,
     meta_row,
 )
-from stallhound.formats.kineto.sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING
+from stallhound.formats.kineto.sql import COMMS_COLUMNS, GPU_COLUMNS, HOST_COLUMNS, MAPPING, RANGE_COLUMNS
 from stallhound.formats.kineto.stage import Stage, Writer
 from stallhound.formats.kineto.workers import Pool, workers_for
 from stallhound.model.duck import one_row
@@ -39,7 +39,7 @@ STAGE_MEMORY_LIMIT = "128MB"
 MAP_MEMORY_LIMIT = "256MB"
 # sink of kineto_read.events -> the staging table its rows go to, and its columns
 STAGES = (("gpu", "_k_gpu", GPU_COLUMNS), ("host", "_k_host", HOST_COLUMNS), ("comms", "_k_comms", COMMS_COLUMNS),
-          ("python", "_k_py", stacks.COLUMNS))
+          ("python", "_k_py", stacks.COLUMNS), ("range", "_k_range", RANGE_COLUMNS))
 STEPS = ("reading trace events", "kernels, copies, CUDA API calls, CPU ops", "devices, metadata, capabilities",
          "writing the model")  # as progress reports them
 
@@ -61,9 +61,9 @@ class KinetoBuilder(BuildSteps):
         self.names[(kind, pid, tid if kind == "thread_name" else None)] = name  # the last name given wins
 
     def stage(self) -> dict:
-        """Stream the events into _k_gpu, _k_host, _k_comms and _k_py, the bulk parsed by worker processes where
-        that pays (kineto.workers); return the top-level values after the events, and a load note (in `notes`) when
-        events were dropped as unreadable."""
+        """Stream the events into _k_gpu, _k_host, _k_comms, _k_py and _k_range, the bulk parsed by worker processes
+        where that pays (kineto.workers); return the top-level values after the events, and a load note (in `notes`)
+        when events were dropped as unreadable."""
         writer, failed, pool = Writer(self), True, None
         try:
             stages = {sink: Stage(writer, table, columns) for sink, table, columns in STAGES}
@@ -118,9 +118,10 @@ def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = N
         b.step("devices, metadata, capabilities")
         b.load_list("gpus", gpu_rows(b.con, head))
         b.load_list("diagnostics", [*diagnostic_rows(head), *b.notes])
-        b.load_list("meta", [meta_row(path, fingerprint, head, one_row(b.con.execute(WINDOW_SQL)))])
+        ranges = one_row(b.con.execute("SELECT count(*) FROM _k_range"))[0]
+        b.load_list("meta", [meta_row(path, fingerprint, head, one_row(b.con.execute(WINDOW_SQL)), ranges)])
         b.load_list("capabilities", capability_rows(b.con))
-        for helper in ("_k_gpu", "_k_host", "_k_comms", "_k_py", *stacks.HELPERS):
+        for helper in ("_k_gpu", "_k_host", "_k_comms", "_k_py", "_k_range", *stacks.HELPERS):
             b.sql(f"DROP TABLE IF EXISTS {helper}")
         b.step("writing the model")
         b.sql("CHECKPOINT")

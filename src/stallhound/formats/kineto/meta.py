@@ -106,7 +106,7 @@ def started_utc(head: dict, capture_start_ns: int | None) -> str | None:
     return datetime.fromtimestamp((base + capture_start_ns) // 10**9, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def meta_row(path: Path, fingerprint: str, head: dict, windows: tuple) -> tuple:
+def meta_row(path: Path, fingerprint: str, head: dict, windows: tuple, profiler_ranges: int) -> tuple:
     cap_start, cap_end, gpu_start, gpu_end = windows
     duration = cap_end - cap_start if cap_start is not None and cap_end is not None else None
     schema = head.get("schemaVersion")
@@ -114,12 +114,12 @@ def meta_row(path: Path, fingerprint: str, head: dict, windows: tuple) -> tuple:
     return (str(path), path.stat().st_size, fingerprint, MODEL_VERSION, None, None if schema is None else str(schema),
             None, "profile", PLATFORM, None, None, started_utc(head, cap_start), cap_start,
             cap_end, duration, gpu_start, gpu_end, machine,
-            None, *distributed(head), *process_groups(head))
+            None, *distributed(head), *process_groups(head), None, profiler_ranges)
 
 
 def _gpu_info_flag(devices: int, named: int) -> str:
     if devices == 0:
-        return "no device ran GPU work in the capture, so there is no device to describe"
+        return "no GPU work was recorded in the capture, so there is no device to describe"
     if named == devices:
         return "recorded (the trace's deviceProperties)"
     return (f"{devices - named} of {devices} devices have no entry in the trace's deviceProperties (PyTorch writes "

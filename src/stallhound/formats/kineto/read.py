@@ -44,9 +44,12 @@ CATEGORIES = {
     "kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy", "gpu_memset": "memset", "memset": "memset",
     "cuda_runtime": "api", "cuda_driver": "api", "runtime": "api", "driver": "api",
     "cpu_op": "cpu_op", "operator": "cpu_op", "user_annotation": "user_annotation",
-    "python_function": "python_function",
+    "python_function": "python_function", "cuda_profiler_range": "profiler_range",
 }
 PYTHON_FUNCTION = "python_function"  # a Python frame, written with with_stack=True: staged apart, as stacks
+# A kernel measured by CUPTI's range profiler (torch.profiler's profiler_metrics), which then records no kernel
+# activity: staged apart, by name, so that a trace without kernels can say why (meta.profiler_ranges).
+PROFILER_RANGE = "profiler_range"
 THREAD_NAME = re.compile(r"^thread \d+ \((.*)\)$")  # Kineto's 'thread <tid> (<OS thread name>)'
 # Kineto's collective names (allreduce, _allgather_base, reduce_scatter_tensor_coalesced, ...) are matched, letters
 # only, by their longest leading model name: the model's nccl_collective labels, longest first.
@@ -299,6 +302,8 @@ def _feed(ev: dict, sinks: dict[str, Callable[[tuple], None]]) -> None:
         kind = CATEGORIES.get(str(ev.get("cat", "")).lower())
         if kind == PYTHON_FUNCTION:
             sinks["python"](python_row(ev, args))
+        elif kind == PROFILER_RANGE:
+            sinks["range"]((str(ev.get("name")),))
         elif kind in ("kernel", "memcpy", "memset"):
             sinks["gpu"](gpu_row(kind, ev, args))
         elif kind is not None:
@@ -324,7 +329,7 @@ def feed_all(evs: Iterable, sinks: dict[str, Callable[[tuple], None]]) -> int:
 
 def events(path: Path, sinks: dict[str, Callable[[tuple], None]],
            parse_batches: Callable[[Iterator[bytes]], tuple[int, int]] | None = None) -> tuple[dict, int, int]:
-    """Feed every complete ('X') event of a known category (sinks 'gpu', 'host', 'python'), every comms op
+    """Feed every complete ('X') event of a known category (sinks 'gpu', 'host', 'python', 'range'), every comms op
     (kineto_nccl.COMM_OPS, 'comms') and every process/thread name ('name': kind, pid, tid, name) to `sinks`;
     return the top-level values written after traceEvents, the events read and the events dropped as unreadable
     (EVENT_ERRORS). A trace none of whose events is readable is refused. With `parse_batches` (kineto.workers), the

@@ -11,7 +11,7 @@ from stallhound.formats.comm_kernels import COLLECTIVE_SQL, FAMILY_SQL
 from stallhound.formats.derive import API_KIND_SQL, KERNEL_CATEGORY_SQL
 from stallhound.formats.kineto import nccl as kineto_nccl
 
-# Staging tables, in the column order of kineto_read.gpu_row, host_row and comms_row.
+# Staging tables, in the column order of kineto_read.gpu_row, host_row and comms_row (and _feed's range rows).
 GPU_COLUMNS = (("kind", "VARCHAR"), ("device_id", "INTEGER"), ("context_id", "INTEGER"), ("stream_id", "INTEGER"),
                ("correlation_id", "BIGINT"), ("start_ns", "BIGINT"), ("end_ns", "BIGINT"), ("name", "VARCHAR"),
                ("grid_x", "INTEGER"), ("grid_y", "INTEGER"), ("grid_z", "INTEGER"), ("block_x", "INTEGER"),
@@ -21,6 +21,7 @@ COMMS_COLUMNS = (("op", "VARCHAR"), ("external_id", "BIGINT"), ("pid", "BIGINT")
                  ("start_ns", "BIGINT"), ("end_ns", "BIGINT"), ("collective", "VARCHAR"), *kineto_nccl.COLUMNS)
 HOST_COLUMNS = (("kind", "VARCHAR"), ("pid", "BIGINT"), ("tid", "BIGINT"), ("correlation_id", "BIGINT"),
                 ("name", "VARCHAR"), ("start_ns", "BIGINT"), ("end_ns", "BIGINT"))
+RANGE_COLUMNS = (("name", "VARCHAR"),)  # a cuda_profiler_range event: the kernel it measured
 
 # Activity with no launching call traced still belongs to the process: the one with the most host events.
 HOST_PID = "(SELECT pid FROM _k_host WHERE pid IS NOT NULL GROUP BY pid ORDER BY count(*) DESC, pid LIMIT 1)"

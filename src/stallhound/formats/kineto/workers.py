@@ -35,7 +35,7 @@ WORKERS_FROM_BYTES = 256 << 20
 GZIP_LOW_RATIO = 8  # Kineto's JSON gzips 8 to 15 times smaller (read.MAX_GZIP_RATIO): a gzipped trace's JSON is larger
 MAX_WORKERS = 8  # a 4 MB batch's rows take this process about as long to insert as a worker takes to parse it
 IN_FLIGHT = 2  # batches per worker sent ahead: one parsing, one waiting, so that no worker idles
-ROW_SINKS = ("gpu", "host", "comms", "python")  # read.events' sinks of staged rows; 'name' comes back as rows
+ROW_SINKS = ("gpu", "host", "comms", "python", "range")  # read.events' sinks of staged rows; 'name' comes back as rows
 ENCODE = msgspec.json.encode  # a column (ints, strings, None) as JSON, 2.5x faster than json.dumps
 
 

@@ -131,7 +131,7 @@ def _version(nsys_version: str | None) -> tuple[int, int] | None:
 def gpu_info_flag(nsys_version: str | None, derived_from: str | None, devices: int, named: int) -> str:
     """What the gpu_info capability says: which devices lack hardware details and what (if anything) helps."""
     if devices == 0:
-        return "no device ran GPU work in the capture, so there is no device to describe"
+        return "no GPU work was recorded in the capture, so there is no device to describe"
     if named == devices:
         return "recorded (TARGET_INFO_GPU or TARGET_INFO_CUDA_GPU)"
     missing = (f"{devices - named} of {devices} devices have no hardware record in the export, so their GPU model "
@@ -178,7 +178,8 @@ def meta_row(raw: RawExport, path: Path, size: int, fingerprint: str, model_vers
     return (str(path), size, fingerprint, model_version, raw.nsys_version, meta.get("EXPORT_SCHEMA_VERSION"), table,
             enum_source, meta.get("EXPORT_PLATFORM"), meta.get("EXPORT_HOST"), _command_line(raw), session,
             cap_start, cap_end, duration, gpu_start, gpu_end, machine_gpus(raw), derived_from(raw),
-            None, None, None, None, None)  # nsys records no distributed rank
+            None, None, None, None, None,  # nsys records no distributed rank
+            raw.os_release, None)
 
 
 def cuda_not_started(con: duckdb.DuckDBPyConnection) -> str | None:

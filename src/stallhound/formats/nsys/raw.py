@@ -315,6 +315,15 @@ class RawExport:
         return dict(BUILTIN_ENUMS.get(table, {})), False
 
     @cached_property
+    def os_release(self) -> str | None:
+        """The profiled machine's kernel release (TARGET_INFO_SYSTEM_ENV SoftwareReleaseVersion); None: not recorded."""
+        if not {"name", "value"} <= set(self.columns("TARGET_INFO_SYSTEM_ENV")):
+            return None
+        found = [v for name, v in self.rows("TARGET_INFO_SYSTEM_ENV", "name, value")
+                 if name == "SoftwareReleaseVersion" and isinstance(v, str) and v]
+        return found[0] if found else None
+
+    @cached_property
     def nsys_version(self) -> str | None:
         _, meta = self.metadata
         if meta.get("EXPORT_PRODUCT_VERSION"):
