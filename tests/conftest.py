@@ -141,7 +141,7 @@ def synth_pair(tmp_path_factory, cache_root):
             profile.close()
 
 
-RAW_WORK = """SELECT o.start, o."end", r."end" FROM (
+RAW_WORK = """SELECT o.start, o."end", r.start, r."end" FROM (
   SELECT start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = :d
   UNION ALL SELECT start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = :d
   UNION ALL SELECT start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = :d) o
@@ -150,37 +150,54 @@ RAW_CALLS = """SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN S
 WHERE s.value LIKE :name AND r.globalTid = :tid"""
 
 
-def _runs(work: list[tuple[int, int, int | None]], lo: int, hi: int) -> list[tuple[int, int, int]]:
-    """(start, end, run_start) of the idle stretches of `work` (start, end, its launch call's return) in [lo, hi)
-    (edges included): run_start, where the device's run of work before the stretch began (the end of the last
-    stretch before it that the work after it did not wait out queued: launched only after it began)."""
-    gaps, reach, run_start = [], lo, lo
-    for a, b, launched in [*work, (hi, hi, None)]:
+def work_runs(work: list[tuple[int, int, int | None, int | None]], lo: int, hi: int) -> list[tuple[int, ...]]:
+    """(start, end, busy_from, run_start, run_launch, run_idle) of the idle stretches of `work` (start, end, its launch
+    call's start and return; sorted) in [lo, hi) (edges included): busy_from, the end of the last stretch before it
+    whose work after it was launched by a call not yet returned when it began (lo at first); run_start, the end of the
+    last one whose work after it the host began to launch only after it began (lo at first); run_launch, when that
+    launch call began (lo at first); run_idle, the idle of the stretches since run_start whose launch had not
+    returned when they began."""
+    gaps, reach, busy_from, run_start, run_launch, run_idle = [], lo, lo, lo, lo, 0
+    for a, b, launched, returned in [*work, (hi, hi, None, None)]:
         if a > reach:
-            gaps.append((reach, a, run_start))
-            run_start = run_start if launched is not None and launched <= reach else a
+            gaps.append((reach, a, busy_from, run_start, run_launch, run_idle))
+            busy_from = a if returned is None or returned > reach else busy_from
+            if launched is not None and launched <= reach:
+                run_idle += a - reach if returned > reach else 0
+            else:
+                run_start, run_launch, run_idle = a, launched, 0
         reach = max(reach, b)
     return gaps
+
+
+def waited_ns(call: tuple[int, int], gap_start: int, runs: tuple[int, ...]) -> int:
+    """The device's work that a blocking call (start, end) waited for before a gap starting at gap_start, with the
+    gap's (busy_from, run_start, run_launch, run_idle) from work_runs: from the call's start (or busy_from when later)
+    to the gap (or the call's end); or, when longer, from the call's start (or run_start when later and the work the
+    run began with was launched only after the call began) less the run's unqueued idle."""
+    busy_from, run_start, run_launch, run_idle = runs
+    since = max(call[0], run_start) if run_launch is None or run_launch > call[0] else call[0]
+    return max(0, min(gap_start, call[1]) - min(max(call[0], busy_from), since + run_idle))
 
 
 def blocked_share(path: Path, device: int, global_tid: int, name_like: str, lo: int, hi: int,
                   since: int | None = None) -> tuple[int, int]:
     """(gaps, ns), read from a raw export with sqlite3: the device's idle gaps in [lo, hi) (edges included) that
     begin inside a CUDA runtime call named like `name_like` on thread `global_tid`, each counted from its start to
-    the call's return and then on for at most attribution.SYNC_RESUME_MAX_NS and the device's run of work inside the
-    call before the gap: the blocking call's share. since: where the window the runs of work are read in begins (lo
-    when None)."""
+    the call's return and then on for at most attribution.SYNC_RESUME_MAX_NS and the device's work the call waited for
+    (waited_ns): the blocking call's share. since: where the window the runs of work are read in begins (lo when
+    None)."""
     since = lo if since is None else since
     import sqlite3
 
     from stallhound.analysis.attribution import SYNC_RESUME_MAX_NS
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as raw:
-        work = sorted((max(a, since), min(b, hi), le) for a, b, le in raw.execute(RAW_WORK, {"d": device})
+        work = sorted((max(a, since), min(b, hi), ls, le) for a, b, ls, le in raw.execute(RAW_WORK, {"d": device})
                       if b > since and a < hi)
         calls = sorted(raw.execute(RAW_CALLS, {"name": name_like, "tid": global_tid}).fetchall())
     shares = []
-    for g0, g1, run_start in (g for g in _runs(work, since, hi) if g[0] >= lo):
+    for g0, g1, *run in (g for g in work_runs(work, since, hi) if g[0] >= lo):
         for start, end in (c for c in calls if c[0] <= g0 < c[1]):
-            turn = min(max(0, min(g1, end + SYNC_RESUME_MAX_NS) - end), g0 - max(start, run_start))
+            turn = min(max(0, min(g1, end + SYNC_RESUME_MAX_NS) - end), waited_ns((start, end), g0, tuple(run)))
             shares.append(min(g1, end) - g0 + turn)
     return len(shares), sum(shares)

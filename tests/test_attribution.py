@@ -321,6 +321,25 @@ def test_attribution_a_syncs_turnaround_is_no_longer_than_the_work_it_waited_for
     assert sync_ns <= k1_ns + 1_000 - 5_000  # the sync call's own time
 
 
+@pytest.mark.parametrize("scale", [1, 10])  # a short gap (ShortGaps) and a long one (gap_causes.sql)
+@pytest.mark.parametrize(("k1_thread", "sync_ns"), [
+    (7, 10_000),  # k1 launched before the sync began: all of it the sync's wait, so its whole own time
+    (8, 6_000),  # k1 launched by another thread inside the sync: only the work after k1's gap (4 us) is waited for
+])
+def test_attribution_a_syncs_wait_counts_from_its_start_when_the_run_was_asked_before(scale, k1_thread, sync_ns):
+    """k0 runs 0-10 us; k1 (20-24 us) is launched only after the device idled at 10 us, so that gap ends the
+    device's run of work (run_from 20 us); a sync runs 16-26 us and the device runs dry in it at 24 us; k2 lands at
+    40 us. When k1's launch had begun before the sync began, the sync waited from its start (16 us): its in-call idle
+    (2 us) and 8 us of turnaround, its own time; when k1 was launched inside it, the work it waited for is k1 alone."""
+    k1_launch = (12_000, 15_000) if k1_thread == 7 else (17_000, 18_000)
+    k1 = {**kernel(1, 20_000 * scale, 24_000 * scale, tuple(t * scale for t in k1_launch)), "tid": k1_thread}
+    con = make_model(kernels=[kernel(0, 0, 10_000 * scale, (-5_000, -1_000)), k1,
+                              kernel(2, 40_000 * scale, 50_000 * scale, (28_000 * scale, 33_000 * scale))],
+                     cuda_api=[call("cudaStreamSynchronize", "sync", 16_000 * scale, 26_000 * scale)])
+    [idle] = attribution.attribute(con, scope(con)).devices.values()
+    assert (idle.causes["sync"].ns, idle.causes["sync"].calls) == (sync_ns * scale, 1)
+
+
 def test_attribution_a_late_resume_on_a_cpu_is_host_cpu():
     """The host ran on a CPU, outside CUDA calls, for 4 of the 5.99 ms: the late resume is CPU work."""
     sched = [{"pid": 1, "tid": 7, "time_ns": T + t, "cpu": 0, "is_sched_in": i} for t, i in ((1_500_000 + R, True),

@@ -155,3 +155,24 @@ def test_gap_pass_folds_only_queued_gaps_shorter_than_the_limit(gap_ns, written)
         rows = con.execute("SELECT start_ns, end_ns, launch_end_ns FROM idle_gaps").fetchall()
     assert (rows, folded.gaps, folded.ns) == (
         ([(100, 100 + gap_ns, 50)], {0: 0}, {0: 0}) if written else ([], {0: 1}, {0: gap_ns}))
+
+
+@pytest.mark.parametrize(("launch_start", "run"), [
+    (100, (0, 0, 100)),  # B's launch call had begun when the gap before it began: the run goes on through it
+    (101, (200, 101, 0)),  # ... it began 1 ns after: that gap ends the run
+])
+def test_gap_pass_a_run_ends_only_at_a_gap_whose_launch_began_after_it(launch_start, run):
+    """A runs 0-100, B 200-300 (its launch call returns at 150, after the gap before it began: not queued), C 400-500
+    (launched at 350, after the gap before it began). The second gap's busy_from_ns is B's start either way (the
+    unqueued gap before B), its run_from_ns, run_launch_ns and run_idle_ns depend on when B's launch call began."""
+    kernels = [{"start_ns": 0, "end_ns": 100, "launch_start_ns": -50, "launch_end_ns": -10},
+               {"start_ns": 200, "end_ns": 300, "launch_start_ns": launch_start, "launch_end_ns": 150},
+               {"start_ns": 400, "end_ns": 500, "launch_start_ns": 350, "launch_end_ns": 360}]
+    con = make_model(kernels=[{"device_id": 0, "stream_id": 7, "pid": 1, "tid": 7, "correlation_id": n,
+                               "short_name": "k", "name": "k", "category": "compute", **k}
+                              for n, k in enumerate(kernels)])
+    scope = common.Scope(profile="t", devices=[0], start_ns=0, end_ns=500, duration_ns=500, window_basis="capture")
+    with gap_pass.idle_gaps(con, scope, TINY, 0):
+        rows = con.execute("""SELECT start_ns, busy_from_ns, run_from_ns, run_launch_ns, run_idle_ns FROM idle_gaps
+                              ORDER BY start_ns""").fetchall()
+    assert rows == [(100, 0, 0, 0, 0), (300, 200, *run)]

@@ -11,7 +11,7 @@ import json
 import sqlite3
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, waited_ns, work_runs
 
 from corpus import sources
 from stallhound.analysis import attribution, common
@@ -75,43 +75,46 @@ def test_gap_split_a_syncs_turnaround_ends_where_the_host_prints(cache_root):
     assert (device.causes["sync"].ns, device.causes["sync"].calls) == (expected, 20)
 
 
-RUNS_SQL = """SELECT o.start, o."end", r."end" FROM ({work}) o LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+RUNS_SQL = """SELECT o.start, o."end", r.start, r."end" FROM ({work}) o LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
 ON r.correlationId = o.correlationId""".format(work=WORK_SQL.replace('start, "end"', 'start, "end", correlationId'))
 CALLS_SQL = """SELECT r.start, r."end", s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
 ORDER BY r.start"""  # the programs below run their CUDA calls on one thread
 
 
-def _runs(raw: sqlite3.Connection) -> list[tuple[int, int, int]]:
-    """(start, end, run_start) of each idle stretch: run_start, where the device's run of work before it began (the
-    end of the last stretch before it whose work after was launched only after it began: not queued)."""
-    out, reach, run_start = [], None, None
-    for s, e, launched in sorted(raw.execute(RUNS_SQL).fetchall()):
-        if reach is not None and s > reach:
-            out.append((reach, s, run_start))
-            run_start = run_start if launched is not None and launched <= reach else s
-        reach, run_start = max(reach or e, e), s if run_start is None else run_start
-    return out
+def _runs(raw: sqlite3.Connection) -> list[tuple[int, ...]]:
+    """conftest.work_runs over the export's GPU-active window (its first start to its last end)."""
+    tables = {name for (name,) in raw.execute("SELECT name FROM sqlite_master")}
+    sql = RUNS_SQL if "CUPTI_ACTIVITY_KIND_MEMSET" in tables else RUNS_SQL.replace(
+        ' UNION ALL SELECT start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_MEMSET', "")
+    work = sorted(raw.execute(sql).fetchall())
+    return work_runs(work, work[0][0], max(w[1] for w in work))
 
 
-def _turnarounds(raw: sqlite3.Connection, blocking, cut=("-",)) -> tuple[int, int, int, int, list[tuple[int, ...]]]:
+OS_CALLS_SQL = """SELECT o.start FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId WHERE s.value NOT LIKE 'ioctl%'"""
+
+
+def _turnarounds(raw: sqlite3.Connection, blocking, cut=("-",),
+                 os_calls: bool = False) -> tuple[int, int, int, int, list[tuple[int, ...]]]:
     """What the blocking calls (blocking(name, start): is it one) claim: for each idle stretch begun inside one, its
-    in-call idle and the turnaround after it returned (1 ms at most, up to where a call named cut* begins), no longer
-    than the device's run of work inside the call before the stretch. (calls, their own time, in-call idle,
-    turnaround, the rest of those stretches as (start, end, claimed))."""
+    in-call idle and the turnaround after it returned (1 ms at most, up to where a call named cut* begins, or with
+    os_calls an OS call but the driver's ioctl), no longer than the device's work the call waited for
+    (conftest.waited_ns). (calls, their own time, in-call idle, turnaround, the rest of those stretches as (start,
+    end, claimed))."""
     calls = raw.execute(CALLS_SQL).fetchall()
-    cuts = [c[0] for c in calls if c[2].startswith(cut)]
+    cuts = sorted([c[0] for c in calls if c[2].startswith(cut)]
+                  + ([s for (s,) in raw.execute(OS_CALLS_SQL)] if os_calls else []))
     mine = [(s, e) for s, e, name in calls if blocking(name, s)]
     starts, runs = [c[0] for c in mine], _runs(raw)
     inside = turn = 0
     rest = []
-    for s, e, run_start in runs:
+    for s, e, *run in runs:
         i = bisect.bisect_right(starts, s) - 1
         if i < 0 or s >= mine[i][1]:
             continue
         b_start, b_end = mine[i]
         j = bisect.bisect_left(cuts, b_end)
         resume = min(b_end + attribution.SYNC_RESUME_MAX_NS, cuts[j] if j < len(cuts) else e)
-        waited = s - max(b_start, run_start)
+        waited = waited_ns((b_start, b_end), s, tuple(run))
         piece = min(e, b_end) - s + min(max(0, min(e, resume) - b_end), waited)
         inside, turn = inside + min(e, b_end) - s, turn + piece - (min(e, b_end) - s)
         rest.append((s, e, piece))
@@ -139,7 +142,7 @@ def test_gap_split_a_short_gap_is_cut_where_the_loops_allocation_begins(cache_ro
     with attribution.labelled_inputs(con, scope, attribution.FOLD_BELOW_NS) as (_, short):
         counted = {(cause, call): tuple(n) for (_, cause, call), n in short.counted.items()}
     [device] = attribution.attribute(con, scope).devices.values()
-    assert (n, own, inside, turn, len(rest)) == (1_943, 10_342_385, 6_048_502, 2_228_748, 1_873)
+    assert (n, own, inside, turn, len(rest)) == (1_943, 10_342_385, 6_048_502, 4_045_206, 1_873)
     assert (device.causes["sync"].ns, device.causes["sync"].calls) == (inside + turn, 1_873) and inside + turn < own
     assert (alloc_ns, split) == (12_297_870, 1_869)
     assert counted[("alloc", None)] == (split, alloc_ns)
@@ -158,7 +161,7 @@ def test_gap_split_a_reads_turnaround_is_capped_at_the_work_it_waited_for(cache_
     n, own, inside, turn, _ = _turnarounds(raw, lambda _, start: start in reads)
     con, scope = _attributed(path, cache_root)
     [device] = attribution.attribute(con, scope).devices.values()
-    assert (n, own, inside, turn) == (2_455, 27_986_644, 17_510_401, 2_770_321)
+    assert (n, own, inside, turn) == (2_455, 27_986_644, 17_510_401, 3_727_288)
     assert (device.causes["readback"].ns, device.causes["readback"].calls) == (inside + turn, 2_455)
     assert inside + turn < own
 
@@ -179,3 +182,45 @@ def test_gap_split_the_autograd_threads_frees_explain_the_gaps_the_launching_thr
         inside = sum(max(0, min(e, g.end_ns) - max(s, g.start_ns)) for s, e in frees)
         assert g.pieces() == (("alloc", inside), (None, 0), ("host_untraced", g.end_ns - g.start_ns - inside),
                               (None, 0))
+
+
+SMALL_READS_SQL = """SELECT r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN CUPTI_ACTIVITY_KIND_MEMCPY m
+ON m.correlationId = r.correlationId WHERE m.copyKind = 2 AND m.bytes <= 1024"""
+
+
+@pytest.mark.parametrize(("name", "figures", "claimed"), [
+    # 300 blocking 4-byte cudaMemcpy reads: the device runs relax (19 us), idles 7 us inside the read before its
+    # 1.4 us copy (the copy's latency: the read had asked for it, so the run goes on), then idles until the next
+    # iteration; before, that in-call gap ended the run and the turnaround was capped at the copy: 4.55 ms
+    ("sync_alloc", (300, 10_524_491, 4_144_646, 2_940_035), 7_084_681),
+    # 200 cudaMemcpyAsync reads into pageable memory (then a cudaStreamSynchronize): each claims its own time
+    ("cupy_convergence", (200, 2_947_790, 877_929, 2_069_861), 2_947_790),
+])
+def test_gap_split_a_reads_own_copy_does_not_end_the_work_it_waited_for(cache_root, name, figures, claimed):
+    """A read's wait counts the device's work from the read's start (its run began with work launched before the
+    read began), its own copy's latency inside the call not cutting it; the allocation calls after the read cut its
+    turnaround (sync_alloc's cudaFree, cudaMalloc). The claim stays within the reads' own time."""
+    path = _corpus(name)
+    raw = _raw(path)
+    reads = {s for (s,) in raw.execute(SMALL_READS_SQL)}
+    n, own, inside, turn, _ = _turnarounds(raw, lambda _, start: start in reads, ("cudaFree", "cudaMalloc"))
+    con, scope = _attributed(path, cache_root)
+    [device] = attribution.attribute(con, scope).devices.values()
+    assert (n, own, inside, turn) == figures and inside + turn == claimed <= own
+    assert device.causes["readback"].ns == claimed
+
+
+def test_gap_split_a_sync_after_a_tiny_kernel_launched_before_it_claims_its_own_time(cache_root):
+    """Rodinia gaussian: each Fan1 (3.5 us) is launched, then cudaThreadSynchronize (6 us) waits for it, then Fan2 is
+    launched: the device idled before Fan1 (its launch began after the device went idle), so that gap ends its run,
+    but Fan1's launch had begun before the sync did, so the sync waited from its start: its in-call idle and of its
+    turnaround up to its own time (before: only Fan1's 3.5 us; sync 52.2 ms of triage's window). The turnaround stops
+    where the thread enters an OS call (one pthread_mutex_lock of 0.86 ms)."""
+    path = _corpus("rodinia_gaussian_fan")
+    raw = _raw(path)
+    n, own, inside, turn, rest = _turnarounds(raw, lambda name, _: name.startswith("cudaThreadSynchronize"),
+                                              os_calls=True)
+    con, scope = _attributed(path, cache_root)
+    [device] = attribution.attribute(con, scope).devices.values()
+    assert (n, own, inside, turn, len(rest)) == (8_190, 2_832_046_669, 11_562_162, 46_908_527, 8_180)
+    assert (device.causes["sync"].ns, device.causes["sync"].calls) == (inside + turn, 8_180)

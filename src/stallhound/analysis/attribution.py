@@ -15,18 +15,22 @@ nanoseconds and their sum is the device's idle time:
   (rules.PAGEABLE_STAGED_BYTES), or a synchronize right after one; a smaller one (it costs its latency, which pinning
   does not shorten: no idle finding claims it, memory_transfers' small uploads may), or a synchronize right after
   one; another synchronous copy (a device-to-host read is one of rules.SMALL_READ_BYTES or less). The call keeps the
-  idle inside it, and of the host's turnaround after it returned only what the call made idle: with the call gone,
-  the host's work after it would have run while the device ran the work the call waited for (the device's run of
-  work from the call's start, or the last gap before it that was not queued, to the gap: gap_pass's busy_from_ns),
-  and no longer, past that the device would idle anyway with the host late. So the turnaround runs up to
-  SYNC_RESUME_MAX_NS after the return, or until the thread is seen doing its own work: an OS call (printing, I/O) or
-  an activity claimed for its own time (below), and never longer than that run; a call thus claims at most its own
-  time. Not so a copy from host memory (pageable_copy, small_copy): it waits on no earlier work, it is the work, and
-  its turnaround, the cost of issuing such copies one by one, stays its own (short_gaps.UNCAPPED). What lies past
-  that is the late resume (late_ns), judged by what the host did in the gap like a gap without a blocking call
-  (sync, launch, host_cpu, host_untraced). A synchronize call covering most of a longer gap also
-  counts as sync (the host waited on other work meanwhile). Each blocking cause counts the distinct calls whose gaps
-  it holds (calls).
+  idle inside it, and of the host's turnaround after it returned only what the call made idle: with the call gone, the
+  host's work after it would have run while the device ran the work the call waited for, and no longer: past that the
+  device would idle anyway with the host late. That work runs from the call's start to the gap, less the idle of the
+  device's gaps in it that were not queued (counted from the run's start: never more than the work); a run of work the
+  device began inside the call counts from there, but only when the host began to launch that work after the call
+  began (work asked for before the call, such as a tiny kernel it then waits on, is the call's to wait for even when
+  the device first idled before it), and a gap whose launch or copy call was already under way (a synchronous copy's
+  own latency) does not end the run (gap_pass's run_from_ns, run_launch_ns, run_idle_ns; or, when closer, its
+  busy_from_ns). So the turnaround runs up to SYNC_RESUME_MAX_NS after the return, or until the thread is seen doing
+  its own work: an OS call (printing, I/O) or an activity claimed for its own time (below), and never longer than that
+  work; a call thus claims at most its own time. Not so a copy from host memory (pageable_copy, small_copy): it waits
+  on no earlier work, it is the work, and its turnaround, the cost of issuing such copies one by one, stays its own
+  (short_gaps.UNCAPPED). What lies past that is the late resume (late_ns), judged by what the host did in the gap like
+  a gap without a blocking call (sync, launch, host_cpu, host_untraced). A synchronize call covering most of a longer
+  gap also counts as sync (the host waited on other work meanwhile). Each blocking cause counts the distinct calls
+  whose gaps it holds (calls).
   A gap of HELD_MIN_NS or more that a blocking copy call (on any thread) spans to its end, for most of it, is held
   by the copy, before every rule here, queued included: the copy's transfer ran on the gap's device only after the
   gap, and the work after the gap was launched before the call began (or by no traced call), so the device waited

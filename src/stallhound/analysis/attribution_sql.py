@@ -24,7 +24,7 @@ WORK = THREADS + """
 gap_thread AS NOT MATERIALIZED (  -- the gaps (idle_gaps, gap_pass) each with its thread; recomputed for each reader,
   -- which costs less than writing every gap (that spills on the largest exports)
   SELECT g.gap_id, g.device_id, g.start_ns, g.end_ns, g.duration_ns, g.launch_end_ns, g.tiny, g.driver, g.touched,
-         g.busy_from_ns,
+         g.busy_from_ns, g.run_from_ns, g.run_launch_ns, g.run_idle_ns,
          CASE WHEN g.tid IS NOT NULL THEN g.pid WHEN g.prev_tid IS NOT NULL THEN g.prev_pid ELSE m.pid END AS pid,
          CASE WHEN g.tid IS NOT NULL THEN g.tid WHEN g.prev_tid IS NOT NULL THEN g.prev_tid ELSE m.tid END AS tid
   FROM idle_gaps g LEFT JOIN main_thread m ON m.device_id = g.device_id),"""
@@ -124,7 +124,8 @@ spanned AS (  -- each gap with the span its start falls in (a queued gap's shows
   -- holds the gap: it starts inside the call, or for a short gap in its wake, before the work launched by then
   SELECT g.*, b.cause AS b_cause, b.name AS b_name, b.start_ns AS b_start, b.end_ns AS b_end,
          g.start_ns < b.until_ns OR g.duration_ns <= $launch_gap_max AND g.launch_end_ns <= b.reach_ns
-           AND (g.busy_from_ns < b.end_ns OR b.cause IN ('pageable_copy', 'small_copy')) AS held
+           AND (g.run_from_ns < b.end_ns OR g.run_launch_ns <= b.start_ns OR b.cause IN ('pageable_copy', 'small_copy'))
+           AS held
   FROM gap_thread g
   LEFT JOIN bspans b ON b.pid = g.pid AND b.tid = g.tid AND b.bucket = CASE
       WHEN g.duration_ns >= $min_gap OR NOT coalesce(g.launch_end_ns <= g.start_ns, false)

@@ -10,7 +10,8 @@
 -- than the time of the events it is about. So a gap is cut in up to three pieces that never share nanoseconds
 -- (split): the blocking call it began in (piece_ns: its in-call idle and up to $resume_max of turnaround, while the
 -- host does nothing but drive the device: own_ns at an OS call, gap_host's cut_ns at the activity claimed after it;
--- and no longer than the device's run of work inside the call before the gap (busy_from_ns): with the call gone, the
+-- and no longer than the device's work in its run inside the call before the gap (from busy_from_ns, less the run's
+-- idle run_idle_ns, which may lie before the call: never more than the work): with the call gone, the
 -- host's turnaround, the next launch's latency included, would overlap only the work the call waited for, past it
 -- the device idles anyway; so a call claims at most its own time. Not a copy from host memory (pageable_copy,
 -- small_copy): the copy is itself the work, not a wait on earlier work, and its turnaround is the cost of issuing
@@ -66,7 +67,8 @@ judged AS (
          least(g.end_ns, greatest(g.start_ns, g.b_end)
            + least(greatest(0, least(g.end_ns, g.b_end + $resume_max, h.own_ns) - greatest(g.start_ns, g.b_end)),
            CASE WHEN g.blocked_cause NOT IN ('pageable_copy', 'small_copy') THEN greatest(0, least(g.start_ns, g.b_end)
-             - greatest(g.b_start, g.busy_from_ns)) END), sa.alloc_at) - g.start_ns
+             - least(greatest(g.b_start, g.busy_from_ns), greatest(g.b_start, CASE WHEN g.run_launch_ns > g.b_start
+               THEN g.run_from_ns END) + g.run_idle_ns)) END), sa.alloc_at) - g.start_ns
            AS piece_ns,  -- the blocking call's piece (above; least skips a NULL: a host copy's turnaround, uncapped)
   CASE
     WHEN hd.h_cause IS NOT NULL THEN hd.h_cause

@@ -14,7 +14,11 @@ rules.DRIVER_MIGRATION_SQL, and none starting with it was launched by a traced c
 ending where it begins and starting where it ends are migrations a host thread's touch caused, rules.HOST_TOUCH_SQL,
 none launched by a traced call: the host was reading managed memory page by page across it), and busy_from_ns (where
 the device's run of work before the gap began: the end of the last gap before it that was not queued, or the window's
-start; the queued gaps inside the run are stalls between work it already had). DuckDB's window
+start; the queued gaps inside the run are stalls between work it already had), and the longer run that only a gap
+the host had not yet begun to launch the work after ends (its launch call began only after the gap began), a gap
+whose launch or copy call was under way (a synchronous copy's own latency inside the call) not ending it: run_from_ns
+(where it began: the end of that gap, or the window's start), run_launch_ns (when that gap's launch call began; the
+window's start at first) and run_idle_ns (the idle of the run's gaps that were not queued). DuckDB's window
 operator over millions of operations costs several times the sort it needs, and spills on the largest exports; the
 pass reads at most device_pass.ROWS_PER_CHUNK operations at a time, so memory stays flat.
 """
@@ -42,44 +46,50 @@ NO_THREAD = -1  # pid/tid not traced
 
 KERNEL_CAT, COPY_CAT, _, GRAPH_CAT = CATEGORY_LABELS
 OPS = f"""ops AS (
-  SELECT device_id, greatest(start_ns, $start) AS s, least(end_ns, $end) AS e, launch_end_ns, tiny, pid, tid,
-         stream_id, cat
-  FROM (SELECT device_id, start_ns, end_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid, stream_id,
-               {KERNEL_CAT} AS cat FROM kernels
-        UNION ALL SELECT device_id, start_ns, end_ns,
+  SELECT device_id, greatest(start_ns, $start) AS s, least(end_ns, $end) AS e, launch_start_ns, launch_end_ns, tiny,
+         pid, tid, stream_id, cat
+  FROM (SELECT device_id, start_ns, end_ns, launch_start_ns, launch_end_ns, duration_ns < $tiny AS tiny, pid, tid,
+               stream_id, {KERNEL_CAT} AS cat FROM kernels
+        UNION ALL SELECT device_id, start_ns, end_ns, CASE WHEN {rules.DRIVER_MIGRATION_SQL} THEN NULL
+                                                           ELSE launch_start_ns END,
                          CASE WHEN {rules.DRIVER_MIGRATION_SQL} THEN $driver_time
                               WHEN {rules.HOST_TOUCH_SQL} AND launch_end_ns IS NULL THEN $touch_time
                               ELSE launch_end_ns END,
                          false, pid, tid, stream_id, {COPY_CAT} FROM memcpy
-        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {COPY_CAT} FROM memset
-        UNION ALL SELECT device_id, start_ns, end_ns, launch_end_ns, false, pid, tid, stream_id, {GRAPH_CAT}
-          FROM graph_exec)
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_start_ns, launch_end_ns, false, pid, tid, stream_id,
+                         {COPY_CAT} FROM memset
+        UNION ALL SELECT device_id, start_ns, end_ns, launch_start_ns, launch_end_ns, false, pid, tid, stream_id,
+                         {GRAPH_CAT} FROM graph_exec)
   WHERE device_id = $device AND end_ns > $start AND start_ns < $end AND end_ns > start_ns
     AND start_ns >= $raw_lo AND start_ns <= $hi)"""  # one chunk (device_pass.chunk_bounds), by stored start
 CHUNK_SQL = "WITH " + OPS + """
-SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(tiny, false) AS tiny,
+SELECT s, e, coalesce(launch_end_ns, $no_time) AS le, coalesce(least(launch_start_ns, launch_end_ns), $no_time) AS ls,
+       coalesce(tiny, false) AS tiny,
        coalesce(pid, $no_thread) AS pid, coalesce(tid, $no_thread) AS tid,
        coalesce(stream_id, 0) AS stream, stream_id IS NULL AS no_stream, cat  -- device_pass.CHUNK_SQL's columns
 FROM ops"""
 CREATE_SQL = """CREATE OR REPLACE TEMP TABLE idle_gaps (gap_id BIGINT, device_id INTEGER, start_ns BIGINT,
   end_ns BIGINT, duration_ns BIGINT, launch_end_ns BIGINT, tiny BOOLEAN, pid BIGINT, tid BIGINT, prev_pid BIGINT,
-  prev_tid BIGINT, driver BOOLEAN, touched BOOLEAN, busy_from_ns BIGINT)"""
+  prev_tid BIGINT, driver BOOLEAN, touched BOOLEAN, busy_from_ns BIGINT, run_from_ns BIGINT,
+  run_launch_ns BIGINT, run_idle_ns BIGINT)"""
 INSERT_SQL = """INSERT INTO idle_gaps SELECT gap_id, $device, start_ns, end_ns, end_ns - start_ns,
   CASE WHEN launch_end_ns < $touch_time THEN launch_end_ns END, tiny, nullif(pid, $no_thread),
   nullif(tid, $no_thread), nullif(prev_pid, $no_thread), nullif(prev_tid, $no_thread), launch_end_ns = $driver_time,
-  touched, busy_from_ns
+  touched, busy_from_ns, run_from_ns, run_launch_ns, run_idle_ns
 FROM gap_chunk"""
 
 
 class _Device:
     """One device's pass: the running maximum of end x 2 + tiny (the latest end, and whether an operation ending
     then is tiny), of end x 2 + touch (... whether one ending then is a host-touch migration), of end x 2 + traced
-    with the thread of the last operation reaching it (prev), the last unqueued gap's end (busy_from) and the rows
-    counted so far, carried from chunk to chunk; the queued gaps shorter than fold_below only counted and summed."""
+    with the thread of the last operation reaching it (prev), the starts of the runs (busy_from, run_from,
+    run_launch), the unqueued idle so far and up to the run's start (idle_ns, run_base_ns) and the rows counted so
+    far, carried from chunk to chunk; the queued gaps shorter than fold_below only counted and summed."""
 
     def __init__(self, device: int, start: int, fold_below: int) -> None:
         self.device, self.reach2, self.rows = device, start * 2, 1  # the window's start is row 1
-        self.touch2, self.busy_from = start * 2, start
+        self.touch2, self.busy_from, self.run_from, self.run_launch = start * 2, start, start, start
+        self.idle_ns, self.run_base_ns = 0, 0
         self.traced2, self.prev = start * 2, (NO_THREAD, NO_THREAD)
         self.fold_below, self.folded_gaps, self.folded_ns = fold_below, 0, 0
 
@@ -94,9 +104,25 @@ class _Device:
         traced = reach[at] % 2 == 1  # reach[at]: over the operations before `at` and the carried state
         return np.where(traced, pids[last[at]], NO_THREAD), np.where(traced, tids[last[at]], NO_THREAD)
 
+    def _runs(self, start: np.ndarray, end: np.ndarray, launch: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+        """busy_from_ns, run_from_ns, run_launch_ns and run_idle_ns (module doc) of the gaps (start, end) whose next
+        work's launch calls began and returned at `launch`."""
+        launch_start, launch_end = launch
+        ends_run, unqueued = launch_start > start, launch_end > start
+        busy_from, run_from = (np.maximum.accumulate(np.concatenate(([carried], np.where(ends, end, 0))))
+                               for carried, ends in ((self.busy_from, unqueued), (self.run_from, ends_run)))
+        at_run = np.maximum.accumulate(np.concatenate(([-1], np.where(ends_run, np.arange(len(start)), -1))))
+        run_launch = np.concatenate(([self.run_launch], launch_start))[at_run + 1]
+        idle = self.idle_ns + np.concatenate(([0], np.cumsum(np.where(unqueued, end - start, 0))))
+        base = np.maximum.accumulate(np.concatenate(([self.run_base_ns], np.where(ends_run, idle[1:], 0))))
+        self.busy_from, self.run_from, self.run_launch = int(busy_from[-1]), int(run_from[-1]), int(run_launch[-1])
+        self.idle_ns, self.run_base_ns = int(idle[-1]), int(base[-1])
+        return {"busy_from_ns": busy_from[:-1], "run_from_ns": run_from[:-1], "run_launch_ns": run_launch[:-1],
+                "run_idle_ns": idle[:-1] - base[:-1]}
+
     def chunk(self, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         order = np.lexsort((c["e"], c["s"]))
-        s, e, le, tiny, pid, tid = (c[k][order] for k in ("s", "e", "le", "tiny", "pid", "tid"))
+        s, e, le, ls, tiny, pid, tid = (c[k][order] for k in ("s", "e", "le", "ls", "tiny", "pid", "tid"))
         reach2 = np.maximum.accumulate(np.concatenate(([self.reach2], e * 2 + tiny)))
         before = reach2[:-1]  # the latest end x 2 + tiny before each operation
         touch2 = np.maximum.accumulate(np.concatenate(([self.touch2], e * 2 + (le == TOUCH_TIME))))
@@ -104,15 +130,13 @@ class _Device:
         heads = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))  # runs of operations starting together
         run = np.searchsorted(heads, at, side="right") - 1
         start, end, launch_end = before[at] // 2, s[at], np.minimum.reduceat(le, heads)[run]
-        ends = np.concatenate(([self.busy_from], np.where(launch_end <= start, 0, end)))
-        busy_from = np.maximum.accumulate(ends)  # the latest unqueued gap's end: before each gap, then after the last
-        busy_from, self.busy_from = busy_from[:-1], int(busy_from[-1])
+        runs = self._runs(start, end, (np.minimum.reduceat(ls, heads)[run], launch_end))
         fold = (launch_end <= start) & (end - start < self.fold_below)  # counted here, not written
         self.folded_gaps += int(fold.sum())
         self.folded_ns += int((end - start)[fold].sum())
         kept = ~fold
         at, run, start, end, launch_end = at[kept], run[kept], start[kept], end[kept], launch_end[kept]
-        busy_from = busy_from[kept]
+        runs = {k: v[kept] for k, v in runs.items()}
         touched = (launch_end == TOUCH_TIME) & (touch2[:-1][at] % 2 == 1)  # a touched page on either side
         # a run's thread: of its traced operations, the first whose launch returned (untraced returns last)
         sizes = np.diff(np.append(heads, len(s)))
@@ -126,7 +150,7 @@ class _Device:
                  "launch_end_ns": launch_end,
                  "tiny": np.logical_or.reduceat(tiny, heads)[run] | (before[at] % 2 == 1),
                  "pid": np.where(traced, pid[pick[run]], NO_THREAD), "tid": np.where(traced, tid[pick[run]], NO_THREAD),
-                 "touched": touched, "busy_from_ns": busy_from}
+                 "touched": touched, **runs}
         found["prev_pid"], found["prev_tid"] = self._prev(e, pid, tid, at)
         self.reach2, self.touch2, self.rows = int(reach2[-1]), int(touch2[-1]), self.rows + len(s)
         return found
@@ -143,7 +167,10 @@ class _Device:
                 "prev_pid": np.array([self.prev[0] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64),
                 "prev_tid": np.array([self.prev[1] if self.traced2 % 2 else NO_THREAD] * one, dtype=np.int64),
                 "touched": np.array([False] * one, dtype=bool),
-                "busy_from_ns": np.array([self.busy_from] * one, dtype=np.int64)}
+                "busy_from_ns": np.array([self.busy_from] * one, dtype=np.int64),
+                "run_from_ns": np.array([self.run_from] * one, dtype=np.int64),
+                "run_launch_ns": np.array([self.run_launch] * one, dtype=np.int64),
+                "run_idle_ns": np.array([self.idle_ns - self.run_base_ns] * one, dtype=np.int64)}
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class ShortGaps:
         begins, ends, launched = start[at], end[at], launch_end[at]
         cut, alloc_ns = ends.copy(), np.zeros(len(at), dtype=np.int64)  # where the call's piece ends; then allocation
         driver = launched == gap_pass.DRIVER_TIME
-        busy_from = gaps["busy_from_ns"][at]
+        runs = tuple(gaps[k][at] for k in ("busy_from_ns", "run_from_ns", "run_launch_ns", "run_idle_ns"))
         uncapped = [self.labels.index(c) for c in UNCAPPED if c in self.labels]
         for key, (starts, untils, reaches, call_ends, causes, names) in self.spans.items():
             mine = np.flatnonzero((pid == key[0]) & (tid == key[1]) & ~touched)
@@ -66,8 +66,8 @@ class ShortGaps:
             span = np.searchsorted(starts, begins[mine], side="right") - 1
             pos = np.maximum(span, 0)
             own = np.isin(causes[pos], uncapped)
-            woken = ((begins[mine] < reaches[pos]) & (launched[mine] <= reaches[pos])
-                     & ((busy_from[mine] < call_ends[pos]) | own))  # in its wake (CALLS_SQL's spanned)
+            ran = (runs[1][mine] < call_ends[pos]) | (runs[2][mine] <= starts[pos])  # work in the call's run
+            woken = (begins[mine] < reaches[pos]) & (launched[mine] <= reaches[pos]) & (ran | own)  # CALLS_SQL's wake
             inside = (span >= 0) & ((begins[mine] < untils[pos]) | woken)
             cause[mine[inside]], call[mine[inside]] = causes[span[inside]], names[span[inside]]
             waited = inside & driver[mine] & (ends[mine] <= call_ends[pos])  # gap_causes.sql: queued
@@ -78,7 +78,8 @@ class ShortGaps:
             split, b = mine[blocked], span[blocked]
             cut[split], alloc_ns[split] = self._allocs((starts, untils, causes), b, ends[split])
             cut[split] = np.minimum(cut[split], self._piece_end(
-                begins[split], ends[split], (starts[b], call_ends[b]), busy_from[split], ~own[blocked]))
+                begins[split], ends[split], (starts[b], call_ends[b]), tuple(r[split] for r in runs),
+                ~own[blocked]))
         split = cut < ends
         rest = ends - cut - alloc_ns  # after the call's piece and the allocation calls' own time: the late launch
         self._count(device, cause, call, np.where(split, cut - begins, duration[at]))
@@ -90,16 +91,18 @@ class ShortGaps:
         return judged
 
     def _piece_end(self, begins: np.ndarray, ends: np.ndarray, calls: tuple[np.ndarray, ...],
-                   busy_from: np.ndarray, capped: np.ndarray) -> np.ndarray:
+                   runs: tuple[np.ndarray, ...], capped: np.ndarray) -> np.ndarray:
         """Where the blocking call's piece of each gap ends (gap_causes.sql's piece_ns): its in-call idle, then its
-        turnaround ($resume_max at most), no longer than the device's run of work inside the call before the gap (the
-        work the call waited for, which that host time, the next launch's latency included, would have overlapped),
-        where capped (not a copy from host memory, UNCAPPED)."""
-        call_starts, call_ends = calls
+        turnaround ($resume_max at most), no longer than the device's work in its run inside the call before the gap
+        (the work the call waited for, which that host time, the next launch's latency included, would have
+        overlapped: the run's span from the call's start less the idle of all the run's gaps, so never more than the
+        work), where capped (not a copy from host memory, UNCAPPED)."""
+        (call_starts, call_ends), (busy_from, run_from, run_launch, run_idle) = calls, runs
         after = np.maximum(begins, call_ends)
         stop = np.minimum(ends, call_ends + self.resume_max_ns)
-        waited = np.where(~capped, self.resume_max_ns,
-                          np.maximum(0, np.minimum(begins, call_ends) - np.maximum(call_starts, busy_from)))
+        since = np.minimum(np.maximum(call_starts, busy_from), run_idle + np.where(
+            run_launch > call_starts, np.maximum(call_starts, run_from), call_starts))  # the closer of the two runs
+        waited = np.where(~capped, self.resume_max_ns, np.maximum(0, np.minimum(begins, call_ends) - since))
         return np.minimum(ends, after + np.minimum(np.maximum(0, stop - after), waited))
 
     def _allocs(self, spans: tuple[np.ndarray, ...], span: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
