@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from stallhound.analysis import vendor
 from stallhound.analysis.common import Severity, pct
 from stallhound.formats.kineto.meta import OPTIONS as KINETO_OPTIONS
+from stallhound.formats.kineto.meta import capture_flags as kineto_flags
 
 TINY_KERNEL_NS = 10_000  # 10 us: below this a kernel runs shorter than its launch costs (book small-kernel-overhead)
 HOTSPOT_PCT = 30.0  # book kernel-hotspot: one kernel above this share of kernel time is worth a look on its own
@@ -111,4 +112,5 @@ def missing(con: duckdb.DuckDBPyConnection, among: tuple[str, ...] | None = None
     (a capture with CUDA calls but no copy has no copy to record), so asking for the option again would mislead."""
     rows = con.execute(MISSING_SQL, {"data": None if among is None else list(among)}).fetchall()
     amd = bool(rows) and vendor.of(con) == vendor.AMD
-    return [Missing(data=d, capture_flag=NOT_ON_AMD if amd and d not in KINETO_OPTIONS else f) for d, f in rows]
+    nsys_only = set(kineto_flags()) - set(KINETO_OPTIONS)  # what torch.profiler cannot record (gpu_info: it can)
+    return [Missing(data=d, capture_flag=NOT_ON_AMD if amd and d in nsys_only else f) for d, f in rows]
