@@ -468,7 +468,8 @@ def test_book_fix_for_prefers_the_findings_tag_over_the_context():
 
 # What CUDA alone has: its environment variables, NVIDIA's tools (Nsight, ncu, nsys, nvidia-smi), libraries and
 # hardware names. `torch.backends.cudnn` is PyTorch's switch, which on ROCm drives MIOpen: not the library's name.
-CUDA_ONLY = re.compile(r"\bCUDA_[A-Z_]+|nvidia-smi|Nsight|\bncu\b|\bnsys\b|cudaProfiler|CUPY_TF32|\bTF32\b|NVIDIA|"
+CUDA_ONLY = re.compile(r"\bCUDA_[A-Z_]+|_CUDA_ALLOC_CONF|nvidia-smi|Nsight|\bncu\b|\bnsys\b|cudaProfiler|"
+                       r"CUPY_TF32|\bTF32\b|NVIDIA|"
                        r"\bcuBLAS|cuDNN|CUDNN_|\bnvtx\b|NVTX|CUPTI|\bcudaMalloc|\bcudaHost|multiple of 32|"
                        r"\bsm_\d|Ampere|Hopper|\bA100\b|\bH100\b|\bV100\b|\bT4\b")
 # Root causes whose detectors never fire on an AMD trace, and why.
