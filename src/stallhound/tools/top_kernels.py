@@ -20,7 +20,9 @@ gemm_tensor_ns / gemm_other_ns = time of kernels of kind 'gemm-fp32' / 'gemm-ten
 gemm_fp32_pct = gemm_fp32_ns / kernel_time_ns. tf32_tensor_cores says whether the device has TF32
 tensor cores (compute capability >= 8.0): decided by gpus.compute_capability when the export records
 it (basis 'compute_capability'), else by kernel names built for sm80+ on that device in the window
-(basis 'kernel_names', min_arch_from_names), else null (basis 'unknown'). Durations in ns.
+(basis 'kernel_names', min_arch_from_names), else null (basis 'unknown'); on AMD null (basis 'amd': the gfx
+version is no compute capability). fp16_tensor_cores likewise from 7.0; on 7.x, FP16 only, conv_fp32_ns (cuDNN
+convolutions whose names mark FP32 math) joins the FP32 GEMMs as the work FP16 mixed precision moves. Durations in ns.
 """
 
 from __future__ import annotations
