@@ -166,7 +166,7 @@ DETECTOR_TAGS = {
                        # hotspots.fit_tags: a GEMM no library claims; element-wise kernels of a program that
                        # trains; a kind on AMD
                        "gemm-own", "elementwise-training", "gemm-tensor-amd"},
-    "fp32-gemm-no-tensor-cores": {"gemm-fp32"},
+    "fp32-gemm-no-tensor-cores": {"gemm-fp32", "fp16-tensor-cores"},  # top_kernels: 8.0+ (TF32) or 7.x (FP16)
     "excessive-h2d-transfers": {"pinned", "pageable", "many-small"},
     "pageable-host-memory": {"async-blocking", "large-single"},
     "module-loading-hot-path": {"jit", "module-load"},
@@ -227,11 +227,20 @@ def _by_fix(family_filter):
                                                               for i, (e, f) in enumerate(chosen)])
 
 
-def _shown(entry):
-    """Every (program kind, tags) case and the fix triage would show for it."""
-    cases = [()] + [(tag,) for tag in sorted({f.when for f in entry.fixes if f.when})]
-    return [(kind, tags, entry.fix_for(chain, tags)) for kind, chain in CHAINS.items() if entry.applies(chain)
-            for tags in cases]
+# The trace facts triage fits every fix to (analysis/fix_context.py): an AMD GPU, a torch.profiler trace.
+CONTEXT_TAGS = {"amd", "kineto"}
+
+
+def _tags_of(entry) -> list[str]:
+    """The finding tags the entry's fixes name (a `when` of several, joined by '+', names each), context left out."""
+    return sorted({part for f in entry.fixes if f.when for part in f.when.split("+")} - CONTEXT_TAGS)
+
+
+def _shown(entry, context=()):
+    """Every (program kind, tags) case and the fix triage would show for it in a trace of `context`."""
+    cases = [()] + [(tag,) for tag in _tags_of(entry)]
+    return [(kind, tags, entry.fix_for(chain, tags, context)) for kind, chain in CHAINS.items()
+            if entry.applies(chain) for tags in cases]
 
 
 @_by_fix(lambda family: family != "pytorch")
@@ -284,7 +293,7 @@ def test_book_stdpar_programs_are_never_told_to_manage_data_explicitly(item):
 
 @_by_id(ENTRIES)
 def test_book_when_tags_are_ones_the_detectors_emit(item):
-    used = {f.when for f in item.fixes if f.when}
+    used = set(_tags_of(item))
     assert used <= DETECTOR_TAGS.get(item.id, set()), used - DETECTOR_TAGS.get(item.id, set())
 
 
@@ -427,3 +436,87 @@ def test_book_bf16_advice_says_what_gpus_without_bf16_use(item):
     for fix in item.fixes:
         if "torch.bfloat16" in fix.text:
             assert "float16" in fix.text.replace("bfloat16", "") and "GradScaler" in fix.text, fix.text
+
+
+# --- fixes fitted to the trace: an AMD GPU, a torch.profiler trace (analysis/fix_context.py) ---------------------
+@pytest.mark.parametrize("tags, context, shown", [
+    (("jit",), (), "python jit"),
+    (("jit",), ("amd",), "python jit amd"),           # both of a '+' when present: it beats the one-tag fix
+    (("jit",), ("kineto",), "python jit"),            # a context tag the entry does not name changes nothing
+    ((), ("amd",), "python amd"),                     # a context-only fix beats the plain one
+    (("amd",), (), "python amd"),                     # a finding's own tag fits a when as well
+    (("module-load",), ("amd",), "python amd"),       # an unknown finding tag: the context-only fix
+])
+def test_book_fix_for_fits_the_trace_context(tags, context, shown):
+    entry = _toy('"python"', """{ for = "python", when = "jit", text = "python jit" },
+        { for = "python", when = "jit+amd", text = "python jit amd" },
+        { for = "python", when = "amd", text = "python amd" },
+        { for = "python", text = "python plain" }""")
+    assert entry.fix_for(CHAINS["python"], tags, context).text == shown
+
+
+def test_book_fix_for_prefers_the_findings_tag_over_the_context():
+    """A fix naming the finding's own tag beats one naming only the trace's context; a '+' fix needs every part."""
+    entry = _toy(fixes="""{ for = "generic", when = "amd", text = "amd" },
+        { for = "generic", when = "pinned", text = "pinned" },
+        { for = "generic", when = "pinned+kineto", text = "pinned kineto" },
+        { for = "generic", text = "plain" }""")
+    assert entry.fix_for(CHAINS["unknown"], ("pinned",), ("amd",)).text == "pinned"
+    assert entry.fix_for(CHAINS["unknown"], ("pinned",), ("amd", "kineto")).text == "pinned kineto"
+    assert entry.fix_for(CHAINS["unknown"], (), ("kineto",)).text == "plain"
+
+
+# What CUDA alone has: its environment variables, NVIDIA's tools (Nsight, ncu, nsys, nvidia-smi), libraries and
+# hardware names. `torch.backends.cudnn` is PyTorch's switch, which on ROCm drives MIOpen: not the library's name.
+CUDA_ONLY = re.compile(r"\bCUDA_[A-Z_]+|_CUDA_ALLOC_CONF|nvidia-smi|Nsight|\bncu\b|\bnsys\b|cudaProfiler|"
+                       r"CUPY_TF32|\bTF32\b|NVIDIA|"
+                       r"\bcuBLAS|cuDNN|CUDNN_|\bnvtx\b|NVTX|CUPTI|\bcudaMalloc|\bcudaHost|multiple of 32|"
+                       r"\bsm_\d|Ampere|Hopper|\bA100\b|\bH100\b|\bV100\b|\bT4\b")
+# Root causes whose detectors never fire on an AMD trace, and why.
+NOT_ON_AMD = {
+    "fp32-gemm-no-tensor-cores": "top_kernels reads no tensor cores from an AMD gfx version (basis 'amd')",
+    "unified-memory-migration": "needs nsys' unified-memory fault records, which no torch.profiler trace holds",
+}
+# AMD traces are torch.profiler's (nsys traces NVIDIA GPUs only), whose format makes the program PyTorch
+# (program_clues: FORMAT_WEIGHT), so its fixes come from the pytorch chain.
+AMD_KINDS = ("pytorch",)
+
+
+def _amd_cases(entry):
+    """(kind, tags, fix) shown on an AMD torch.profiler trace; a kernel hotspot carries its kind's '-amd' tag too
+    (hotspots.fit_tags)."""
+    tags = [()] + [(t, f"{t}-amd") if entry.id == "kernel-hotspot" else (t,) for t in _tags_of(entry)
+                   if not t.endswith("-amd")]
+    return [(kind, t, entry.fix_for(CHAINS[kind], t, ("amd", "kineto"))) for kind in AMD_KINDS
+            if entry.applies(CHAINS[kind]) for t in tags]
+
+
+@_by_id([e for e in ENTRIES if e.id not in NOT_ON_AMD])
+def test_book_amd_traces_are_shown_no_cuda_only_knob_or_tool(item):
+    for kind, tags, fix in _amd_cases(item):
+        assert not CUDA_ONLY.search(fix.text), (kind, tags, fix.when, fix.text)
+
+
+@_by_id(ENTRIES)
+def test_book_torch_profiler_traces_get_nsys_only_with_why(item):
+    """A torch.profiler user is told torch.profiler's options; nsys only beside them, for what torch.profiler does
+    not record (OS calls, CPU samples), and saying so."""
+    for kind, tags, fix in _shown(item, ("kineto",)):
+        if kind == "pytorch" and re.search(r"\bnsys\b", fix.text):
+            assert re.search(r"torch\.profiler (does not record|records ops, not)", fix.text), (tags, fix.text)
+
+
+@_by_id(ENTRIES)
+def test_book_nsys_traces_of_pytorch_are_not_told_to_use_torch_profiler(item):
+    for kind, tags, fix in _shown(item):
+        if kind == "pytorch":
+            assert not re.search(r"torch\.profiler|schedule\(|with_stack|prof\.step", fix.text), (tags, fix.text)
+
+
+def test_book_module_loading_on_amd_names_hips_variable():
+    """The readings of hta_rocm_mi250_minitoy: lazy code-object loading on ROCm is HIP's deferred loading."""
+    entry = book.get_entry("module-loading-hot-path")
+    for kind in AMD_KINDS:
+        fix = entry.fix_for(CHAINS[kind], ("module-load",), ("amd", "kineto"))
+        assert "HIP_ENABLE_DEFERRED_LOADING=0" in fix.text and "CUDA_MODULE_LOADING" not in fix.text
+    assert "CUDA_MODULE_LOADING=EAGER" in entry.fix_for(CHAINS["pytorch"], ("module-load",), ("kineto",)).text

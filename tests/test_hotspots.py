@@ -5,6 +5,8 @@ models; real profiles of the corpus (skipped where it is not restored) against i
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 import sqlite3
 from collections.abc import Callable
@@ -214,6 +216,34 @@ def test_a_dominant_kernel_whose_launch_shape_wastes_the_gpu_is_told_so(blocks, 
     assert hot.time_at_stake_ns == pytest.approx(90 * MS * loss, abs=1)
     assert (hot.severity, hot.evidence.get("launch_loss_ns", 0)) == ("high" if loss else "medium", hot.time_at_stake_ns)
     assert (f"costs at most {hot.time_at_stake_ns / 1e6:,.3f} ms of its 90.000 ms" in hot.title) == bool(loss)
+
+
+@pytest.mark.parametrize("name, cc, warp_size, width", [
+    ("AMD Instinct MI300X", "9.4", 64, 64),  # Kineto's warpSize: a CDNA wavefront
+    ("AMD Instinct MI300X", "9.4", None, 64),  # not recorded: AMD before gfx10 runs 64-wide wavefronts
+    ("AMD Radeon RX 7900 XTX", "11.0", None, 32),  # RDNA (gfx11): 32-wide wavefronts
+    ("AMD Instinct MI300X", "9.4", 32, 32),  # the trace's figure wins
+    ("NVIDIA H100 80GB HBM3", "9.0", None, 32),
+])
+def test_launch_fill_reads_the_warp_width_from_the_trace_then_the_vendor(name, cc, warp_size, width):
+    """Blocks of 32 threads fill a 64-wide AMD wavefront half: the launch-shape bound counts the empty lanes of the
+    GPU's own width, worded as AMD words it."""
+    gpu = {"device_id": 0, "name": name, "sm_count": 304, "max_warps_per_sm": 2048 // width,
+           "compute_capability": cc, "warp_size": warp_size}
+    result = run(make_model(kernels=[launch("k", 0, 90 * MS, 304 * 64 * 10, 32)], gpus=[gpu]))
+    (fill,) = result.launch_fill
+    assert (fill.main.warp_size, fill.main.lanes_pct) == (width, 100 * 32 / width)
+    [hot] = result.findings
+    word = "wavefront" if name.startswith("AMD") else "warp"
+    assert fill.main.warp_word == word
+    assert (f"32 threads per block fill 50% of each {word}'s lanes (64 wide)" in hot.title) == (width == 64)
+    assert hot.time_at_stake_ns == (90 * MS // 2 if width == 64 else 0)
+
+
+def test_launch_fill_warp_width_rule():
+    assert [launch_fill.warp_width(*case) for case in (
+        (64, "9.0", True), (None, "9.0", True), (None, None, True), (None, "10.3", True), (None, "9.0", False),
+        (32, "9.0", True))] == [64, 64, 64, 32, 32, 32]
 
 
 def test_launch_bound_never_exceeds_the_window_and_sums_over_hot_kernels():
@@ -512,3 +542,16 @@ def test_gemm_hotspot_of_no_library_is_told_to_tune_or_replace_its_own_kernel(na
     configuration; a library's GEMM keeps the library's fix."""
     tags, fix = _shown_fix(make_model(kernels=[launch(name, 0, 90 * MS, 4096, 256)], gpus=[H100]), chain)
     assert ("gemm-own" in tags, said in fix) == (own, True), fix
+
+
+@pytest.mark.parametrize("name", ["tl_mi210_gpu_only.json.gz", "tl_mi300_resnet18_nopool.json.gz"])
+def test_amd_kineto_traces_give_launch_fill_their_wavefront_width(name, tmp_path):
+    """deviceProperties' warpSize (64 in both: an MI210 and an MI300X, read from the JSON) reaches every launch
+    configuration, worded as a wavefront."""
+    path = corpus(name.removesuffix(".json.gz"))
+    with gzip.open(path) as f:
+        widths = {p["warpSize"] for p in json.load(f)["deviceProperties"]}
+    fills = opened(path, tmp_path, lambda con: launch_fill.fills(con, triage.resolve_scope(
+        con, tk.Params(profile=name), default="capture")))
+    assert widths == {64} and fills
+    assert {(k.main.warp_size, k.main.warp_word) for k in fills} == {(64, "wavefront")}

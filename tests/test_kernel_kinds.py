@@ -128,6 +128,26 @@ def test_kernel_kinds_every_kind_is_documented_and_reached():
                                     "loop_convert_fusion")] == ["conv", "conv", "copy"]
 
 
+# cuDNN's convolutions of a V100 run (corpus hta_ddp_resnet_v100_ws1) and FP16 tensor-core ones: (name, FP32 math)
+CUDNN_CONVS = [
+    ("cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1", True),  # implicit-GEMM, s: single precision
+    ("cudnn_train_volta_scudnn_128x128_stridedB_splitK_medium_nn_v1", True),
+    ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*, int)", True),
+    ("void wgrad_alg0_engine<float, 128, 6, 7, 3, 3, 5, false, 512>(int, int, int, float const*, int, float*)", True),
+    ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::"
+     "WinogradDataParams<float, float>)", True),
+    ("volta_fp16_s884cudnn_fp16_256x128_ldg8_relu_f2f_exp_small_nhwc2nchw_tn_v1", False),  # tensor cores
+    ("volta_h884cudnn_256x64_ldg8_relu_exp_medium_nhwc_tn_v1", False),
+    ("cask_cudnn_train::computeWgradSplitKOffsetsKernel(cask_cudnn_train::ComputeSplitKOffsetsParams)", False),
+    ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128", False),  # TF32
+]
+
+
+@pytest.mark.parametrize("name, fp32", CUDNN_CONVS, ids=[n[:40] for n, _ in CUDNN_CONVS])
+def test_kernel_kinds_cudnn_convolutions_and_their_fp32_math(name, fp32):
+    assert (kk.kind_of(name), kk.fp32_conv(name)) == ("conv", fp32)
+
+
 def test_kernel_kinds_without_names_is_custom():
     assert (kk.kind_of(None), kk.kind_of(None, "nvjet_tst_96x64_64x10_1x2_h_bz_bias_TNN")) == ("custom", "gemm-tensor")
 

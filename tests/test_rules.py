@@ -112,3 +112,17 @@ def test_rules_missing_lists_absent_data_with_its_flag():
     assert "memcpy" not in [m.data for m in every] and "memcpy" in [m.data for m in rules.missing(make_model())]
     assert [m.data for m in rules.missing(con, ("nvtx", "kernels", "sched"))] == ["nvtx", "sched"]
     assert rules.missing(con, ()) == []
+
+
+@pytest.mark.parametrize("gpu_name, amd", [("AMD Instinct MI300X", True), ("NVIDIA H100 80GB HBM3", False)])
+def test_rules_missing_on_amd_names_no_capture_that_cannot_run_there(gpu_name, amd):
+    """What torch.profiler cannot record is nsys' to record, and nsys traces NVIDIA GPUs only: on an AMD GPU the
+    flag says so instead of asking for it; what torch.profiler records keeps its own option."""
+    con = make_model(kernels=[{"device_id": 0, "stream_id": 7, "pid": 1, "start_ns": 0, "end_ns": 10}],
+                     gpus=[{"device_id": 0, "name": gpu_name}])
+    flags = {m.data: m.capture_flag for m in rules.missing(con, ("cpu_samples", "os_runtime", "nvtx"))}
+    raw = dict(con.execute("SELECT data, capture_flag FROM capabilities").fetchall())
+    assert flags["nvtx"] == raw["nvtx"]
+    for data in ("cpu_samples", "os_runtime"):
+        assert flags[data] == (rules.NOT_ON_AMD if amd else raw[data])
+    assert rules.NOT_ON_AMD not in raw.values()  # the model's flags stay the format's: only the reading adapts

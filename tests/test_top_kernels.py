@@ -62,8 +62,8 @@ def test_top_kernels_whole_result_by_name():
     assert result.hotspots == result.rows[:2]
     assert result.gemms == [tk.DeviceGemms(
         device=0, kernel_time_ns=110, gemm_fp32_ns=50, gemm_fp32_count=1, gemm_fp32_pct=45.45, gemm_tensor_ns=0,
-        gemm_other_ns=0, top_fp32_gemm=FFMA, compute_capability="9.0", min_arch_from_names=80, tf32_tensor_cores=True,
-        basis="compute_capability")]
+        gemm_other_ns=0, conv_fp32_ns=0, top_fp32_gemm=FFMA, compute_capability="9.0", min_arch_from_names=80,
+        tf32_tensor_cores=True, fp16_tensor_cores=True, basis="compute_capability")]
     fp32, hot = result.findings  # the device's two hot kernels: one finding, most time first
     assert fp32.model_dump() == {
         "root_cause": "fp32-gemm-no-tensor-cores", "severity": "medium", "device": 0, "time_at_stake_ns": 25,
@@ -134,7 +134,7 @@ def test_top_kernels_hotspot_preconditions(kernels, kw, hot):
 @pytest.mark.parametrize("gpus, kernels, basis, found", [
     ([gpu(cc="9.0")], [k(FFMA, 0, 50), k("b", 50, 100)], "compute_capability", True),
     ([gpu(cc="8.6")], [k(SGEMM, 0, 50), k("b", 50, 100)], "compute_capability", True),  # hardware beats names
-    ([gpu(cc="7.5")], [k(FFMA, 0, 50), k("b", 50, 100)], "compute_capability", False),  # T4: no TF32
+    ([gpu(cc="7.5")], [k(FFMA, 0, 50), k("b", 50, 100)], "compute_capability", False),  # T4: no TF32 (FP16: below)
     ([gpu(cc=None)], [k(FFMA, 0, 50), k("b", 50, 100)], "kernel_names", True),  # sm80_ in the name
     ([gpu(cc=None)], [k(SGEMM, 0, 50), k("b", 50, 100)], "unknown", False),  # volta_ kernels run on Hopper too
     ([gpu(cc=None)], [k(SGEMM, 0, 50), k(NVJET, 50, 100)], "kernel_names", True),  # nvjet: Hopper or newer
@@ -145,7 +145,7 @@ def test_top_kernels_fp32_gemm_needs_tf32_tensor_cores_and_a_share(gpus, kernels
     result = run(make_model(kernels=kernels, gpus=gpus))
     (g,) = result.gemms
     assert g.basis == basis
-    fp32 = [f for f in result.findings if f.root_cause == "fp32-gemm-no-tensor-cores"]
+    fp32 = [f for f in result.findings if f.root_cause == "fp32-gemm-no-tensor-cores" and "gemm-fp32" in f.tags]
     assert len(fp32) == int(found)
     if found:
         assert fp32[0].time_at_stake_ns == g.gemm_fp32_ns // 2 and fp32[0].device == 0
@@ -156,9 +156,45 @@ def test_top_kernels_fp32_notes_say_what_could_not_be_decided():
     assert unknown.notes == ["device 0: FP32 GEMMs take 50.0% of kernel time, but the export records no compute "
                              "capability and no kernel name shows sm80 or newer, so whether it has TF32 tensor cores "
                              "cannot be told"]
-    old = run(make_model(kernels=[k(SGEMM, 0, 50), k("b", 50, 100)], gpus=[gpu(cc="7.5")]))
-    assert old.notes == ["device 0: FP32 GEMMs take 50.0% of kernel time on compute capability 7.5, which has no "
-                         "TF32 tensor cores"]
+    old = run(make_model(kernels=[k(SGEMM, 0, 50), k("b", 50, 100)], gpus=[gpu(cc="6.0")]))
+    assert old.notes == ["device 0: FP32 GEMMs take 50.0% of kernel time on compute capability 6.0, which has no "
+                         "tensor cores"]
+    assert run(make_model(kernels=[k(SGEMM, 0, 50), k("b", 50, 100)], gpus=[gpu(cc="7.0")])).notes == []
+
+
+SCUDNN = "cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1"  # cuDNN's FP32 implicit-GEMM convolution
+DGRAD = "void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const *, int)"
+H884 = "volta_fp16_s884cudnn_fp16_256x128_ldg8_relu_f2f_exp_small_nhwc2nchw_tn_v1"  # FP16 on tensor cores
+
+
+@pytest.mark.parametrize("cc, kernels, fp32_ns, stake_ns", [
+    ("7.0", [k(SGEMM, 0, 300), k(SCUDNN, 300, 500), k(DGRAD, 500, 600), k("b", 600, 1000)], (300, 300), 525),
+    ("7.5", [k(SCUDNN, 0, 100), k("b", 100, 1000)], (0, 100), 88),  # convs alone: 10%, at the threshold
+    ("7.5", [k(SCUDNN, 0, 99), k(H884, 99, 500), k("b", 500, 1000)], None, None),  # 9.9%: the FP16 conv is no FP32
+    ("6.0", [k(SGEMM, 0, 500), k("b", 500, 1000)], None, None),  # Pascal: no tensor cores at all
+    ("8.0", [k(SCUDNN, 0, 500), k("b", 500, 1000)], None, None),  # Ampere: FP32 convs are TF32's (cudnn.allow_tf32)
+])
+def test_top_kernels_fp16_tensor_cores_on_7x(cc, kernels, fp32_ns, stake_ns):
+    """On compute capability 7.x (V100, T4) the FP32 GEMMs and cuDNN convolutions are what FP16 mixed precision
+    moves to the tensor cores; at most 7/8 of their time is saved (FP16_PEAK_SPEEDUP, an upper bound)."""
+    result = run(make_model(kernels=kernels, gpus=[gpu(cc=cc)]))
+    found = [f for f in result.findings if f.root_cause == "fp32-gemm-no-tensor-cores"]
+    if fp32_ns is None:
+        assert found == []
+        return
+    (f,) = found
+    assert (f.evidence["gemm_fp32_ns"], f.evidence["conv_fp32_ns"]) == fp32_ns
+    assert f.time_at_stake_ns == stake_ns == round(sum(fp32_ns) * 7 / 8) and f.tags == ["fp16-tensor-cores"]
+    assert f"compute capability {cc}, whose tensor cores run FP16" in f.title and "at most" in f.title
+
+
+def test_top_kernels_reads_no_tensor_cores_from_an_amd_gfx_version():
+    """An AMD GPU records its gfx version (9.0: an MI200) where NVIDIA's compute capability goes: no TF32 is read."""
+    amd = {"device_id": 0, "compute_capability": "9.0", "name": "AMD Instinct MI210"}
+    result = run(make_model(kernels=[k(SGEMM, 0, 500), k("b", 500, 1000)], gpus=[amd]))
+    (g,) = result.gemms
+    assert (g.basis, g.tf32_tensor_cores, g.fp16_tensor_cores, result.notes) == ("amd", None, None, [])
+    assert [f for f in result.findings if f.root_cause == "fp32-gemm-no-tensor-cores"] == []
 
 
 def test_top_kernels_fp32_gemm_per_device_and_capped_at_the_window():

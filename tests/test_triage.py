@@ -10,6 +10,7 @@ from conftest import FIXTURE_IDS, FIXTURES, planted
 from modeldb import make_model
 
 from stallhound import book
+from stallhound.analysis import rules
 from stallhound.tools import answer_questions, triage
 
 # planted kind -> the root cause triage must name for it
@@ -321,3 +322,9 @@ def test_triage_shares_detector_results_once_per_model_each_caller_a_copy():
     again = run_once(con, counted, top_kernels.Params(profile="b"))
     other = run_once(con, counted, top_kernels.Params(profile="a", limit=1))
     assert len(calls) == 2 and again.kernel_count == 21 and len(other.rows) == 1
+
+
+def test_triage_lacking_names_together_the_data_one_capture_records():
+    missing = [rules.Missing(data="cpu_samples", capture_flag="x"), rules.Missing(data="nvtx", capture_flag="y"),
+               rules.Missing(data="sched", capture_flag="x")]
+    assert triage._lacking(missing, "`{}`") == "cpu_samples, sched (`x`); nvtx (`y`)"

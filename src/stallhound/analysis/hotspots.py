@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from stallhound.analysis import rules
 from stallhound.analysis.common import RANK_KEY, Finding, Severity, counted, ms, pct
 from stallhound.analysis.kernel_kinds import NAME_CHARS, library_of
-from stallhound.analysis.launch_fill import WARP, KernelFill, LaunchFill
+from stallhound.analysis.launch_fill import KernelFill, LaunchFill
 from stallhound.analysis.vendor import AMD, NVIDIA, Vendor
 
 DOMINANT_WINDOW_PCT = 50.0  # a kernel running over half the window is the step: its efficiency is the question
@@ -103,7 +103,7 @@ def _resources(f: LaunchFill) -> str:
     """Registers, shared memory, used lanes and theoretical occupancy of a launch configuration."""
     parts = [f"{f.registers_per_thread} registers/thread"] if f.registers_per_thread else []
     parts += [f"{f.shared_bytes_per_block:,} B shared/block"] if f.shared_bytes_per_block else []
-    parts += [f"{f.lanes_pct:.0f}% of each warp's lanes used"] if f.lanes_pct < 100 else []
+    parts += [f"{f.lanes_pct:.0f}% of each {f.warp_word}'s lanes used"] if f.lanes_pct < 100 else []
     if f.occupancy_pct is not None:
         parts.append(f"theoretical occupancy {f.occupancy_pct:.0f}% (limited by {f.limited_by})")
     return ", ".join(parts)
@@ -130,7 +130,8 @@ def launch_shape(k: KernelFill) -> list[str]:
     if library_of(k.name, k.short_name):
         return []
     if f.lanes_pct < 100:
-        parts.append(f"{f.threads_per_block} threads per block fill {f.lanes_pct:.0f}% of each warp's lanes")
+        parts.append(f"{f.threads_per_block} threads per block fill {f.lanes_pct:.0f}% of each {f.warp_word}'s lanes "
+                     f"({f.warp_size} wide)")
     if f.limited_by == "block slots" and f.occupancy_pct is not None and f.occupancy_pct < 100:
         parts.append(f"blocks this small hit the SM's limit of {f.blocks_per_sm} resident blocks: "
                      f"{f.occupancy_pct:.0f}% occupancy")
@@ -187,9 +188,9 @@ def launch_loss(k: KernelFill) -> Loss:
     f, why = k.main, []
     if not launch_shape(k):
         return Loss(0.0, ())
-    lanes = f.threads_per_block / (-(-f.threads_per_block // WARP) * WARP)
+    lanes = f.threads_per_block / (-(-f.threads_per_block // f.warp_size) * f.warp_size)
     if lanes < 1:
-        why.append(f"{100 - f.lanes_pct:.0f}% of each warp's lanes hold no thread")
+        why.append(f"{100 - f.lanes_pct:.0f}% of each {f.warp_word}'s lanes hold no thread")
     slots_used = 1.0
     if (waves := _waves(f)) and _idle_slots_pct(f) >= TAIL_WASTE_PCT:
         slots_used = f.blocks / (waves.count * waves.slots)

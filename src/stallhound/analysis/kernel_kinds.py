@@ -31,7 +31,7 @@ KINDS = {
                "the program's compute",
     "nccl": "communication kernels: NCCL and the libraries beside it (MSCCL, DeepEP, NVSHMEM, custom all-reduce)",
     "attention": "fused attention (FlashAttention, fmha, cuDNN SDPA)",
-    "conv": "convolutions (cuDNN fprop/dgrad/wgrad, implicit GEMM, Winograd)",
+    "conv": "convolutions (cuDNN fprop/dgrad/wgrad, scudnn/h884cudnn implicit GEMM, Winograd)",
     "gemm-tensor": "GEMMs on tensor cores (TF32, FP16/BF16, FP8, INT8; hmma/wgmma, nvjet, CUTLASS tensorop)",
     "gemm-fp32": "FP32 GEMMs on the FMA units (sgemm, simt, xmma ffma): no tensor cores",
     "gemm": "GEMMs and their split-K/epilogue kernels whose precision the name does not tell",
@@ -49,7 +49,8 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(patter
     ("custom", r"^nvkernel_|__omp_offloading_|_\d+_gpu(__red)?$"),
     ("nccl", comm_kernels.ANY),
     ("attention", r"flash|fmha|sdpa|attention|attn|(?<![a-z])mha"),
-    ("conv", r"convol|conv[123]d|(?<![a-z])conv(?![a-z])|depthwise|fprop|dgrad|wgrad|winograd|implicit_gemm"),
+    ("conv", r"convol|conv[123]d|(?<![a-z])conv(?![a-z])|depthwise|fprop|dgrad|wgrad|winograd|implicit_gemm|"
+             r"scudnn|\d{3,4}cudnn"),  # cuDNN's implicit-GEMM kernels: volta_scudnn_128x64_*, volta_h884cudnn_*
     ("gemm", r"gemm|nvjet|matmul|gemv|splitkreduce|cublaslt::epilogue|(?<![a-z])(b|add)?mm(?![a-z])"),
     ("norm", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|softmax|gammabeta|(?<![a-z])bn_[fb]w"),
     ("copy", r"copy|(?<![a-z])cast|catarray|concat|transpose|permute|gather|(?<![a-z])convert"),
@@ -61,6 +62,11 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(patter
 _TENSOR = re.compile(r"tensorop|hmma|imma|gmma|nvjet|[a-z]\d{3,5}gemm|"
                      r"(?<![a-z])(tf32|bf16|f16|fp16|half|fp8|e4m3|e5m2|int8|i8)")
 _FP32 = re.compile(r"sgemm|simt|ffma|gemm_f32f32_f32f32")
+# Checked only on convolutions: cuDNN's scudnn kernels (s: single precision) and engines templated on float
+# (dgrad_engine<float, ...>, winogradForwardData4x4<float, float>) run FP32 math, unless a tensor-core or 16-bit mark
+# says otherwise (s884cudnn, h1688cudnn, hmma, half).
+_FP32_CONV = re.compile(r"scudnn|sgemm|<float\b")
+_TENSOR_CONV = re.compile(r"\d{3,4}cudnn|hmma|half|fp16|bf16|tensorop|xmma")
 _ARCH_WORDS = {"maxwell": 50, "pascal": 60, "volta": 70, "turing": 75, "ampere": 80, "ada": 89, "hopper": 90,
                "blackwell": 100}
 NVJET_ARCH = 90  # cuBLAS's nvjet GEMMs are its Hopper-and-later (wgmma) kernels, also when unnamed by sm
@@ -70,14 +76,24 @@ _ARCH = re.compile(r"(?:^|[^a-z0-9])(?:sm|cutlass_)(\d{2,3})[a-z]?_|^(" + "|".jo
 @lru_cache(maxsize=65_536)
 def kind_of(name: str | None, short_name: str | None = None) -> str:
     """The kind (a key of KINDS) of a kernel from its demangled and short names."""
-    sig = parse(name or short_name or "")
-    text = f"{sig.qualified}<{', '.join(sig.args)}>".lower() if sig.args else sig.qualified.lower()
-    if short_name:
-        text = f"{text} {short_name.lower()}"
+    text = _text(name, short_name)
     kind = next((k for k, pattern in _RULES if pattern.search(text)), "custom")
     if kind == "gemm":
         return "gemm-tensor" if _TENSOR.search(text) else "gemm-fp32" if _FP32.search(text) else "gemm"
     return kind
+
+
+def fp32_conv(name: str | None, short_name: str | None = None) -> bool:
+    """Whether a convolution kernel's names mark FP32 math and no tensor-core or 16-bit type."""
+    text = _text(name, short_name)
+    return bool(_FP32_CONV.search(text)) and not _TENSOR_CONV.search(text)
+
+
+def _text(name: str | None, short_name: str | None) -> str:
+    """The names as the rules read them: qualified name with its template arguments, then the short name, lower."""
+    sig = parse(name or short_name or "")
+    text = f"{sig.qualified}<{', '.join(sig.args)}>".lower() if sig.args else sig.qualified.lower()
+    return f"{text} {short_name.lower()}" if short_name else text
 
 
 def min_arch_of(name: str | None) -> int | None:

@@ -11,15 +11,17 @@ first; blocks_per_sm = the theoretical occupancy limit, as the CUDA occupancy ca
 blocks the SM's warps, block slots, registers (allocated per warp in units of REGISTER_UNIT) and shared memory
 (per block, plus SHARED_RESERVED_BYTES from compute capability 8.0) allow, each limit only where the export records
 it; occupancy_pct = blocks_per_sm x warps per block / warps per SM; lanes_pct = threads per block / (warps per block
-x 32), the share of each warp's lanes that hold a thread. idle_sm_ns = for launches that give fewer blocks than the
-device has SMs and run at least rules.TINY_KERNEL_NS, the time they run alone on the device (no kernel of another
-stream beside them, which could use the other SMs) and with no unified-memory migration of the device in flight that
-the driver made (FAULTED_SQL) x (1 - sms_used / sm_count): the SM time left idle, and the most that spreading the same
-work over every SM could save (an upper bound: the kernel may be limited by something else). While pages migrate on
-demand the kernel waits on them, not on its SMs: that time is unified_memory's finding's, so the two never claim the
-same nanosecond; migrating_ns says how much of the launches' time was left out so. Time alone never overlaps between
-kernels of one device, so their idle SM time never counts the same nanosecond twice. A kernel a few microseconds long
-is bound by its latency, not by its SMs, so it counts none.
+x the warp's width), the share of each warp's lanes that hold a thread. The width is the trace's (gpus.warp_size,
+Kineto's warpSize), else 32 on NVIDIA and 64 on AMD before gfx10 (CDNA and GCN run 64-wide wavefronts; RDNA, gfx10
+and later, runs 32-wide ones); on AMD a warp is called a wavefront. idle_sm_ns = for launches that give fewer
+blocks than the device has SMs and run at least rules.TINY_KERNEL_NS, the time they run alone on the device (no
+kernel of another stream beside them, which could use the other SMs) and with no unified-memory migration of the
+device in flight that the driver made (FAULTED_SQL) x (1 - sms_used / sm_count): the SM time left idle, and the
+most that spreading the same work over every SM could save (an upper bound: the kernel may be limited by something
+else). While pages migrate on demand the kernel waits on them, not on its SMs: that time is unified_memory's
+finding's, so the two never claim the same nanosecond; migrating_ns says how much of the launches' time was left
+out so. Time alone never overlaps between kernels of one device, so their idle SM time never counts the same
+nanosecond twice. A kernel a few microseconds long is bound by its latency, not by its SMs, so it counts none.
 launches_before numbers a configuration's first launch among its process's launches of the kernel (short name) in
 the capture, for Nsight Compute's --launch-skip (exact when the capture starts with the program).
 """
@@ -29,16 +31,20 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from typing import Literal
 
 import duckdb
 from pydantic import BaseModel, Field
 
+from stallhound.analysis import vendor
 from stallhound.analysis.common import Scope, pct, scope_args
 from stallhound.analysis.intervals import covered, overlaps
 from stallhound.analysis.kernel_kinds import kind_of
 from stallhound.analysis.rules import TINY_KERNEL_NS
 
-WARP = 32  # threads per warp on every NVIDIA GPU
+WARP = 32  # threads per warp on every NVIDIA GPU (and an AMD RDNA wavefront)
+AMD_WAVEFRONT = 64  # threads per wavefront on AMD GPUs before gfx10 (CDNA: MI100, MI200, MI300; GCN)
+AMD_WAVE32_SINCE = 100  # RDNA (gfx10 and later) runs 32-wide wavefronts
 REGISTER_UNIT = 256  # registers are given to a warp in units of 256 (occupancy calculator, compute capability 5+)
 SHARED_RESERVED_BYTES = 1024  # shared memory the runtime reserves per block from compute capability 8.0
 SHARED_RESERVED_SINCE = 80
@@ -61,7 +67,7 @@ base AS NOT MATERIALIZED (
          coalesce(k.registers_per_thread, 0) AS registers,
          coalesce(k.static_shared_bytes, 0) + coalesce(k.dynamic_shared_bytes, 0) AS shared_bytes, g.sm_count,
          g.max_warps_per_sm AS max_warps, g.max_blocks_per_sm AS max_blocks, g.max_registers_per_sm AS max_registers,
-         g.max_shared_per_sm_bytes AS max_shared, g.compute_capability AS capability
+         g.max_shared_per_sm_bytes AS max_shared, g.compute_capability AS capability, g.warp_size
   FROM kernels k LEFT JOIN gpus g USING (device_id)
   WHERE k.device_id IN (SELECT unnest($devices)) AND k.start_ns >= $start AND k.start_ns < $end
     AND k.category <> 'nccl' AND k.grid_x > 0 AND k.block_x > 0),
@@ -91,7 +97,7 @@ SELECT b.device_id, b.name, b.short_name, b.blocks, b.threads, b.registers, b.sh
        min(b.start_ns) AS first_ns, arg_min(b.pid, b.start_ns) AS pid, any_value(b.sm_count) AS sm_count,
        any_value(b.max_warps) AS max_warps, any_value(b.max_blocks) AS max_blocks,
        any_value(b.max_registers) AS max_registers, any_value(b.max_shared) AS max_shared,
-       any_value(b.capability) AS capability
+       any_value(b.capability) AS capability, any_value(b.warp_size) AS warp_size
 FROM base b LEFT JOIN alone a USING (device_id, name, short_name, blocks, threads, registers, shared_bytes)
 GROUP BY b.device_id, b.name, b.short_name, b.blocks, b.threads, b.registers, b.shared_bytes
 ORDER BY total_ns DESC, b.device_id, b.name
@@ -112,6 +118,8 @@ class LaunchFill(BaseModel):
     limited_by: str | None = Field(description="the resource that sets blocks_per_sm")
     occupancy_pct: float | None = Field(description="theoretical occupancy: resident warps / warps per SM")
     lanes_pct: float = Field(description="share of each warp's lanes holding a thread")
+    warp_size: int = Field(WARP, description="threads per warp (an AMD wavefront: 64 before RDNA)")
+    warp_word: Literal["warp", "wavefront"] = Field("warp", description="what the GPU's vendor calls a warp")
     idle_sm_ns: int = Field(description="SM time its launches with fewer blocks than SMs (>= 10 us each) leave idle "
                                         "while they run alone on the device, no migration the driver made in flight")
     migrating_ns: int = Field(0, description="time of those launches with a migration the driver made in flight "
@@ -144,13 +152,23 @@ def capability_number(text: str | None) -> int | None:
     return int(found[1]) * 10 + int(found[2]) if found else None
 
 
+def warp_width(recorded: int | None, capability: str | None, amd: bool) -> int:
+    """Threads per warp: the trace's figure, else the vendor's (AMD before gfx10: 64-wide wavefronts)."""
+    if recorded:
+        return recorded
+    gfx = capability_number(capability)
+    return AMD_WAVEFRONT if amd and (gfx is None or gfx < AMD_WAVE32_SINCE) else WARP
+
+
 def resident_blocks(threads: int, registers: int | None, shared: int, limits: dict) -> tuple[int | None, str | None]:
     """(blocks per SM, the limiting resource) by the occupancy calculator's rules, from the limits the export
-    records (max_warps, max_blocks, max_registers, max_shared, capability); (None, None) when it records none."""
-    warps = math.ceil(threads / WARP)
+    records (max_warps, max_blocks, max_registers, max_shared, capability) and the warp's width (warp, else 32);
+    (None, None) when it records none."""
+    width = limits.get("warp") or WARP
+    warps = math.ceil(threads / width)
     capability = capability_number(limits.get("capability"))
     reserved = SHARED_RESERVED_BYTES if capability is not None and capability >= SHARED_RESERVED_SINCE else 0
-    register_units = math.ceil((registers or 0) * WARP / REGISTER_UNIT) * REGISTER_UNIT
+    register_units = math.ceil((registers or 0) * width / REGISTER_UNIT) * REGISTER_UNIT
     bounds = {
         "warps": limits["max_warps"] // warps if limits.get("max_warps") else None,
         "block slots": limits.get("max_blocks") or None,
@@ -165,18 +183,20 @@ def resident_blocks(threads: int, registers: int | None, shared: int, limits: di
     return known[limiter], limiter
 
 
-def _fill(row: dict) -> LaunchFill:
+def _fill(row: dict, amd: bool) -> LaunchFill:
     blocks, threads, sms = int(row["blocks"]), int(row["threads"]), row["sm_count"]
-    per_sm, limiter = resident_blocks(threads, row["registers"], int(row["shared_bytes"]), row)
-    warps = math.ceil(threads / WARP)
+    width = warp_width(row["warp_size"], row["capability"], amd)
+    per_sm, limiter = resident_blocks(threads, row["registers"], int(row["shared_bytes"]), {**row, "warp": width})
+    warps = math.ceil(threads / width)
     occupancy = (pct(per_sm * warps, row["max_warps"]) if per_sm is not None and row["max_warps"] else None)
     used = min(blocks, sms) if sms else None
     idle = round(row["alone_ns"] * (1 - used / sms)) if used is not None and sms and used < sms else 0
     return LaunchFill(blocks=blocks, threads_per_block=threads, registers_per_thread=row["registers"] or None,
                       shared_bytes_per_block=int(row["shared_bytes"]), count=row["count"],
                       total_ns=int(row["total_ns"]), sm_count=sms, sms_used=used, blocks_per_sm=per_sm,
-                      limited_by=limiter, occupancy_pct=occupancy, lanes_pct=pct(threads, warps * WARP),
-                      idle_sm_ns=idle, migrating_ns=int(row["migrating_ns"]), first_ns=row["first_ns"], pid=row["pid"])
+                      limited_by=limiter, occupancy_pct=occupancy, lanes_pct=pct(threads, warps * width),
+                      warp_size=width, warp_word="wavefront" if amd else "warp", idle_sm_ns=idle,
+                      migrating_ns=int(row["migrating_ns"]), first_ns=row["first_ns"], pid=row["pid"])
 
 
 def _kernel(key: tuple[int, str, str], configs: list[tuple[LaunchFill, int, int]]) -> KernelFill:
@@ -195,6 +215,7 @@ def _kernel(key: tuple[int, str, str], configs: list[tuple[LaunchFill, int, int]
 
 def fills(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[KernelFill]:
     """Every (device, kernel) of the window, most time first."""
+    amd = vendor.of(con) == vendor.AMD  # asked first: a query on `con` drops the pending rows of `cur`
     cur = con.execute(CONFIGS_SQL, {**scope_args(scope), "tiny": TINY_KERNEL_NS,
                                     "bucket_ns": max(1000, scope.duration_ns // OVERLAP_BUCKETS)})
     names = [d[0] for d in cur.description]
@@ -202,7 +223,7 @@ def fills(con: duckdb.DuckDBPyConnection, scope: Scope) -> list[KernelFill]:
     for r in cur.fetchall():
         row = dict(zip(names, r, strict=True))
         grouped[(row["device_id"], row["name"], row["short_name"])].append(
-            (_fill(row), int(row["long_ns"]), row["long_count"]))
+            (_fill(row, amd), int(row["long_ns"]), row["long_count"]))
     return sorted((_kernel(key, configs) for key, configs in grouped.items()), key=lambda k: -k.total_ns)
 
 

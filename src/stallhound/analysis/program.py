@@ -17,6 +17,7 @@ from typing import Literal
 import duckdb
 from pydantic import BaseModel, Field
 
+from stallhound.analysis import fix_context
 from stallhound.analysis.common import per_model
 from stallhound.analysis.program_clues import Clue, Facts, gather
 
@@ -66,6 +67,8 @@ class Program(BaseModel):
         "unknown", description="host language of the process that drove the GPU: python, julia, native (C, C++, "
                                "Fortran) or unknown")
     fix_chain: list[str] = Field(description="book fix families tried in order, most specific first")
+    fix_context: list[str] = Field([], description="facts of the trace that fit each fix (fix_context.tags): 'amd' "
+                                                   "(ROCm's knobs, not CUDA's), 'kineto' (torch.profiler's capture)")
     frameworks: list[str] = Field(description="frameworks and libraries seen, most kernels first")
     process: str | None = Field(description="name of the process that did the most GPU work")
     evidence: list[str] = Field(description="what was seen, one short line each; [x +w] when it adds weight w to x")
@@ -81,7 +84,7 @@ def _detect(con: duckdb.DuckDBPyConnection) -> Program:
     facts = gather(con)
     kind, language, decided = _decide(facts)
     return Program(kind=kind, language=language or "unknown", fix_chain=list(FIX_CHAINS[kind]),
-                   frameworks=facts.frameworks, process=facts.process,
+                   fix_context=list(fix_context.tags(con)), frameworks=facts.frameworks, process=facts.process,
                    evidence=[_line(c) for c in facts.clues], decided_by=decided)
 
 

@@ -19,7 +19,10 @@ from typing import Literal
 import duckdb
 from pydantic import BaseModel
 
+from stallhound.analysis import vendor
 from stallhound.analysis.common import Severity, pct
+from stallhound.formats.kineto.meta import OPTIONS as KINETO_OPTIONS
+from stallhound.formats.kineto.meta import capture_flags as kineto_flags
 
 TINY_KERNEL_NS = 10_000  # 10 us: below this a kernel runs shorter than its launch costs (book small-kernel-overhead)
 HOTSPOT_PCT = 30.0  # book kernel-hotspot: one kernel above this share of kernel time is worth a look on its own
@@ -95,6 +98,9 @@ class Missing(BaseModel):
     capture_flag: str
 
 
+# What torch.profiler cannot record on an AMD GPU, where the capture that would (nsys) does not run.
+NOT_ON_AMD = ("not recorded by torch.profiler, and nsys, which records it, traces NVIDIA GPUs only: on this AMD GPU "
+              "sample the host with py-spy or perf instead (stallhound reads neither)")
 MISSING_SQL = ("SELECT data, capture_flag FROM capabilities c WHERE NOT present "
                "AND NOT EXISTS (SELECT 1 FROM capabilities o WHERE o.present AND o.capture_flag = c.capture_flag) "
                "AND ($data IS NULL OR list_contains($data, data)) ORDER BY data")
@@ -105,4 +111,6 @@ def missing(con: duckdb.DuckDBPyConnection, among: tuple[str, ...] | None = None
     Data whose option recorded other data here is not lacking: the option was on and the program made none of it
     (a capture with CUDA calls but no copy has no copy to record), so asking for the option again would mislead."""
     rows = con.execute(MISSING_SQL, {"data": None if among is None else list(among)}).fetchall()
-    return [Missing(data=d, capture_flag=f) for d, f in rows]
+    amd = bool(rows) and vendor.of(con) == vendor.AMD
+    nsys_only = set(kineto_flags()) - set(KINETO_OPTIONS)  # what torch.profiler cannot record (gpu_info: it can)
+    return [Missing(data=d, capture_flag=NOT_ON_AMD if amd and d in nsys_only else f) for d, f in rows]

@@ -5,8 +5,10 @@ Adding a file adds an entry; there is no registry to edit.
 
 Fixes are written per program family (`for`): pytorch, python (any Python program), cuda (C, C++, CUDA C,
 CUDA Fortran), offload (OpenMP/OpenACC offload) and generic; a fix with `when` fits only findings that carry
-that tag (e.g. copies that are already pinned). `applies_to` names the families in which the cause can
-occur at all (default: every program).
+that tag (e.g. copies that are already pinned), or several joined by '+', all of them. Besides a finding's own tags,
+the trace's facts may fit a fix (triage's `context`: 'amd' when an AMD GPU ran the work, so ROCm's knobs replace
+CUDA's; 'kineto' when torch.profiler wrote the trace, so its capture options replace nsys'). `applies_to` names the
+families in which the cause can occur at all (default: every program).
 """
 
 from __future__ import annotations
@@ -73,15 +75,21 @@ class Entry(_Strict):
         """Whether the cause can occur in a program whose fix families are `chain` (most specific first)."""
         return "generic" in self.applies_to or bool(set(chain) & set(self.applies_to))
 
-    def fix_for(self, chain: tuple[str, ...], tags: tuple[str, ...] | list[str] = ()) -> Fix:
-        """The first fix of the most specific family in `chain` that has one: a fix whose `when` is among
-        `tags` before a plain one. `chain` should end with 'generic'."""
+    def fix_for(self, chain: tuple[str, ...], tags: tuple[str, ...] | list[str] = (),
+                context: tuple[str, ...] | list[str] = ()) -> Fix:
+        """The first fix of the most specific family in `chain` that has one whose `when` parts are all among
+        `tags` and `context`: the one naming most of the finding's `tags`, then most of the trace's `context`, then
+        the first in the file (a plain fix names none). `chain` should end with 'generic'."""
         for family in chain:
-            mine = [f for f in self.fixes if f.family == family]
-            chosen = [f for f in mine if f.when in tags] or [f for f in mine if f.when is None]
-            if chosen:
-                return chosen[0]
+            fitting = [f for f in self.fixes if f.family == family and set(_parts(f)) <= {*tags, *context}]
+            if fitting:  # max keeps the first of equals: file order
+                return max(fitting, key=lambda f: (len({*_parts(f)} & {*tags}), len({*_parts(f)} & {*context})))
         return next(f for f in self.fixes if f.when is None and f.family in self.applies_to)
+
+
+def _parts(fix: Fix) -> tuple[str, ...]:
+    """The tags a fix's `when` names ('module-load+amd': both)."""
+    return tuple(fix.when.split("+")) if fix.when else ()
 
 
 class Question(_Strict):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 19  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 20  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,8 @@ TABLES: tuple[Table, ...] = (
         ("max_blocks_per_sm", "INTEGER", "thread blocks resident on one SM at most"),
         ("max_registers_per_sm", "INTEGER", "32-bit registers of one SM"),
         ("max_shared_per_sm_bytes", "BIGINT", "shared memory one SM holds for its resident blocks"),
+        ("warp_size", "INTEGER", "threads per warp as the trace records it (Kineto's warpSize: 32 on NVIDIA, an AMD "
+                                 "wavefront 64 on CDNA); NULL when not recorded (nsys)"),
     )),
     Table("processes", "Processes in the capture.", (
         ("pid", "BIGINT", "OS process id"),

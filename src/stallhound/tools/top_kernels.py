@@ -20,7 +20,9 @@ gemm_tensor_ns / gemm_other_ns = time of kernels of kind 'gemm-fp32' / 'gemm-ten
 gemm_fp32_pct = gemm_fp32_ns / kernel_time_ns. tf32_tensor_cores says whether the device has TF32
 tensor cores (compute capability >= 8.0): decided by gpus.compute_capability when the export records
 it (basis 'compute_capability'), else by kernel names built for sm80+ on that device in the window
-(basis 'kernel_names', min_arch_from_names), else null (basis 'unknown'). Durations in ns.
+(basis 'kernel_names', min_arch_from_names), else null (basis 'unknown'); on AMD null (basis 'amd': the gfx
+version is no compute capability). fp16_tensor_cores likewise from 7.0; on 7.x, FP16 only, conv_fp32_ns (cuDNN
+convolutions whose names mark FP32 math) joins the FP32 GEMMs as the work FP16 mixed precision moves. Durations in ns.
 """
 
 from __future__ import annotations
@@ -48,22 +50,27 @@ from stallhound.analysis.common import (
     scope_args,
 )
 from stallhound.analysis.contracts import TriageRole
-from stallhound.analysis.kernel_kinds import KINDS, NAME_CHARS, display_names, kind_of, min_arch_of
+from stallhound.analysis.kernel_kinds import KINDS, NAME_CHARS, display_names, fp32_conv, kind_of, min_arch_of
 from stallhound.analysis.launch_fill import KernelFill, capability_number
 from stallhound.analysis.rules import HOTSPOT_PCT
-from stallhound.analysis.vendor import NVIDIA, Vendor
+from stallhound.analysis.vendor import AMD, NVIDIA, Vendor
 from stallhound.model.duck import one_row
 
 TRIAGE = TriageRole("window", order=4)
 MIN_NAMES_FOR_HOTSPOT = 2  # with a single kernel name its 100% share says nothing
 DOMINANT_PCT = 50.0  # an FP32 GEMM share above this is most of the device's work: severity high
 FP32_GEMM_MIN_PCT = 10.0  # book fp32-gemm-no-tensor-cores: FP32 GEMMs above ~10% of kernel time are worth moving
-TF32_MIN_ARCH = 80  # TF32 tensor cores arrived with compute capability 8.0 (Ampere)
+TF32_MIN_ARCH = 80  # TF32 (and bf16) tensor cores arrived with compute capability 8.0 (Ampere)
+FP16_MIN_ARCH = 70  # FP16 tensor cores arrived with 7.0 (Volta): on 7.x (V100, T4) mixed precision is FP16 only
+# FP16 tensor cores peak at ~8x the FP32 FMA rate on 7.x (V100 125 vs 15.7 TFLOP/s, T4 65 vs 8.1): FP16 mixed
+# precision saves at most 7/8 of the time of the FP32 GEMMs and convolutions it moves (casts and memory-bound layers
+# save less), an upper bound.
+FP16_PEAK_SPEEDUP = 8.0
 # TF32 tensor cores peak at ~8x (A100) / ~7x (H100) the FP32 FMA rate; real GEMMs reach less, so 2x is a floor.
 TF32_MIN_SPEEDUP = 2.0
 # The kinds that make up GEMM time, and the share of DeviceGemms each one feeds.
 GEMM_KINDS = {"gemm-fp32": "fp32", "gemm-tensor": "tensor", "gemm": "other"}
-Basis = Literal["compute_capability", "kernel_names", "unknown"]
+Basis = Literal["compute_capability", "kernel_names", "unknown", "amd"]
 # Whether the program trains, from what only training records: torch.optim's ranges ('Optimizer.step#AdamW.step'),
 # autograd's backward ops ('AddmmBackward0', 'autograd::engine::evaluate_function: ...') or an optimizer's kernels
 # (multi_tensor_apply, fused Adam; 'adam' as a word, not inside 'hadamard'). Anywhere in the trace: the optimizer of
@@ -113,11 +120,15 @@ class DeviceGemms(BaseModel):
     gemm_fp32_pct: float = Field(description="gemm_fp32_ns / kernel_time_ns")
     gemm_tensor_ns: int = Field(description="tensor-core GEMMs")
     gemm_other_ns: int = Field(description="GEMMs whose precision the name does not tell")
+    conv_fp32_ns: int = Field(description="convolutions whose names mark FP32 math (cuDNN scudnn, <float> engines)")
     top_fp32_gemm: str | None = Field(description="display name of the FP32 GEMM with the most time")
     compute_capability: str | None
     min_arch_from_names: int | None = Field(description="highest sm architecture named by its kernels (80 = sm80)")
-    tf32_tensor_cores: bool | None = Field(description="null when the profile cannot tell")
-    basis: Basis = Field(description="what decided tf32_tensor_cores")
+    tf32_tensor_cores: bool | None = Field(description="null when the profile cannot tell (and on AMD, whose gfx "
+                                                       "version is no compute capability)")
+    fp16_tensor_cores: bool | None = Field(description="FP16 tensor cores (compute capability 7.0+); null "
+                                                             "when the profile cannot tell")
+    basis: Basis = Field(description="what decided tf32_tensor_cores and fp16_tensor_cores")
 
 
 class Result(Paged):
@@ -223,16 +234,20 @@ def _rows(fetched: list[tuple], names: _Names, params: Params, scope: Scope) -> 
     return out
 
 
-def _tensor_cores(capability: str | None, min_arch: int | None) -> tuple[bool | None, Basis]:
+def _tensor_cores(capability: str | None, min_arch: int | None, vendor_: Vendor
+                  ) -> tuple[bool | None, bool | None, Basis]:
+    """(TF32 tensor cores, FP16 tensor cores, what decided them)."""
     known = capability_number(capability)
+    if vendor_ == AMD:
+        return None, None, "amd"  # its compute capability is the gfx version (vendor.py): NVIDIA's cores not read
     if known is not None:
-        return known >= TF32_MIN_ARCH, "compute_capability"
+        return known >= TF32_MIN_ARCH, known >= FP16_MIN_ARCH, "compute_capability"
     if min_arch is not None and min_arch >= TF32_MIN_ARCH:
-        return True, "kernel_names"
-    return None, "unknown"  # older architecture names run on newer GPUs too: no upper bound
+        return True, True, "kernel_names"
+    return None, None, "unknown"  # older architecture names run on newer GPUs too: no upper bound
 
 
-def _gemms(con: duckdb.DuckDBPyConnection, names: _Names, scope: Scope) -> list[DeviceGemms]:
+def _gemms(con: duckdb.DuckDBPyConnection, names: _Names, scope: Scope, vendor_: Vendor) -> list[DeviceGemms]:
     capabilities = dict(con.execute(CAPABILITY_SQL, {"devices": scope.devices}).fetchall())
     per_device: dict[int, list[tuple[str, str, int, int, str]]] = defaultdict(list)
     for device, name, short, n, t in names.rows:  # per device, most time first
@@ -244,12 +259,13 @@ def _gemms(con: duckdb.DuckDBPyConnection, names: _Names, scope: Scope) -> list[
         fp32 = [r for r in rows if r[4] == "gemm-fp32"]
         kernel_ns = sum(r[3] for r in rows)
         min_arch = max((a for a in (min_arch_of(r[0]) for r in rows) if a is not None), default=None)
-        tensor_cores, basis = _tensor_cores(capabilities.get(device), min_arch)
+        tf32, fp16, basis = _tensor_cores(capabilities.get(device), min_arch, vendor_)
         out.append(DeviceGemms(
             device=device, kernel_time_ns=kernel_ns, gemm_fp32_ns=by["fp32"], gemm_fp32_count=sum(r[2] for r in fp32),
             gemm_fp32_pct=pct(by["fp32"], kernel_ns), gemm_tensor_ns=by["tensor"], gemm_other_ns=by["other"],
+            conv_fp32_ns=sum(r[3] for r in rows if r[4] == "conv" and fp32_conv(r[0], r[1])),
             top_fp32_gemm=names.display(fp32[0][0]) if fp32 else None, compute_capability=capabilities.get(device),
-            min_arch_from_names=min_arch, tf32_tensor_cores=tensor_cores, basis=basis))
+            min_arch_from_names=min_arch, tf32_tensor_cores=tf32, fp16_tensor_cores=fp16, basis=basis))
     return out
 
 
@@ -257,7 +273,7 @@ def _notes(gemms: list[DeviceGemms]) -> list[str]:
     """What the FP32 GEMM check could not decide."""
     notes = []
     for g in gemms:
-        if g.gemm_fp32_pct < FP32_GEMM_MIN_PCT or g.tf32_tensor_cores:
+        if g.gemm_fp32_pct < FP32_GEMM_MIN_PCT or g.fp16_tensor_cores or g.basis == "amd":
             continue
         if g.tf32_tensor_cores is None:
             notes.append(f"device {g.device}: FP32 GEMMs take {g.gemm_fp32_pct:.1f}% of kernel time, but the export "
@@ -265,7 +281,7 @@ def _notes(gemms: list[DeviceGemms]) -> list[str]:
                          "TF32 tensor cores cannot be told")
         else:
             notes.append(f"device {g.device}: FP32 GEMMs take {g.gemm_fp32_pct:.1f}% of kernel time on compute "
-                         f"capability {g.compute_capability}, which has no TF32 tensor cores")
+                         f"capability {g.compute_capability}, which has no tensor cores")
     return notes
 
 
@@ -283,7 +299,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     hot = [r for r in fetched if r[12]]
     rows = _rows(shown + hot, names, params, scope)
     in_scope = [r for r in names.rows if r[3]]
-    gemms = _gemms(con, names, scope)
+    vendor_ = vendor.of(con)
+    gemms = _gemms(con, names, scope, vendor_)
     hot_rows = [r for r in rows[len(shown):] if r.kind != "nccl"]
     hot_names = {r.name for r in hot_rows if r.display_name != r.short_name} | {
         r.short_name for r in hot_rows if r.display_name == r.short_name}
@@ -295,7 +312,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                     next_offset=next_page(params.offset, len(shown), more), hotspots=hot_rows, gemms=gemms,
                     launch_fill=fills, notes=_notes(gemms))
     result._command = one_row(con.execute("SELECT command_line FROM meta"))[0]
-    result._vendor = vendor.of(con)
+    result._vendor = vendor_
     result._training = bool(one_row(con.execute(TRAINING_SQL))[0])
     return result
 
@@ -310,7 +327,8 @@ def _hot(row: KernelRow, scope: Scope) -> hotspots.Hot:
 def _basis(g: DeviceGemms) -> str:
     return {"compute_capability": f"compute capability {g.compute_capability}",
             "kernel_names": f"kernels built for sm{g.min_arch_from_names}",
-            "unknown": "no compute capability recorded, no sm80+ kernel names"}[g.basis]
+            "unknown": "no compute capability recorded, no sm80+ kernel names",
+            "amd": "an AMD GPU: its gfx version is no compute capability"}[g.basis]
 
 
 def _fp32_gemm(g: DeviceGemms, scope: Scope) -> Finding:
@@ -328,9 +346,33 @@ def _fp32_gemm(g: DeviceGemms, scope: Scope) -> Finding:
         device=g.device, tags=["gemm-fp32"])
 
 
+def _fp16_ns(g: DeviceGemms) -> int:
+    """On a GPU whose tensor cores run FP16 only (7.x), the FP32 work mixed precision moves there: GEMMs and convs."""
+    return g.gemm_fp32_ns + g.conv_fp32_ns if g.fp16_tensor_cores and not g.tf32_tensor_cores else 0
+
+
+def _fp16_amp(g: DeviceGemms, scope: Scope) -> Finding:
+    ns = _fp16_ns(g)
+    share, stake = pct(ns, g.kernel_time_ns), min(round(ns * (1 - 1 / FP16_PEAK_SPEEDUP)), scope.duration_ns)
+    parts = [f"GEMMs {ms(g.gemm_fp32_ns)} ({g.top_fp32_gemm})"] * bool(g.gemm_fp32_ns) + [
+        f"convolutions {ms(g.conv_fp32_ns)}"] * bool(g.conv_fp32_ns)
+    return Finding(
+        root_cause="fp32-gemm-no-tensor-cores", severity="high" if share >= DOMINANT_PCT else "medium",
+        title=f"device {g.device}: FP32 {' and '.join(parts)} take {share:.1f}% of kernel time on compute capability "
+              f"{g.compute_capability}, whose tensor cores run FP16 (no TF32, no bf16): FP16 mixed precision would "
+              f"move them there, saving at most {ms(stake)} (their time at the tensor cores' peak "
+              f"{FP16_PEAK_SPEEDUP:.0f}x rate; casts and memory-bound layers save less)",
+        evidence={"gemm_fp32_ns": g.gemm_fp32_ns, "conv_fp32_ns": g.conv_fp32_ns, "fp32_pct": share,
+                  "kernel_time_ns": g.kernel_time_ns, "gemm_tensor_ns": g.gemm_tensor_ns,
+                  "compute_capability": g.compute_capability, "fp16_peak_speedup": FP16_PEAK_SPEEDUP},
+        time_at_stake_ns=stake, device=g.device, tags=["fp16-tensor-cores"])
+
+
 def findings(result: Result) -> list[Finding]:
     fp32 = [_fp32_gemm(g, result.scope) for g in result.gemms
             if g.tf32_tensor_cores and g.gemm_fp32_pct >= FP32_GEMM_MIN_PCT]
+    fp32 += [_fp16_amp(g, result.scope) for g in result.gemms
+             if pct(_fp16_ns(g), g.kernel_time_ns) >= FP32_GEMM_MIN_PCT]
     hot = [_hot(row, result.scope) for row in result.hotspots]
     return fp32 + hotspots.findings(hot, result.launch_fill, result.scope.duration_ns, result._command,
                                     result._vendor, result._training)
@@ -350,6 +392,7 @@ def render(result: Result) -> str:
             cores = {True: "has", False: "has no", None: "may have"}[g.tf32_tensor_cores]
             lines.append(f"GEMMs on device {g.device}: FP32 {ms(g.gemm_fp32_ns)} ({g.gemm_fp32_pct:.1f}% of kernel "
                          f"time), tensor-core {ms(g.gemm_tensor_ns)}, unknown precision {ms(g.gemm_other_ns)}; "
-                         f"the device {cores} TF32 tensor cores ({_basis(g)})")
+                         f"the device {cores} TF32 tensor cores ({_basis(g)})"
+                         + (f"; FP32 convolutions {ms(g.conv_fp32_ns)}" if g.conv_fp32_ns else ""))
     lines.extend(f"NOTE: {n}" for n in result.notes)
     return "\n".join(lines)

@@ -149,10 +149,11 @@ def _setup_compile(con: duckdb.DuckDBPyConnection, gpu: Scope, scope: Scope, loo
         if d.ns("jit") >= SETUP_OVER_LOOP * scope.duration_ns]
 
 
-def citation(finding: Finding, tool: str, chain: tuple[str, ...]) -> dict:
-    """The book's fields of a CitedFinding: its entry, and the fix for the first family of `chain` it has."""
+def citation(finding: Finding, tool: str, chain: tuple[str, ...], context: tuple[str, ...] = ()) -> dict:
+    """The book's fields of a CitedFinding: its entry, and the fix for the first family of `chain` it has, fitted to
+    the trace's `context` (fix_context.tags)."""
     entry = book.get_entry(finding.root_cause)
-    fix = entry.fix_for(chain, finding.tags)
+    fix = entry.fix_for(chain, finding.tags, context)
     return {**finding.model_dump(include=set(Finding.model_fields)), "source_tool": tool,
             "book_uri": book.entry_uri(entry.id), "book_title": entry.title, "fix": fix.text, "fix_for": fix.family,
             "verify": entry.verify}
@@ -169,8 +170,9 @@ def cited_lines(finding: CitedFinding, explained: set[str]) -> list[str]:
             f"   fix ({finding.fix_for}): {finding.fix}", f"   verify: {finding.verify}"]
 
 
-def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], limit: int) -> list[RankedFinding]:
-    return [RankedFinding(**citation(f, tool, chain), rank=i)
+def _rank(found: list[tuple[str, Finding]], chain: tuple[str, ...], context: tuple[str, ...],
+          limit: int) -> list[RankedFinding]:
+    return [RankedFinding(**citation(f, tool, chain, context), rank=i)
             for i, (tool, f) in enumerate(leads_first(found, lambda tf: tf[1], limit), start=1)]
 
 
@@ -247,11 +249,19 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     skipped += [f"{t}: {f.root_cause} does not occur in {prog.kind} programs" for t, f in foreign]
     found = [tf for tf in found if tf not in foreign]
     missing = rules.missing(con, DIAGNOSIS_DATA)
-    ranked = _placed(con, scope, _rank(found, chain, params.limit))
+    ranked = _placed(con, scope, _rank(found, chain, tuple(prog.fix_context), params.limit))
     return Result(profile=params.profile, program=prog, quality=quality, window=scope, window_note=note,
                   classification=classification, step_method=step_method, findings=ranked, total_findings=len(found),
                   truncated=len(found) > len(ranked), time_at_stake_ns=sum(f.time_at_stake_ns for _, f in found),
                   missing=missing, skipped=skipped, where_note=where.note(con, ranked))
+
+
+def _lacking(missing: list[rules.Missing], quoted: str) -> str:
+    """The data the profile lacks, those that one capture would record named together before it."""
+    by_flag: dict[str, list[str]] = {}
+    for m in missing:
+        by_flag.setdefault(m.capture_flag, []).append(m.data)
+    return "; ".join(f"{', '.join(data)} ({quoted.format(flag)})" for flag, data in by_flag.items())
 
 
 def render(result: Result) -> str:
@@ -263,7 +273,8 @@ def render(result: Result) -> str:
              f"{shares.families_note(c)}  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
              (f"window: {ms(result.window.duration_ns)} on device(s) {result.window.devices}, {result.window_note}"
               if result.window else f"window: none ({result.window_note})"),
-             f"program: {p.kind} ({p.decided_by}); fixes for {p.fix_chain[0]}", ""]
+             f"program: {p.kind} ({p.decided_by}); fixes for {p.fix_chain[0]}"
+             + (" on ROCm (an AMD GPU ran the work)" if "amd" in p.fix_context else ""), ""]
     if not result.findings:
         lines.append("Nothing to diagnose." if c.bound in ("no GPU activity", "too little GPU activity")
                      else "No detector fired: nothing above its threshold.")
@@ -276,7 +287,7 @@ def render(result: Result) -> str:
     if result.where_note:
         lines += ["", f"Call sites: {result.where_note}"]
     if result.missing:
-        lines += ["", "Not in this profile: " + "; ".join(f"{m.data} ({m.capture_flag})" for m in result.missing)]
+        lines += ["", "Not in this profile: " + _lacking(result.missing, "{}")]
     return "\n".join(lines)
 
 
@@ -301,5 +312,5 @@ def render_markdown(result: Result) -> str:
     if result.where_note:
         lines += ["", f"**Call sites:** {result.where_note}"]
     if result.missing:
-        lines += ["", "**Not in this profile:** " + "; ".join(f"{m.data} (`{m.capture_flag}`)" for m in result.missing)]
+        lines += ["", "**Not in this profile:** " + _lacking(result.missing, "`{}`")]
     return "\n".join(lines)

@@ -91,8 +91,9 @@ def _stepped_by(imbalance: rank_imbalance.Result, rank: int, params: Params) -> 
     return params.range_name if any(r.rank == rank and r.steps for r in imbalance.rows) else None
 
 
-def _cited(finding: Finding, tool: str, rank: int | None, chain: tuple[str, ...]) -> JobFinding:
-    return JobFinding(**triage.citation(finding, tool, chain), position=0, rank=rank)
+def _cited(finding: Finding, tool: str, rank: int | None, chain: tuple[str, ...], context: tuple[str, ...]
+           ) -> JobFinding:
+    return JobFinding(**triage.citation(finding, tool, chain, context), position=0, rank=rank)
 
 
 def _cross_rank(con: duckdb.DuckDBPyConnection, params: Params, imbalance: rank_imbalance.Result
@@ -112,8 +113,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                                             limit=triage.MAX_FINDINGS))
     chain = tuple(own.program.fix_chain)
     cross = _cross_rank(con, params, imbalance)
-    found = [_cited(f, name, None, chain) for name, f in cross]
-    found += [_cited(f, f.source_tool, rank, chain) for f in own.findings]
+    context = tuple(own.program.fix_context)
+    found = [_cited(f, name, None, chain, context) for name, f in cross]
+    found += [_cited(f, f.source_tool, rank, chain, context) for f in own.findings]
     total = len(cross) + own.total_findings
     kept = leads_first(found, lambda f: f, params.limit)
     straggler = imbalance.straggler.rank if imbalance.straggler else None

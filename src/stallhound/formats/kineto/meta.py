@@ -51,7 +51,7 @@ def gpu_rows(con: duckdb.DuckDBPyConnection, head: dict) -> list[tuple]:
         rows.append((device, None if name is None else str(name), None, as_int(p.get("numSms")),
                      as_int(p.get("totalGlobalMem")), None, None, cc, None,
                      threads // warp if threads and warp else None, None, as_int(p.get("regsPerMultiprocessor")),
-                     as_int(p.get("sharedMemPerMultiprocessor"))))
+                     as_int(p.get("sharedMemPerMultiprocessor")), warp))
     return rows
 
 

@@ -113,7 +113,7 @@ def gpu_rows(raw: RawExport, devices: list[int]) -> list[tuple]:
         out.append((device, g.get("name") or None, g.get("chipName") or None, g.get("smCount"), g.get("totalMemory"),
                     g.get("memoryBandwidth") or None, g.get("clockRate") or None, cc, g.get("busLocation") or None,
                     *(g.get(f) or None for f in ("maxWarpsPerSm", "maxBlocksPerSm", "maxRegistersPerSm",
-                                                 "maxShmemPerSm"))))
+                                                 "maxShmemPerSm")), None))  # warp size: not in the export
     return out
 
 
