@@ -70,6 +70,8 @@ def test_triage_imports_duckdb_and_the_tools_but_no_mcp_server(tmp_path):
     (_, modules), = _loaded_after([["triage", str(profile), "--json", "--cache-dir", str(tmp_path)]])
     assert {"duckdb", "pydantic", "stallhound.tools.triage"} <= set(_offending(modules))
     assert [m for m in modules if m.split(".")[0] in SERVER_ONLY] == []
+    # its trace notes are read alone (trace_quality.of_model): the rest of profile_summary costs ~10 queries
+    assert "stallhound.tools.profile_summary" not in modules
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["triage", "--help"]])
