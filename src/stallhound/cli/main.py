@@ -70,13 +70,15 @@ def fewer_collections() -> None:
     """Run the cyclic garbage collector every GC_YOUNG_OBJECTS new container objects. A triage on a cached model made
     ~115 collections (importing DuckDB, numpy, pydantic and the tools, and building the tools' pydantic models): about
     0.03 s of CPU that freed ~1,600 objects, as reference counting frees what a command makes. Cyclic garbage still
-    goes, a few collections later."""
+    goes, a few collections later. Not for `serve`: a server lives on, and a collection of 50,000 young objects at
+    once would land on one call's round trip."""
     gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    fewer_collections()
+    if args.command != "serve":
+        fewer_collections()
     allocator.tune()
     without_pandas()
     single_threaded_blas()
