@@ -85,7 +85,7 @@ def test_contracts_triage_runs_its_detectors_in_the_declared_order(demo, monkeyp
     window_findings = idle.window_findings
     monkeypatch.setattr(idle, "window_findings", lambda *args: calls.append("idle") or window_findings(*args))
     triage.run(demo[0].con, triage.Params(profile="demo"))
-    assert calls == ["profile_summary", *("idle" if r.how == "idle" else n for n, _, r in ordered)]
+    assert calls == [*("idle" if r.how == "idle" else n for n, _, r in ordered)]
     parted = {r.of for _, _, r in detectors("part")}
     assert parted and parted <= {n for n, _, r in ordered if r.how == "idle"}
 

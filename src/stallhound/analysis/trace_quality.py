@@ -82,6 +82,8 @@ LOST_EVENTS_SQL = """SELECT min(text) FILTER (WHERE contains(text, $words)),
   count(*) FILTER (WHERE source = $load AND starts_with(text, $cut)) > 0 FROM diagnostics"""
 LAST_API_SQL = "SELECT name, end_ns FROM cuda_api ORDER BY end_ns DESC LIMIT 1"
 GPU_INFO_SQL = "SELECT capture_flag FROM capabilities WHERE data = 'gpu_info' AND NOT present"
+WINDOWS_SQL = """SELECT capture_start_ns, capture_end_ns, gpu_start_ns, gpu_end_ns, machine_gpus, derived_from,
+       EXISTS (SELECT 1 FROM gpus) FROM meta"""
 
 
 class LostKernels(NamedTuple):
@@ -226,6 +228,20 @@ def _launch_notes(con: duckdb.DuckDBPyConnection, t: _Trace, capture: Window, de
                      f"one piece of work; re-capture with {remedy(con, (KERNELS_IN_GRAPHS,), bare=True)} for "
                      "per-kernel figures")
     return notes
+
+
+def window(start: int | None, end: int | None) -> Window | None:
+    return None if start is None or end is None else Window(start_ns=start, end_ns=end, duration_ns=end - start)
+
+
+def of_model(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """notes() on the model's capture and GPU-active windows: profile_summary's trace_quality, which triage shows,
+    without the summary's other queries."""
+    start, end, gpu_start, gpu_end, machine_gpus, derived, has_devices = (
+        con.execute(WINDOWS_SQL).fetchone() or (None, None, None, None, None, None, False))
+    capture, gpu_active = window(start, end), window(gpu_start, gpu_end)
+    active_pct = pct(gpu_active.duration_ns, capture.duration_ns) if capture and gpu_active else None
+    return notes(con, capture, gpu_active, active_pct, has_devices, machine_gpus, derived)
 
 
 def notes(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Window | None,

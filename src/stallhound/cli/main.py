@@ -10,6 +10,7 @@ fails when parsing imports any of them."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import traceback
@@ -24,6 +25,7 @@ from stallhound.model.errors import StallhoundError, said
 EXIT_USAGE = 2
 EXIT_DEFECT = 70  # sysexits' EX_SOFTWARE: an error of ours, not of the input
 DEBUG_ENV = "STALLHOUND_DEBUG"  # set to print an unforeseen error's traceback below its sentence
+GC_YOUNG_OBJECTS = 50_000  # new container objects between two runs of the cyclic garbage collector (CPython: 700)
 SUBCOMMANDS = (serve, tool, diff, job, report, synth)
 
 
@@ -64,8 +66,19 @@ def single_threaded_blas() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def fewer_collections() -> None:
+    """Run the cyclic garbage collector every GC_YOUNG_OBJECTS new container objects. A triage on a cached model made
+    ~115 collections (importing DuckDB, numpy, pydantic and the tools, and building the tools' pydantic models): about
+    0.03 s of CPU that freed ~1,600 objects, as reference counting frees what a command makes. Cyclic garbage still
+    goes, a few collections later. Not for `serve`: a server lives on, and a collection of 50,000 young objects at
+    once would land on one call's round trip."""
+    gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command != "serve":
+        fewer_collections()
     allocator.tune()
     without_pandas()
     single_threaded_blas()

@@ -193,10 +193,6 @@ ORDER BY severity = 'error' DESC, min(time_ns), text LIMIT $limit
 
 
 
-def _window(start: int | None, end: int | None) -> Window | None:
-    return None if start is None or end is None else Window(start_ns=start, end_ns=end, duration_ns=end - start)
-
-
 def _version_hint(library: str, fa3: int | None, fa2: int | None) -> str | None:
     if not library.startswith("FlashAttention"):
         return None
@@ -243,7 +239,7 @@ def _value(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     meta = con.execute(META_SQL).fetchone() or (None,) * 11
-    capture, gpu_active = _window(meta[5], meta[6]), _window(meta[7], meta[8])
+    capture, gpu_active = trace_quality.window(meta[5], meta[6]), trace_quality.window(meta[7], meta[8])
     active_pct = pct(gpu_active.duration_ns, capture.duration_ns) if capture and gpu_active else None
     counts = dict(con.execute(TABLE_ROWS_SQL).fetchall())
     table_rows = {name: counts[name] for name in COUNTED_TABLES}  # the model's order: UNION ALL promises none
@@ -261,8 +257,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                   launching_process_count=_value(con, LAUNCHING_COUNT_SQL),
                   table_rows=table_rows, missing=rules.missing(con), libraries=_libraries(con),
                   diagnostics=_diagnostics(con),
-                  trace_quality=trace_quality.notes(con, capture, gpu_active, active_pct, bool(devices), meta[9],
-                                                   meta[10]),
+                  trace_quality=trace_quality.of_model(con),
                   rank=_value(con, RANK_SQL), distributed=_distributed(con))
 
 

@@ -25,7 +25,7 @@ import duckdb
 from pydantic import Field
 
 from stallhound import book
-from stallhound.analysis import attribution, lead_in, program, rules, shares, where
+from stallhound.analysis import attribution, lead_in, program, rules, shares, trace_quality, where
 from stallhound.analysis.common import (
     Finding,
     Output,
@@ -44,7 +44,7 @@ from stallhound.analysis.shares import Classification
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row
 from stallhound.model.errors import InvalidRequest
-from stallhound.tools import declared, detectors, iterations, skill
+from stallhound.tools import declared, detectors, iterations
 
 DIAGNOSIS_DATA = ("kernels", "memcpy", "cuda_api", "nvtx", "os_runtime", "cpu_samples", "sched", "gpu_info")  # what
 # the detectors read: a capture without it says less (CUDA graphs, memory usage, UVM faults are optional)
@@ -235,8 +235,7 @@ def _loads_code(finding: Finding) -> bool:
 def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     prog = program.detect(con)
     chain = tuple(prog.fix_chain)
-    summary = skill("profile_summary")
-    quality = as_result(run_once(con, summary, summary.Params(profile=params.profile)), summary.Result).trace_quality
+    quality = trace_quality.of_model(con)  # profile_summary's trace_quality, without the rest of the summary
     unset = one_row(con.execute("SELECT capture_start_ns IS NULL FROM meta"))
     if unset[0]:
         return _nothing(params, prog, quality, rules.missing(con, DIAGNOSIS_DATA), remedy(con, ('kernels', 'nvtx')))
