@@ -74,6 +74,16 @@ def test_a_first_step_stays_where_it_began_when_the_gpu_idles_through_the_wait()
     assert rows(nvtx=[step(0, 50)], kernels=[*busy, work(500, 600, 5)]) == [(500, 600)]  # busy through it: moved
 
 
+def test_a_first_step_moves_past_a_wait_that_precedes_all_recorded_gpu_work():
+    """The host queues everything ahead (a prelude launched at 1, step k at 10 + 100k) and the device shows nothing
+    until 1000 (work the trace missed, or a host/device clock offset, as tl_vllm_piecewise_mi300's 147 ms), then runs
+    the prelude (1000-1010) and each step's 90 ns at full use. Before the devices' first record there is neither work
+    nor a stall to give the first step: it starts after the prelude, as a steady one (before: 5-1100, 11x others)."""
+    kernels = [work(1000, 1010, 1)] + [work(1010 + 100 * k, 1100 + 100 * k, 10 + 100 * k) for k in range(3)]
+    got = rows(nvtx=[step(5 + 100 * k, 50 + 100 * k) for k in range(3)], kernels=kernels)
+    assert got == [(1010, 1100), (1100, 1200), (1200, 1300)]
+
+
 def restored(name: str):
     path = sources.resolve(BY_NAME[name])
     if path is None:
