@@ -128,3 +128,19 @@ def test_torchrec_steps_run_end_to_end_on_the_device(cache_root):
     assert result.steady_median_ns == statistics.median(lived[1:]) and result.first_vs_steady < 1.05
     window = run_skill(con, tr, tr.Params(profile="t")).window
     assert (window.start_ns, window.end_ns) == (queued, ends[-1])
+
+
+def test_a_first_step_queued_before_the_devices_first_record_is_not_warmup(cache_root):
+    """tl_vllm_piecewise_mi300: one vLLM prefill on an MI300; the host queues all 24 layers (one
+    vllm::unified_kv_cache_update op each) in 26 ms, and the device's first record comes ~147 ms after the first.
+    Before, the first 'iteration' ran from that op on the host (153.752 ms vs a 6.500 ms median) and triage called
+    it warmup; now it starts on the device, as the others (6.381 ms)."""
+    path = restored("tl_vllm_piecewise_mi300")
+    doc = read_json(path)
+    first_record = min(span(g)[0] for g in xs(doc, "kernel", "gpu_memcpy", "gpu_memset"))
+    ops = sorted(span(e) for e in xs(doc, "cpu_op") if e["name"] == "vllm::unified_kv_cache_update")
+    assert len(ops) == 24 and first_record - ops[0][0] > 140_000_000  # the host ran far ahead of the device's record
+    con = open_profile(path, cache_dir=cache_root).con
+    result = run_skill(con, it, it.Params(profile="t"))
+    assert result.rows[0].start_ns >= first_record and result.first_vs_steady < 1.05
+    assert result.findings == []
