@@ -5,8 +5,7 @@ The driver stages a copy from pageable memory through a pinned buffer; only a co
 more (or of unknown size) pays for that staging (staged), a smaller one costs its latency, pinned or not, and is left
 out. Per (device, direction), Staged holds the staged copies' figures and those of the pinned copies of that size they
 are compared with. A direction's saving is the staged copies' exposed time (no kernel running) that pinned copies would
-not take: at the bandwidth measured for those pinned copies, else PINNED_SPEEDUP; the share of copies whose transfer
-starts only after the host staged them (a DMA from pinned memory already) saves no transfer time.
+not take: at the bandwidth measured for those pinned copies, else PINNED_SPEEDUP.
 """
 
 from __future__ import annotations
@@ -36,8 +35,6 @@ class Staged(BaseModel):
     pinned_bytes: int
     pinned_time_ns: int
     small_count: int
-    staged_first_ns: int = Field(0, description="transfer time of the staged copies whose transfer starts no sooner "
-                                                "after their call began than it lasts: the host staged the data first")
     exposed_ns: int = 0
 
     @property
@@ -46,14 +43,10 @@ class Staged(BaseModel):
 
 
 def saving(x: Staged) -> int:
-    """Exposed staged pageable copy time that pinned copies would not take (PINNED_SPEEDUP when none to compare). A
-    copy whose transfer starts only once the host has staged it (staged_first_ns) is a DMA from the driver's pinned
-    buffer, at pinned speed: pinning removes the staging (the GPU's idle in the call, claimed apart), not transfer
-    time; its share of the exposed time is left out."""
+    """Exposed staged pageable copy time that pinned copies would not take (PINNED_SPEEDUP when none to compare)."""
     pinned, pageable = bandwidth(x.pinned_bytes, x.pinned_time_ns), x.bandwidth_gb_per_s
     speedup = pinned / pageable if pinned and pageable and pinned > pageable else PINNED_SPEEDUP
-    pipelined = 1 - x.staged_first_ns / x.time_ns if x.time_ns else 1.0
-    return int(x.exposed_ns * pipelined * (1 - 1 / speedup))
+    return int(x.exposed_ns * (1 - 1 / speedup))
 
 
 def finding(device: int, host: dict[str, Staged], times: tuple[int, int, int], small: int,

@@ -149,8 +149,7 @@ SELECT device_id, direction, count(*) FILTER (WHERE staged), coalesce(sum(bytes)
        count(*) FILTER (WHERE staged AND api_name LIKE '%Async%'),
        coalesce(sum(bytes) FILTER (WHERE host_kind = 'pinned' AND sized), 0),
        coalesce(sum(duration_ns) FILTER (WHERE host_kind = 'pinned' AND sized), 0),
-       count(*) FILTER (WHERE host_kind = 'pageable' AND NOT sized),
-       coalesce(sum(duration_ns) FILTER (WHERE staged AND start_ns - launch_start_ns >= duration_ns), 0)
+       count(*) FILTER (WHERE host_kind = 'pageable' AND NOT sized)
 FROM s WHERE host_kind IS NOT NULL GROUP BY ALL
 """
 
