@@ -74,6 +74,16 @@ def test_a_first_step_stays_where_it_began_when_the_gpu_idles_through_the_wait()
     assert rows(nvtx=[step(0, 50)], kernels=[*busy, work(500, 600, 5)]) == [(500, 600)]  # busy through it: moved
 
 
+def test_a_first_step_moves_past_a_wait_that_precedes_all_recorded_gpu_work():
+    """The host queues everything ahead (a prelude launched at 1, step k at 10 + 100k) and the device shows nothing
+    until 1000 (work the trace missed, or a host/device clock offset, as tl_vllm_piecewise_mi300's 147 ms), then runs
+    the prelude (1000-1010) and each step's 90 ns at full use. Before the devices' first record there is neither work
+    nor a stall to give the first step: it starts after the prelude, as a steady one (before: 5-1100, 11x others)."""
+    kernels = [work(1000, 1010, 1)] + [work(1010 + 100 * k, 1100 + 100 * k, 10 + 100 * k) for k in range(3)]
+    got = rows(nvtx=[step(5 + 100 * k, 50 + 100 * k) for k in range(3)], kernels=kernels)
+    assert got == [(1010, 1100), (1100, 1200), (1200, 1300)]
+
+
 def restored(name: str):
     path = sources.resolve(BY_NAME[name])
     if path is None:
@@ -118,3 +128,19 @@ def test_torchrec_steps_run_end_to_end_on_the_device(cache_root):
     assert result.steady_median_ns == statistics.median(lived[1:]) and result.first_vs_steady < 1.05
     window = run_skill(con, tr, tr.Params(profile="t")).window
     assert (window.start_ns, window.end_ns) == (queued, ends[-1])
+
+
+def test_a_first_step_queued_before_the_devices_first_record_is_not_warmup(cache_root):
+    """tl_vllm_piecewise_mi300: one vLLM prefill on an MI300; the host queues all 24 layers (one
+    vllm::unified_kv_cache_update op each) in 26 ms, and the device's first record comes ~147 ms after the first.
+    Before, the first 'iteration' ran from that op on the host (153.752 ms vs a 6.500 ms median) and triage called
+    it warmup; now it starts on the device, as the others (6.381 ms)."""
+    path = restored("tl_vllm_piecewise_mi300")
+    doc = read_json(path)
+    first_record = min(span(g)[0] for g in xs(doc, "kernel", "gpu_memcpy", "gpu_memset"))
+    ops = sorted(span(e) for e in xs(doc, "cpu_op") if e["name"] == "vllm::unified_kv_cache_update")
+    assert len(ops) == 24 and first_record - ops[0][0] > 140_000_000  # the host ran far ahead of the device's record
+    con = open_profile(path, cache_dir=cache_root).con
+    result = run_skill(con, it, it.Params(profile="t"))
+    assert result.rows[0].start_ns >= first_record and result.first_vs_steady < 1.05
+    assert result.findings == []

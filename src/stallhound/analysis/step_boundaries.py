@@ -76,6 +76,12 @@ SHIFT_BUSY_SHARE = 0.75  # a thread's first step starts when the GPU's earlier w
 #                          through that wait at least 3/4 as much as through the step: a device idle behind a stream
 #                          wait on an untraced event leaves the step where it began (the stall is no earlier step's)
 SHIFT_BUCKETS = 16  # overlap-join buckets per typical shift
+FIRST_WORK_SQL = """
+SELECT min(start_ns) FROM (
+  SELECT start_ns FROM kernels WHERE device_id IN (SELECT unnest($devices)) UNION ALL
+  SELECT start_ns FROM memcpy WHERE device_id IN (SELECT unnest($devices)) UNION ALL
+  SELECT start_ns FROM memset WHERE device_id IN (SELECT unnest($devices)))
+"""
 PATTERN_SQL = sql_beside(__package__, "kernel_step_pattern.sql")
 GRAPH_SQL = sql_beside(__package__, "step_graph_replays.sql")
 GRAPH_LAUNCH = "(?i)graphlaunch"  # cudaGraphLaunch, cuGraphLaunch, hipGraphLaunch (nsys' version suffixes removed)
@@ -125,9 +131,13 @@ def _on_device(con: duckdb.DuckDBPyConnection, scope: Scope, ranges: list[list])
         elif to > start:
             firsts[idx] = (start, to, end)
         lived.append([pid, tid, start, end])
-    waits = busy_ns(con, scope.devices, [(s, t) for s, t, _ in firsts.values()], SHIFT_BUCKETS)
-    steps = busy_ns(con, scope.devices, [(t, e) for _, t, e in firsts.values()], SHIFT_BUCKETS)
-    for (idx, (start, to, end)), wait, step in zip(firsts.items(), waits, steps, strict=True):
+    # the wait counts from the devices' first recorded work: before it they show nothing, neither work nor a stall
+    # (the host queued work the devices started later: work the trace missed, or a host/device clock offset)
+    seen = one_row(con.execute(FIRST_WORK_SQL, {"devices": scope.devices}))[0] if firsts else None
+    shown = {idx: (max(start, seen or start), to, end) for idx, (start, to, end) in firsts.items()}
+    waits = busy_ns(con, scope.devices, [(s, t) for s, t, _ in shown.values()], SHIFT_BUCKETS)
+    steps = busy_ns(con, scope.devices, [(t, e) for _, t, e in shown.values()], SHIFT_BUCKETS)
+    for (idx, (start, to, end)), wait, step in zip(shown.items(), waits, steps, strict=True):
         if wait * (end - to) >= SHIFT_BUSY_SHARE * step * (to - start):
             lived[idx][2] = to
     return _apart(lived)
