@@ -60,27 +60,37 @@ def test_copy_lead_the_end_of_a_gap_spent_in_a_blocking_copy_call_is_the_copys(a
     gap = _gap(api, src, nbytes)
     assert (gap.start_ns, gap.end_ns) == (T + 10_000, T + 5_000_000)
     if lead is None:
-        assert gap.pieces() == (("host_untraced", 4_990_000), (None, 0), (None, 0), (None, 0))
+        assert gap.pieces() == (("host_untraced", 4_990_000), (None, 0), (None, 0), (None, 0), (None, 0))
     else:
-        assert gap.pieces() == (("host_untraced", 4_590_000), (None, 0), (None, 0), (lead, 400_000))
+        assert gap.pieces() == (("host_untraced", 4_590_000), (None, 0), (None, 0), (None, 0), (lead, 400_000))
 
 
 @pytest.mark.parametrize("api, src, lead", [("cudaMemcpy", "pageable", "pageable_copy"),
                                             ("cudaMemcpy", "pinned", "sync_copy")])
-def test_copy_lead_is_at_most_the_copys_transfer_time(api, src, lead):
-    """Begun at 3 ms, the call waits 2 ms before its 0.5 ms transfer: staging 1 MiB takes about its transfer's time,
-    so 0.5 ms are the copy's and the other 1.5 ms, a one-off stall and not the copy's size, stay the host's."""
-    assert _gap(api, src, MIB, call_start=3_000_000).pieces() == (
-        ("host_untraced", 4_490_000), (None, 0), (None, 0), (lead, 500_000))
+@pytest.mark.parametrize("call_start, stall", [
+    (3_600_000, 0),  # waits 1.4 ms: 0.9 ms past the transfer's 0.5 ms, under STALL_MIN_NS: the host's, as before
+    (3_500_000, 1_000_000),  # 1 ms past it: a stall
+    (3_000_000, 1_500_000),
+    (1_000_000, 3_500_000),  # the call is most of the gap: the 0.99 ms before it are judged without it
+])
+def test_copy_lead_is_at_most_the_copys_transfer_time_and_a_longer_wait_a_stall(api, src, lead, call_start, stall):
+    """The call waits from call_start to 5 ms before its 0.5 ms transfer: staging 1 MiB takes about its transfer's
+    time, so 0.5 ms are the copy's; the host sitting there STALL_MIN_NS or more past it, launching and moving nothing,
+    is a stall in the call (call_stall); a shorter excess stays the host's. The time before the call, with no host
+    activity, is host_untraced even where the call's time is most of the gap (no launching)."""
+    assert attribution.STALL_MIN_NS == 1_000_000
+    assert _gap(api, src, MIB, call_start=call_start).pieces() == (
+        ("host_untraced", 4_490_000 - stall), (None, 0), (None, 0), ("call_stall" if stall else None, stall),
+        (lead, 500_000))
 
 
 def test_copy_lead_needs_the_call_to_begin_in_the_gap_and_move_on_its_device():
     """A gap begun inside the copy call is the call's already (its blocking cause, no lead); a copy whose transfer
     runs on another device does not end this one's gap (10 us-6 ms): the gap stays the host's."""
     assert _gap("cudaMemcpy", "pageable", MIB, call_start=5_000).pieces() == (
-        ("pageable_copy", 4_990_000), (None, 0), (None, 0), (None, 0))
+        ("pageable_copy", 4_990_000), (None, 0), (None, 0), (None, 0), (None, 0))
     assert _gap("cudaMemcpy", "pageable", MIB, device=1).pieces() == (
-        ("host_untraced", 5_990_000), (None, 0), (None, 0), (None, 0))
+        ("host_untraced", 5_990_000), (None, 0), (None, 0), (None, 0), (None, 0))
 
 
 def _pageable(nbytes: int) -> list:
@@ -110,11 +120,11 @@ UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = 0
 ORDER BY 1"""
 
 
-def _raw_leads(path, start: int, end: int) -> dict[tuple[int, int], tuple[int, str]]:
+def _raw_leads(path, start: int, end: int) -> dict[tuple[int, int], tuple[int, str, int]]:
     """From the export alone: device 0's idle gaps of 1 ms or more in [start, end), and for each that ends inside a
     copy call (cudaMemcpy2D, cudaMemcpyToArray: all synchronous, from pageable memory) begun in it, whose transfer
     starts at the gap's end or later, the time from the call's start to the gap's end, at most the transfer's own
-    time, and the copy's cause: pageable_copy from 64 KiB, else small_copy."""
+    time, the copy's cause (pageable_copy from 64 KiB, else small_copy), and the call's wait past that time."""
     raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     gaps, reach = [], start
     for s, e in raw.execute(WORK_SQL, (start, end, start, end)):
@@ -128,7 +138,8 @@ def _raw_leads(path, start: int, end: int) -> dict[tuple[int, int], tuple[int, s
         i = bisect.bisect_left(begins, ge) - 1
         if i >= 0 and gs < calls[i][0] and calls[i][1] >= ge and calls[i][2] >= ge:
             staged = calls[i][3] >= rules.PAGEABLE_STAGED_BYTES
-            out[gs, ge] = (min(ge - calls[i][0], calls[i][4]), "pageable_copy" if staged else "small_copy")
+            lead = min(ge - calls[i][0], calls[i][4])
+            out[gs, ge] = (lead, "pageable_copy" if staged else "small_copy", ge - calls[i][0] - lead)
     return out
 
 
@@ -183,23 +194,27 @@ def test_copy_lead_knn_idle_in_pageable_2d_copies_leaves_the_bubble(cache_root):
     whole already; the 70.577 ms left the bubble (320.659 ms before). Two small copies (12.8 and 64 KB) began gaps
     of 8.7 and 169.8 ms: each claims its in-call idle and its turnaround (_raw_pieces; sqlite3: 60,690 and 224,127
     ns), not capped at its own transfer (1,440 and 3,936 ns): a copy from host memory is the work, it waits on no
-    earlier work; the rest of those gaps is the bubble's."""
+    earlier work; the rest of those gaps is the bubble's. One small copy's call waits 1.012 ms before its 3.2 us
+    transfer: the 1.009 ms past it, 1 ms or more, is a stall in the call (call_stall), the bubble's still, now said."""
     path = corpus_profile(*KNN)
     result, gaps = _triaged_gaps(path, cache_root)
     w = result.window
     raw = _raw_leads(path, w.start_ns, w.end_ns)
-    assert (len(raw), sum(ns for ns, _ in raw.values())) == (207, 70_578_442)
+    assert (len(raw), sum(ns for ns, _, _ in raw.values())) == (207, 70_578_442)
     ours = {(g.start_ns, g.end_ns): g for g in gaps}
     led = {key: (g.lead_ns, g.lead_cause) for key, g in ours.items() if g.lead_ns}
-    [(whole, lead)] = [(key, lead) for key, lead in raw.items() if key not in led]
+    [(whole, lead)] = [(key, lead[:2]) for key, lead in raw.items() if key not in led]
     assert (lead, ours[whole].pieces()[0]) == ((1_633, "small_copy"), ("small_copy", whole[1] - whole[0]))
-    assert led == {key: lead for key, lead in raw.items() if key != whole}
+    assert led == {key: lead[:2] for key, lead in raw.items() if key != whole}
+    stalls = {key: over for key, (_, _, over) in raw.items() if key != whole and over >= attribution.STALL_MIN_NS}
+    assert {key: g.stall_ns for key, g in ours.items() if g.stall_ns} == stalls and len(stalls) == 1
     by_root = {f.root_cause: f for f in result.findings}
     pieces = _raw_pieces(path, [key for key, g in ours.items() if g.cause == "small_copy" and g.late_ns])
     assert pieces == {key: ours[key].pieces()[0][1] for key in pieces}
     assert sorted(pieces.values()) == [9_701, 9_766, 60_690, 224_127]
     assert by_root["gpu-bubbles"].time_at_stake_ns == 320_658_794 - (70_578_442 - 1_633)
-    assert "cudaMemcpy2D" not in by_root["gpu-bubbles"].title
+    assert by_root["gpu-bubbles"].evidence["stall_ns"] == sum(stalls.values())
+    assert "stalled once, inside one cudaMemcpy2D call" in by_root["gpu-bubbles"].title
     assert by_root["pageable-host-memory"].time_at_stake_ns <= 394_300_000  # all pageable copies' transfer time
 
 
@@ -243,11 +258,25 @@ def _json_leads(path, start_us: float, end_us: float) -> dict[int, int]:
     return out
 
 
-def test_copy_lead_nw4_first_copy_claims_its_transfer_time_not_a_one_off_stall(cache_root):
+def _json_first_copy(path, start_us: float) -> tuple[int, int, int]:
+    """From the JSON alone, the first pageable upload's cudaMemcpyAsync: from the window's start to the call's start,
+    the call's wait before its transfer starts, the transfer's time (ns)."""
+    events = json.load(gzip.open(path))["traceEvents"]
+    calls = {e["args"]["correlation"]: e for e in events if e.get("cat") == "Runtime" and "Memcpy" in e["name"]}
+    first = min((e for e in events if e.get("cat") == "Memcpy" and "Pageable" in e["name"]), key=lambda e: e["ts"])
+    call = calls[first["args"]["correlation"]]
+    return (round((call["ts"] - start_us) * 1000), round((first["ts"] - call["ts"]) * 1000),
+            round(first["dur"] * 1000))
+
+
+def test_copy_lead_nw4_first_copy_claims_its_transfer_time_and_the_rest_is_a_stall(cache_root):
     """kineto_resnet50_nw4 (Kineto, ResNet50): its 6 pageable uploads of 19,267,584 B take 2.9-3.6 ms each; the first
-    cudaMemcpyAsync, in the window's lead-in, waits 36.436 ms before its 3.605 ms transfer, the others 0.19-0.32 ms
-    (JSON). Staging 19 MB takes about its transfer's time: the first lead is 3.605 ms, the rest of the lead-in stays
-    the host's, and pageable-host-memory claims no more than the copies' 18.953 ms (47.404 ms before the bound)."""
+    cudaMemcpyAsync, in the window's lead-in (the first GPU work, 44.992 ms after ProfilerStep#5 begins), waits
+    36.436 ms before its 3.605 ms transfer, the others 0.19-0.32 ms (JSON). Staging 19 MB takes about its transfer's
+    time: the first lead is 3.605 ms and pageable-host-memory claims no more than the copies' 18.953 ms (47.404 ms
+    before the bound); the other 32.831 ms the host sat in the call launching nothing, a stall in it (call_stall), not
+    launching (it was cpu-bottleneck's, ranked above the tiny kernels' 102.1 ms); the 8.556 ms before the call, the
+    host in the loader's __next__ and operators, judged without it. gpu-bubbles says the stall and what to capture."""
     path = corpus_profile("kineto_resnet50_nw4", "c290eb249e74824736f81886587614fc5d96660d3e60d0c256dee4b4a0e268f6")
     result, gaps = _triaged_gaps(path, cache_root)
     w = result.window
@@ -255,8 +284,17 @@ def test_copy_lead_nw4_first_copy_claims_its_transfer_time_not_a_one_off_stall(c
     assert sorted(raw.values()) == [189, 193, 318, 3605]
     assert {g.end_ns: (g.lead_ns, g.lead_cause) for g in gaps if g.lead_ns} == {
         int(ts) * 1000: (us * 1000, "pageable_copy") for ts, us in raw.items()}
+    before, wait, transfer = _json_first_copy(path, w.start_ns / 1e3)
+    assert (before, wait, transfer) == (8_556_000, 36_436_000, 3_605_000)
     [first] = [g for g in gaps if g.start_ns == w.start_ns]
-    assert first.pieces() == (("launch", first.end_ns - first.start_ns - 3_605_000), (None, 0), (None, 0),
-                              ("pageable_copy", 3_605_000))
-    [f] = [f for f in result.findings if f.root_cause == "pageable-host-memory"]
-    assert f.evidence["pageable_time_ns"] == 18_953_000 and f.time_at_stake_ns <= 18_953_000
+    assert first.pieces() == (("host_op", before), (None, 0), (None, 0), ("call_stall", wait - transfer),
+                              ("pageable_copy", transfer))
+    by_root = {f.root_cause: f for f in result.findings}
+    assert by_root["pageable-host-memory"].evidence["pageable_time_ns"] == 18_953_000
+    assert by_root["pageable-host-memory"].time_at_stake_ns <= 18_953_000
+    bubble = by_root["gpu-bubbles"]
+    assert (bubble.time_at_stake_ns, bubble.evidence["stall_ns"], bubble.evidence["stall_calls"]) == (
+        wait - transfer, wait - transfer, 1)
+    assert "stalled once, inside one cudaMemcpyAsync call" in bubble.title and "-t cuda,osrt -s cpu" in bubble.title
+    roots = [f.root_cause for f in result.findings]
+    assert roots.index("small-kernel-overhead") < roots.index("cpu-bottleneck")

@@ -181,7 +181,7 @@ def test_gap_split_the_autograd_threads_frees_explain_the_gaps_the_launching_thr
     for g in found:
         inside = sum(max(0, min(e, g.end_ns) - max(s, g.start_ns)) for s, e in frees)
         assert g.pieces() == (("alloc", inside), (None, 0), ("host_untraced", g.end_ns - g.start_ns - inside),
-                              (None, 0))
+                              (None, 0), (None, 0))
 
 
 SMALL_READS_SQL = """SELECT r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN CUPTI_ACTIVITY_KIND_MEMCPY m

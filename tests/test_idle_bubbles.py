@@ -75,6 +75,23 @@ def test_seen_times_stay_within_the_bubble_and_waits_come_first():
     assert text.startswith("4.000 ms of it with the launching thread in OS waits") and "6.000 ms of it more" in text
 
 
+@pytest.mark.parametrize("calls, stall_ms, said", [
+    (1, 3, "3.000 ms of it with the launching thread stalled once, inside one cudaMemcpy call past the time its"),
+    (2, 30, "10.000 ms of it with the launching thread stalled inside 2 cudaMemcpy calls past the time their"),
+])
+def test_a_stall_in_a_copy_call_is_said_with_what_to_capture_and_is_evidence(calls, stall_ms, said):
+    """A 10 ms bubble holding stall_ms of call_stall (cut to the bubble): said as a stall in the call, what it may be
+    and what to capture to see inside it; OS waits and what else was seen share only the rest; it is evidence (no
+    UNSEEN tag)."""
+    stall = attribution.CauseTime(ns=stall_ms * MS, gaps=calls, calls=calls, api="cudaMemcpy")
+    text, evidence, tags = idle_bubbles.words(10 * MS, 4 * MS, 0, idle_bubbles.HostSeen(9 * MS, "CUDA call x", 8 * MS),
+                                              stall)
+    kept = min(stall_ms, 10)
+    assert said in text and "-t cuda,osrt -s cpu" in text and "nothing of the launching process seen" not in text
+    assert evidence["stall_ns"] == kept * MS and evidence["stall_calls"] == calls and tags == []
+    assert evidence["host_seen_ns"] == max(0, 10 - kept - min(4, 10 - kept)) * MS
+
+
 @pytest.mark.parametrize("queued_ms, seen_ms, waits_ms, unseen", [
     (10, 4, 0, True),  # mostly queued, the host seen in under half: no evidence of most of it
     (10, 9, 0, True),

@@ -10,6 +10,7 @@ import pytest
 from modeldb import make_model, union_ns
 
 from corpus import sources
+from stallhound.analysis import attribution, rules
 from stallhound.analysis import small_uploads as su
 from stallhound.analysis.contracts import run_skill
 from stallhound.formats import open_profile
@@ -78,7 +79,13 @@ def test_small_uploads_fire_at_their_count_size_and_host_share(per_step, sync_ns
         assert (f.root_cause, f.evidence["count"], f.evidence["steps"]) == (
             "excessive-h2d-transfers", 3 * per_step, 3.0)
         assert f.evidence["host_ns"] == f.evidence["host_no_kernel_ns"] == host == 3 * per_step * (75 + sync_ns)
-        assert f.evidence["call_ns"] == 3 * per_step * 75 and f.time_at_stake_ns == host
+        assert f.evidence["call_ns"] == 3 * per_step * 75
+        # the device's idle in and after them, where they are small_copy's (under 64 KiB): between two transfers
+        # (t+200 to the next's t+1,060), and from the last one's end to the step's kernel, all inside a call or the
+        # host's turnaround (under 1 ms); the gap before each step's first call is not theirs
+        last_end = 1_000 + 1_000 * (per_step - 1) + 200
+        idle = 3 * ((per_step - 1) * 860 + STEP_NS - 5_000 - last_end) if nbytes < rules.PAGEABLE_STAGED_BYTES else 0
+        assert (f.evidence["copy_idle_ns"], f.time_at_stake_ns) == (idle, max(host, idle))
         assert f"{per_step} a step" in f.title
 
 
@@ -112,8 +119,22 @@ def test_small_uploads_without_steps_are_counted_per_second_and_kernels_are_not_
     assert f.evidence["steps"] == 0.0 and "a second" in f.title
     assert f.evidence["host_ns"] == 32 * 100_075
     assert f.evidence["host_no_kernel_ns"] == 32 * 100_075 - 100_000  # the first sync, 100..100,100, under it
-    assert f.time_at_stake_ns == min(f.evidence["host_no_kernel_ns"], f.evidence["device_idle_ns"])
+    assert f.time_at_stake_ns == min(max(f.evidence["host_no_kernel_ns"], f.evidence["copy_idle_ns"]),
+                                     f.evidence["device_idle_ns"])
     assert not many_small(run(model(1_100_000)))
+
+
+def test_small_uploads_claim_the_idle_after_them_only_where_no_other_small_pageable_copy_shares_it():
+    """The small_copy idle (in the uploads' calls and the turnaround after them) is theirs only where every small
+    pageable copy in the window is an upload: one 4 KiB pageable download among them and the finding keeps its host
+    time (a read of 1 KiB or less is a readback, not small_copy: it does not count)."""
+    rows = stepped(su.MANY_SMALL_PER_STEP, 400, 8)
+    for nbytes, shared in ((4096, True), (rules.SMALL_READ_BYTES, False)):
+        down = {**rows["memcpy"][0], "correlation_id": 9_999, "direction": "D2H", "src_kind": "device",
+                "dst_kind": "pageable", "bytes": nbytes, "start_ns": 96_000, "end_ns": 96_100}
+        [f] = many_small(run(make_model(**{**rows, "memcpy": rows["memcpy"] + [down]})))
+        assert (f.evidence["copy_idle_ns"] == 0) == shared
+        assert f.time_at_stake_ns == (f.evidence["host_ns"] if shared else f.evidence["copy_idle_ns"])
 
 
 def test_small_uploads_of_the_h2d_many_small_capture_match_the_trace(cache_root):
@@ -137,7 +158,42 @@ def test_small_uploads_of_the_h2d_many_small_capture_match_the_trace(cache_root)
     assert (f.evidence["count"], f.evidence["bytes"], f.evidence["steps"]) == (
         len(copies), sum(c["args"]["bytes"] for c in copies), 3.0) == (1536, 9_443_328, 3.0)
     assert abs(f.evidence["call_ns"] - 1000 * call_us) < 1536 and abs(f.evidence["sync_ns"] - 1000 * sync_us) < 1536
-    assert f.time_at_stake_ns == f.evidence["host_ns"] <= f.evidence["device_idle_ns"]
+    ours = f.evidence["copy_idle_ns"]
+    assert f.time_at_stake_ns == ours > f.evidence["host_ns"] and ours <= f.evidence["device_idle_ns"]
+    assert (f.evidence["host_ns"], ours) == (17_053_249, 59_615_035)
+    assert 0 <= _json_copy_idle(events, w.start_ns, w.end_ns, calls, after) - ours < 60_000  # 59,666,335 ns
+
+
+def _json_copy_idle(events, start: int, end: int, calls, syncs) -> int:
+    """From the JSON alone: the device's idle in the gaps that begin inside an upload's span, from its call's start
+    to its sync's end and the host's turnaround after it (up to 1 ms, or the thread's next kernel launch), clipped to
+    those spans: an upper bound of the idle the uploads cost (the attribution ends a turnaround at the launch's
+    return, and at the host's own work)."""
+    def ns(us: float) -> int:
+        return round(us * 1000)
+    launches = sorted(ns(e["ts"]) for e in events if e.get("name") == "cudaLaunchKernel")
+    spans = []
+    for c, y in zip(calls, syncs, strict=True):
+        reach = ns(y["ts"] + y["dur"])
+        i = bisect.bisect_left(launches, reach)
+        spans.append((ns(c["ts"]), min(reach + attribution.SYNC_RESUME_MAX_NS, launches[i] if i < len(launches)
+                                       else end)))
+    union: list[tuple[int, int]] = []
+    for s, e in sorted(spans):
+        if union and s <= union[-1][1]:
+            union[-1] = (union[-1][0], max(union[-1][1], e))
+        else:
+            union.append((s, e))
+    work = sorted((ns(e["ts"]), ns(e["ts"] + e["dur"])) for e in events
+                  if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    total, reach = 0, start
+    for s, e in work + [(end, end)]:
+        if min(s, end) > reach and reach < end:
+            i = bisect.bisect_right([u[0] for u in union], reach) - 1
+            if i >= 0 and union[i][0] <= reach < union[i][1]:
+                total += sum(max(0, min(e2, min(s, end)) - max(s2, reach)) for s2, e2 in union[i:])
+        reach = max(reach, e)
+    return total
 
 
 def test_small_uploads_time_is_not_claimed_again_by_the_h2d_volume_finding():

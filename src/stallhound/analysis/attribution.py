@@ -41,7 +41,10 @@ nanoseconds and their sum is the device's idle time:
   the device's work after the gap, gives the time from the call's start to the gap's end to that copy's cause
   (lead_ns, Gap.lead_cause), out of the rest of the gap (its late resume, or a gap judged by what the host did): the
   device idled while the host staged a pageable copy or waited out a synchronous copy's latency, not while it did its
-  own work.
+  own work. Where the host sits in that call STALL_MIN_NS or more past its transfer's time (the most its staging
+  takes), the excess is call_stall (stall_ns): the call launched and moved nothing then, what held it (the driver's
+  work at a first use, faults on untouched memory, a lock) the trace cannot show; and the gap's time before the call
+  is judged by what the host did there, not by the call's.
   A short gap that starts in a blocking call's wake (after it returned, until the thread's first kernel launch
   after it has returned) is the call's too, for its turnaround as above: the call left the queue empty, so that
   launch's latency is exposed however fast the host launches (attribution_sql.CALLS_SQL). A short gap held by a call
@@ -114,6 +117,8 @@ PERIODIC_MIN_GAPS = 3  # a pattern needs three gaps (two intervals) to show a pe
 STEADY_SHARE = 0.75  # share of start-to-start intervals within 20% of the median for a periodic group
 OP_OVERHEAD_MAX_NS = 500_000  # 0.5 ms: an eager framework's host work for one op (Python, dispatch, launch)
 SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; past it the host is late
+STALL_MIN_NS = 1_000_000  # 1 ms: a copy call's wait past its transfer's time that idles the device this long is a
+# bubble of its own (BUBBLE_MIN_NS), not staging's jitter (0.1-0.3 ms seen on pageable copies of MiBs)
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
 FOLD_BELOW_NS = min(BUBBLE_MIN_NS, SYNC_RESUME_MAX_NS + 1)  # queued gaps this short are neither listed nor pauses:
 # the pass only counts them (TOTALS_SQL's kept sums them into one row per device)
@@ -149,9 +154,10 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
             "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS, "held_min": HELD_MIN_NS,
             "op_domain": nvtx_texts.OP_DOMAIN, "fault_max": FAULT_CYCLE_MAX_NS, "init_calls": INIT_CALLS,
-            "init_min": BUBBLE_MIN_NS}
+            "init_min": BUBBLE_MIN_NS, "stall_min": STALL_MIN_NS}
 
 
+CALL_STALL = "call_stall"  # the cause of a Gap's stall_ns
 PERIODIC_ARGS = {"similar": SIMILAR_RATIO, "min_gaps": PERIODIC_MIN_GAPS, "steady_share": STEADY_SHARE}
 STAGED = ("gap_work_threads", "gap_blocking_calls", "gap_host")  # temp tables LABELLED reads beside idle_gaps
 
@@ -247,11 +253,13 @@ class Gap:
     lead_ns: int = 0  # at its end, the time in the blocking copy call it ends in, with the call's cause (lead_cause)
     lead_cause: str | None = None
     held: bool = False  # a blocking copy held it (cause): the device waited on work the trace does not show
+    stall_ns: int = 0  # before lead_ns, the lead call's wait past its transfer's time (call_stall)
 
     def pieces(self) -> tuple[tuple[str | None, int], ...]:
         """(cause, ns) of the gap's pieces in time order; a piece of 0 ns has no cause."""
-        return ((self.cause, self.end_ns - self.start_ns - self.then_ns - self.late_ns - self.lead_ns),
-                (self.then_cause, self.then_ns), (self.late_cause, self.late_ns), (self.lead_cause, self.lead_ns))
+        rest = self.end_ns - self.start_ns - self.then_ns - self.late_ns - self.stall_ns - self.lead_ns
+        return ((self.cause, rest), (self.then_cause, self.then_ns), (self.late_cause, self.late_ns),
+                (CALL_STALL if self.stall_ns else None, self.stall_ns), (self.lead_cause, self.lead_ns))
 
     def at_edge(self, scope: Scope) -> bool:
         """The stretch before the device's first work in the window or after its last: only such a gap starts at

@@ -35,9 +35,14 @@
 -- pageable transfer (the DMA moves what the driver has staged), so staging all its bytes takes about its transfer's
 -- time: a longer wait before the first byte moves is not the copy's size (a first use's one-off setup, page faults
 -- of memory never touched), and what exceeds it stays the host's as the rest of the gap. The same bounds a synchronous
--- copy's latency: the few microseconds it may exceed a small transfer's time are left to the host.
+-- copy's latency: the few microseconds it may exceed a small transfer's time are left to the host. Where the host sits
+-- in the call $stall_min or more past that time (stalled_ns: the call's time in the gap), it launched nothing and moved
+-- nothing: that excess, out of the same rest, is a stall inside the call (stall_ns, cause call_stall: the driver's
+-- work at a first use, faults on untouched memory, a lock; the trace cannot show which), and the rest of the gap
+-- before the call is judged by what the host did there, not by the call's time.
 -- The CTEs ending attribution_sql.LABELLED, after at_start (SPANS); they read gap_host (HOST_SQL).
--- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max, $bucket_ns, $init_min.
+-- Binds $launch_gap_max, $dominant, $overhead_max, $resume_max, $held_min, $fault_max, $bucket_ns, $init_min,
+-- $stall_min.
 held AS (
   SELECT g.gap_id, b.cause AS h_cause, b.name AS h_name, b.pid AS h_pid, b.tid AS h_tid, b.start_ns AS h_start
   FROM idle_gaps g JOIN gap_blocking_calls b ON b.copy_device = g.device_id AND b.start_ns < g.end_ns
@@ -47,7 +52,9 @@ held AS (
   QUALIFY row_number() OVER (PARTITION BY g.gap_id ORDER BY b.start_ns, b.pid, b.tid) = 1),
 lead AS (  -- each long gap's thread's latest blocking call begun before its end: a copy begun in the gap and
   -- spanning its end, whose transfer on the gap's device starts only then
-  SELECT g.gap_id, b.cause AS l_cause, b.name AS l_name, b.start_ns AS l_start, b.transfer_ns AS l_transfer
+  SELECT g.gap_id, b.cause AS l_cause, b.name AS l_name, b.start_ns AS l_start, b.transfer_ns AS l_transfer,
+         CASE WHEN g.end_ns - b.start_ns - coalesce(b.transfer_ns, 0) >= $stall_min THEN g.end_ns - b.start_ns
+              ELSE 0 END AS l_stalled
   FROM (SELECT gap_id, device_id, pid, tid, start_ns, end_ns FROM at_start WHERE duration_ns >= $held_min) g
   ASOF JOIN gap_blocking_calls b ON b.pid = g.pid AND b.tid = g.tid AND b.start_ns < g.end_ns
   WHERE b.start_ns > g.start_ns AND b.end_ns >= g.end_ns AND b.copy_device = g.device_id AND b.moved_ns >= g.end_ns
@@ -64,6 +71,7 @@ short_allocs AS (  -- a short gap begun in a blocking call that allocates nothin
 judged AS (
   SELECT g.*, sa.alloc_at, sa.s_alloc_ns, h.jit_ns, h.profiler_ns, hd.h_cause IS NOT NULL AS held, hd.h_name,
          hd.h_pid, hd.h_tid, hd.h_start, l.l_cause, l.l_name, l.l_start, l.l_transfer,
+         coalesce(l.l_stalled, 0) AS stalled_ns,
          least(g.end_ns, greatest(g.start_ns, g.b_end)
            + least(greatest(0, least(g.end_ns, g.b_end + $resume_max, h.own_ns) - greatest(g.start_ns, g.b_end)),
            CASE WHEN g.blocked_cause NOT IN ('pageable_copy', 'small_copy') THEN greatest(0, least(g.start_ns, g.b_end)
@@ -90,12 +98,12 @@ judged AS (
     -- context created: one-time setup where it does not recur (idle_causes), only where it is most of a long gap
     WHEN h.comm_ns > 0 THEN 'host_comm'  -- under half the gap too: the host communicated, for that time, not computed
     WHEN g.blocked_cause IS NOT NULL THEN g.blocked_cause END AS early_cause, CASE
-    WHEN h.sync_ns >= $dominant * g.duration_ns THEN 'sync'
-    WHEN h.launch_ns >= $dominant * g.duration_ns THEN 'launch'
-    WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_cpu'
+    WHEN h.sync_ns >= $dominant * (g.duration_ns - stalled_ns) THEN 'sync'  -- outside a stalled call
+    WHEN h.launch_ns - stalled_ns >= $dominant * (g.duration_ns - stalled_ns) THEN 'launch'
+    WHEN h.cpu_ns - coalesce(h.api_ns, 0) >= $dominant * (g.duration_ns - stalled_ns) THEN 'host_cpu'
     WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN CASE  -- one op's overhead
       WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
-    WHEN h.op_ns - coalesce(h.api_ns, 0) >= $dominant * g.duration_ns THEN 'host_op'  -- past one op's overhead
+    WHEN h.op_ns - coalesce(h.api_ns, 0) >= $dominant * (g.duration_ns - stalled_ns) THEN 'host_op'  -- past one op
     ELSE 'host_untraced' END AS host_cause,
     g.duration_ns > $launch_gap_max AND g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL
       AND h.alloc_ns >= greatest(coalesce(h.launch_ns, 0), coalesce(h.sync_ns, 0),
@@ -134,17 +142,20 @@ split AS (
     ELSE 0 END AS late_ns
   FROM (SELECT *, duration_ns <= $launch_gap_max AND early_cause = blocked_cause AND piece_ns < duration_ns
                   AS short_split FROM activity)),  -- a short gap past its call's piece: allocation, late launch
-led AS (  -- the lead copy call's piece: from its start to the gap's end, taken from the rest of the gap (the late
-  -- piece, or a gap judged whole by what the host did), never more than that rest nor than the copy's transfer time
-  SELECT *, CASE WHEN l_cause IS NULL THEN 0 ELSE least(end_ns - l_start, l_transfer, CASE WHEN late_ns > 0 THEN late_ns
-    WHEN then_ns = 0 AND early_cause IS NULL AND act IS NULL THEN duration_ns ELSE 0 END) END AS lead_ns
-  FROM split),
+led AS (  -- the lead copy call's piece: from its start to the gap's end, taken from the rest of the gap (room: the late
+  -- piece, or a gap judged whole by what the host did), never more than that rest nor than the copy's transfer time;
+  -- a stalled call's excess over it, out of the same rest (stall_ns)
+  SELECT *, CASE WHEN stalled_ns > 0 THEN least(stalled_ns, room) - lead_ns ELSE 0 END AS stall_ns
+  FROM (SELECT *, CASE WHEN l_cause IS NULL THEN 0 ELSE least(end_ns - l_start, l_transfer, room) END AS lead_ns
+        FROM (SELECT *, CASE WHEN late_ns > 0 THEN late_ns WHEN then_ns = 0 AND early_cause IS NULL AND act IS NULL
+                             THEN duration_ns ELSE 0 END AS room FROM split))),
 labelled AS (  -- call: the blocking call (thread, start) that the gap's cause names, as its count counts calls; a held
   -- gap is the copy's thread's; lead_call: the lead copy call's
   SELECT gap_id, device_id, start_ns, end_ns, duration_ns, CASE WHEN held THEN h_pid ELSE pid END AS pid,
          CASE WHEN held THEN h_tid ELSE tid END AS tid, CASE WHEN held THEN h_name ELSE blocked_in END AS blocked_in,
          cause, then_ns, CASE WHEN then_ns > 0 THEN then_cause END AS then_cause,
-         late_ns - least(lead_ns, late_ns) AS late_ns, CASE WHEN late_ns > lead_ns THEN host_cause END AS late_cause,
+         late_ns - least(lead_ns + stall_ns, late_ns) AS late_ns,
+         CASE WHEN late_ns > lead_ns + stall_ns THEN host_cause END AS late_cause, stall_ns,
          CASE WHEN held THEN [h_pid, h_tid, h_start] WHEN cause = blocked_cause THEN [pid, tid, b_start] END AS call,
          held, lead_ns, CASE WHEN lead_ns > 0 THEN l_cause END AS lead_cause,
          CASE WHEN lead_ns > 0 THEN l_name END AS lead_in, CASE WHEN lead_ns > 0 THEN [pid, tid, l_start] END AS lead_call

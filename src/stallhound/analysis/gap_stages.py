@@ -19,7 +19,7 @@ KERNEL_HORIZON_NS = 1_000_000_000  # kernel_before/after: the nearest kernel wit
 
 FIND_SQL = LABELLED + """
 SELECT gap_id, device_id AS device, start_ns, end_ns, cause, blocked_in, pid, tid, then_ns, then_cause, late_ns,
-       late_cause, lead_ns, lead_cause, held
+       late_cause, lead_ns, lead_cause, held, stall_ns
 FROM labelled WHERE duration_ns >= $min_gap ORDER BY gap_id
 """
 _GAPS = """gaps AS (

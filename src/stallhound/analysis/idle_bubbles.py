@@ -8,7 +8,8 @@ time the process was seen doing anything in the pieces; only where nothing overl
 then what to capture to see it, and it is tagged UNSEEN (common.leads_first ranks it after findings with evidence).
 A bubble mostly queued (its gaps' next work launched before the device ran dry: the device waited on something the
 trace does not show, not on the host) with the host seen in less than MOSTLY of it is tagged UNSEEN too: the trace
-holds no evidence of most of its cause.
+holds no evidence of most of its cause. A copy call's stall (call_stall: the launching thread sat in it past its
+transfer's time, launching and moving nothing) is said as such, with what to capture to see inside it.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 
-from stallhound.analysis.attribution import HOST_PROBE_BUCKET_NS, Attribution
+from stallhound.analysis.attribution import CALL_STALL, HOST_PROBE_BUCKET_NS, Attribution, CauseTime
 from stallhound.analysis.common import UNSEEN, Scope, ms
 from stallhound.model.sql_files import sql_beside
 
@@ -27,6 +28,9 @@ UNEXPLAINED = ("host_untraced", "queued")  # causes that name nothing the host d
 # memory_transfers')
 CAPTURE = ("to see what the host did, capture CPU samples with call stacks (nsys `-s cpu --cudabacktrace=all`, or "
            "torch.profiler with `with_stack=True`)")
+IN_BUBBLES = (*UNEXPLAINED, "init", CALL_STALL)  # what gpu-bubbles takes (init: where it recurs, idle_causes)
+STALL_CAPTURE = ("to see inside the call, capture its CUDA and OS-runtime calls with CPU samples and call stacks, nsys "
+                 "`-t cuda,osrt -s cpu --cudabacktrace=all`")
 MOSTLY = 0.5  # a share of the bubble above half is most of it
 QUEUED = "queued"  # the tag of a bubble mostly queued: the fix looks for what the device waited on (book gpu-bubbles)
 SQL = sql_beside(__package__, "idle_bubbles.sql")
@@ -111,25 +115,40 @@ def host_seen(con: duckdb.DuckDBPyConnection, scope: Scope, attr: Attribution) -
     return out
 
 
-def words(ns: int, waits_ns: int, queued_ns: int, seen: HostSeen) -> tuple[str, dict, list[str]]:
+def words(ns: int, waits_ns: int, queued_ns: int, seen: HostSeen,
+          stall: CauseTime | None = None) -> tuple[str, dict, list[str]]:
     """What the bubble's title says was seen on the host in its `ns` (waits_ns of it in OS waits of the launching
-    thread, queued_ns in gaps whose next work was queued), its evidence and tags; the seen times clipped to ns (a
-    one-time cost or a collection pause took part)."""
-    seen_ns, top_ns = min(seen.seen_ns, ns - waits_ns), min(seen.top_ns, ns - waits_ns)
-    parts = ([f"{ms(waits_ns)} of it with the launching thread in OS waits (futex, poll, read, ...), on what the trace "
-              "does not show: no data loader is seen"] if waits_ns else [])
+    thread, queued_ns in gaps whose next work was queued, stall's in copy calls stalled past their transfers), its
+    evidence and tags; the seen times clipped to ns (a one-time cost or a collection pause took part)."""
+    stall_ns = min(stall.ns, ns) if stall else 0
+    waits_ns = min(waits_ns, ns - stall_ns)
+    seen_ns, top_ns = min(seen.seen_ns, ns - waits_ns - stall_ns), min(seen.top_ns, ns - waits_ns - stall_ns)
+    parts = ([f"{ms(waits_ns)} of it with the launching thread in OS waits (futex, poll, read, ...), on what the "
+              "trace does not show: no data loader is seen"] if waits_ns else [])
     if seen_ns:
         parts.append(f"{ms(seen_ns)} of it{' more' if waits_ns else ''} with a thread of the launching process inside "
                      "a CUDA call or a range that launched no GPU work; the most, in all its calls or ranges: "
                      f"{seen.top}, {ms(top_ns)}")
-    elif not waits_ns:
+    elif not (waits_ns or stall_ns):
         parts.append(f"nothing of the launching process seen on the host: {CAPTURE}")
+    parts += [_stalled(stall, stall_ns)] if stall and stall_ns else []
     queued_ns = min(queued_ns, ns)
     queued = queued_ns >= MOSTLY * ns
     if queued:
         parts.append(f"{ms(queued_ns)} of it before work already queued: the device waited on something the trace "
                      "does not show (an event of another stream, another process or rank), not on the host")
     evidence = {"host_seen_ns": seen_ns, **({"host_top": seen.top, "host_top_ns": top_ns} if seen_ns else {}),
-                **({"queued_ns": queued_ns} if queued else {})}
-    unseen = not (waits_ns or seen_ns) or (queued and waits_ns + seen_ns < MOSTLY * ns)
+                **({"queued_ns": queued_ns} if queued else {}),
+                **({"stall_ns": stall_ns, "stall_calls": stall.calls} if stall and stall_ns else {})}
+    unseen = not (waits_ns or seen_ns or stall_ns) or (queued and waits_ns + seen_ns + stall_ns < MOSTLY * ns)
     return "; ".join(parts), evidence, [*([UNSEEN] if unseen else []), *([QUEUED] if queued else [])]
+
+
+def _stalled(stall: CauseTime, ns: int) -> str:
+    """The stalled copy calls' part of a bubble: how many, which API, and that the trace cannot show why."""
+    api, one = stall.api or "copy", stall.calls == 1
+    calls = (f"once, inside one {api} call past the time its" if one
+             else f"inside {stall.calls:,} {api} calls past the time their")
+    return (f"{ms(ns)} of it with the launching thread stalled {calls} "
+            "transfer takes, launching and moving nothing; what held it there, the driver's work at a first use, "
+            f"faults on untouched memory or a lock, the trace cannot show: {STALL_CAPTURE}")

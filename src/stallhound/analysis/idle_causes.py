@@ -31,7 +31,7 @@ from stallhound.analysis import (
 from stallhound.analysis import idle_blocking as blocking
 from stallhound.analysis.attribution import DeviceIdle
 from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope
-from stallhound.analysis.idle_bubbles import UNEXPLAINED, HostSeen
+from stallhound.analysis.idle_bubbles import IN_BUBBLES, HostSeen
 from stallhound.analysis.one_shot import ONE_SHOT, OneShot, on_devices
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
@@ -344,16 +344,16 @@ def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
     """The long gaps no cause explains: nothing traced on the host, or waits on other work (queued), or OS waits of
     the launching thread in a program with no data loader (on what, the trace does not say), or initialisation that
     recurs (no finding claims it)."""
-    causes = (*UNEXPLAINED, "init") if c.seen.loader else (*UNEXPLAINED, "init", "host_wait")
-    ns = sum(d.causes[cause].long_ns for cause in causes if cause in d.causes)
+    causes = IN_BUBBLES if c.seen.loader else (*IN_BUBBLES, "host_wait")
+    long = {cause: d.causes[cause].long_ns for cause in causes if cause in d.causes}
+    ns = sum(long.values())
     if "gc-pauses" in fired:
         ns -= _periodic(d, ("host_untraced",))
     worth_chasing = d.busy_pct < STARVED_BUSY_PCT or pct(ns, d.window_ns) >= BUBBLES_PCT
     if not (rules.worth_reporting(ns, d.window_ns) and worth_chasing):
         return []
-    waits = d.causes["host_wait"].long_ns if "host_wait" in causes and "host_wait" in d.causes else 0
-    queued = d.causes["queued"].long_ns if "queued" in d.causes else 0
-    seen, evidence, tags = idle_bubbles.words(ns, waits, queued, c.seen.host.get((d.device, c.in_loop), HostSeen()))
+    seen, evidence, tags = idle_bubbles.words(ns, long.get("host_wait", 0), long.get("queued", 0), c.seen.host.get(
+        (d.device, c.in_loop), HostSeen()), d.causes.get(attribution.CALL_STALL))
     title = (f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} in gaps of 1 ms or more that the idle "
              f"attribution cannot explain ({seen})")
     return [_finding(d, "gpu-bubbles", ns, title, tags, {"device_idle_ns": d.idle_ns, **evidence})]

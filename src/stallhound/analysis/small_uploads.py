@@ -7,10 +7,14 @@ clipped to the window; idle_host_ns is that time less the time the device's kern
 waits for kernels waits for compute, not for the copy). Steps: the iterations step_boundaries finds on the whole
 profile for the same devices (those triage finds), each counted by the share of it inside the window; without
 any, the rate is per second of the window.
+The device's idle the copies cost (copy_idle_ns): the idle attribution's small_copy time, where every small pageable
+copy in the window is one of these uploads: the idle inside their calls and the syncs after them, and the host's
+turnaround to its next work (up to 1 ms, to an OS call or a claimed activity: not capped at the copy's own time,
+short_gaps.UNCAPPED: a copy from host memory is the work), the cost of issuing them one by one.
 The finding (excessive-h2d-transfers, tag many-small): many small uploads (MANY_SMALL_PER_STEP a step, or
-MANY_SMALL_PER_S a second) whose idle_host_ns is SMALL_HOST_PCT of the window or more; at stake that time, never more
-than the device idles in the window. memory_transfers gives it the small uploads' host time before pageable-host-memory:
-one copy per step removes their calls and syncs, pinned or not.
+MANY_SMALL_PER_S a second) whose idle_host_ns is SMALL_HOST_PCT of the window or more; at stake that time or, where
+larger, copy_idle_ns, never more than the device idles in the window. memory_transfers gives it the small uploads'
+host time before pageable-host-memory: one copy per step removes their calls and syncs, pinned or not.
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ SELECT greatest(s.s, $start) AS s, least(s.e, $end) AS e, greatest(coalesce(y.st
        CASE WHEN y.start_ns - s.e <= $follow THEN least(y.end_ns, $end) ELSE 0 END AS ye
 FROM small s ASOF LEFT JOIN syncs y ON y.pid = s.pid AND y.tid = s.tid AND y.start_ns >= s.e
 """
+OTHERS_SQL = """
+SELECT device_id, count(*) FROM memcpy
+WHERE device_id IN (SELECT unnest($devices)) AND start_ns >= $start AND start_ns < $end AND 'pageable' IN (src_kind,
+  dst_kind) AND NOT """ + rules.staged_sql("bytes") + """ AND direction <> 'H2D'
+  AND NOT (direction = 'D2H' AND bytes <= $small_read) GROUP BY ALL
+"""  # small pageable copies not uploads (small_copy's too, attribution_sql.BLOCKING; small reads are readbacks)
 KERNELS_SQL = """
 SELECT start_ns AS s, end_ns AS e FROM kernels WHERE device_id = $device AND end_ns > $lo AND start_ns < $hi
 """
@@ -63,6 +73,7 @@ class SmallUploads:
     call_ns: int = 0  # the union of their calls
     host_ns: int = 0  # the union of their calls and the syncs right after them
     idle_host_ns: int = 0  # host_ns while the device runs no kernel
+    copy_idle_ns: int = 0  # the device's idle in and after their calls (the attribution's small_copy), else 0
     islands: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # host_ns as intervals
 
 
@@ -72,16 +83,19 @@ def many(count: int, steps: float, window_ns: int) -> bool:
     return count >= MANY_SMALL_PER_STEP and rate >= (MANY_SMALL_PER_STEP if steps else MANY_SMALL_PER_S)
 
 
-def figures(con: duckdb.DuckDBPyConnection, scope: Scope, whole: Scope) -> dict[int, SmallUploads]:
+def figures(con: duckdb.DuckDBPyConnection, scope: Scope, whole: Scope,
+            small_copy_ns: dict[int, int] | None = None) -> dict[int, SmallUploads]:
     """Per device with many small uploads in scope: them, the steps in scope (found on `whole`, the profile for the
-    same devices) and their host time."""
+    same devices), their host time, and small_copy_ns (the attribution's, per device) as their copy_idle_ns where no
+    other small pageable copy shares it."""
     args = {**scope_args(scope), "small_bytes": SMALL_UPLOAD_BYTES}
     found = {int(d): SmallUploads(int(n), int(b)) for d, n, b in con.execute(COUNTS_SQL, args).fetchall()}
     if all(s.count < MANY_SMALL_PER_STEP for s in found.values()):
         return {}
     steps = steps_in(con, scope, whole)
-    return {d: _host_time(con, scope, d, replace(s, steps=steps)) for d, s in found.items()
-            if many(s.count, steps, scope.duration_ns)}
+    others = dict(con.execute(OTHERS_SQL, {**scope_args(scope), "small_read": rules.SMALL_READ_BYTES}).fetchall())
+    return {d: _host_time(con, scope, d, replace(s, steps=steps, copy_idle_ns=0 if others.get(d) else (
+        small_copy_ns or {}).get(d, 0))) for d, s in found.items() if many(s.count, steps, scope.duration_ns)}
 
 
 def _host_time(con: duckdb.DuckDBPyConnection, scope: Scope, device: int, found: SmallUploads) -> SmallUploads:
@@ -111,7 +125,7 @@ def steps_in(con: duckdb.DuckDBPyConnection, scope: Scope, whole: Scope) -> floa
 def finding(device: int, small: SmallUploads | None, idle_ns: int, window_ns: int) -> Finding | None:
     """excessive-h2d-transfers (many-small) for one device's small uploads, None where they are few or cheap;
     idle_ns: the device's idle time in the window."""
-    stake = min(small.idle_host_ns, idle_ns) if small else 0
+    stake = min(max(small.idle_host_ns, small.copy_idle_ns), idle_ns) if small else 0
     if small is None or not many(small.count, small.steps, window_ns) or pct(stake, window_ns) < SMALL_HOST_PCT:
         return None
     rate = (f"{small.count / small.steps:,.0f} a step" if small.steps
@@ -120,9 +134,12 @@ def finding(device: int, small: SmallUploads | None, idle_ns: int, window_ns: in
         root_cause="excessive-h2d-transfers", severity=rules.severity(stake, window_ns),
         title=f"device {device}: {small.count:,} separate host-to-device copies of at most "
               f"{SMALL_UPLOAD_BYTES // 1024} KiB ({rate}, {small.bytes / small.count / 1024:,.1f} KiB on average) "
-              f"hold the host {ms(small.host_ns)} in their calls and the syncs right after them; one copy per step "
-              f"would save most of it",
+              f"hold the host {ms(small.host_ns)} in their calls and the syncs right after them"
+              + (f"; the device idles {ms(stake)} in them and in the host's turnaround to its next work, the cost of "
+                 "issuing them one by one" if small.copy_idle_ns > small.idle_host_ns else "")
+              + "; one copy per step would save most of it",
         evidence={"count": small.count, "bytes": small.bytes, "steps": small.steps, "call_ns": small.call_ns,
                   "sync_ns": small.host_ns - small.call_ns, "host_ns": small.host_ns,
-                  "host_no_kernel_ns": small.idle_host_ns, "device_idle_ns": idle_ns},
+                  "host_no_kernel_ns": small.idle_host_ns, "copy_idle_ns": small.copy_idle_ns,
+                  "device_idle_ns": idle_ns},
         time_at_stake_ns=stake, device=device, tags=["many-small"])

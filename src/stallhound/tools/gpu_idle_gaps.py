@@ -5,7 +5,8 @@ Over the window (default: GPU-active), a device is idle where none of its kernel
 and after its last operation) gets one cause from analysis/attribution.py, which says how each is decided (a gap
 begun inside a blocking call whose host resumed late gives that late part, late_ns, a second cause; so does the
 part of a jit or profiler gap in which no load, compile or profiler flush ran; the end of a gap spent inside the
-blocking copy call whose transfer ends it, lead_ns, is that copy's).
+blocking copy call whose transfer ends it, lead_ns, is that copy's; its wait there past the transfer's time, stall_ns,
+a stall in the call).
 devices: per device busy_pct = 1 - idle / window, idle by cause over all gaps (ns, gap count, the blocking
 API for the blocking causes), and the gaps of at least min_gap_ns (count, time, largest).
 gaps: the longest gaps of at least min_gap_ns, with the kernels before and after (within 1 s), the blocking
@@ -61,8 +62,8 @@ class Params(ScopedParams):
 
 class CauseRow(BaseModel):
     cause: str = Field(description="see analysis/attribution.py: queued, sync, readback, pageable_copy, small_copy, "
-                                   "sync_copy, host_fault, launch_tiny, launch, jit, alloc, init, host_comm, "
-                                   "input_wait, host_wait, host_cpu, host_op, host_untraced")
+                                   "sync_copy, call_stall, host_fault, launch_tiny, launch, jit, alloc, init, "
+                                   "host_comm, input_wait, host_wait, host_cpu, host_op, host_untraced")
     idle_ns: int
     gaps: int
     api: str | None = Field(description="blocking API most often seen, for the blocking causes")
@@ -99,6 +100,8 @@ class Gap(BaseModel):
                                         "transfer ends the gap, begun in it (a pageable copy's staging, a "
                                         "synchronous copy's latency); charged to lead_cause")
     lead_cause: str | None = Field(None, description="the cause of lead_ns (the copy call's), else null")
+    stall_ns: int = Field(0, description="before lead_ns: the time the host sat in that call 1 ms or more past its "
+                                         "transfer's time, launching and moving nothing (cause call_stall)")
     kernel_before: str | None
     kernel_after: str | None
     nvtx: list[str] = Field(description="innermost NVTX ranges of the launching threads covering half the gap")
@@ -184,7 +187,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     gaps = [Gap(device=g.device, start_ns=g.start_ns, end_ns=g.end_ns, duration_ns=g.end_ns - g.start_ns,
                 cause=g.cause, blocked_in=g.blocked_in, late_ns=g.late_ns, late_cause=g.late_cause,
                 then_ns=g.then_ns, then_cause=g.then_cause, lead_ns=g.lead_ns, lead_cause=g.lead_cause,
-                **around[g.gap_id], periodic=g.gap_id in periodic,
+                stall_ns=g.stall_ns, **around[g.gap_id], periodic=g.gap_id in periodic,
                 edge=g.at_edge(scope)) for g in top]
     by_id = {g.gap_id: g for g in found}
     devices = [_device(attr.devices[d], [g for g in found if g.device == d]) for d in scope.devices]
@@ -240,6 +243,8 @@ def render(result: Result) -> str:
             blocked += f"{'' if g.then_ns else ' for ' + ms(g.duration_ns - g.late_ns)}, {ms(g.late_ns)} {g.late_cause}"
         elif g.late_ns:
             blocked += f", then {ms(g.late_ns)} late resume ({g.late_cause})"
+        if g.stall_ns:
+            blocked += f", then {ms(g.stall_ns)} stalled in a copy call (call_stall)"
         if g.lead_ns:
             blocked += f", then {ms(g.lead_ns)} in a copy call ({g.lead_cause})"
         lines.append(f"{ms(g.duration_ns):>14} dev {g.device} at {g.start_ns}: {g.cause}{blocked}"

@@ -14,12 +14,13 @@ blocked_ns = the copy call's duration, plus that sync's for an asynchronous copy
 cost the devices is blocking-d2h-sync in gpu_idle_gaps).
 Memsets (memset rows starting in the window): count, bytes, time, and those on managed memory (unified_memory
 says whether page faults stall them); they count in triage's transfer share.
-Findings, per device and disjoint: many small uploads (analysis/small_uploads.py) claim their host time in their
-calls and the syncs after them while no kernel runs (excessive-h2d-transfers, tag many-small: one copy per step
-removes those calls, pinned or not); pageable-host-memory (analysis/pageable_copies.py) is about the pageable copies
-large enough to pay for their staging (rules.PAGEABLE_STAGED_BYTES or more: a smaller copy costs its latency, pinned or
-not): it claims their exposed time that pinned memory would save (at the bandwidth measured for pinned copies of that
-size, direction and device, else half of it) plus the idle time of gaps the host spent in them
+Findings, per device and disjoint: many small uploads (analysis/small_uploads.py) claim their host time in their calls
+and the syncs after them while no kernel runs, or where larger the device's idle in them and the host's turnaround after
+them (the attribution's small_copy, theirs where no other small pageable copy shares it) (excessive-h2d-transfers, tag
+many-small: one copy per step removes those calls, pinned or not); pageable-host-memory (analysis/pageable_copies.py) is
+about the pageable copies large enough to pay for their staging (rules.PAGEABLE_STAGED_BYTES or more: a smaller copy
+costs its latency, pinned or not): it claims their exposed time that pinned memory would save (at the bandwidth measured
+for pinned copies of that size, direction and device, else half of it) plus the idle time of gaps the host spent in them
 (analysis/attribution.py), never more than those copies take: the union of their transfers and their calls
 (pageable_span_ns), outside the small uploads' host time when that finding fires; excessive-h2d-transfers claims the
 rest of the exposed H2D time (less what the small uploads claim), and says which part pinning would save.
@@ -265,8 +266,8 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
                                    exposed_ns=staged_exposed.get((dr, d), 0))
                 for d, dr, *figures in con.execute(PAGEABLE_SQL, args).fetchall()}
     idle = attribution.attribute(con, scope).devices if count else {}
-    uploads = small_uploads.figures(con, scope, resolve_scope(con, ScopedParams(profile=params.profile,
-                                                                                 device=params.device)))
+    uploads = small_uploads.figures(con, scope, resolve_scope(con, ScopedParams(
+        profile=params.profile, device=params.device)), {d: i.ns("small_copy") for d, i in idle.items()})
     result._basis = _Basis(per_device, pageable, {d: i.ns("pageable_copy") for d, i in idle.items()},
                            {d: i.idle_ns for d, i in idle.items()}, _spans(con, args, uploads), uploads)
     return result
