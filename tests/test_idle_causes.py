@@ -226,6 +226,19 @@ def test_idle_causes_a_gap_paid_once_takes_its_untraced_rest_with_it(own_longest
         ("alloc-in-loop", 40 * MS), ("gpu-bubbles", 20 * MS)]  # in the loop nothing is setup
 
 
+def test_idle_causes_setup_says_no_rest_too_small_to_print():
+    """mcts2048: the module load's gap had 0.2 us untraced beside it, once printed as '0.000 ms more in the same
+    setup gap'; the time stays counted, the clause goes."""
+    d = replace(device(busy_pct=20.0, jit=CauseTime(30 * MS, 1, long_ns=30 * MS),
+                       host_untraced=CauseTime(200, 1, long_ns=200)),
+                longest={"jit": 30 * MS, "host_untraced": 200},
+                longest_gap={"jit": (7, {"jit": 30 * MS, "host_untraced": 200}),
+                             "host_untraced": (7, {"host_untraced": 200})})
+    [setup] = idle_causes.findings({0: d}, prog())
+    assert setup.time_at_stake_ns == 30 * MS + 200
+    assert "loading or compiling GPU code 30.000 ms in 1 gap), not in a loop" in setup.title
+
+
 @pytest.mark.parametrize("in_loop, expected", [
     (False, [("gpu-bubbles", "medium", 5 * MS, [UNSEEN])]),  # the 20 ms before the device's first work is start-up
     (True, [("gpu-bubbles", "high", 25 * MS, [UNSEEN])]),  # in a steady window, the first step's own host time

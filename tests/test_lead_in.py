@@ -61,6 +61,10 @@ def test_the_note_names_the_parts_and_nothing_left_out_when_the_step_came_first(
                     "running); the first step, 2.000 ms (2.5x the steady median: warmup)")
     assert lead_in.left_out(con, [0], 1_000_000, 400_000, 400_000, "step", None) == (
         "nothing left out before the first steady iteration (it begins 0.600 ms before the first GPU work)")
+    # a step that begins with the first GPU work (gpumodel_a100_fp16_mm): no "begins 0.000 ms before" clause
+    for steady_start in (1_000_000, 999_600):
+        assert lead_in.left_out(con, [0], 1_000_000, steady_start, steady_start, "step", None) == (
+            "nothing left out before the first steady iteration")
 
 
 def restored(name: str):

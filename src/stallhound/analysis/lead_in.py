@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import duckdb
 
-from stallhound.analysis.common import ms
+from stallhound.analysis.common import ms, shown
 from stallhound.model.duck import one_row
 
 # The end of the latest-ending work queued before the trace recorded launches that began before the first iteration
@@ -39,8 +39,9 @@ def left_out(con: duckdb.DuckDBPyConnection, devices: list[int], gpu_start_ns: i
     before the first GPU work (its host part comes first, as torch.profiler's step ranges do): then nothing is left
     out."""
     if steady_start_ns <= gpu_start_ns:
-        return (f"nothing left out before the first steady iteration (it begins {ms(gpu_start_ns - steady_start_ns)} "
-                "before the first GPU work)")
+        early = gpu_start_ns - steady_start_ns
+        return "nothing left out before the first steady iteration" + (
+            f" (it begins {ms(early)} before the first GPU work)" if shown(early) else "")
     queued, before, first = parts_ns(con, devices, gpu_start_ns, first_start_ns, steady_start_ns)
     said = [text for ns, text in (
         (queued, f"{ms(queued)} while the device ran work launched before the trace recorded launches (none of "
