@@ -321,3 +321,14 @@ def test_triage_shares_detector_results_once_per_model_each_caller_a_copy():
     again = run_once(con, counted, top_kernels.Params(profile="b"))
     other = run_once(con, counted, top_kernels.Params(profile="a", limit=1))
     assert len(calls) == 2 and again.kernel_count == 21 and len(other.rows) == 1
+
+
+def test_triage_fits_the_books_kernel_profiler_command_to_the_finding():
+    """mcts2048 launches its hot kernel once: the book's `--launch-skip 10 --launch-count 3` would profile nothing;
+    the fix carries the finding's own command (hotspots.ncu_command: no launch to skip)."""
+    fix = book.get_entry("kernel-hotspot").fix_for(("cuda", "generic"), ["custom"]).text
+    assert "`ncu --kernel-name regex:<name> --launch-skip 10 --launch-count 3 --set full -o hot ./app`" in fix
+    own = "ncu --kernel-name simulate_random_play_kernel --launch-skip 0 --launch-count 1 --set full -o s ./MCTS"
+    assert triage.fitted(fix, {"ncu": own}) == fix.replace(
+        "`ncu --kernel-name regex:<name> --launch-skip 10 --launch-count 3 --set full -o hot ./app`", f"`{own}`")
+    assert triage.fitted(fix, {"kernel": "k"}) == fix  # no command of its own: the book's stays

@@ -18,6 +18,7 @@ code: they may be why the GPU did so little).
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 from typing import Annotated, Literal
 
@@ -52,6 +53,7 @@ MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's cont
 ANY_GPU_SHARE = {"module-loading-hot-path", "torch-compile-recompilation"}  # compiling or loading GPU code inside
 # the window is a finding however little GPU work there is: it may be why there is so little
 ANY_GPU_SHARE_MIN_NS = 1_000_000  # ... once it costs 1 ms: in a one-shot run's short window less is noise
+BOOK_NCU = re.compile(r"`ncu [^`]*`")  # a kernel-profiler command in a book fix, in backticks
 SETUP_OVER_LOOP = 1.0  # irregular steps still bound the loop when more GPU-active time precedes them than they
 # span: a window over both would describe the setup (compilation, loading), not the loop; and compiling before
 # the loop for longer than the window lasts makes the capture mostly one-time warmup
@@ -149,13 +151,23 @@ def _setup_compile(con: duckdb.DuckDBPyConnection, gpu: Scope, scope: Scope, loo
         if d.ns("jit") >= SETUP_OVER_LOOP * scope.duration_ns]
 
 
+def fitted(fix: str, evidence: dict) -> str:
+    """The fix with the book's kernel-profiler command, written for any kernel (`ncu --kernel-name regex:<name>
+    --launch-skip 10 --launch-count 3 ...`), replaced by the finding's own where it has one (evidence `ncu`,
+    hotspots.ncu_command: the kernel's name, on the profiled command, skipping warmup launches only where the kernel
+    has more): a kernel launched once has no 10 launches to skip."""
+    own = evidence.get("ncu")
+    return BOOK_NCU.sub(lambda _: f"`{own}`", fix) if isinstance(own, str) else fix
+
+
 def citation(finding: Finding, tool: str, chain: tuple[str, ...]) -> dict:
-    """The book's fields of a CitedFinding: its entry, and the fix for the first family of `chain` it has."""
+    """The book's fields of a CitedFinding: its entry, and the fix for the first family of `chain` it has (fitted to
+    the finding's kernel)."""
     entry = book.get_entry(finding.root_cause)
     fix = entry.fix_for(chain, finding.tags)
     return {**finding.model_dump(include=set(Finding.model_fields)), "source_tool": tool,
-            "book_uri": book.entry_uri(entry.id), "book_title": entry.title, "fix": fix.text, "fix_for": fix.family,
-            "verify": entry.verify}
+            "book_uri": book.entry_uri(entry.id), "book_title": entry.title,
+            "fix": fitted(fix.text, finding.evidence), "fix_for": fix.family, "verify": entry.verify}
 
 
 def cited_lines(finding: CitedFinding, explained: set[str]) -> list[str]:
