@@ -433,3 +433,21 @@ def test_gemm_hotspot_of_no_library_is_told_to_tune_or_replace_its_own_kernel(na
     configuration; a library's GEMM keeps the library's fix."""
     tags, fix = _shown_fix(make_model(kernels=[launch(name, 0, 90 * MS, 4096, 256)], gpus=[H100]), chain)
     assert ("gemm-own" in tags, said in fix) == (own, True), fix
+
+
+@pytest.mark.parametrize("run_ns, share, found", [
+    (9_999, 20, False),  # balinski: ~2 us kernels, a fifth of the window, nothing bounded (info): their launches' cost
+    (10_000, 20, True),  # a run of TINY_KERNEL_NS is no longer tiny: the statement stays
+    (9_999, 60, True),  # tiny but most of the window (launch_bound_graph: graph replays): medium, it stays
+])
+def test_a_hotspot_of_tiny_kernels_with_nothing_at_stake_is_no_finding(run_ns, share, found):
+    """Kernels that run shorter than their launch costs (rules.TINY_KERNEL_NS) hold their time in launches, which
+    small-kernel-overhead covers; a kernel-hotspot that bounds nothing on them is left out, one that matters is not."""
+    n = share * MS // run_ns
+    gap = (share * MS) // n - run_ns if share < 50 else 0  # spread over the share of a 100 ms window
+    kernels = [launch("tiny", i * (run_ns + gap), i * (run_ns + gap) + run_ns, 4096, 256) for i in range(n)]
+    kernels += [launch("x", 95 * MS, 97 * MS, 4096, 256), launch("y", 97 * MS, 100 * MS, 4096, 256)]
+    hot = [f for f in run(make_model(kernels=kernels, gpus=[H100])).findings if f.evidence.get("kernel") == "tiny"]
+    assert bool(hot) == found
+    if hot:
+        assert hot[0].severity == ("medium" if share >= 50 else "info")

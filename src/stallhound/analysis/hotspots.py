@@ -24,6 +24,9 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
   (rules.severity); else by its share of the window and the evidence of under-use, never high: medium when it takes
   most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT) with launches that leave most of
   the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer blocks than SMs), else info.
+- A hot row of the program's tiny kernels (their mean run under rules.TINY_KERNEL_NS) whose statement bounds nothing
+  and holds little of the window (info) is no finding: such kernels run for less than their launch costs, so their
+  time is their launches' (small-kernel-overhead's), not their code's, and a kernel profiler has nothing to tune.
 - One finding per thing: the kernels of one short name on a device (template instantiations) are one undersized-grid
   finding, their figures summed; a device's hot kernels are one kernel-hotspot finding, most time first, their times
   at stake summed (at most the window; a runtime's helper kernels apart).
@@ -370,5 +373,12 @@ def findings(hot: list[Hot], kernels: list[KernelFill], window_ns: int, command:
     device."""
     grids = undersized(kernels, window_ns, command, vendor)
     named = {f.evidence["kernel"] for f in grids}
-    return grids + one_per_device([statement(h, kernels, window_ns, command, vendor, training) for h in hot
-                                   if h.short_name not in named], window_ns)
+    said = [(h, statement(h, kernels, window_ns, command, vendor, training)) for h in hot if h.short_name not in named]
+    return grids + one_per_device([f for h, f in said if not launch_bound(h, f)], window_ns)
+
+
+def launch_bound(hot: Hot, said: Finding) -> bool:
+    """The program's tiny kernels (mean run under rules.TINY_KERNEL_NS) whose statement is info (nothing bounded,
+    little of the window): their time is their launches', which small-kernel-overhead covers; no kernel-hotspot
+    finding. A runtime's helper kernels keep theirs: it says they are not the program's compute."""
+    return said.severity == "info" and hot.kind != "runtime" and hot.total_ns < rules.TINY_KERNEL_NS * hot.count
