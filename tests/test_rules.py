@@ -112,3 +112,14 @@ def test_rules_missing_lists_absent_data_with_its_flag():
     assert "memcpy" not in [m.data for m in every] and "memcpy" in [m.data for m in rules.missing(make_model())]
     assert [m.data for m in rules.missing(con, ("nvtx", "kernels", "sched"))] == ["nvtx", "sched"]
     assert rules.missing(con, ()) == []
+
+
+@pytest.mark.parametrize("stake_ms, window_ms, once, severity", [
+    (22, 23, True, "low"),  # nsysai_mock: 22.4 ms of start-up in a 22.45 ms window of a 4-us program, paid once
+    (99.999999, 100, True, "low"),  # just under ONE_RUN_LOW_NS
+    (100, 1000, True, "high"),  # from ONE_RUN_LOW_NS up, by its share of the window as any cost
+    (100, 1001, True, "medium"),
+    (22, 23, False, "high"),  # a cost a loop repeats: by its share alone
+])
+def test_rules_a_one_time_cost_is_low_below_what_a_run_pays_anyway(stake_ms, window_ms, once, severity):
+    assert rules.severity(round(stake_ms * 1e6), round(window_ms * 1e6), once) == severity

@@ -319,7 +319,7 @@ def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
             continue
         fired.add(claim.root_cause)
         out.append(_finding(d, root, ns, claim.title(d, ns, c), claim.tags(d, c), {
-            "gaps": _gaps(d, *claim.causes),
+            "gaps": _gaps(d, *claim.causes), **({"paid_once": True} if "jit" in claim.causes and not c.in_loop else {}),
             **({"calls": _calls(d, *claim.causes)} if BLOCKING & set(claim.causes) else {})}))
     return out, fired
 
@@ -337,7 +337,7 @@ def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int, rest_gaps: int, 
              (f"; {once.words()}" if once else ", not in a loop: a window over the steady state leaves it out"))
     loading = sum(n for cause, _, n, _ in setup if cause == "jit")
     return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup", *([ONE_SHOT] if once else [])],
-                     {"gaps": sum(g for _, _, _, g in setup), "loading_ns": loading})]
+                     {"gaps": sum(g for _, _, _, g in setup), "loading_ns": loading, "paid_once": True})]
 
 
 def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
@@ -360,8 +360,8 @@ def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
 
 
 def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], extra: dict) -> Finding:
-    return Finding(root_cause=root, severity=rules.severity(ns, d.window_ns), title=title,
-                   evidence={"window_pct": pct(ns, d.window_ns), "device_busy_pct": d.busy_pct, **extra},
+    return Finding(root_cause=root, severity=rules.severity(ns, d.window_ns, extra.get("paid_once", False)),
+                   title=title, evidence={"window_pct": pct(ns, d.window_ns), "device_busy_pct": d.busy_pct, **extra},
                    time_at_stake_ns=ns, device=d.device, tags=tags)
 
 
