@@ -222,7 +222,7 @@ def test_corpus_expectation_checks_on_planted_results(window_ms):
     ({"forbid": [["a", "b"]]}, "expect holds root causes"),
     ({"bound": [{"root_cause": "x", "max_ms": 1}]}, "[[bound]]"),
     ({"forbid_text": [{"field": "title", "pattern": "(", "why": "w"}]}, "pattern '('"),
-    ({"forbid_text": [{"field": "verify", "pattern": "x", "why": "w"}]}, "[[forbid_text]]"),
+    ({"forbid_text": [{"field": "where", "pattern": "x", "why": "w"}]}, "[[forbid_text]]"),
 ])
 def test_corpus_expect_files_refuse_what_they_cannot_mean(data, complaint):
     with pytest.raises(ValueError, match="corpus/expect/x.toml") as raised:

@@ -167,7 +167,8 @@ def citation(finding: Finding, tool: str, chain: tuple[str, ...]) -> dict:
     fix = entry.fix_for(chain, finding.tags)
     return {**finding.model_dump(include=set(Finding.model_fields)), "source_tool": tool,
             "book_uri": book.entry_uri(entry.id), "book_title": entry.title,
-            "fix": fitted(fix.text, finding.evidence), "fix_for": fix.family, "verify": entry.verify}
+            "fix": fitted(fix.text, finding.evidence), "fix_for": fix.family,
+            "verify": entry.verify_for(finding.tags)}
 
 
 def cited_lines(finding: CitedFinding, explained: set[str]) -> list[str]:
