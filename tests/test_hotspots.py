@@ -451,3 +451,18 @@ def test_a_hotspot_of_tiny_kernels_with_nothing_at_stake_is_no_finding(run_ns, s
     assert bool(hot) == found
     if hot:
         assert hot[0].severity == ("medium" if share >= 50 else "info")
+
+
+@pytest.mark.parametrize("name, cutlass", [
+    # cutlass_bench_gemm_pageable: the program instantiates CUTLASS's GEMM template (its name spells the mainloop)
+    ("void cutlass::Kernel<cutlass::gemm::kernel::Gemm<cutlass::gemm::threadblock::MmaPipelined<cutlass::gemm::"
+     "GemmShape<(int)128, (int)128, (int)32>, float>>>(T1::Params)", True),
+    # alloc_churn: a CUTLASS kernel cuBLAS ships, named by its generator: cuBLAS's to tune
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>(T1::Params)", False),
+])
+def test_a_cutlass_template_gemm_is_told_to_tune_its_template(name, cutlass):
+    tags = hotspots.fit_tags("gemm-tensor", False, vendor.NVIDIA, "CUTLASS", name)
+    assert ("gemm-cutlass" in tags) == cutlass
+    fix = book.get_entry("kernel-hotspot").fix_for(("cuda", "generic"), ["gemm-tensor", *tags]).text
+    assert fix.startswith("This GEMM is a CUTLASS template") == cutlass
+    assert ("cublasLtMatmulAlgoGetHeuristic" in fix) != cutlass

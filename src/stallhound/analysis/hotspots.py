@@ -35,6 +35,7 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -54,6 +55,9 @@ TILED_KINDS = {"gemm-tensor", "gemm-fp32", "gemm", "attention", "conv"}  # libra
 # tiles: a low occupancy is their design, not a sign of under-use
 TAIL_WASTE_PCT = 20.0  # a grid whose waves leave fewer of their block slots empty than this loses little to its last,
 # partial wave (a grid of more than five waves never reaches it)
+CUTLASS_TEMPLATE = re.compile(r"cutlass::gemm::(kernel|device)::")  # a GEMM of CUTLASS's templates instantiated in
+# the program's own code (its name spells the tile shapes and the mainloop); cuBLAS's CUTLASS kernels carry generated
+# names (cutlass_80_tensorop_s1688gemm_...): their tuning is the library's
 NOT_THE_PROGRAMS = {"runtime", "nccl"}  # a runtime's helpers, communication: their grids are not the program's choice
 
 
@@ -286,14 +290,17 @@ def ranked(window_pct: float, window_ns: int) -> dict[str, int]:
     return {RANK_KEY: round(window_ns * rules.HIGH_STAKE_PCT / 100)} if window_pct >= DOMINANT_WINDOW_PCT else {}
 
 
-def fit_tags(kind: str, training: bool, vendor: Vendor, library: str | None) -> list[str]:
+def fit_tags(kind: str, training: bool, vendor: Vendor, library: str | None, name: str = "") -> list[str]:
     """Tags that fit the book's fix to the program: a GEMM that no vendor library's names claim (a Triton or
-    hand-written kernel: library tuning and precision flags do not reach it), element-wise kernels in a program the
-    trace shows training (an optimizer step or a backward pass: the optimizer's per-parameter kernels may be among
-    them), and any kind on AMD (NVIDIA's hardware and libraries are foreign there)."""
+    hand-written kernel: library tuning and precision flags do not reach it), a GEMM of CUTLASS's templates the
+    program instantiates (CUTLASS_TEMPLATE: its template parameters are the program's to tune, not cuBLAS's
+    heuristics), element-wise kernels in a program the trace shows training (an optimizer step or a backward pass:
+    the optimizer's per-parameter kernels may be among them), and any kind on AMD (NVIDIA's hardware and libraries
+    are foreign there)."""
     own_gemm = kind.startswith("gemm") and library is None
-    return (["gemm-own"] * own_gemm + [f"{kind}-training"] * (kind == "elementwise" and training)
-            + [f"{kind}-amd"] * (vendor == AMD))
+    cutlass = kind.startswith("gemm") and bool(CUTLASS_TEMPLATE.search(name))
+    return (["gemm-own"] * own_gemm + ["gemm-cutlass"] * cutlass + [f"{kind}-training"] * (kind == "elementwise"
+            and training) + [f"{kind}-amd"] * (vendor == AMD))
 
 
 def statement(hot: Hot, kernels: list[KernelFill], window_ns: int, command: str | None, vendor: Vendor = NVIDIA,
@@ -327,8 +334,8 @@ def statement(hot: Hot, kernels: list[KernelFill], window_ns: int, command: str 
                    evidence={**evidence, "ncu": ncu, **({"launch_loss_ns": stake} if stake else {}),
                              **ranked(hot.window_pct, window_ns)},
                    time_at_stake_ns=stake, device=hot.device,
-                   tags=[hot.kind, *fit_tags(hot.kind, training, vendor, library_of(hot.name, hot.short_name)),
-                         *(["launch-shape"] if waste else [])])
+                   tags=[hot.kind, *fit_tags(hot.kind, training, vendor, library_of(hot.name, hot.short_name),
+                                             hot.name), *(["launch-shape"] if waste else [])])
 
 
 SEVERITY_ORDER: tuple[Severity, ...] = ("info", "medium", "high")
