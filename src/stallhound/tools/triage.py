@@ -130,7 +130,7 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
     assert found.span_start_ns is not None  # set whenever there is a steady window
     left = lead_in.left_out(con, gpu.devices, gpu.start_ns, found.span_start_ns, steady[0], unit,
                             found.first_vs_steady)
-    note = f"{how}: {counted} by {found.method}; {left}"
+    note = f"{how}: {counted} by {found.method}; {left}{lead_in.left_after(con, gpu.devices, steady[1], gpu.end_ns)}"
     return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns), found.method
 
 
