@@ -154,9 +154,9 @@ def test_triage_ranks_by_time_at_stake_and_cites_the_book(demo_triage):
     assert [f.rank for f in result.findings] == list(range(1, len(result.findings) + 1))
     for f in result.findings:
         entry = book.get_entry(f.root_cause)
-        assert f.book_uri == f"stallhound://book/{entry.id}" and f.verify == entry.verify
+        assert f.book_uri == f"stallhound://book/{entry.id}" and f.verify == entry.verify_for(f.tags)
         fix = entry.fix_for(tuple(result.program.fix_chain), f.tags)
-        assert (f.fix, f.fix_for) == (fix.text, fix.family)
+        assert (f.fix, f.fix_for) == (triage.fitted(fix.text, f.evidence), fix.family)
 
 
 def test_triage_clean_sample_is_quiet(clean):
