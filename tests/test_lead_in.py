@@ -63,7 +63,8 @@ def test_the_note_names_the_parts_and_nothing_left_out_when_the_step_came_first(
     assert lead_in.left_after(con, [0], 3_000_001, 9_000_000) == (  # the second kernel starts before the end
         "; left out 6.000 ms after the last steady iteration")
     assert lead_in.left_after(con, [0], 2_900_000, 9_000_000) == (
-        "; left out 6.100 ms after the last steady iteration (the work that starts there: 1 kernel (6.000 ms))")
+        "; left out 6.100 ms after the last steady iteration (the work that starts there, run times summed: 1 kernel "
+        "(6.000 ms))")
     assert lead_in.left_after(con, [0], 9_000_000, 9_000_000) == ""  # nothing left out after it
     assert lead_in.left_out(con, [0], 1_000_000, 400_000, 400_000, "step", None) == (
         "nothing left out before the first steady iteration (it begins 0.600 ms before the first GPU work)")
@@ -141,7 +142,7 @@ def test_sglang_step_keeps_its_stall_no_start_moved_past_work_the_device_idled_b
     assert (len(after), len(kernels)) == (3, 1)
     assert result.window_note.endswith(
         f"; left out {ms(gpu[-1][1] - result.window.end_ns)} after the last steady iteration (the work that starts "
-        f"there: 1 kernel ({ms(span(kernels[0])[1] - span(kernels[0])[0])}) and 2 copies or memsets "
+        f"there, run times summed: 1 kernel ({ms(span(kernels[0])[1] - span(kernels[0])[0])}) and 2 copies or memsets "
         f"({ms(sum(e - s for s, e in after) - (span(kernels[0])[1] - span(kernels[0])[0]))}))")
 
 
@@ -157,5 +158,5 @@ def test_cutlass_window_says_the_timed_gemm_and_the_copy_back_it_leaves_out(cach
     assert result.window.end_ns == kernels[-1][0]  # the 6th launch starts where the 5th iteration ends
     assert result.window_note.endswith(
         f"; left out {ms(copies[-1][1] - kernels[-1][0])} after the last steady iteration (the work that starts "
-        f"there: 1 kernel ({ms(kernels[-1][1] - kernels[-1][0])}) and 1 copy or memset "
+        f"there, run times summed: 1 kernel ({ms(kernels[-1][1] - kernels[-1][0])}) and 1 copy or memset "
         f"({ms(copies[-1][1] - copies[-1][0])}))")

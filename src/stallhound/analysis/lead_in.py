@@ -72,4 +72,4 @@ def left_after(con: duckdb.DuckDBPyConnection, devices: list[int], steady_end_ns
     work = ([f"{counted(kernels, 'kernel')} ({ms(kernel_ns)})"] if kernels else []) + (
         [f"{copies:,} {'copy or memset' if copies == 1 else 'copies or memsets'} ({ms(copy_ns)})"] if copies else [])
     return (f"; left out {ms(gpu_end_ns - steady_end_ns)} after the last steady iteration"
-            + (f" (the work that starts there: {' and '.join(work)})" if work else ""))
+            + (f" (the work that starts there, run times summed: {' and '.join(work)})" if work else ""))
