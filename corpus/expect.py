@@ -9,9 +9,9 @@
     root_cause = "pageable-host-memory"   # or a list of causes, summed per device
     max_ms = 9.4
     why = "the pageable copies take 9.4 ms in total (SQL: ...)"
-    [[forbid_text]]                       # a finding's title or fix must not match a pattern
+    [[forbid_text]]                       # a finding's title, fix or verify must not match
     root_cause = "nccl-*"                 # glob; every finding when left out
-    field = "fix"                         # title or fix
+    field = "fix"                         # title, fix or verify
     pattern = "DistributedDataParallel"   # Python regex, case-insensitive
     why = "the program already runs FSDP (NVTX FSDP::pre_forward)"
 
@@ -36,7 +36,7 @@ KEYS = {"kind", "expect", "forbid", "bound", "forbid_text", "note", "open"}
 CHECK_NAMES = ("kind", "expected", "forbidden", "bounds", "texts")  # the keys of CHECKS, below
 BOUND_KEYS = {"root_cause", "max_ms", "why"}
 TEXT_KEYS = {"root_cause", "field", "pattern", "why"}
-TEXT_FIELDS = ("title", "fix")
+TEXT_FIELDS = ("title", "fix", "verify")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from stallhound.analysis.common import SEVERITY_RANK, UNSEEN, rank_ns
 # A negative duration in text: "-6.092 ms", "-1,234 us"; not the second number of a range ("1-2 ms",
 # "155330248986-156330248986 ns") nor a word with a dash.
 NEGATIVE_DURATION = re.compile(r"(?<![\w.,)\]-])-\d[\d,]*(\.\d+)? ?(ms|us|µs|ns|s)\b")
+# A zero duration in text: "0.000 ms", "0 us"; not the end of a number ("10 ms", "1.0 ms", "2,0 s") nor of a range.
+ZERO_DURATION = re.compile(r"(?<![\w.,)\]-])0(\.0+)? ?(ms|us|µs|ns|s)\b")
 # JSON keys whose numbers are durations, sizes, shares or counts: never negative.
 NON_NEGATIVE_KEY = re.compile(r"(_ns|_ms|_us|_s|_bytes|_pct|_count|count|gaps|calls|launches|kernels|copies|"
                               r"iterations)$", re.I)
@@ -69,6 +71,18 @@ def no_negative(t: Triaged) -> list[str]:
     return text + numbers
 
 
+def no_zero_duration(t: Triaged) -> list[str]:
+    """No clause about zero time in the notes or in a finding's texts ("0.000 ms more in the same setup gap", "ended
+    0.000 ms before the capture did"): a clause about nothing is left out or says what the trace shows. The rendered
+    summary's time at stake of an info finding (nothing bounded) is a column, not a clause: not read here."""
+    r = t.result
+    texts = [("window note", r.window_note or ""), *(("trace note", q) for q in r.quality)]
+    texts += [(f"#{f.rank} {f.root_cause} {field}", text) for f in r.findings for field, text in (
+        ("title", f.title), ("fix", f.fix), ("verify", f.verify), ("where", f.where.text if f.where else ""))]
+    return [f"zero duration in the {what}: ...{text[max(0, m.start() - 60):m.end() + 20]!r}"
+            for what, text in texts for m in ZERO_DURATION.finditer(text)]
+
+
 def fix_fits_program(t: Triaged) -> list[str]:
     """Every fix is of a family the detected program's chain holds (a C++ program never gets a PyTorch fix)."""
     chain = t.result.program.fix_chain
@@ -106,4 +120,5 @@ def ranked(t: Triaged) -> list[str]:
 
 INVARIANTS: dict[str, Callable[[Triaged], list[str]]] = {
     "within-window": within_window, "device-sums": device_sums, "no-negative": no_negative,
+    "no-zero-duration": no_zero_duration,
     "fix-fits-program": fix_fits_program, "ranked": ranked}

@@ -178,6 +178,17 @@ def test_corpus_invariants_break_on_planted_defects(window_ms):
     assert invariants.no_negative(_planted(real, [_finding("cpu-bottleneck", -1)]))  # time_at_stake_ns < 0
 
 
+def test_corpus_zero_durations_are_told_from_other_numbers(window_ms):
+    found = invariants.ZERO_DURATION.search
+    assert found("and 0.000 ms more") and found("ended 0 us before") and found("(0.0 s)")
+    assert not any(found(t) for t in ("10 ms", "1.000 ms", "2,000 ms", "0.001 ms", "1-0 s", "x0 ms", "0 gaps"))
+    real, _ = window_ms
+    zero = _planted(real, [_finding("cpu-bottleneck", 1, title="launching 1.0 ms, CPU work 0.000 ms")],
+                    quality=["the last CUDA call ended 0.000 ms before the capture did"])
+    assert len(invariants.no_zero_duration(zero)) == 2
+    assert not invariants.no_zero_duration(_planted(real, [_finding("cpu-bottleneck", 1, title="launching 1.0 ms")]))
+
+
 def test_corpus_negative_durations_are_told_from_ranges():
     found = invariants.NEGATIVE_DURATION.findall
     assert found("left out -6.092 ms") and found("(-1,234 us)") and found("by -3 s")
@@ -211,7 +222,7 @@ def test_corpus_expectation_checks_on_planted_results(window_ms):
     ({"forbid": [["a", "b"]]}, "expect holds root causes"),
     ({"bound": [{"root_cause": "x", "max_ms": 1}]}, "[[bound]]"),
     ({"forbid_text": [{"field": "title", "pattern": "(", "why": "w"}]}, "pattern '('"),
-    ({"forbid_text": [{"field": "verify", "pattern": "x", "why": "w"}]}, "[[forbid_text]]"),
+    ({"forbid_text": [{"field": "where", "pattern": "x", "why": "w"}]}, "[[forbid_text]]"),
 ])
 def test_corpus_expect_files_refuse_what_they_cannot_mean(data, complaint):
     with pytest.raises(ValueError, match="corpus/expect/x.toml") as raised:

@@ -555,3 +555,36 @@ def test_amd_kineto_traces_give_launch_fill_their_wavefront_width(name, tmp_path
         con, tk.Params(profile=name), default="capture")))
     assert widths == {64} and fills
     assert {(k.main.warp_size, k.main.warp_word) for k in fills} == {(64, "wavefront")}
+
+
+@pytest.mark.parametrize("run_ns, share, found", [
+    (9_999, 20, False),  # balinski: ~2 us kernels, a fifth of the window, nothing bounded (info): their launches' cost
+    (10_000, 20, True),  # a run of TINY_KERNEL_NS is no longer tiny: the statement stays
+    (9_999, 60, True),  # tiny but most of the window (launch_bound_graph: graph replays): medium, it stays
+])
+def test_a_hotspot_of_tiny_kernels_with_nothing_at_stake_is_no_finding(run_ns, share, found):
+    """Kernels that run shorter than their launch costs (rules.TINY_KERNEL_NS) hold their time in launches, which
+    small-kernel-overhead covers; a kernel-hotspot that bounds nothing on them is left out, one that matters is not."""
+    n = share * MS // run_ns
+    gap = (share * MS) // n - run_ns if share < 50 else 0  # spread over the share of a 100 ms window
+    kernels = [launch("tiny", i * (run_ns + gap), i * (run_ns + gap) + run_ns, 4096, 256) for i in range(n)]
+    kernels += [launch("x", 95 * MS, 97 * MS, 4096, 256), launch("y", 97 * MS, 100 * MS, 4096, 256)]
+    hot = [f for f in run(make_model(kernels=kernels, gpus=[H100])).findings if f.evidence.get("kernel") == "tiny"]
+    assert bool(hot) == found
+    if hot:
+        assert hot[0].severity == ("medium" if share >= 50 else "info")
+
+
+@pytest.mark.parametrize("name, cutlass", [
+    # cutlass_bench_gemm_pageable: the program instantiates CUTLASS's GEMM template (its name spells the mainloop)
+    ("void cutlass::Kernel<cutlass::gemm::kernel::Gemm<cutlass::gemm::threadblock::MmaPipelined<cutlass::gemm::"
+     "GemmShape<(int)128, (int)128, (int)32>, float>>>(T1::Params)", True),
+    # alloc_churn: a CUTLASS kernel cuBLAS ships, named by its generator: cuBLAS's to tune
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>(T1::Params)", False),
+])
+def test_a_cutlass_template_gemm_is_told_to_tune_its_template(name, cutlass):
+    tags = hotspots.fit_tags("gemm-tensor", False, vendor.NVIDIA, "CUTLASS", name)
+    assert ("gemm-cutlass" in tags) == cutlass
+    fix = book.get_entry("kernel-hotspot").fix_for(("cuda", "generic"), ["gemm-tensor", *tags]).text
+    assert fix.startswith("This GEMM is a CUTLASS template") == cutlass
+    assert ("cublasLtMatmulAlgoGetHeuristic" in fix) != cutlass

@@ -9,6 +9,7 @@ before the first train_step, then a first step 33x the others (warmup)."""
 
 from __future__ import annotations
 
+import sqlite3
 import statistics
 
 import pytest
@@ -59,8 +60,18 @@ def test_the_note_names_the_parts_and_nothing_left_out_when_the_step_came_first(
     assert note == ("left out 4.000 ms before the first steady iteration: 2.000 ms while the device ran work launched "
                     "before the trace recorded launches (none of its launch calls is in it: launched earlier, still "
                     "running); the first step, 2.000 ms (2.5x the steady median: warmup)")
+    assert lead_in.left_after(con, [0], 3_000_001, 9_000_000) == (  # the second kernel starts before the end
+        "; left out 6.000 ms after the last steady iteration")
+    assert lead_in.left_after(con, [0], 2_900_000, 9_000_000) == (
+        "; left out 6.100 ms after the last steady iteration (the work that starts there, run times summed: 1 kernel "
+        "(6.000 ms))")
+    assert lead_in.left_after(con, [0], 9_000_000, 9_000_000) == ""  # nothing left out after it
     assert lead_in.left_out(con, [0], 1_000_000, 400_000, 400_000, "step", None) == (
         "nothing left out before the first steady iteration (it begins 0.600 ms before the first GPU work)")
+    # a step that begins with the first GPU work (gpumodel_a100_fp16_mm): no "begins 0.000 ms before" clause
+    for steady_start in (1_000_000, 999_600):
+        assert lead_in.left_out(con, [0], 1_000_000, steady_start, steady_start, "step", None) == (
+            "nothing left out before the first steady iteration")
 
 
 def restored(name: str):
@@ -123,5 +134,29 @@ def test_sglang_step_keeps_its_stall_no_start_moved_past_work_the_device_idled_b
     assert gpu[1][0] - step[0] > 460_000_000  # the device idles behind the wait
     result = run_skill(open_profile(path, cache_dir=cache_root).con, triage, triage.Params(profile="t"))
     assert result.window.start_ns == step[0]
-    assert result.window_note.endswith(f"left out {ms(before)} before the first steady iteration: {ms(before)} "
-                                       "before the first step began")
+    assert f"left out {ms(before)} before the first steady iteration: {ms(before)} before the first step began; " \
+        in result.window_note
+    # and what it leaves out after the step: the GPU work the JSON shows starting at or after the window's end
+    after = [(s, e) for s, e in gpu if s >= result.window.end_ns]
+    kernels = [k for k in xs(doc, "kernel") if span(k)[0] >= result.window.end_ns]
+    assert (len(after), len(kernels)) == (3, 1)
+    assert result.window_note.endswith(
+        f"; left out {ms(gpu[-1][1] - result.window.end_ns)} after the last steady iteration (the work that starts "
+        f"there, run times summed: 1 kernel ({ms(span(kernels[0])[1] - span(kernels[0])[0])}) and 2 copies or memsets "
+        f"({ms(sum(e - s for s, e in after) - (span(kernels[0])[1] - span(kernels[0])[0]))}))")
+
+
+def test_cutlass_window_says_the_timed_gemm_and_the_copy_back_it_leaves_out(cache_root):
+    """SQL on the raw export: 6 GEMM launches; the kernel pattern bounds 5 iterations (each from one launch to the
+    next), so the 6th launch (the timed one) and the 768 MiB copy back after it lie after the steady window."""
+    path = restored("cutlass_bench_gemm_pageable")
+    raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    kernels = raw.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start").fetchall()
+    copies = raw.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMCPY ORDER BY start").fetchall()
+    assert len(kernels) == 6 and copies[-1][0] > kernels[-1][1]
+    result = run_skill(open_profile(path, cache_dir=cache_root).con, triage, triage.Params(profile="t"))
+    assert result.window.end_ns == kernels[-1][0]  # the 6th launch starts where the 5th iteration ends
+    assert result.window_note.endswith(
+        f"; left out {ms(copies[-1][1] - kernels[-1][0])} after the last steady iteration (the work that starts "
+        f"there, run times summed: 1 kernel ({ms(kernels[-1][1] - kernels[-1][0])}) and 1 copy or memset "
+        f"({ms(copies[-1][1] - copies[-1][0])}))")

@@ -154,10 +154,11 @@ LAUNCHES = [api("cudaLaunchKernel", "launch", 100 * i, i) for i in range(10)]
 H100 = [{"device_id": 0, "name": "NVIDIA H100 80GB HBM3"}]  # a named device: no hardware note
 NO_KERNEL = ("10 kernel launch calls were traced but the export holds no kernel records and no CUDA call waited on "
              "the GPU: the program most likely stopped or crashed before its kernels ran or before the profiler "
-             "flushed its CUDA trace buffers (the last CUDA "
-             "call, cudaLaunchKernel, ended 0.000 ms before the capture did), unless kernels were filtered out of "
+             "flushed its CUDA trace buffers{last}, unless kernels were filtered out of "
              "the trace; check the program's exit status and re-capture with --trace=cuda, letting it exit normally "
              "(or calling cudaProfilerStop() first)")
+# a thread's OS call ending 2 ms after the last launch (ends at 905 ns): the capture ran on after the last CUDA call
+LATER_CALL = [{"pid": 1, "tid": 2, "name": "poll", "start_ns": 0, "end_ns": 2_000_905, "duration_ns": 2_000_905}]
 GRAPHS = ("3 CUDA graph launches were recorded as whole graphs (--cuda-graph-trace=graph, nsys' default), so the "
           "kernels inside them have no records: GPU time counts each graph as one piece of work; re-capture with "
           "--cuda-graph-trace=node for per-kernel figures")
@@ -171,7 +172,10 @@ def partial(missing: int, launches: int, kernels: int) -> str:
 
 
 @pytest.mark.parametrize("tables, notes", [
-    ({"cuda_api": LAUNCHES}, [NO_KERNEL]),
+    # the last CUDA call is the capture's last event: the capture ends with it, no time to tell (no "0.000 ms")
+    ({"cuda_api": LAUNCHES}, [NO_KERNEL.format(last="")]),
+    ({"cuda_api": LAUNCHES, "os_runtime": LATER_CALL}, [NO_KERNEL.format(
+        last=" (the last CUDA call, cudaLaunchKernel, ended 2.000 ms before the capture did)")]),
     ({"cuda_api": LAUNCHES, "kernels": [launched(i, 100 * i + 10) for i in range(10)]}, []),
     # 1 of 10 missing is the edge of MISSING_KERNEL_PCT; 1 of 11 is below it, 2 of 10 past it
     ({"cuda_api": LAUNCHES, "kernels": [launched(i, 100 * i + 10) for i in range(9)]}, [partial(1, 10, 9)]),
@@ -191,7 +195,7 @@ def partial(missing: int, launches: int, kernels: int) -> str:
                       "launch_api": "cudaGraphLaunch"} for i in range(3)]}, [GRAPHS]),
     # the same launches on another thread than the capture are not captured
     ({"cuda_api": [api("cudaStreamBeginCapture", "other", 0, 100, tid=2, end=1),
-                   api("cudaStreamEndCapture", "other", 500, 106, tid=2)] + LAUNCHES}, [NO_KERNEL]),
+                   api("cudaStreamEndCapture", "other", 500, 106, tid=2)] + LAUNCHES}, [NO_KERNEL.format(last="")]),
 ])
 def test_profile_summary_launches_without_kernels(tables, notes):
     gpus = H100 if {"kernels", "graph_exec"} & set(tables) else []
@@ -207,10 +211,10 @@ def test_profile_summary_copies_but_no_kernel():
                "end_ns": 100 * c + 4, "bytes": 4096, "direction": "H2D"} for c in (5, 6)]
     result = run(make_model(cuda_api=calls, memcpy=copies, gpus=H100))
     assert result.trace_quality == [
-        "the GPU ran 2 copies and 0 memsets but no kernel was launched in the capture (the last CUDA call, "
-        "cuMemcpyHtoD, ended 0.000 ms before the capture did): if the program should compute on the GPU it stopped "
-        "before its first launch or launched outside the capture; check its output and exit status",
-        "GPU work spans only 17.02% of the capture: it starts 0.001 ms in and ends 0.000 ms before the capture does, "
+        "the GPU ran 2 copies and 0 memsets but no kernel was launched in the capture: if the program should "
+        "compute on the GPU it stopped before its first launch or launched outside the capture; check its output and "
+        "exit status",
+        "GPU work spans only 17.02% of the capture: it starts 0.001 ms in and runs to the capture's end, "
         "so capture-wide figures are diluted by host-only time; gpu_utilization and gpu_idle_gaps measure over the "
         "GPU-active window by default, and `nsys profile --capture-range=cudaProfilerApi` (or --delay/--duration) "
         "keeps the capture to the GPU phase"]
@@ -241,12 +245,16 @@ def test_profile_summary_copies_without_api_trace():
         "status"]
 
 
-def test_profile_summary_api_calls_without_gpu_work():
-    result = run(make_model(cuda_api=[api("cudaMalloc", "alloc", 0, 1), api("cudaFree", "alloc", 1000, 2)]))
+@pytest.mark.parametrize("later, last", [
+    ([], ""),  # the capture ends with the last call: nothing to tell (cudaq_vqe printed "0.000 ms before")
+    (LATER_CALL, " (the last CUDA call, cudaFree, ended 2.000 ms before the capture did)")])
+def test_profile_summary_api_calls_without_gpu_work(later, last):
+    result = run(make_model(cuda_api=[api("cudaMalloc", "alloc", 0, 1), api("cudaFree", "alloc", 900, 2)],
+                            os_runtime=later))
     assert result.trace_quality == [
-        "2 CUDA API calls were traced but the GPU recorded no work (the last CUDA call, cudaFree, ended 0.000 ms "
-        "before the capture did): the program stopped before its GPU phase or ran it outside the capture; check its "
-        "exit status and the capture range (--capture-range, --delay, --duration)"]
+        f"2 CUDA API calls were traced but the GPU recorded no work{last}: the program stopped before its GPU phase "
+        "or ran it outside the capture; check its exit status and the capture range (--capture-range, --delay, "
+        "--duration)"]
 
 
 @pytest.mark.parametrize("gpu_end, fires", [(1_000_000, True), (4_990_000, True), (5_000_000, False)])

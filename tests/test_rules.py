@@ -126,3 +126,14 @@ def test_rules_missing_on_amd_names_no_capture_that_cannot_run_there(gpu_name, a
     for data in ("cpu_samples", "os_runtime"):
         assert flags[data] == (rules.NOT_ON_AMD if amd else raw[data])
     assert rules.NOT_ON_AMD not in raw.values()  # the model's flags stay the format's: only the reading adapts
+
+
+@pytest.mark.parametrize("stake_ms, window_ms, once, severity", [
+    (22, 23, True, "low"),  # nsysai_mock: 22.4 ms of start-up in a 22.45 ms window of a 4-us program, paid once
+    (99.999999, 100, True, "low"),  # just under ONE_RUN_LOW_NS
+    (100, 1000, True, "high"),  # from ONE_RUN_LOW_NS up, by its share of the window as any cost
+    (100, 1001, True, "medium"),
+    (22, 23, False, "high"),  # a cost a loop repeats: by its share alone
+])
+def test_rules_a_one_time_cost_is_low_below_what_a_run_pays_anyway(stake_ms, window_ms, once, severity):
+    assert rules.severity(round(stake_ms * 1e6), round(window_ms * 1e6), once) == severity

@@ -155,9 +155,9 @@ def test_triage_ranks_by_time_at_stake_and_cites_the_book(demo_triage):
     assert [f.rank for f in result.findings] == list(range(1, len(result.findings) + 1))
     for f in result.findings:
         entry = book.get_entry(f.root_cause)
-        assert f.book_uri == f"stallhound://book/{entry.id}" and f.verify == entry.verify
+        assert f.book_uri == f"stallhound://book/{entry.id}" and f.verify == entry.verify_for(f.tags)
         fix = entry.fix_for(tuple(result.program.fix_chain), f.tags)
-        assert (f.fix, f.fix_for) == (fix.text, fix.family)
+        assert (f.fix, f.fix_for) == (triage.fitted(fix.text, f.evidence), fix.family)
 
 
 def test_triage_clean_sample_is_quiet(clean):
@@ -328,3 +328,14 @@ def test_triage_lacking_names_together_the_data_one_capture_records():
     missing = [rules.Missing(data="cpu_samples", capture_flag="x"), rules.Missing(data="nvtx", capture_flag="y"),
                rules.Missing(data="sched", capture_flag="x")]
     assert triage._lacking(missing, "`{}`") == "cpu_samples, sched (`x`); nvtx (`y`)"
+
+
+def test_triage_fits_the_books_kernel_profiler_command_to_the_finding():
+    """mcts2048 launches its hot kernel once: the book's `--launch-skip 10 --launch-count 3` would profile nothing;
+    the fix carries the finding's own command (hotspots.ncu_command: no launch to skip)."""
+    fix = book.get_entry("kernel-hotspot").fix_for(("cuda", "generic"), ["custom"]).text
+    assert "`ncu --kernel-name regex:<name> --launch-skip 10 --launch-count 3 --set full -o hot ./app`" in fix
+    own = "ncu --kernel-name simulate_random_play_kernel --launch-skip 0 --launch-count 1 --set full -o s ./MCTS"
+    assert triage.fitted(fix, {"ncu": own}) == fix.replace(
+        "`ncu --kernel-name regex:<name> --launch-skip 10 --launch-count 3 --set full -o hot ./app`", f"`{own}`")
+    assert triage.fitted(fix, {"kernel": "k"}) == fix  # no command of its own: the book's stays

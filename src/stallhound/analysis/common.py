@@ -321,6 +321,11 @@ def ms(ns: float | int | None) -> str:
     return "-" if ns is None else f"{ns / 1e6:,.3f} ms"
 
 
+def shown(ns: float | int) -> bool:
+    """Whether ns prints above zero in ms(): a clause about less time than that says nothing, so it is left out."""
+    return ns > 0 and ms(ns) != ms(0)
+
+
 def counted(n: int, noun: str) -> str:
     """'1 gap', '3 gaps', '2 launches': a count with its noun in the right number."""
     return f"{n:,} {noun}{'' if n == 1 else 'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"

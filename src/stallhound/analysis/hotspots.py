@@ -26,6 +26,9 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
   (rules.severity); else by its share of the window and the evidence of under-use, never high: medium when it takes
   most of the window (DOMINANT_WINDOW_PCT), or a tenth of it (rules.HIGH_STAKE_PCT) with launches that leave most of
   the GPU unused (occupancy at most LOW_OCCUPANCY_PCT, warps partly empty, or fewer blocks than SMs), else info.
+- A hot row of the program's tiny kernels (their mean run under rules.TINY_KERNEL_NS) whose statement bounds nothing
+  and holds little of the window (info) is no finding: such kernels run for less than their launch costs, so their
+  time is their launches' (small-kernel-overhead's), not their code's, and a kernel profiler has nothing to tune.
 - One finding per thing: the kernels of one short name on a device (template instantiations) are one undersized-grid
   finding, their figures summed; a device's hot kernels are one kernel-hotspot finding, most time first, their times
   at stake summed (at most the window; a runtime's helper kernels apart).
@@ -34,6 +37,7 @@ can do, and what to measure when it cannot. Findings from top_kernels' hot rows 
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -53,6 +57,9 @@ TILED_KINDS = {"gemm-tensor", "gemm-fp32", "gemm", "attention", "conv"}  # libra
 # tiles: a low occupancy is their design, not a sign of under-use
 TAIL_WASTE_PCT = 20.0  # a grid whose waves leave fewer of their block slots empty than this loses little to its last,
 # partial wave (a grid of more than five waves never reaches it)
+CUTLASS_TEMPLATE = re.compile(r"cutlass::gemm::(kernel|device)::")  # a GEMM of CUTLASS's templates instantiated in
+# the program's own code (its name spells the tile shapes and the mainloop); cuBLAS's CUTLASS kernels carry generated
+# names (cutlass_80_tensorop_s1688gemm_...): their tuning is the library's
 NOT_THE_PROGRAMS = {"runtime", "nccl"}  # a runtime's helpers, communication: their grids are not the program's choice
 
 
@@ -293,14 +300,17 @@ def ranked(window_pct: float, window_ns: int) -> dict[str, int]:
     return {RANK_KEY: round(window_ns * rules.HIGH_STAKE_PCT / 100)} if window_pct >= DOMINANT_WINDOW_PCT else {}
 
 
-def fit_tags(kind: str, training: bool, vendor: Vendor, library: str | None) -> list[str]:
+def fit_tags(kind: str, training: bool, vendor: Vendor, library: str | None, name: str = "") -> list[str]:
     """Tags that fit the book's fix to the program: a GEMM that no vendor library's names claim (a Triton or
-    hand-written kernel: library tuning and precision flags do not reach it), element-wise kernels in a program the
-    trace shows training (an optimizer step or a backward pass: the optimizer's per-parameter kernels may be among
-    them), and any kind on AMD (NVIDIA's hardware and libraries are foreign there)."""
+    hand-written kernel: library tuning and precision flags do not reach it), a GEMM of CUTLASS's templates the
+    program instantiates (CUTLASS_TEMPLATE: its template parameters are the program's to tune, not cuBLAS's
+    heuristics), element-wise kernels in a program the trace shows training (an optimizer step or a backward pass:
+    the optimizer's per-parameter kernels may be among them), and any kind on AMD (NVIDIA's hardware and libraries
+    are foreign there)."""
     own_gemm = kind.startswith("gemm") and library is None
-    return (["gemm-own"] * own_gemm + [f"{kind}-training"] * (kind == "elementwise" and training)
-            + [f"{kind}-amd"] * (vendor == AMD))
+    cutlass = kind.startswith("gemm") and bool(CUTLASS_TEMPLATE.search(name))
+    return (["gemm-own"] * own_gemm + ["gemm-cutlass"] * cutlass + [f"{kind}-training"] * (kind == "elementwise"
+            and training) + [f"{kind}-amd"] * (vendor == AMD))
 
 
 def statement(hot: Hot, kernels: list[KernelFill], window_ns: int, command: str | None, vendor: Vendor = NVIDIA,
@@ -334,8 +344,8 @@ def statement(hot: Hot, kernels: list[KernelFill], window_ns: int, command: str 
                    evidence={**evidence, "ncu": ncu, **({"launch_loss_ns": stake} if stake else {}),
                              **ranked(hot.window_pct, window_ns)},
                    time_at_stake_ns=stake, device=hot.device,
-                   tags=[hot.kind, *fit_tags(hot.kind, training, vendor, library_of(hot.name, hot.short_name)),
-                         *(["launch-shape"] if waste else [])])
+                   tags=[hot.kind, *fit_tags(hot.kind, training, vendor, library_of(hot.name, hot.short_name),
+                                             hot.name), *(["launch-shape"] if waste else [])])
 
 
 SEVERITY_ORDER: tuple[Severity, ...] = ("info", "medium", "high")
@@ -380,5 +390,12 @@ def findings(hot: list[Hot], kernels: list[KernelFill], window_ns: int, command:
     device."""
     grids = undersized(kernels, window_ns, command, vendor)
     named = {f.evidence["kernel"] for f in grids}
-    return grids + one_per_device([statement(h, kernels, window_ns, command, vendor, training) for h in hot
-                                   if h.short_name not in named], window_ns)
+    said = [(h, statement(h, kernels, window_ns, command, vendor, training)) for h in hot if h.short_name not in named]
+    return grids + one_per_device([f for h, f in said if not launch_bound(h, f)], window_ns)
+
+
+def launch_bound(hot: Hot, said: Finding) -> bool:
+    """The program's tiny kernels (mean run under rules.TINY_KERNEL_NS) whose statement is info (nothing bounded,
+    little of the window): their time is their launches', which small-kernel-overhead covers; no kernel-hotspot
+    finding. A runtime's helper kernels keep theirs: it says they are not the program's compute."""
+    return said.severity == "info" and hot.kind != "runtime" and hot.total_ns < rules.TINY_KERNEL_NS * hot.count

@@ -30,7 +30,7 @@ from stallhound.analysis import (
 )
 from stallhound.analysis import idle_blocking as blocking
 from stallhound.analysis.attribution import DeviceIdle
-from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope
+from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope, shown
 from stallhound.analysis.idle_bubbles import IN_BUBBLES, HostSeen
 from stallhound.analysis.one_shot import ONE_SHOT, OneShot, on_devices
 from stallhound.analysis.program import Program
@@ -187,7 +187,7 @@ def _unseen_cpu(d: DeviceIdle, ns: int, c: Context) -> str:
 def _host_title(d: DeviceIdle, ns: int, c: Context) -> str:
     ops = d.ns("host_op")
     parts = [_launching(d, c), *([f"CPU work {ms(d.ns('host_cpu'))}{_unseen_cpu(d, ns, c)}"]
-                                 if d.ns("host_cpu") or not ops else []),
+                                 if shown(d.ns("host_cpu")) else []),
              *([f"inside framework operators that launched no GPU work {ms(ops)}"] if ops else [])]
     return f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: {', '.join(parts)}"
 
@@ -319,7 +319,7 @@ def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
             continue
         fired.add(claim.root_cause)
         out.append(_finding(d, root, ns, claim.title(d, ns, c), claim.tags(d, c), {
-            "gaps": _gaps(d, *claim.causes),
+            "gaps": _gaps(d, *claim.causes), **({"paid_once": True} if "jit" in claim.causes and not c.in_loop else {}),
             **({"calls": _calls(d, *claim.causes)} if BLOCKING & set(claim.causes) else {})}))
     return out, fired
 
@@ -332,12 +332,12 @@ def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int, rest_gaps: int, 
         return []
     parts = ", ".join(f"{doing} {ms(n)} in {counted(gaps, 'gap')}" for _, doing, n, gaps in setup)
     where = "those setup gaps" if rest_gaps > 1 else "the same setup gap"
-    parts += f", and {ms(rest_ns)} more in {where}" if rest_ns else ""
+    parts += f", and {ms(rest_ns)} more in {where}" if shown(rest_ns) else ""
     title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts})" +
              (f"; {once.words()}" if once else ", not in a loop: a window over the steady state leaves it out"))
     loading = sum(n for cause, _, n, _ in setup if cause == "jit")
     return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup", *([ONE_SHOT] if once else [])],
-                     {"gaps": sum(g for _, _, _, g in setup), "loading_ns": loading})]
+                     {"gaps": sum(g for _, _, _, g in setup), "loading_ns": loading, "paid_once": True})]
 
 
 def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
@@ -360,8 +360,8 @@ def _bubbles(d: DeviceIdle, fired: set[str], c: Context) -> list[Finding]:
 
 
 def _finding(d: DeviceIdle, root: str, ns: int, title: str, tags: list[str], extra: dict) -> Finding:
-    return Finding(root_cause=root, severity=rules.severity(ns, d.window_ns), title=title,
-                   evidence={"window_pct": pct(ns, d.window_ns), "device_busy_pct": d.busy_pct, **extra},
+    return Finding(root_cause=root, severity=rules.severity(ns, d.window_ns, extra.get("paid_once", False)),
+                   title=title, evidence={"window_pct": pct(ns, d.window_ns), "device_busy_pct": d.busy_pct, **extra},
                    time_at_stake_ns=ns, device=d.device, tags=tags)
 
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import duckdb
 
 from stallhound.analysis import untraced_kernels
-from stallhound.analysis.common import Finding, Window, ms, pct
+from stallhound.analysis.common import Finding, Window, ms, pct, shown
 from stallhound.formats.derive import API_KIND_SQL, GPU_PHASE, KERNELS_IN_GRAPHS, LOAD_SOURCE, TIME_LIMIT_NOTE
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row
@@ -160,9 +160,12 @@ class _Trace(NamedTuple):
 
 
 def _last_call(con: duckdb.DuckDBPyConnection, capture_end: int) -> str:
-    """How long before the capture's end the last CUDA call ended: right before it points at a crash."""
+    """How long before the capture's end the last CUDA call ended: right before it points at a crash. Nothing when
+    the call is the capture's last event: the capture's end is then the call's own (the latest traced event's), so
+    the trace cannot say how long the program ran on."""
     last = con.execute(LAST_API_SQL).fetchone()
-    return f" (the last CUDA call, {last[0]}, ended {ms(capture_end - last[1])} before the capture did)" if last else ""
+    return (f" (the last CUDA call, {last[0]}, ended {ms(capture_end - last[1])} before the capture did)"
+            if last and shown(capture_end - last[1]) else "")
 
 
 def _launches(con: duckdb.DuckDBPyConnection, t: _Trace) -> int:
@@ -264,8 +267,9 @@ def notes(con: duckdb.DuckDBPyConnection, capture: Window | None, gpu_active: Wi
         notes.append(gpu_info[0])
     if gpu_active and gpu_active_pct is not None and gpu_active_pct < GPU_ACTIVE_MIN_PCT:
         lead, tail = gpu_active.start_ns - capture.start_ns, capture.end_ns - gpu_active.end_ns
-        notes.append(f"GPU work spans only {gpu_active_pct}% of the capture: it starts {ms(lead)} in and ends "
-                     f"{ms(tail)} before the capture does, so capture-wide figures are diluted by host-only time; "
+        ends = f"ends {ms(tail)} before the capture does" if shown(tail) else "runs to the capture's end"
+        notes.append(f"GPU work spans only {gpu_active_pct}% of the capture: it starts {ms(lead)} in and {ends}, so "
+                     "capture-wide figures are diluted by host-only time; "
                      "gpu_utilization and gpu_idle_gaps measure over the GPU-active window by default, and "
                      f"{remedy(con, (GPU_PHASE,))} (or --delay/--duration) keeps the capture to the GPU phase")
     if not has_devices and machine_gpus:

@@ -59,6 +59,7 @@ class Entry(_Strict):
     applies_to: tuple[Family, ...] = ("generic",)
     fixes: tuple[Fix, ...] = _NonEmpty
     verify: str = _NonEmpty
+    verify_when: dict[str, str] = {}  # a finding's tag -> the verify step for findings that carry it
     related_questions: tuple[str, ...] = _NonEmpty
     sources: tuple[str, ...] = _NonEmpty
     body: str = _NonEmpty
@@ -74,6 +75,10 @@ class Entry(_Strict):
     def applies(self, chain: tuple[str, ...]) -> bool:
         """Whether the cause can occur in a program whose fix families are `chain` (most specific first)."""
         return "generic" in self.applies_to or bool(set(chain) & set(self.applies_to))
+
+    def verify_for(self, tags: tuple[str, ...] | list[str] = ()) -> str:
+        """The verify step for a finding with `tags`: that of its first tag in verify_when, else the entry's."""
+        return next((self.verify_when[t] for t in tags if t in self.verify_when), self.verify)
 
     def fix_for(self, chain: tuple[str, ...], tags: tuple[str, ...] | list[str] = (),
                 context: tuple[str, ...] | list[str] = ()) -> Fix:
@@ -198,7 +203,7 @@ def render_entry(entry: Entry) -> str:
         "## Fixes",
         "\n".join(f"- **{fix.family}**{f' ({fix.when})' if fix.when else ''}: {fix.text}" for fix in entry.fixes),
         "## Verify",
-        entry.verify,
+        "\n".join([entry.verify, *(f"- ({tag}): {text}" for tag, text in entry.verify_when.items())]),
         "## In detail",
         entry.body,
         "## Related questions",

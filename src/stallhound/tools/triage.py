@@ -18,6 +18,7 @@ code: they may be why the GPU did so little).
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 from typing import Annotated, Literal
 
@@ -52,6 +53,7 @@ MAX_FINDINGS = 100  # every finding cites a book entry; past this a model's cont
 ANY_GPU_SHARE = {"module-loading-hot-path", "torch-compile-recompilation"}  # compiling or loading GPU code inside
 # the window is a finding however little GPU work there is: it may be why there is so little
 ANY_GPU_SHARE_MIN_NS = 1_000_000  # ... once it costs 1 ms: in a one-shot run's short window less is noise
+BOOK_NCU = re.compile(r"`ncu [^`]*`")  # a kernel-profiler command in a book fix, in backticks
 SETUP_OVER_LOOP = 1.0  # irregular steps still bound the loop when more GPU-active time precedes them than they
 # span: a window over both would describe the setup (compilation, loading), not the loop; and compiling before
 # the loop for longer than the window lasts makes the capture mostly one-time warmup
@@ -128,7 +130,7 @@ def _window(con: duckdb.DuckDBPyConnection, params: Params) -> tuple[Scope, str,
     assert found.span_start_ns is not None  # set whenever there is a steady window
     left = lead_in.left_out(con, gpu.devices, gpu.start_ns, found.span_start_ns, steady[0], unit,
                             found.first_vs_steady)
-    note = f"{how}: {counted} by {found.method}; {left}"
+    note = f"{how}: {counted} by {found.method}; {left}{lead_in.left_after(con, gpu.devices, steady[1], gpu.end_ns)}"
     return scope, note, found.findings + _setup_compile(con, gpu, scope, found.span_start_ns), found.method
 
 
@@ -149,14 +151,24 @@ def _setup_compile(con: duckdb.DuckDBPyConnection, gpu: Scope, scope: Scope, loo
         if d.ns("jit") >= SETUP_OVER_LOOP * scope.duration_ns]
 
 
+def fitted(fix: str, evidence: dict) -> str:
+    """The fix with the book's kernel-profiler command, written for any kernel (`ncu --kernel-name regex:<name>
+    --launch-skip 10 --launch-count 3 ...`), replaced by the finding's own where it has one (evidence `ncu`,
+    hotspots.ncu_command: the kernel's name, on the profiled command, skipping warmup launches only where the kernel
+    has more): a kernel launched once has no 10 launches to skip."""
+    own = evidence.get("ncu")
+    return BOOK_NCU.sub(lambda _: f"`{own}`", fix) if isinstance(own, str) else fix
+
+
 def citation(finding: Finding, tool: str, chain: tuple[str, ...], context: tuple[str, ...] = ()) -> dict:
     """The book's fields of a CitedFinding: its entry, and the fix for the first family of `chain` it has, fitted to
     the trace's `context` (fix_context.tags)."""
     entry = book.get_entry(finding.root_cause)
     fix = entry.fix_for(chain, finding.tags, context)
     return {**finding.model_dump(include=set(Finding.model_fields)), "source_tool": tool,
-            "book_uri": book.entry_uri(entry.id), "book_title": entry.title, "fix": fix.text, "fix_for": fix.family,
-            "verify": entry.verify}
+            "book_uri": book.entry_uri(entry.id), "book_title": entry.title,
+            "fix": fitted(fix.text, finding.evidence), "fix_for": fix.family,
+            "verify": entry.verify_for(finding.tags)}
 
 
 def cited_lines(finding: CitedFinding, explained: set[str]) -> list[str]:
