@@ -166,7 +166,7 @@ DETECTOR_TAGS = {
                        "custom", "runtime", "launch-shape",
                        # hotspots.fit_tags: a GEMM no library claims; element-wise kernels of a program that
                        # trains; a kind on AMD
-                       "gemm-own", "elementwise-training", "gemm-tensor-amd"},
+                       "gemm-own", "elementwise-training", "gemm-tensor-amd", "gemm-cutlass"},
     "fp32-gemm-no-tensor-cores": {"gemm-fp32", "fp16-tensor-cores"},  # top_kernels: 8.0+ (TF32) or 7.x (FP16)
     "excessive-h2d-transfers": {"pinned", "pageable", "many-small"},
     "pageable-host-memory": {"async-blocking", "large-single"},

@@ -37,9 +37,8 @@ def api(name: str, kind: str, start: int, corr: int, end: int | None = None) -> 
 LAUNCHES = [api("cudaLaunchKernel", "launch", 100 * i, i) for i in range(10)]
 CRASH = ("10 kernel launch calls were traced but the export holds no kernel records and no CUDA call waited on the "
          "GPU: the program most likely stopped or crashed before its kernels ran or before the profiler flushed its "
-         "CUDA trace buffers (the last CUDA call, {last}, ended 0.000 ms before the capture did), unless kernels "
-         "were filtered out of the trace; check the program's exit status and re-capture with --trace=cuda, letting "
-         "it exit normally (or calling cudaProfilerStop() first)")
+         "CUDA trace buffers, unless kernels were filtered out of the trace; check the program's exit status and "
+         "re-capture with --trace=cuda, letting it exit normally (or calling cudaProfilerStop() first)")
 
 
 def first_note(meta: dict | None = None, **tables: list[dict]) -> str:
@@ -52,10 +51,10 @@ def sync(wait_ns: int, corr: int = 10, name: str = "cudaDeviceSynchronize") -> d
 
 def test_a_crash_launches_without_waits_or_teardown_is_still_called_one():
     """Launches and nothing after them: no sync waited on the GPU, so nothing says the kernels ran."""
-    assert first_note(cuda_api=LAUNCHES) == CRASH.format(last="cudaLaunchKernel")
+    assert first_note(cuda_api=LAUNCHES) == CRASH
     # syncs that return at once (the GPU had nothing to do) are no evidence either, on Linux or on WSL2
     short = [sync(WAIT_MIN_NS - 1, 10 + i) for i in range(3)]
-    assert first_note(cuda_api=LAUNCHES + short) == CRASH.format(last="cudaDeviceSynchronize")
+    assert first_note(cuda_api=LAUNCHES + short) == CRASH
 
 
 def test_a_host_that_waited_on_the_gpu_shows_the_kernels_ran():
@@ -90,7 +89,7 @@ def test_wsl2_with_copy_records_is_not_blamed_on_the_platform():
             "direction": "H2D"}
     note = first_note(cuda_api=LAUNCHES, memcpy=[copy], meta={"os_release": WSL},
                       gpus=[{"device_id": 0, "name": "NVIDIA GeForce RTX 3060"}])
-    assert note == CRASH.format(last="cudaLaunchKernel")
+    assert note == CRASH
 
 
 def test_range_profiler_events_say_the_kernels_ran_under_it():

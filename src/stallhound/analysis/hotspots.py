@@ -57,9 +57,8 @@ TILED_KINDS = {"gemm-tensor", "gemm-fp32", "gemm", "attention", "conv"}  # libra
 # tiles: a low occupancy is their design, not a sign of under-use
 TAIL_WASTE_PCT = 20.0  # a grid whose waves leave fewer of their block slots empty than this loses little to its last,
 # partial wave (a grid of more than five waves never reaches it)
-CUTLASS_TEMPLATE = re.compile(r"cutlass::gemm::(kernel|device)::")  # a GEMM of CUTLASS's templates instantiated in
-# the program's own code (its name spells the tile shapes and the mainloop); cuBLAS's CUTLASS kernels carry generated
-# names (cutlass_80_tensorop_s1688gemm_...): their tuning is the library's
+CUTLASS_TEMPLATE = re.compile(r"cutlass::gemm::(kernel|device)::")  # CUTLASS's templates instantiated in the
+# program's own code; cuBLAS's CUTLASS kernels carry generated names (cutlass_80_tensorop_...): theirs to tune
 NOT_THE_PROGRAMS = {"runtime", "nccl"}  # a runtime's helpers, communication: their grids are not the program's choice
 
 

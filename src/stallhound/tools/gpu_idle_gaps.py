@@ -47,7 +47,7 @@ from stallhound.analysis.idle_causes import IdleBasis
 from stallhound.formats.remedy import remedy
 from stallhound.model.duck import one_row
 
-GAP_ROWS = 10  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
+GAP_ROWS = 8  # default rows: the longest gaps tell the story; totals, histogram and groups cover all
 PERIODIC_ROWS = 5  # a pattern recurs on every rank of a node: the costliest few make the point
 BUCKETS_MS = ((0, 1), (1, 2), (2, 5), (5, 10), (10, 50), (50, 100), (100, None))  # histogram, ms
 TRIAGE = TriageRole("idle", order=2)  # triage ranks every idle finding of its window, as this tool lists them
