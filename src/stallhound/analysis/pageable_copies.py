@@ -5,17 +5,28 @@ The driver stages a copy from pageable memory through a pinned buffer; only a co
 more (or of unknown size) pays for that staging (staged), a smaller one costs its latency, pinned or not, and is left
 out. Per (device, direction), Staged holds the staged copies' figures and those of the pinned copies of that size they
 are compared with. A direction's saving is the staged copies' exposed time (no kernel running) that pinned copies would
-not take: at the bandwidth measured for those pinned copies, else PINNED_SPEEDUP.
+not take: at the bandwidth measured for those pinned copies, else PINNED_SPEEDUP; less the share of their transfer time
+that already runs at the pinned rate (at_link, pageable_link.sql), which pinning does not shorten: the copies as fast as
+the device's DMAs from pinned memory, and an upload's part after its call returned (the call returns once the driver
+has staged the data: what is left is a DMA from its pinned buffer). Pinning still saves such a copy's staging, the
+device's idle while the host was in its call, which memory_transfers claims apart.
 """
 
 from __future__ import annotations
 
+import duckdb
 from pydantic import BaseModel, Field
 
 from stallhound.analysis import rules
 from stallhound.analysis.common import Finding, ms
+from stallhound.model.sql_files import sql_beside
 
 PINNED_SPEEDUP = 2.0  # without a pinned copy to compare: pinned copies run at least 2x pageable (no staging)
+LINK_RATE_SHARE = 0.9  # a copy this close to the best pinned DMA rate runs at it: DMAs of one size vary by ~5%
+# (cloverleaf_a100_sync_per_kernel's 600 KiB and 1.2 MiB uploads from the driver's pinned buffer: 23.7-24.7 GB/s)
+LINK_REFERENCE_NS = 20_000  # a DMA this long shows the link's rate: its fixed start cost (~1-2 us) is under 10% of
+# it (cloverleaf's 25 us and 51 us DMAs run at the same 24 GB/s), where a 4 us one of 80 KiB shows mostly that cost
+LINK_SQL = sql_beside(__package__, "pageable_link.sql").replace("STAGED", rules.staged_sql("bytes"))
 IDLE_HIGH_SHARE = 0.5  # pageable-host-memory is high when the devices sat idle in the copies for half the saving
 
 
@@ -36,17 +47,26 @@ class Staged(BaseModel):
     pinned_time_ns: int
     small_count: int
     exposed_ns: int = 0
+    at_link_ns: int = Field(0, description="transfer time of these copies already at the pinned rate (at_link)")
 
     @property
     def bandwidth_gb_per_s(self) -> float | None:
         return bandwidth(self.bytes, self.time_ns)
 
 
+def at_link(con: duckdb.DuckDBPyConnection, args: dict) -> dict[tuple[int, str], int]:
+    """Per (device, direction), the staged pageable copies' transfer time that already runs at the pinned rate."""
+    rows = con.execute(LINK_SQL, {**args, "share": LINK_RATE_SHARE, "ref_ns": LINK_REFERENCE_NS}).fetchall()
+    return {(device, direction): int(ns or 0) for device, direction, ns in rows}
+
+
 def saving(x: Staged) -> int:
-    """Exposed staged pageable copy time that pinned copies would not take (PINNED_SPEEDUP when none to compare)."""
+    """Exposed staged pageable copy time that pinned copies would not take (PINNED_SPEEDUP when none to compare), in
+    the share of the copies' transfer time not already at the pinned rate."""
     pinned, pageable = bandwidth(x.pinned_bytes, x.pinned_time_ns), x.bandwidth_gb_per_s
     speedup = pinned / pageable if pinned and pageable and pinned > pageable else PINNED_SPEEDUP
-    return int(x.exposed_ns * (1 - 1 / speedup))
+    slower = 1 - x.at_link_ns / x.time_ns if x.time_ns else 1.0
+    return int(x.exposed_ns * slower * (1 - 1 / speedup))
 
 
 def finding(device: int, host: dict[str, Staged], times: tuple[int, int, int], small: int,

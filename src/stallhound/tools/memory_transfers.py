@@ -20,10 +20,11 @@ them (the attribution's small_copy, theirs where no other small pageable copy sh
 many-small: one copy per step removes those calls, pinned or not); pageable-host-memory (analysis/pageable_copies.py) is
 about the pageable copies large enough to pay for their staging (rules.PAGEABLE_STAGED_BYTES or more: a smaller copy
 costs its latency, pinned or not): it claims their exposed time that pinned memory would save (at the bandwidth measured
-for pinned copies of that size, direction and device, else half of it) plus the idle time of gaps the host spent in them
-(analysis/attribution.py), never more than those copies take: the union of their transfers and their calls
-(pageable_span_ns), outside the small uploads' host time when that finding fires; excessive-h2d-transfers claims the
-rest of the exposed H2D time (less what the small uploads claim), and says which part pinning would save.
+for pinned copies of that size, direction and device, else half of it; none of the copies already at the pinned
+rate) plus the idle time of gaps the host spent in them (analysis/attribution.py), never more than those copies take:
+the union of their transfers and their calls (pageable_span_ns), outside the small uploads' host time when that
+finding fires; excessive-h2d-transfers claims the rest of the exposed H2D time (less what the small uploads claim),
+and says which part pinning would save.
 """
 
 from __future__ import annotations
@@ -262,8 +263,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
         sync_copy_api_ns=int(sync_ns), small_d2h_count=small, small_d2h_blocking=blocking,
         small_d2h_blocked_ns=blocked, memset_count=sets, memset_bytes=set_bytes, memset_time_ns=set_ns,
         managed_memset_count=managed, managed_memset_time_ns=managed_ns)
+    link = pageable_copies.at_link(con, args)
     pageable = {(d, dr): Staged(**dict(zip(Staged.model_fields, figures, strict=False)),
-                                   exposed_ns=staged_exposed.get((dr, d), 0))
+                                   exposed_ns=staged_exposed.get((dr, d), 0), at_link_ns=link.get((d, dr), 0))
                 for d, dr, *figures in con.execute(PAGEABLE_SQL, args).fetchall()}
     idle = attribution.attribute(con, scope).devices if count else {}
     uploads = small_uploads.figures(con, scope, resolve_scope(con, ScopedParams(
