@@ -171,7 +171,7 @@ DETECTOR_TAGS = {
     "excessive-h2d-transfers": {"pinned", "pageable", "many-small"},
     "pageable-host-memory": {"async-blocking", "large-single"},
     "module-loading-hot-path": {"jit", "module-load"},
-    "cpu-bottleneck": {"launch", "host-cpu", "host-ops", "input-pipeline"},
+    "cpu-bottleneck": {"launch", "host-cpu", "host-ops", "host-python", "input-pipeline"},
     "small-kernel-overhead": {"same-steps"},  # idle_causes: every step runs the same kernels, paced by launches
     "blocking-d2h-sync": {"held"},  # idle_causes: most of the reads' idle waited on work held by an untraced wait
     "gpu-bubbles": {"queued"},  # idle_bubbles: most of the bubble came with the next work already queued

@@ -98,8 +98,8 @@ def test_profile_summary_whole_result_on_tiny_model():
                           {"pid": 102, "name": "proc102", "kernel_launches": 1, "threads_launching": 1}],
         "table_rows": {"gpus": 2, "processes": 4, "threads": 0, "kernels": 7, "memcpy": 1, "memset": 0,
                        "graph_exec": 0, "cuda_api": 1, "sync": 0, "nvtx": 0, "os_runtime": 0, "cpu_samples": 0,
-                       "stacks": 0, "sched": 0, "memory_usage": 0, "uvm_faults": 0, "host_modules": 0,
-                       "library_api": 0, "profiler_overhead": 0, "diagnostics": 0},
+                       "stacks": 0, "python_frames": 0, "sched": 0, "memory_usage": 0, "uvm_faults": 0,
+                       "host_modules": 0, "library_api": 0, "profiler_overhead": 0, "diagnostics": 0},
         "missing": [{"data": d, "capture_flag": f} for d, f in [
             ("cpu_samples", "--sample=process-tree"), ("gpu_info", gpu_info),
             ("graph_exec", "--trace=cuda --cuda-graph-trace=graph (the default), when the program launches CUDA "

@@ -82,6 +82,9 @@ nanoseconds and their sum is the device's idle time:
   most of the gap.
 - host_op: with no CPU data in the trace, the launching threads were inside framework operators (torch.profiler's
   CPU ops, nvtx_texts.OP_DOMAIN), outside CUDA calls, for most of the gap: the framework's own host work.
+- host_python: with no more said above, the launching threads were inside Python frames that launched no GPU work
+  (python_frames: torch.profiler with with_stack=True), outside CUDA calls, for most of the gap: Python host work
+  (preprocessing, decoding, tokenizing), named by its frame (python_work).
 - host_untraced: none of the above can be seen (no CUDA call, no host data).
 
 A gap is judged by one host thread: the one that launched the operation after it (else the one before it,

@@ -158,6 +158,7 @@ nested AS (  -- per gap, the union of each activity's time in it: nested compile
   -- activity's after the piece of the blocking call the gap began in (cut_ns)
   SELECT probe_id, sum(ns) FILTER (WHERE part = 'jit') AS jit_ns,
          sum(ns) FILTER (WHERE part = 'profiler') AS profiler_ns, sum(ns) FILTER (WHERE part = 'op') AS op_ns,
+         sum(ns) FILTER (WHERE part = 'python') AS python_ns,
          sum(ns) FILTER (WHERE part = 'loader') AS loader_ns, sum(ns) FILTER (WHERE part = 'alloc') AS alloc_ns,
          sum(ns) FILTER (WHERE part = 'wait') AS wait_ns, sum(ns) FILTER (WHERE part = 'comm') AS comm_ns,
          sum(ns) FILTER (WHERE part = 'init') AS init_ns
@@ -165,13 +166,13 @@ nested AS (  -- per gap, the union of each activity's time in it: nested compile
           PARTITION BY probe_id, part ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
           start_ns))) AS ns
         FROM (SELECT t.probe_id, CASE WHEN t.what IN ('module', 'lazy') THEN 'jit' ELSE t.what END AS part,
-                     CASE WHEN t.what = 'op' THEN t.start_ns
+                     CASE WHEN t.what IN ('op', 'python') THEN t.start_ns
                           ELSE greatest(t.start_ns, coalesce(c.cut_ns, t.start_ns)) END AS start_ns, t.end_ns
               FROM touch t LEFT JOIN cuts c USING (probe_id)
-              WHERE t.what IN """ + ACTIVITIES[:-1] + """, 'op', 'init')))
+              WHERE t.what IN """ + ACTIVITIES[:-1] + """, 'op', 'python', 'init')))
   GROUP BY probe_id),
 host AS (
-  SELECT g.probe_id AS gap_id, h.* EXCLUDE (probe_id), n.jit_ns, n.profiler_ns, n.op_ns, n.loader_ns,
+  SELECT g.probe_id AS gap_id, h.* EXCLUDE (probe_id), n.jit_ns, n.profiler_ns, n.op_ns, n.python_ns, n.loader_ns,
          CASE WHEN g.b_end IS NULL THEN coalesce(pa.ns, n.alloc_ns) ELSE n.alloc_ns END AS alloc_ns, n.wait_ns,
          n.comm_ns, n.init_ns, c.cut_ns, c.own_ns FROM long_gaps g LEFT JOIN (
   SELECT probe_id, sum(end_ns - start_ns) FILTER (WHERE what = 'sync') AS sync_ns,

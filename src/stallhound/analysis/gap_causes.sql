@@ -104,6 +104,7 @@ judged AS (
     WHEN g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL THEN CASE  -- one op's overhead
       WHEN g.tiny THEN 'launch_tiny' ELSE 'launch' END
     WHEN h.op_ns - coalesce(h.api_ns, 0) >= $dominant * (g.duration_ns - stalled_ns) THEN 'host_op'  -- past one op
+    WHEN h.python_ns - coalesce(h.api_ns, 0) >= $dominant * (g.duration_ns - stalled_ns) THEN 'host_python'  -- frames
     ELSE 'host_untraced' END AS host_cause,
     g.duration_ns > $launch_gap_max AND g.duration_ns <= $overhead_max AND g.launch_end_ns IS NOT NULL
       AND h.alloc_ns >= greatest(coalesce(h.launch_ns, 0), coalesce(h.sync_ns, 0),

@@ -2,7 +2,7 @@
 -- calls near those gaps (each with its kind: jit, module, alloc, lazy load, sync, launch, one-time initialisation
 -- (init: creating a stream, event or context) or other API), OS-runtime
 -- calls (waits, and others: 'os'), NVTX ranges of a known kind (jit, comm, loader), framework operators (ranges of domain $op_domain) when the
--- trace has no CPU data, time on a CPU (scheduler data, else CPU samples), and the profiler's own overhead in their
+-- trace has no CPU data, Python frames that launched no GPU work (python), time on a CPU (scheduler data, else CPU samples), and the profiler's own overhead in their
 -- process (profiler_overhead: CUPTI buffer flushes stall the process's CUDA calls), as host_events.
 -- A lazy load is a launch call of at least $lazy that launched the first kernel of its name in its process: a
 -- long launch of a kernel launched before loads nothing (the driver waited on something else).
@@ -65,6 +65,9 @@ host_events AS NOT MATERIALIZED (  -- read by both joins of `touch`: recomputed,
   SELECT n.pid, n.tid, 'op', n.start_ns, n.end_ns FROM nvtx n JOIN threads_in USING (pid, tid)
   WHERE n.domain = $op_domain AND n.end_ns > $start AND n.start_ns < $end
     AND NOT EXISTS (SELECT 1 FROM sched LIMIT 1) AND NOT EXISTS (SELECT 1 FROM cpu_samples LIMIT 1)
+  UNION ALL  -- Python code the thread ran that launched no GPU work (python_frames): host work where nothing else shows it
+  SELECT f.pid, f.tid, 'python', f.start_ns, f.end_ns FROM python_frames f JOIN threads_in USING (pid, tid)
+  WHERE f.end_ns > $start AND f.start_ns < $end
   UNION ALL
   SELECT t.pid, t.tid, 'profiler', o.start_ns, o.end_ns FROM profiler_overhead o JOIN threads_in t ON t.pid = o.pid
   WHERE o.end_ns > $start AND o.start_ns < $end

@@ -14,7 +14,7 @@ waited for work the device held say so (tag held)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import duckdb
 
@@ -24,6 +24,7 @@ from stallhound.analysis import (
     input_pipeline,
     launch_pace,
     program,
+    python_work,
     rules,
     step_repeats,
     trace_quality,
@@ -32,11 +33,11 @@ from stallhound.analysis import idle_blocking as blocking
 from stallhound.analysis.attribution import DeviceIdle
 from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope, shown
 from stallhound.analysis.idle_bubbles import IN_BUBBLES, HostSeen
+from stallhound.analysis.idle_seen import Seen
 from stallhound.analysis.one_shot import ONE_SHOT, OneShot, on_devices
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
 from stallhound.analysis.step_repeats import SameSteps
-from stallhound.analysis.trace_quality import LostKernels, SampledCalls
 from stallhound.formats.remedy import remedy
 
 STARVED_BUSY_PCT = 80.0  # book cpu-bottleneck: a device busy less than this over the window is starved
@@ -54,21 +55,8 @@ GC_MIN_STEPS = 1.5  # a collection that idles a device for 1 ms is an older-gene
 PACING_RATIO = 0.1  # book cpu-bottleneck: launch calls taking under a tenth of their kernels' time issue the work ten
 # times faster than the device runs it, so they cannot pace it: what keeps launches late is other host work
 INIT_DOING = "creating streams, events or contexts (a library's first use)"  # what the init cause is (attribution)
-
-@dataclass(frozen=True)
-class Seen:
-    """What the trace shows besides the idle attribution that the idle findings depend on."""
-    loader: tuple[str, ...] = ()  # what shows the program's data loader (input_pipeline.evidence; empty: none)
-    lost: LostKernels | None = None  # the window's launches whose kernel records were lost (trace_quality)
-    sampled: SampledCalls | None = None  # the window's calls recorded after calls the trace left out (trace_quality)
-    launches: dict[int, tuple[int, int]] = field(default_factory=dict)  # per device (launch calls' ns, their
-    # kernels' ns) over the window (launch_pace); a device absent: its launches were not traced
-    same_steps: dict[int, SameSteps] = field(default_factory=dict)  # per device whose steps in the window all run
-    # one kernel sequence (step_repeats); computed only where tiny kernels' launch gaps could fire a finding
-    host: dict[tuple[int, bool], HostSeen] = field(default_factory=dict)  # per (device, edges in): the launching
-    # process's activity in the unexplained idle (idle_bubbles.host_seen)
-    unsampled: str | None = None  # no CPU samples (CPU work seen by the scheduler only): the capture that records them
-    one_shot: dict[int, OneShot] = field(default_factory=dict)  # per device where the program repeats nothing
+NOTHING_SEEN = Seen()  # a trace that shows nothing besides the attribution
+HOST_WORK = {"host_cpu": "host-cpu", "host_op": "host-ops", "host_python": "host-python"}  # host causes: tags
 
 
 @dataclass(frozen=True)
@@ -155,7 +143,7 @@ def _launching(d: DeviceIdle, c: Context) -> str:
     if _paced(d, c):
         return f"launching {ms(d.ns('launch'))}"
     late = f"before late launches {ms(d.ns('launch'))}"
-    if d.ns("launch") < d.ns("host_cpu", "host_op"):
+    if d.ns("launch") < d.ns(*HOST_WORK):
         return late
     api_ns, kernel_ns = c.seen.launches[d.device]
     return (f"{late} (the launch calls take {ms(api_ns)} for {ms(kernel_ns)} of kernels: other host work, not "
@@ -189,14 +177,15 @@ def _host_title(d: DeviceIdle, ns: int, c: Context) -> str:
     parts = [_launching(d, c), *([f"CPU work {ms(d.ns('host_cpu'))}{_unseen_cpu(d, ns, c)}"]
                                  if shown(d.ns("host_cpu")) else []),
              *([f"inside framework operators that launched no GPU work {ms(ops)}"] if ops else [])]
+    parts += [python_work.part(py, c.seen.python.get(d.device))] if (py := d.ns("host_python")) else []
     return f"device {d.device} (busy {d.busy_pct:.1f}%) idles {ms(ns)} waiting for the host: {', '.join(parts)}"
 
 
 def _host_tag(d: DeviceIdle, c: Context) -> str:
-    """What holds most of the host's time: launching (where its calls pace the device), CPU work, or operators."""
-    if d.ns("launch") >= d.ns("host_cpu", "host_op"):
+    """What holds most of the host's time: launching (where its calls pace the device), CPU work, operators, Python."""
+    if d.ns("launch") >= d.ns(*HOST_WORK):
         return "launch" if _paced(d, c) else "host-cpu"
-    return "host-ops" if d.ns("host_op") > d.ns("host_cpu") else "host-cpu"
+    return HOST_WORK[max(HOST_WORK, key=lambda cause: (d.ns(cause), cause == "host_cpu"))]
 
 
 def _host_tags(d: DeviceIdle, c: Context) -> list[str]:
@@ -243,7 +232,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("gc-pauses", ("host_untraced", "host_cpu"), lambda d, c: _python(c.program),
           lambda d, ns, c: f"device {d.device}: periodic idle gaps ({ms(ns)}) with the host outside CUDA calls: "
                            "garbage-collection-like pauses", ns=_periodic),
-    Claim("cpu-bottleneck", ("launch", "host_cpu", "host_op"), lambda d, c: d.busy_pct < STARVED_BUSY_PCT,
+    Claim("cpu-bottleneck", ("launch", *HOST_WORK), lambda d, c: d.busy_pct < STARVED_BUSY_PCT,
           _host_title, _host_tags),
     Claim("host-communication", ("host_comm",), lambda d, c: True,
           lambda d, ns, c: f"device {d.device} idles {ms(ns)} while its launching thread communicates "
@@ -259,7 +248,7 @@ def step_ns(con: duckdb.DuckDBPyConnection, profile: str, device: int | None) ->
 
 
 def findings(idle: dict[int, DeviceIdle], program: Program, in_loop: bool = False,
-             step_ns: int | None = None, seen: Seen = Seen()) -> list[Finding]:
+             step_ns: int | None = None, seen: Seen = NOTHING_SEEN) -> list[Finding]:
     """All idle findings, per device, in CLAIMS order; then one-time setup, and gpu-bubbles for what stays
     unexplained. in_loop: the window lies inside the program's loop (a steady state), so even a one-off cost recurs
     per run of it; outside it, the stretches before a device's first work and after its last are start-up and
@@ -396,5 +385,6 @@ def basis(con: duckdb.DuckDBPyConnection, scope: Scope, step_ns: int | None = No
                 trace_quality.sampled_calls(con, scope.start_ns, scope.end_ns),
                 launch_pace.launches(con, scope) if scope.devices else {},
                 step_repeats.same_steps(con, scope) if tiny else {},
-                idle_bubbles.host_seen(con, scope, attr) if attr else {}, unsampled, on_devices(con, scope))
+                idle_bubbles.host_seen(con, scope, attr) if attr else {}, unsampled, on_devices(con, scope),
+                python_work.where(con, attr) if attr else {})
     return IdleBasis(idle, found, step_ns, seen)

@@ -14,7 +14,8 @@ threads that launched the device's work in the window, as the idle attribution j
   of SMALL_UPLOAD_BYTES or less), each placed by its copy call; share of the calls' host time;
 - dataloader-starvation: its threads' OS-runtime waits (rules.WAIT_CALLS); share of their time;
 - cpu-bottleneck (CPU work in the gaps): its threads' CPU samples taken while the device idled between two pieces of
-  its work, share of the samples; in a profile without CPU samples (torch.profiler), the device's launch calls.
+  its work, share of the samples; in a profile without CPU samples (torch.profiler), the device's launch calls;
+  none where its idle was Python code (host-python: its title names the frame, python_work).
 Other findings (a kernel's, communication, the device's own, the profiler's) have no `where`. A profile without any
 stack says so once (note), never per finding.
 """
@@ -130,6 +131,8 @@ def event_set(con: duckdb.DuckDBPyConnection, finding: Finding) -> EventSet | No
     """The finding's events (SETS), None when it is not about host events."""
     if finding.root_cause == "excessive-h2d-transfers" and "many-small" in finding.tags:
         return SMALL_UPLOADS
+    if finding.root_cause == "cpu-bottleneck" and "host-python" in finding.tags:
+        return None  # its title names the Python frame the idle was spent in; launch calls are not about it
     if finding.root_cause == "cpu-bottleneck":
         return SAMPLES if one_row(con.execute("SELECT EXISTS (SELECT 1 FROM cpu_samples)"))[0] else LAUNCHES
     return SETS.get(finding.root_cause)

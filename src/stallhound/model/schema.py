@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_VERSION = 20  # bump when a table or column changes: cached models rebuild
+MODEL_VERSION = 21  # bump when a table or column changes: cached models rebuild
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,17 @@ TABLES: tuple[Table, ...] = (
                              "runtime and CUDA libraries), system (C/C++ runtime, loader, MPI), interpreter (Python's "
                              "eval loop, built-ins, standard library), framework (PyTorch's dispatch, autograd and "
                              "modules); NULL for the user's own code (formats.frames)"),
+    )),
+    Table("python_frames", "Python frames as timed host work of their thread: a Kineto trace's python_function "
+                           "events (with_stack=True) on threads that launch GPU work, that launched none themselves "
+                           "(no launch, copy or memset call begins in them) and last long enough to explain host "
+                           "idle (formats.kineto.stacks: the longest, up to a bound). Empty for nsys exports and for "
+                           "traces without with_stack.", (
+        ("pid", "BIGINT", ""), ("tid", "BIGINT", ""), ("start_ns", "BIGINT", ""), ("end_ns", "BIGINT", ""),
+        ("depth", "INTEGER", "frames above it on its thread's stack (0: an outermost frame)"),
+        ("function", "VARCHAR", "Python function, or a built-in's name"),
+        ("file", "VARCHAR", "the file as recorded (relative to its sys.path entry); NULL for built-ins"),
+        ("line", "INTEGER", "the function's first line; NULL for built-ins"),
     )),
     Table("sched", "Thread scheduling events (SCHED_EVENTS).", (
         ("pid", "BIGINT", ""), ("tid", "BIGINT", ""), ("time_ns", "BIGINT", ""), ("cpu", "INTEGER", ""),

@@ -63,7 +63,7 @@ class Params(ScopedParams):
 class CauseRow(BaseModel):
     cause: str = Field(description="see analysis/attribution.py: queued, sync, readback, pageable_copy, small_copy, "
                                    "sync_copy, call_stall, host_fault, launch_tiny, launch, jit, alloc, init, "
-                                   "host_comm, input_wait, host_wait, host_cpu, host_op, host_untraced")
+                                   "host_comm, input_wait, host_wait, host_cpu, host_op, host_python, host_untraced")
     idle_ns: int
     gaps: int
     api: str | None = Field(description="blocking API most often seen, for the blocking causes")

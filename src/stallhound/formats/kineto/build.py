@@ -101,6 +101,7 @@ class KinetoBuilder(BuildSteps):
             self.sql(ddl(table))
             if query:
                 self.sql(query, params={"rank": rank} if "$rank" in query else None)
+        stacks.timed(self)
 
 
 def build(path: Path, out: Path, fingerprint: str, progress: Progress | None = None,

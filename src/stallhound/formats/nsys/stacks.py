@@ -41,8 +41,10 @@ def present(b: Builder) -> list[str]:
 
 
 def build(b: Builder) -> None:
-    """Write `stacks` and the map _stack_map(source, id, stack_id) from the export's call-stack tables."""
+    """Write `stacks` and the map _stack_map(source, id, stack_id) from the export's call-stack tables; nsys records
+    no Python frames as timed events (python_frames stays empty)."""
     b.create("stacks")
+    b.create("python_frames")
     tables = present(b)
     b.has_stacks = set(SOURCES[t] for t in tables)
     if not tables:
