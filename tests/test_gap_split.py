@@ -169,7 +169,8 @@ def test_gap_split_a_reads_turnaround_is_capped_at_the_work_it_waited_for(cache_
 def test_gap_split_the_autograd_threads_frees_explain_the_gaps_the_launching_thread_waits_through(cache_root):
     """MI300X ResNet18 without the caching allocator: three gaps of 46-54 ms in which the main thread, which launched
     the work after them, shows nothing, while the autograd thread sits in hipFree. Each is allocation for the
-    union of the process's hipMalloc/hipFree calls in it (json), the rest untraced; gpu-bubbles no longer has them."""
+    union of the process's hipMalloc/hipFree calls in it (json), the rest inside the main thread's Python frames that
+    launched nothing (with_stack: host_python); gpu-bubbles no longer has them."""
     path = _corpus("tl_mi300_resnet18_nopool")
     with gzip.open(path) as f:
         events = json.load(f)["traceEvents"]
@@ -180,7 +181,7 @@ def test_gap_split_the_autograd_threads_frees_explain_the_gaps_the_launching_thr
     assert [round((g.end_ns - g.start_ns) / 1e6, 1) for g in found] == [54.4, 46.6, 46.7]
     for g in found:
         inside = sum(max(0, min(e, g.end_ns) - max(s, g.start_ns)) for s, e in frees)
-        assert g.pieces() == (("alloc", inside), (None, 0), ("host_untraced", g.end_ns - g.start_ns - inside),
+        assert g.pieces() == (("alloc", inside), (None, 0), ("host_python", g.end_ns - g.start_ns - inside),
                               (None, 0), (None, 0))
 
 
