@@ -23,6 +23,7 @@ it (basis 'compute_capability'), else by kernel names built for sm80+ on that de
 (basis 'kernel_names', min_arch_from_names), else null (basis 'unknown'); on AMD null (basis 'amd': the gfx
 version is no compute capability). fp16_tensor_cores likewise from 7.0; on 7.x, FP16 only, conv_fp32_ns (cuDNN
 convolutions whose names mark FP32 math) joins the FP32 GEMMs as the work FP16 mixed precision moves. Durations in ns.
+Unfused attention (softmax launches between two GEMMs, no fused attention kernel): analysis/attention.py.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Annotated, Literal
 import duckdb
 from pydantic import BaseModel, Field, PrivateAttr
 
-from stallhound.analysis import hotspots, launch_fill, quantiles, vendor
+from stallhound.analysis import attention, hotspots, launch_fill, quantiles, vendor
 from stallhound.analysis.common import (
     DEFAULT_LIMIT,
     Finding,
@@ -55,6 +56,7 @@ from stallhound.analysis.launch_fill import KernelFill, capability_number
 from stallhound.analysis.rules import HOTSPOT_PCT
 from stallhound.analysis.vendor import AMD, NVIDIA, Vendor
 from stallhound.model.duck import one_row
+from stallhound.model.sql_files import sql_beside
 
 TRIAGE = TriageRole("window", order=4)
 MIN_NAMES_FOR_HOTSPOT = 2  # with a single kernel name its 100% share says nothing
@@ -71,17 +73,7 @@ TF32_MIN_SPEEDUP = 2.0
 # The kinds that make up GEMM time, and the share of DeviceGemms each one feeds.
 GEMM_KINDS = {"gemm-fp32": "fp32", "gemm-tensor": "tensor", "gemm": "other"}
 Basis = Literal["compute_capability", "kernel_names", "unknown", "amd"]
-# Whether the program trains, from what only training records: torch.optim's ranges ('Optimizer.step#AdamW.step'),
-# autograd's backward ops ('AddmmBackward0', 'autograd::engine::evaluate_function: ...') or an optimizer's kernels
-# (multi_tensor_apply, fused Adam; 'adam' as a word, not inside 'hadamard'). Anywhere in the trace: the optimizer of
-# a step may lie outside the window. Matched once per distinct text (a trace repeats a few names millions of times;
-# as an aggregate over the distinct names, since DuckDB pushes a filter below DISTINCT and would match every row).
-TRAINING_SQL = r"""
-SELECT coalesce((SELECT bool_or(regexp_matches(text, '^Optimizer\.|[a-z]Backward[0-9]|^autograd::engine::'))
-                 FROM (SELECT DISTINCT text FROM nvtx)), false)
-    OR coalesce((SELECT bool_or(regexp_matches(
-                   n, '(?i)multi_tensor_apply|fused_?adam|fusedoptimizer|_adam|(^|[^a-z])adamw?([^a-z]|$)'))
-                 FROM (SELECT DISTINCT coalesce(name, short_name, '') AS n FROM kernels)), false)"""
+TRAINING_SQL = sql_beside(__package__, "top_kernels_training.sql")  # whether the program trains, anywhere in the trace
 
 
 class Params(ScopedParams):
@@ -150,6 +142,7 @@ class Result(Paged):
     _command: str | None = PrivateAttr(None)  # the profiled command line, for the kernel profiler's command
     _vendor: Vendor = PrivateAttr(NVIDIA)  # whose GPU: which kernel profiler, what its units are called
     _training: bool = PrivateAttr(False)  # whether the trace shows the program training (TRAINING_SQL)
+    _attention: list[attention.DeviceAttention] = PrivateAttr(default_factory=list)  # softmaxes between GEMMs
 
 
 # Every (device, demangled name, short name) of the profile with its kernels in scope (n, t); names with
@@ -314,6 +307,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params) -> Result:
     result._command = one_row(con.execute("SELECT command_line FROM meta"))[0]
     result._vendor = vendor_
     result._training = bool(one_row(con.execute(TRAINING_SQL))[0])
+    result._attention = attention.read(con, scope)
     return result
 
 
@@ -374,8 +368,8 @@ def findings(result: Result) -> list[Finding]:
     fp32 += [_fp16_amp(g, result.scope) for g in result.gemms
              if pct(_fp16_ns(g), g.kernel_time_ns) >= FP32_GEMM_MIN_PCT]
     hot = [_hot(row, result.scope) for row in result.hotspots]
-    return fp32 + hotspots.findings(hot, result.launch_fill, result.scope.duration_ns, result._command,
-                                    result._vendor, result._training)
+    return fp32 + attention.findings(result._attention, result.scope.duration_ns) + hotspots.findings(
+        hot, result.launch_fill, result.scope.duration_ns, result._command, result._vendor, result._training)
 
 
 def render(result: Result) -> str:
