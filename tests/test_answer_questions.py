@@ -27,7 +27,8 @@ from stallhound.tools.answers import answerers
 from stallhound.tools.answers import figures as answer_figures
 from stallhound.tools.answers.evidence import Evidence
 
-UNCOVERED = {"gpu_utilization"}  # the other uncovered figures: answer_figures; thread_utilization where it can answer
+UNCOVERED = {"gpu_utilization", "profile_summary"}  # triage reads only the trace notes (trace_quality.of_model);
+# the other uncovered figures: answer_figures; thread_utilization where it can answer
 
 
 def _answers(con, profile: str) -> dict[str, answer_questions.Answer]:
