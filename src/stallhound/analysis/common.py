@@ -326,6 +326,11 @@ def shown(ns: float | int) -> bool:
     return ns > 0 and ms(ns) != ms(0)
 
 
+def stake_said(ns: int) -> str:
+    """A ranked line's ': ~X ms at stake', or nothing where no time is bounded (the finding says so in words)."""
+    return f": ~{ms(ns)} at stake" if shown(ns) else ""
+
+
 def counted(n: int, noun: str) -> str:
     """'1 gap', '3 gaps', '2 launches': a count with its noun in the right number."""
     return f"{n:,} {noun}{'' if n == 1 else 'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"

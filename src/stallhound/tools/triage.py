@@ -38,6 +38,7 @@ from stallhound.analysis.common import (
     ms,
     resolve_scope,
     run_once,
+    stake_said,
 )
 from stallhound.analysis.contracts import TRIAGED
 from stallhound.analysis.program import Program
@@ -291,7 +292,7 @@ def render(result: Result) -> str:
                      else "No detector fired: nothing above its threshold.")
     explained: set[str] = set()
     for f in result.findings:
-        lines.append(f"{f.rank}. [{f.severity}] {f.title}: ~{ms(f.time_at_stake_ns)} at stake")
+        lines.append(f"{f.rank}. [{f.severity}] {f.title}{stake_said(f.time_at_stake_ns)}")
         lines += cited_lines(f, explained)
     if result.truncated:
         lines.extend(more_rows(result, result.total_findings - len(result.findings), "findings"))

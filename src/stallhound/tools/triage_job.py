@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from stallhound.analysis import rank_figures as figures
 from stallhound.analysis import rules
-from stallhound.analysis.common import MAX_LIMIT, Finding, Output, as_result, leads_first, more_rows, ms
+from stallhound.analysis.common import MAX_LIMIT, Finding, Output, as_result, leads_first, more_rows, ms, stake_said
 from stallhound.analysis.contracts import run_skill
 from stallhound.analysis.program import Program
 from stallhound.analysis.shares import Classification
@@ -140,7 +140,7 @@ def render(result: Result) -> str:
     explained: set[str] = set()
     for f in result.findings:
         where = "job-wide" if f.rank is None else f"rank {f.rank}"
-        lines.append(f"{f.position}. [{f.severity}] ({where}) {f.title}: ~{ms(f.time_at_stake_ns)} at stake")
+        lines.append(f"{f.position}. [{f.severity}] ({where}) {f.title}{stake_said(f.time_at_stake_ns)}")
         lines += triage.cited_lines(f, explained)
     if result.truncated:
         lines.extend(more_rows(result, result.total_findings - len(result.findings), "findings"))
