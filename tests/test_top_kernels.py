@@ -9,6 +9,7 @@ import pytest
 from conftest import FIXTURE_IDS, FIXTURES
 from modeldb import make_model
 
+from stallhound.analysis import rules
 from stallhound.analysis.contracts import run_skill
 from stallhound.model.errors import InvalidRequest
 from stallhound.tools import top_kernels as tk
@@ -44,8 +45,15 @@ def row(**kw) -> tk.KernelRow:
 TINY = [k(ADD, 0, 10), k(ADD, 100, 130), k(FILL, 200, 220), k(FFMA, 300, 350)]
 
 
+@pytest.fixture
+def ns_kernels(monkeypatch):
+    """These unit kernels last nanoseconds: no kernel counts as tiny here, the tiny-kernel rule (hotspots.launch_bound)
+    has its own tests in test_hotspots."""
+    monkeypatch.setattr(rules, "TINY_KERNEL_NS", 0)
+
+
 # --- unit ------------------------------------------------------------------------------------------
-def test_top_kernels_whole_result_by_name():
+def test_top_kernels_whole_result_by_name(ns_kernels):
     result = run(make_model(kernels=TINY, gpus=[gpu()]))
     assert (result.group_by, result.kernel_count, result.kernel_time_ns, result.distinct_names) == ("name", 4, 110, 3)
     assert (result.truncated, result.total_rows, result.notes, result.scope.duration_ns) == (False, 3, [], 350)
@@ -97,7 +105,7 @@ def test_top_kernels_group_by_short_name_merges_instantiations():
     assert [r.display_name for r in result.hotspots] == ["vectorized_elementwise_kernel", FFMA]
 
 
-def test_top_kernels_per_device_shares_are_of_each_device():
+def test_top_kernels_per_device_shares_are_of_each_device(ns_kernels):
     kernels = [k("x", 0, 30), k("y", 30, 40), k("x", 0, 10, device=1), k("y", 10, 60, device=1)]
     merged = run(make_model(kernels=kernels))
     assert [(r.display_name, r.device, r.kernel_time_pct, r.window_pct) for r in merged.rows] == [
@@ -123,7 +131,7 @@ def test_top_kernels_per_device_shares_are_of_each_device():
     ([k("a", 0, 50), k("a", 50, 100)], {}, [("a", "medium")]),  # ... unless it runs most of the window
     ([k("a", 0, 50), k("b", 50, 100, device=1)], {"per_device": True}, [("a", "medium"), ("b", "medium")]),
 ])
-def test_top_kernels_hotspot_preconditions(kernels, kw, hot):
+def test_top_kernels_hotspot_preconditions(kernels, kw, hot, ns_kernels):
     """A hot kernel takes over 30% of kernel time beside others, or over half the window alone; with no launch
     configuration recorded there is no evidence of under-use, so one running most of the window is medium."""
     result = run(make_model(kernels=kernels), **kw)
@@ -186,6 +194,22 @@ def test_top_kernels_fp16_tensor_cores_on_7x(cc, kernels, fp32_ns, stake_ns):
     assert (f.evidence["gemm_fp32_ns"], f.evidence["conv_fp32_ns"]) == fp32_ns
     assert f.time_at_stake_ns == stake_ns == round(sum(fp32_ns) * 7 / 8) and f.tags == ["fp16-tensor-cores"]
     assert f"compute capability {cc}, whose tensor cores run FP16" in f.title and "at most" in f.title
+
+
+@pytest.mark.parametrize("name, cc, stake_ns", [
+    ("NVIDIA GeForce RTX 2080 Ti", "7.5", 375),  # half-rate FP16 with FP32 accumulation: ~4x, at most 3/4 (the PARAM
+    # traces' GPU: param_linear_mlp_2080ti's 278.6 ms of sgemm may save 209 ms, not 244)
+    ("NVIDIA TITAN RTX", "7.5", 438),  # a full-rate Turing: 7/8
+    ("Tesla T4", "7.5", 438),
+    ("NVIDIA GeForce GTX 1080", "6.1", None),  # no tensor cores
+])
+def test_top_kernels_fp16_bound_follows_the_gpus_fp16_rate(name, cc, stake_ns):
+    result = run(make_model(kernels=[k(SGEMM, 0, 500), k("b", 500, 1000)], gpus=[{**gpu(cc=cc), "name": name}]))
+    found = [f for f in result.findings if f.root_cause == "fp32-gemm-no-tensor-cores"]
+    assert [f.time_at_stake_ns for f in found] == ([stake_ns] if stake_ns else [])
+    if found:
+        rate = 4 if "GeForce" in name else 8
+        assert f"peak {rate}x rate" in found[0].title and found[0].evidence["fp16_peak_speedup"] == rate
 
 
 def test_top_kernels_reads_no_tensor_cores_from_an_amd_gfx_version():

@@ -64,10 +64,10 @@ DOMINANT_PCT = 50.0  # an FP32 GEMM share above this is most of the device's wor
 FP32_GEMM_MIN_PCT = 10.0  # book fp32-gemm-no-tensor-cores: FP32 GEMMs above ~10% of kernel time are worth moving
 TF32_MIN_ARCH = 80  # TF32 (and bf16) tensor cores arrived with compute capability 8.0 (Ampere)
 FP16_MIN_ARCH = 70  # FP16 tensor cores arrived with 7.0 (Volta): on 7.x (V100, T4) mixed precision is FP16 only
-# FP16 tensor cores peak at ~8x the FP32 FMA rate on 7.x (V100 125 vs 15.7 TFLOP/s, T4 65 vs 8.1): FP16 mixed
-# precision saves at most 7/8 of the time of the FP32 GEMMs and convolutions it moves (casts and memory-bound layers
-# save less), an upper bound.
-FP16_PEAK_SPEEDUP = 8.0
+# FP16 tensor cores (FP32 accumulation, as autocast and cuBLAS use) peak at ~8x the FP32 rate on 7.x (V100 125 vs
+# 15.7 TFLOP/s, T4 65 vs 8.1): mixed precision saves at most 7/8 of the FP32 work it moves, an upper bound; GeForce
+# RTX 20xx run that math at half rate, ~4x (2080 Ti 56.9 vs 14.2): at most 3/4 there
+FP16_PEAK_SPEEDUP, GEFORCE_TURING_FP16_SPEEDUP = 8.0, 4.0
 # TF32 tensor cores peak at ~8x (A100) / ~7x (H100) the FP32 FMA rate; real GEMMs reach less, so 2x is a floor.
 TF32_MIN_SPEEDUP = 2.0
 # The kinds that make up GEMM time, and the share of DeviceGemms each one feeds.
@@ -121,6 +121,7 @@ class DeviceGemms(BaseModel):
     fp16_tensor_cores: bool | None = Field(description="FP16 tensor cores (compute capability 7.0+); null "
                                                              "when the profile cannot tell")
     basis: Basis = Field(description="what decided tf32_tensor_cores and fp16_tensor_cores")
+    fp16_peak_speedup: float = Field(FP16_PEAK_SPEEDUP, description="FP16 tensor-core peak / FP32 rate on the GPU")
 
 
 class Result(Paged):
@@ -180,7 +181,7 @@ FROM s LEFT JOIN med m ON m.key = s.key AND m.device IS NOT DISTINCT FROM s.devi
 WHERE (rn > $offset AND rn <= $offset + $limit + 1) OR hot ORDER BY rn
 """
 
-CAPABILITY_SQL = "SELECT device_id, compute_capability FROM gpus WHERE device_id IN (SELECT unnest($devices))"
+CAPABILITY_SQL = "SELECT device_id, compute_capability, name FROM gpus WHERE device_id IN (SELECT unnest($devices))"
 
 
 class _Names:
@@ -240,8 +241,14 @@ def _tensor_cores(capability: str | None, min_arch: int | None, vendor_: Vendor
     return None, None, "unknown"  # older architecture names run on newer GPUs too: no upper bound
 
 
+def fp16_speedup(capability: str | None, name: str | None) -> float:
+    """FP16 tensor-core peak over the FP32 rate, with FP32 accumulation: GeForce Turing runs it at half rate."""
+    geforce_turing = capability_number(capability) == 75 and "geforce" in (name or "").lower()
+    return GEFORCE_TURING_FP16_SPEEDUP if geforce_turing else FP16_PEAK_SPEEDUP
+
+
 def _gemms(con: duckdb.DuckDBPyConnection, names: _Names, scope: Scope, vendor_: Vendor) -> list[DeviceGemms]:
-    capabilities = dict(con.execute(CAPABILITY_SQL, {"devices": scope.devices}).fetchall())
+    gpus = {d: (cc, name) for d, cc, name in con.execute(CAPABILITY_SQL, {"devices": scope.devices}).fetchall()}
     per_device: dict[int, list[tuple[str, str, int, int, str]]] = defaultdict(list)
     for device, name, short, n, t in names.rows:  # per device, most time first
         if n:
@@ -252,13 +259,14 @@ def _gemms(con: duckdb.DuckDBPyConnection, names: _Names, scope: Scope, vendor_:
         fp32 = [r for r in rows if r[4] == "gemm-fp32"]
         kernel_ns = sum(r[3] for r in rows)
         min_arch = max((a for a in (min_arch_of(r[0]) for r in rows) if a is not None), default=None)
-        tf32, fp16, basis = _tensor_cores(capabilities.get(device), min_arch, vendor_)
+        tf32, fp16, basis = _tensor_cores(gpus.get(device, (None,))[0], min_arch, vendor_)
         out.append(DeviceGemms(
             device=device, kernel_time_ns=kernel_ns, gemm_fp32_ns=by["fp32"], gemm_fp32_count=sum(r[2] for r in fp32),
             gemm_fp32_pct=pct(by["fp32"], kernel_ns), gemm_tensor_ns=by["tensor"], gemm_other_ns=by["other"],
             conv_fp32_ns=sum(r[3] for r in rows if r[4] == "conv" and fp32_conv(r[0], r[1])),
-            top_fp32_gemm=names.display(fp32[0][0]) if fp32 else None, compute_capability=capabilities.get(device),
-            min_arch_from_names=min_arch, tf32_tensor_cores=tf32, fp16_tensor_cores=fp16, basis=basis))
+            top_fp32_gemm=names.display(fp32[0][0]) if fp32 else None, compute_capability=gpus.get(device, (None,))[0],
+            min_arch_from_names=min_arch, tf32_tensor_cores=tf32, fp16_tensor_cores=fp16, basis=basis,
+            fp16_peak_speedup=fp16_speedup(*gpus.get(device, (None, None)))))
     return out
 
 
@@ -347,7 +355,7 @@ def _fp16_ns(g: DeviceGemms) -> int:
 
 def _fp16_amp(g: DeviceGemms, scope: Scope) -> Finding:
     ns = _fp16_ns(g)
-    share, stake = pct(ns, g.kernel_time_ns), min(round(ns * (1 - 1 / FP16_PEAK_SPEEDUP)), scope.duration_ns)
+    share, stake = pct(ns, g.kernel_time_ns), min(round(ns * (1 - 1 / g.fp16_peak_speedup)), scope.duration_ns)
     parts = [f"GEMMs {ms(g.gemm_fp32_ns)} ({g.top_fp32_gemm})"] * bool(g.gemm_fp32_ns) + [
         f"convolutions {ms(g.conv_fp32_ns)}"] * bool(g.conv_fp32_ns)
     return Finding(
@@ -355,10 +363,10 @@ def _fp16_amp(g: DeviceGemms, scope: Scope) -> Finding:
         title=f"device {g.device}: FP32 {' and '.join(parts)} take {share:.1f}% of kernel time on compute capability "
               f"{g.compute_capability}, whose tensor cores run FP16 (no TF32, no bf16): FP16 mixed precision would "
               f"move them there, saving at most {ms(stake)} (their time at the tensor cores' peak "
-              f"{FP16_PEAK_SPEEDUP:.0f}x rate; casts and memory-bound layers save less)",
+              f"{g.fp16_peak_speedup:.0f}x rate; casts and memory-bound layers save less)",
         evidence={"gemm_fp32_ns": g.gemm_fp32_ns, "conv_fp32_ns": g.conv_fp32_ns, "fp32_pct": share,
                   "kernel_time_ns": g.kernel_time_ns, "gemm_tensor_ns": g.gemm_tensor_ns,
-                  "compute_capability": g.compute_capability, "fp16_peak_speedup": FP16_PEAK_SPEEDUP},
+                  "compute_capability": g.compute_capability, "fp16_peak_speedup": g.fp16_peak_speedup},
         time_at_stake_ns=stake, device=g.device, tags=["fp16-tensor-cores"])
 
 
