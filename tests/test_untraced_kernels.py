@@ -15,6 +15,7 @@ from modeldb import make_model
 from test_idle_evidence import corpus_profile
 from test_kineto_nccl import write_json
 
+from stallhound.analysis import shares
 from stallhound.analysis.common import ms
 from stallhound.analysis.untraced_kernels import WAIT_MIN_NS
 from stallhound.formats import open_profile
@@ -101,6 +102,36 @@ def test_range_profiler_events_say_the_kernels_ran_under_it():
     assert "crash" not in note and "WSL2" not in note
 
 
+MEASURED_HEAD = ["no GPU activity: no kernel, copy or memset in the window",
+                 "  compute 0.0%  transfer 0.0%  communication 0.0%  idle 100.0%  (overlap 0.0%)"]
+UNRECORDED_HEAD = [f"no GPU activity: {shares.UNRECORDED_REASON}",
+                   "  shares unknown: the device's time is not recorded (compute, transfer, communication, idle)"]
+
+
+def headline(result: triage.Result) -> list[str]:
+    """Triage's bound and shares lines, under its trace notes."""
+    return triage.render(result).splitlines()[len(result.quality):len(result.quality) + 2]
+
+
+@pytest.mark.parametrize("extra, meta, recorded", [
+    ([sync(WAIT_MIN_NS)], {"os_release": "5.15.0-73-generic"}, False),  # a blocked sync: the GPU worked
+    ([sync(WAIT_MIN_NS - 1)], {"os_release": "5.15.0-73-generic"}, True),  # the crash branch: nothing ran
+    ([], {"os_release": WSL}, False),  # WSL2 records none of the GPU's work
+    ([], {"profiler_ranges": 10}, False),  # the range profiler measured the kernels
+    ([], None, True),  # launches alone
+])
+def test_the_headline_claims_idle_only_when_the_device_time_was_recorded(extra, meta, recorded):
+    """Launches without device records: where the trace shows the GPU worked (untraced_kernels' evidence) its time is
+    not recorded, so the shares are unknown ('not recorded', left at 0), not 100% idle; a crash keeps the idle
+    reading."""
+    result = triage.run(make_model(cuda_api=LAUNCHES + extra, meta=meta), triage.Params(profile="t"))
+    c = result.classification
+    assert headline(result) == (MEASURED_HEAD if recorded else UNRECORDED_HEAD)
+    assert (c.shares_basis, c.idle_pct) == (("measured", 100.0) if recorded else ("not recorded", 0.0))
+    shown = triage.render_markdown(result)
+    assert ("| idle | 100.0 |" in shown) == recorded and ("shares unknown" in shown) != recorded
+
+
 @pytest.mark.parametrize("ranges", [0, 2])
 def test_kineto_load_counts_the_range_profiler_events(tmp_path, cache_root, ranges):
     """meta.profiler_ranges counts a trace's cuda_profiler_range events, which are no kernels (none in `kernels`)."""
@@ -160,6 +191,7 @@ def test_wsl2_api_only_captures_say_the_kernels_ran_and_the_platform_lacks_their
     assert f"the host waited {ms(waited)} on the GPU in {n:,} sync calls ({top} " in note
     assert "so the kernels ran" in note and "native Linux" in note
     assert not any("crash" in q or "flushed" in q for q in quality) and result.findings == []
+    assert headline(result) == UNRECORDED_HEAD and result.classification.shares_basis == "not recorded"
 
 
 def test_range_profiler_trace_says_its_kernels_ran_under_the_range_profiler(cache_root):
@@ -179,6 +211,7 @@ def test_range_profiler_trace_says_its_kernels_ran_under_the_range_profiler(cach
     assert quality[0].endswith("re-capture with torch.profiler with activities=[ProfilerActivity.CPU, "
                                "ProfilerActivity.CUDA] and no profiler_metrics")
     assert not any("crash" in q or "nsys" in q for q in quality) and result.findings == []
+    assert headline(result) == UNRECORDED_HEAD and result.classification.shares_basis == "not recorded"
 
 
 def test_a_torch_trace_cut_after_its_launches_is_still_called_a_crash(cache_root):
@@ -188,8 +221,8 @@ def test_a_torch_trace_cut_after_its_launches_is_still_called_a_crash(cache_root
     events = json.load(path.open())["traceEvents"]
     runtime = Counter(e.get("name") for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver"))
     assert not [n for n in runtime if "ynchronize" in str(n)] and runtime["cudaLaunchKernel"] == 236
-    quality, _, meta = quality_of(path, cache_root)
-    assert meta == (None, 0)
+    quality, result, meta = quality_of(path, cache_root)
+    assert meta == (None, 0) and headline(result) == MEASURED_HEAD
     assert quality[0].startswith("260 kernel launch calls were traced but the export holds no kernel records and no "
                                  "CUDA call waited on the GPU: the program most likely stopped or crashed")
     assert "nsys" not in quality[0]

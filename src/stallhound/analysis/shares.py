@@ -18,7 +18,7 @@ from typing import Literal
 import duckdb
 from pydantic import BaseModel, Field
 
-from stallhound.analysis import attribution, device_pass
+from stallhound.analysis import attribution, device_pass, untraced_kernels
 from stallhound.analysis.common import Scope, pct, scope_args
 
 IDLE_DOMINATED_PCT = 40.0  # idle above this share of the window outweighs any kernel-level tuning
@@ -28,6 +28,9 @@ MIN_BUSY_NS = 1_000_000  # less than 1 ms of GPU work says nothing either
 HOST_CAUSES = {"cpu-bottleneck", "small-kernel-overhead", "excessive-synchronization", "blocking-d2h-sync",
                "alloc-in-loop", "module-loading-hot-path", "torch-compile-recompilation", "gc-pauses",
                "dataloader-starvation", "host-communication", "pageable-host-memory", "unified-memory-migration"}
+UNRECORDED_REASON = ("GPU work was launched and the trace shows the GPU at work (the note above) but holds none of "
+                     "its records: the device's time is not recorded, so its compute, transfer, communication and "
+                     "idle shares are unknown")
 Bound = Literal["compute-bound", "transfer-bound", "communication-bound", "host-bound", "idle-dominated",
                 "too little GPU activity", "no GPU activity"]
 
@@ -52,6 +55,9 @@ class Classification(BaseModel):
     overlap_pct: float = Field(description="time counted in more than one of the three shares")
     gpu_ops: int = Field(description="kernels, copies and memsets in the window")
     reason: str
+    shares_basis: Literal["measured", "not recorded"] = Field("measured", description=(
+        "'not recorded' when the trace shows the GPU worked but holds none of its activity "
+        "(untraced_kernels.ran_unrecorded): the shares are then unknown, not measured, and left at 0"))
 
 
 FAMILIES_SQL = """
@@ -77,6 +83,10 @@ def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> C
     """`fired`: root causes of the findings raised on the same window (they name a host-bound run)."""
     devices = attribution.attribute(con, scope).devices  # first: its gap pass computes the unions in passing
     ns, ops = _unions(con, scope)
+    if not ops and untraced_kernels.ran_unrecorded(con):
+        return Classification(bound="no GPU activity", compute_pct=0, copy_kernel_pct=0, transfer_pct=0,
+                              communication_pct=0, busy_pct=0, idle_pct=0, overlap_pct=0, gpu_ops=0,
+                              reason=UNRECORDED_REASON, shares_basis="not recorded")
     ns["busy"] = sum(d.window_ns - d.idle_ns for d in devices.values())
     capacity = scope.duration_ns * len(scope.devices)
     share = {cat: pct(ns.get(cat, 0), capacity) for cat in ("compute", "copy_kernel", "transfer", "communication",
@@ -89,6 +99,14 @@ def classify(con: duckdb.DuckDBPyConnection, scope: Scope, fired: set[str]) -> C
                           transfer_pct=share["transfer"], communication_pct=share["communication"],
                           communication_families=found,
                           busy_pct=share["busy"], idle_pct=idle, overlap_pct=overlap, gpu_ops=ops, reason=reason)
+
+
+def shares_line(c: Classification) -> str:
+    """The shares as triage prints them, or why they are unknown."""
+    if c.shares_basis == "not recorded":
+        return "  shares unknown: the device's time is not recorded (compute, transfer, communication, idle)"
+    return (f"  compute {c.compute_pct:.1f}%  transfer {c.transfer_pct:.1f}%  communication {c.communication_pct:.1f}%"
+            f"{families_note(c)}  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)")
 
 
 def families_note(c: Classification) -> str:

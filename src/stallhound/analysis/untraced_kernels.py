@@ -26,6 +26,12 @@ SELECT (SELECT os_release FROM meta), (SELECT coalesce(profiler_ranges, 0) FROM 
 FROM cuda_api WHERE kind = 'sync'"""
 WAITS_SQL = """SELECT name, count(*), sum(duration_ns) FROM cuda_api WHERE kind = 'sync' GROUP BY name
 ORDER BY 3 DESC, name LIMIT $top"""
+RAN_SQL = """
+SELECT (SELECT os_release FROM meta), (SELECT coalesce(profiler_ranges, 0) FROM meta),
+       (SELECT coalesce(max(duration_ns), 0) FROM cuda_api WHERE kind = 'sync'),
+       (SELECT count(*) FROM cuda_api WHERE kind IN ('launch', 'graph')),
+       (SELECT count(*) FROM kernels) + (SELECT count(*) FROM graph_exec) + (SELECT count(*) FROM memcpy)
+       + (SELECT count(*) FROM memset)"""
 
 
 def note(con: duckdb.DuckDBPyConnection, launches: int, device_records: int, last_call: str) -> str:
@@ -60,6 +66,16 @@ def note(con: duckdb.DuckDBPyConnection, launches: int, device_records: int, las
             f"ran or before the profiler flushed its CUDA trace buffers{last_call}, unless kernels were filtered out "
             f"of the trace; check the program's exit status and re-capture with {remedy(con, ('kernels',), bare=True)}"
             ", letting it exit normally (or calling cudaProfilerStop() first)")
+
+
+def ran_unrecorded(con: duckdb.DuckDBPyConnection) -> bool:
+    """The program launched GPU work and the trace shows the GPU did it (range-profiler events, a WSL2 capture, or a
+    sync call that blocked WAIT_MIN_NS), yet it holds no kernel, graph, copy or memset record: the device's time
+    is not recorded, so its busy and idle shares are unknown, not zero work (the notes above, told apart the same
+    way; a launch without any of these is the crash branch: nothing ran)."""
+    os_release, ranges, longest_ns, launches, records = one_row(con.execute(RAN_SQL))
+    wsl = bool(os_release and WSL_RELEASE.search(os_release))
+    return bool(launches and not records and (ranges or wsl or longest_ns >= WAIT_MIN_NS))
 
 
 def _waits(con: duckdb.DuckDBPyConnection, syncs: int, waited_ns: int) -> str:

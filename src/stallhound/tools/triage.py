@@ -280,9 +280,7 @@ def render(result: Result) -> str:
     c = result.classification
     p = result.program
     lines = [f"trace: {q}" for q in result.quality]
-    lines += [f"{c.bound}: {c.reason}",
-             f"  compute {c.compute_pct:.1f}%  transfer {c.transfer_pct:.1f}%  communication {c.communication_pct:.1f}%"
-             f"{shares.families_note(c)}  idle {c.idle_pct:.1f}%  (overlap {c.overlap_pct:.1f}%)",
+    lines += [f"{c.bound}: {c.reason}", shares.shares_line(c),
              (f"window: {ms(result.window.duration_ns)} on device(s) {result.window.devices}, {result.window_note}"
               if result.window else f"window: none ({result.window_note})"),
              f"program: {p.kind} ({p.decided_by}); fixes for {p.fix_chain[0]}"
@@ -303,15 +301,20 @@ def render(result: Result) -> str:
     return "\n".join(lines)
 
 
+def _share_table(c: Classification) -> list[str]:
+    if c.shares_basis == "not recorded":
+        return [shares.shares_line(c).strip() + "."]
+    return ["| share | % |", "|---|---|", f"| compute | {c.compute_pct:.1f} |", f"| transfer | {c.transfer_pct:.1f} |",
+            f"| communication{shares.families_note(c)} | {c.communication_pct:.1f} |", f"| idle | {c.idle_pct:.1f} |"]
+
+
 def render_markdown(result: Result) -> str:
     c = result.classification
     quality = [f"> trace: {q}" for q in result.quality] + ([""] if result.quality else [])
     lines = ["## stallhound triage", "", *quality, f"**{c.bound}**: {c.reason}", "",
              f"Program: {result.program.kind}. Window: "
              f"{ms(result.window.duration_ns) + ', ' if result.window else ''}{result.window_note}.", "",
-             "| share | % |", "|---|---|", f"| compute | {c.compute_pct:.1f} |", f"| transfer | {c.transfer_pct:.1f} |",
-             f"| communication{shares.families_note(c)} | {c.communication_pct:.1f} |",
-             f"| idle | {c.idle_pct:.1f} |", ""]
+             *_share_table(c), ""]
     if result.findings:
         lines += ["| # | severity | finding | at stake | root cause | fix |", "|---|---|---|---|---|---|"]
         for f in result.findings:
