@@ -243,6 +243,21 @@ def test_attribution_a_long_launch_is_a_lazy_load_only_for_the_first_launch_of_i
     assert {c: t.ns for c, t in idle.causes.items()} == cause
 
 
+@pytest.mark.parametrize("kernel_ns, cause", [
+    (4_960_000, {"jit": 3_000_000, "host_untraced": 1_990_000}),  # after the call returned: loaded, then submitted
+    (2_500_000, {"jit": 3_000_000, "host_untraced": 1_990_000}),  # half the call (LAZY_KERNEL_AFTER_SHARE) in
+    (2_490_000, {"launch": 4_990_000}),  # just before half of it
+    (1_012_000, {"launch": 4_990_000}),  # 12 us in (hta_old_format): submitted first, the rest is host time
+])
+def test_attribution_a_long_launch_is_a_lazy_load_only_when_its_kernel_began_late_in_it(kernel_ns, cause):
+    """k3's first launch, a 3 ms call (1-4 ms) inside the gap: the driver loads a module before it submits the
+    kernel, so a lazy load's kernel starts after most of the call; one that starts near the call's start was
+    submitted at once, and the call's long rest is no load."""
+    k3 = {**kernel(3, kernel_ns, kernel_ns + 10_000, (1_000_000, 4_000_000)), "device_id": 1}
+    idle, _ = loading(call("cudaLaunchKernel", "launch", 1_000_000, 4_000_000, 3), other=(k3,))
+    assert {c: t.ns for c, t in idle.causes.items()} == cause
+
+
 @pytest.mark.parametrize("calls, causes", [
     # cuDNN's first use: streams created for 3 ms of the 4.99 ms gap: init for their time, the rest untraced
     ([("cudaStreamCreateWithFlags", 1_000_000, 3_000_000), ("cudaStreamCreateWithFlags", 2_500_000, 4_000_000)],

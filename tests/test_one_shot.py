@@ -4,6 +4,8 @@ window at stake would (hotspots.ranked, common.leads_first)."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import sqlite3
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from stallhound.analysis import hotspots, idle_causes, one_shot
 from stallhound.analysis.attribution import CauseTime, DeviceIdle
 from stallhound.analysis.common import Finding, ScopedParams, leads_first, resolve_scope
 from stallhound.analysis.idle_causes import Seen
-from stallhound.analysis.one_shot import ONE_SHOT, OneShot
+from stallhound.analysis.one_shot import ONE_SHOT, Fragment, OneShot
 from stallhound.analysis.program import FIX_CHAINS, Program
 from stallhound.formats import open_profile
 from stallhound.tools import triage
@@ -36,6 +38,9 @@ def prog(kind: str) -> Program:
     (OneShot(kernels=5, names=3, most_runs=2), ["setup", ONE_SHOT],
      "(5 kernels of 3 names, none run more than 2 times; no steps)"),
     (None, ["setup"], "not in a loop: a window over the steady state leaves it out"),
+    (Fragment(first_id=538_860, calls=8), ["setup"], "the capture is a fragment of a longer run (its first CUDA call "
+     "has correlation id 538,860, and 8 calls recorded: the process made CUDA calls before the capture began), so "
+     "this is not the program's start-up"),
 ])
 def test_setup_in_a_program_that_repeats_nothing_is_its_start_up(once, tags, words):
     d = DeviceIdle(device=0, window_ns=WINDOW, idle_ns=40 * MS, causes={"jit": CauseTime(30 * MS, 1, long_ns=30 * MS)})
@@ -68,6 +73,20 @@ def kernel(name: str, start_ms: int) -> dict:
 def test_one_shot_devices_by_their_kernels_runs(starts, expected):
     con = make_model(kernels=[kernel(n, s) for n, ss in starts.items() for s in ss])
     assert one_shot.on_devices(con, resolve_scope(con, ScopedParams(profile="p"), "gpu_active")) == expected
+
+
+@pytest.mark.parametrize("first, last, expected", [
+    (10_001, 10_002, Fragment(10_001, 2)),  # 10,000 ids before the first call (FRAGMENT_MIN_PRIOR_IDS): mid-run
+    (10_000, 10_001, OneShot(2, 2, 1)),  # 9,999 before it: a start-up's calls can take that many
+    (20_001, 20_200, Fragment(20_001, 2)),  # 20,000 before ids spanning 200: a hundred times (FRAGMENT_PRIOR_RATIO)
+    (20_001, 20_201, OneShot(2, 2, 1)),  # spanning 201: a long capture may begin that late in a whole run
+])
+def test_a_capture_whose_first_call_has_a_high_correlation_id_is_a_fragment(first, last, expected):
+    calls = [{"pid": 1, "tid": 1, "name": "cudaLaunchKernel", "kind": "launch", "start_ns": s * MS,
+              "end_ns": s * MS + 1000, "correlation_id": i} for i, s in ((first, 0), (last, 5))]
+    kernels = [{**kernel(n, s), "correlation_id": i} for i, (n, s) in ((first, ("a", 0)), (last, ("b", 5)))]
+    con = make_model(kernels=kernels, cuda_api=calls)
+    assert one_shot.on_devices(con, resolve_scope(con, ScopedParams(profile="p"), "gpu_active")) == {0: expected}
 
 
 def test_a_program_that_marks_its_steps_is_not_one_shot():
@@ -141,3 +160,34 @@ def test_one_shot_exports_get_a_start_up_fix(name, raw, first, cache_root):
     (setup,) = [f for f in result.findings if f.root_cause == "profiler-window-on-warmup"]
     assert ONE_SHOT in setup.tags and WARMUP_FIX not in setup.fix and "start-up cost" in setup.fix
     assert f"({raw[0]} kernel" in setup.title
+
+
+def raw_kineto_calls(path: Path) -> tuple[int, int, int, int]:
+    """Independent reading of a Kineto JSON: the CUDA runtime calls' smallest correlation id and their count, and of
+    the longest launch call, its length and how far into it its kernel began (us)."""
+    with gzip.open(path, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    calls = [e for e in events if e.get("cat") == "Runtime"]
+    kernels = {e["args"]["correlation"]: e for e in events if e.get("cat") == "Kernel"}
+    longest = max((e for e in calls if e["name"] == "cudaLaunchKernel"), key=lambda e: e["dur"])
+    return (min(e["args"]["correlation"] for e in calls), len(calls), longest["dur"],
+            kernels[longest["args"]["correlation"]]["ts"] - longest["ts"])
+
+
+def test_a_fragment_of_a_long_run_is_no_start_up_and_its_long_launch_no_load(cache_root):
+    """hta_old_format_inference_rank1: 4 kernels, none run 3 times, no steps, but its first call has correlation id
+    538,860 with 8 calls recorded (a fragment); its 1.414 ms cudaLaunchKernel began its kernel 12 us in (submitted,
+    then host time: no lazy load)."""
+    name = "hta_old_format_inference_rank1"
+    path = corpus(name)
+    assert raw_kineto_calls(path) == (538_860, 8, 1_414, 12)
+    profile = open_profile(path, cache_dir=cache_root)
+    try:
+        scope = resolve_scope(profile.con, ScopedParams(profile=name), "gpu_active")
+        assert one_shot.on_devices(profile.con, scope) == {0: Fragment(538_860, 8)}
+        result = triage.run(profile.con, triage.Params(profile=name))
+    finally:
+        profile.close()
+    roots = {f.root_cause for f in result.findings}
+    assert not roots & {"profiler-window-on-warmup", "module-loading-hot-path",
+                         "torch-compile-recompilation"}

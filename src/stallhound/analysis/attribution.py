@@ -123,6 +123,9 @@ SYNC_RESUME_MAX_NS = 1_000_000  # 1 ms: a step's host turnaround after a wait; p
 STALL_MIN_NS = 1_000_000  # 1 ms: a copy call's wait past its transfer's time that idles the device this long is a
 # bubble of its own (BUBBLE_MIN_NS), not staging's jitter (0.1-0.3 ms seen on pageable copies of MiBs)
 LAZY_LOAD_MIN_NS = 500_000  # 0.5 ms: a launch call this long on an idle device is loading its module (lazy loading)
+LAZY_KERNEL_AFTER_SHARE = 0.5  # ...when its kernel began after half of the call: the driver loads the module before
+# it submits the kernel (lazy loads seen start their kernel after the call returns); a kernel that starts near the
+# call's start was submitted first, and the long rest of the call is host time after submission
 FOLD_BELOW_NS = min(BUBBLE_MIN_NS, SYNC_RESUME_MAX_NS + 1)  # queued gaps this short are neither listed nor pauses:
 # the pass only counts them (TOTALS_SQL's kept sums them into one row per device)
 HELD_MIN_NS = FOLD_BELOW_NS  # a held gap (gap_causes.sql) is judged one by one: shorter queued gaps are only counted
@@ -155,6 +158,7 @@ def args(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, object]:
             "launch_gap_max": LAUNCH_GAP_MAX_NS, "dominant": DOMINANT_SHARE,
             "waits": rules.WAIT_CALLS, "range_texts": [t for t, _ in kinds], "range_kinds": [k for _, k in kinds],
             "jit_calls": JIT_MODULE_CALLS, "bucket_ns": HOST_PROBE_BUCKET_NS, "lazy": LAZY_LOAD_MIN_NS,
+            "lazy_after": LAZY_KERNEL_AFTER_SHARE,
             "resume_max": SYNC_RESUME_MAX_NS, "overhead_max": OP_OVERHEAD_MAX_NS, "held_min": HELD_MIN_NS,
             "op_domain": nvtx_texts.OP_DOMAIN, "fault_max": FAULT_CYCLE_MAX_NS, "init_calls": INIT_CALLS,
             "init_min": BUBBLE_MIN_NS, "stall_min": STALL_MIN_NS}

@@ -5,9 +5,11 @@
 -- trace has no CPU data, Python frames that launched no GPU work (python), time on a CPU (scheduler data, else CPU samples), and the profiler's own overhead in their
 -- process (profiler_overhead: CUPTI buffer flushes stall the process's CUDA calls), as host_events.
 -- A lazy load is a launch call of at least $lazy that launched the first kernel of its name in its process: a
--- long launch of a kernel launched before loads nothing (the driver waited on something else).
+-- long launch of a kernel launched before loads nothing (the driver waited on something else), nor does one whose
+-- kernel began before $lazy_after of the call had passed: a load precedes the submission, so the kernel of a lazy
+-- load starts near the call's end; one that starts near its start was submitted first (the host's time after it).
 -- CTEs of attribution_sql.HOST, after gap_thread (WORK) and before `touch` (intervals.overlaps); they read
--- gap_blocking_calls (CALLS_SQL). Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $waits, $range_texts, $range_kinds, $op_domain,
+-- gap_blocking_calls (CALLS_SQL). Binds $start, $end, $launch_gap_max, $bucket_ns, $jit_calls, $lazy, $lazy_after, $waits, $range_texts, $range_kinds, $op_domain,
 -- $init_calls.
 long_gaps AS MATERIALIZED (  -- with the end of the blocking call each began in (CALLS_SQL), if any
   SELECT g.probe_id, g.pid, g.tid, g.start_ns, g.end_ns, CASE WHEN g.start_ns < b.until_ns THEN b.end_ns END AS b_end
@@ -32,7 +34,8 @@ long_launched AS MATERIALIZED (  -- the kernels of the long launch calls (few, f
   -- join): only they can be lazy loads
   SELECT pid, correlation_id, coalesce(name, short_name) AS name, start_ns FROM kernels
   WHERE launch_end_ns - launch_start_ns >= $lazy AND launch_end_ns > $start AND launch_start_ns < $end
-    AND NOT regexp_matches(launch_api, 'Graph')),
+    AND NOT regexp_matches(launch_api, 'Graph')
+    AND start_ns - launch_start_ns >= $lazy_after * (launch_end_ns - launch_start_ns)),
 firsts AS (  -- the first kernel of each of their names in their process
   SELECT pid, coalesce(name, short_name) AS name, min(start_ns) AS first_ns FROM kernels
   WHERE (pid, coalesce(name, short_name)) IN (SELECT pid, name FROM long_launched) GROUP BY ALL),

@@ -34,7 +34,7 @@ from stallhound.analysis.attribution import DeviceIdle
 from stallhound.analysis.common import Finding, Scope, ScopedParams, counted, ms, pct, resolve_scope, shown
 from stallhound.analysis.idle_bubbles import IN_BUBBLES, HostSeen
 from stallhound.analysis.idle_seen import Seen
-from stallhound.analysis.one_shot import ONE_SHOT, OneShot, on_devices
+from stallhound.analysis.one_shot import ONE_SHOT, Fragment, OneShot, on_devices
 from stallhound.analysis.program import Program
 from stallhound.analysis.step_boundaries import durations, steady_median_ns
 from stallhound.analysis.step_repeats import SameSteps
@@ -313,9 +313,11 @@ def _claimed(d: DeviceIdle, c: Context) -> tuple[list[Finding], set[str]]:
     return out, fired
 
 
-def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int, rest_gaps: int, once: OneShot | None) -> list[Finding]:
+def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int, rest_gaps: int,
+           once: OneShot | Fragment | None) -> list[Finding]:
     """One-time costs the attribution names (allocation, loading or compiling code, paid once outside the loop), with
-    the rest of a gap paid once (rest_ns): the window holds setup, or where nothing repeats (once) start-up."""
+    the rest of a gap paid once (rest_ns): the window holds setup, or where nothing repeats (once) start-up, or in a
+    capture that began mid-run (a Fragment) setup that is no start-up."""
     ns = sum(n for _, _, n, _ in setup) + (rest_ns if setup else 0)
     if not rules.worth_reporting(ns, d.window_ns):
         return []
@@ -325,7 +327,8 @@ def _setup(d: DeviceIdle, setup: list[SetupCost], rest_ns: int, rest_gaps: int, 
     title = (f"device {d.device} idles {ms(ns)} in one-time setup inside the window (the host {parts})" +
              (f"; {once.words()}" if once else ", not in a loop: a window over the steady state leaves it out"))
     loading = sum(n for cause, _, n, _ in setup if cause == "jit")
-    return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup", *([ONE_SHOT] if once else [])],
+    one_shot = [ONE_SHOT] if isinstance(once, OneShot) else []
+    return [_finding(d, "profiler-window-on-warmup", ns, title, ["setup", *one_shot],
                      {"gaps": sum(g for _, _, _, g in setup), "loading_ns": loading, "paid_once": True})]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stallhound.analysis.idle_bubbles import HostSeen
-from stallhound.analysis.one_shot import OneShot
+from stallhound.analysis.one_shot import Fragment, OneShot
 from stallhound.analysis.python_work import PythonWhere
 from stallhound.analysis.step_repeats import SameSteps
 from stallhound.analysis.trace_quality import LostKernels, SampledCalls
@@ -23,5 +23,6 @@ class Seen:
     host: dict[tuple[int, bool], HostSeen] = field(default_factory=dict)  # per (device, edges in): the launching
     # process's activity in the unexplained idle (idle_bubbles.host_seen)
     unsampled: str | None = None  # no CPU samples (CPU work seen by the scheduler only): the capture that records them
-    one_shot: dict[int, OneShot] = field(default_factory=dict)  # per device where the program repeats nothing
+    one_shot: dict[int, OneShot | Fragment] = field(default_factory=dict)  # per device where the program
+    # repeats nothing, or every device of a capture that began mid-run
     python: dict[int, PythonWhere] = field(default_factory=dict)  # per device (python_work.where)
