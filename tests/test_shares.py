@@ -30,7 +30,7 @@ def test_shares_are_unions_and_overlap_is_reported_once():
     assert c.model_dump() == {
         "bound": "too little GPU activity", "compute_pct": 50.0, "copy_kernel_pct": 33.33, "transfer_pct": 40.0,
         "communication_pct": 33.33, "communication_families": ["NCCL"], "busy_pct": 90.0, "idle_pct": 10.0,
-        "overlap_pct": 33.33, "gpu_ops": 5, "reason": c.reason}
+        "overlap_pct": 33.33, "gpu_ops": 5, "reason": c.reason, "shares_basis": "measured"}
     assert shares.families_note(c) == ""
 
 
